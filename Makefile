@@ -1,0 +1,48 @@
+# Libra runtime. `make run` runs the embedded demo; `make test` runs the test suite.
+# Both bootstrap the virtualenv themselves (pip, pinned requirements, CPU torch).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+JOB ?= deploy/configs/demo.toml
+
+.PHONY: setup run test test-fast protos protos-check lint up down status clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv with the pinned requirements
+
+run: $(STAMP)  ## run the embedded demo job end to end (progress bar, report, reward curve)
+	$(VENV)/bin/libra run $(JOB)
+
+test: $(STAMP)  ## the whole test suite (starts its own Redis server)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)  ## unit tests only
+	$(PY) -m pytest -q tests/unit
+
+protos: $(STAMP)  ## regenerate libra/proto from protos/
+	$(PY) scripts/gen_protos.py
+
+protos-check: $(STAMP)  ## fail when libra/proto drifted from protos/
+	$(PY) scripts/gen_protos.py --check
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check libra services tests scripts
+
+up: $(STAMP)  ## start Redis + the five services in the background (bare metal)
+	$(VENV)/bin/libra up
+
+down: $(STAMP)  ## stop what `make up` started, by pid
+	$(VENV)/bin/libra down
+
+status: $(STAMP)
+	$(VENV)/bin/libra status
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

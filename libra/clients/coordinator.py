@@ -1,0 +1,85 @@
+"""Typed client of the coordinator (job API and worker registry)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from libra import types as t
+from libra.clients.base import GrpcClientBase
+from libra.proto.coordinator.v1 import coordinator_pb2 as pb
+from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from libra.wire.common import lease_from_proto, role_to_proto
+from libra.wire.coordinator import job_from_proto, job_state_to_proto
+
+
+class CoordinatorApi(Protocol):
+    async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
+                            address: str, ttl_ms: int) -> t.Lease: ...
+
+    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease: ...
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None: ...
+
+    async def report_step(self, job_id: str, record: dict[str, Any]) -> None: ...
+
+    async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None: ...
+
+
+class GrpcCoordinatorClient(GrpcClientBase):
+    """Coordinator over gRPC."""
+
+    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+        super().__init__(address, timeout_s)
+        self._stub = pb_grpc.CoordinatorServiceStub(self._channel)
+
+    async def create_job(self, spec: str, spec_format: str = "toml") -> t.Job:
+        resp = await self._call(self._stub.CreateJob,
+                                pb.CreateJobRequest(spec=spec, spec_format=spec_format))
+        return job_from_proto(resp.job)
+
+    async def get_job(self, job_id: str) -> tuple[t.Job, list[dict], dict]:
+        resp = await self._call(self._stub.GetJob, pb.GetJobRequest(job_id=job_id),
+                                idempotent=True)
+        steps = [json.loads(s) for s in resp.steps_json]
+        return job_from_proto(resp.job), steps, json.loads(resp.counters_json or "{}")
+
+    async def list_jobs(self) -> list[t.Job]:
+        resp = await self._call(self._stub.ListJobs, pb.ListJobsRequest(), idempotent=True)
+        return [job_from_proto(j) for j in resp.jobs]
+
+    async def cancel_job(self, job_id: str) -> t.Job:
+        resp = await self._call(self._stub.CancelJob, pb.CancelJobRequest(job_id=job_id),
+                                idempotent=True)
+        return job_from_proto(resp.job)
+
+    async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
+                            address: str, ttl_ms: int) -> t.Lease:
+        resp = await self._call(self._stub.AcquireLease, pb.AcquireLeaseRequest(
+            worker_id=worker_id, role=role_to_proto(role), bucket=bucket, address=address,
+            ttl_ms=ttl_ms), idempotent=True)
+        return lease_from_proto(resp.lease)
+
+    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+        resp = await self._call(self._stub.RenewLease,
+                                pb.RenewLeaseRequest(worker_id=worker_id, epoch=epoch),
+                                idempotent=True)
+        return lease_from_proto(resp.lease)
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None:
+        await self._call(self._stub.ReleaseLease,
+                         pb.ReleaseLeaseRequest(worker_id=worker_id, epoch=epoch),
+                         idempotent=True)
+
+    async def list_workers(self) -> list[t.Lease]:
+        resp = await self._call(self._stub.ListWorkers, pb.ListWorkersRequest(),
+                                idempotent=True)
+        return [lease_from_proto(lease) for lease in resp.leases]
+
+    async def report_step(self, job_id: str, record: dict[str, Any]) -> None:
+        await self._call(self._stub.ReportStep, pb.ReportStepRequest(
+            job_id=job_id, step_json=json.dumps(record)))
+
+    async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
+        await self._call(self._stub.ReportJobDone, pb.ReportJobDoneRequest(
+            job_id=job_id, state=job_state_to_proto(state), message=message), idempotent=True)

@@ -1,0 +1,50 @@
+"""Typed client of the tool gateway."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from libra import types as t
+from libra.clients.base import GrpcClientBase
+from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
+from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
+from libra.wire.common import tool_state_from_proto, tool_status_from_proto
+
+
+class ToolGatewayApi(Protocol):
+    async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],
+                      deadline_ms: int) -> t.ToolResult: ...
+
+    async def score(self, trajectory_id: str, reward: str, final_text: str, reference: str,
+                    extra: dict[str, Any] | None = None) -> float: ...
+
+
+class GrpcToolGatewayClient(GrpcClientBase):
+    def __init__(self, address: str, timeout_s: float = 10.0, max_attempts: int = 3) -> None:
+        super().__init__(address, timeout_s, max_attempts)
+        self._stub = pb_grpc.ToolGatewayServiceStub(self._channel)
+
+    async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],
+                      deadline_ms: int) -> t.ToolResult:
+        # Idempotent by call_id: the gateway's outcome is a function of the call id.
+        resp = await self._call(self._stub.ExecuteToolCall, pb.ExecuteToolCallRequest(
+            trajectory_id=trajectory_id, call_id=call_id, tool=tool,
+            args_json=json.dumps(args), deadline_ms=deadline_ms),
+            idempotent=True, timeout_s=max(deadline_ms / 1000.0, 0.1) + 1.0)
+        return t.ToolResult(tool_status_from_proto(resp.status), resp.output, resp.error,
+                            resp.payload_tokens, resp.latency_ms,
+                            tool_state_from_proto(resp.state), resp.truncated)
+
+    async def score(self, trajectory_id: str, reward: str, final_text: str, reference: str,
+                    extra: dict[str, Any] | None = None) -> float:
+        resp = await self._call(self._stub.Score, pb.ScoreRequest(
+            trajectory_id=trajectory_id, reward=reward, final_text=final_text,
+            reference=reference, extra_json=json.dumps(extra or {})), idempotent=True)
+        return resp.reward
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        resp = await self._call(self._stub.ListTools, pb.ListToolsRequest(), idempotent=True)
+        return [{"name": s.name, "description": s.description,
+                 "args_schema": json.loads(s.args_schema_json or "{}"),
+                 "idempotent": s.idempotent} for s in resp.tools]

@@ -1,0 +1,94 @@
+"""Domain errors and their gRPC status codes.
+
+Cores raise these; the server interceptor in ``libra.grpcx`` maps them to status codes
+and clients in ``libra.clients`` map status codes back, so a caller sees the same class
+the callee raised. Each class says whether a retry can help.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class LibraError(Exception):
+    """Base class: a failure that is part of the API."""
+
+    grpc_status: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    retryable: bool = False
+
+
+class InvalidArgument(LibraError):
+    """The request is malformed; the message names the field."""
+
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class NotFound(LibraError):
+    grpc_status = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(LibraError):
+    grpc_status = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(LibraError):
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class LeaseConflict(LibraError):
+    """Another holder owns the lease, or the epoch moved on."""
+
+    grpc_status = grpc.StatusCode.ABORTED
+
+
+class LeaseLost(LibraError):
+    """The caller's lease expired or was fenced off; it must re-register."""
+
+    grpc_status = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(LibraError):
+    """Capacity is full; retry after ``retry_after_ms``."""
+
+    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retryable = True
+
+    def __init__(self, message: str, retry_after_ms: int = 100) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class Unavailable(LibraError):
+    grpc_status = grpc.StatusCode.UNAVAILABLE
+    retryable = True
+
+
+class DeadlineExceeded(LibraError):
+    grpc_status = grpc.StatusCode.DEADLINE_EXCEEDED
+    retryable = True
+
+
+class Internal(LibraError):
+    grpc_status = grpc.StatusCode.INTERNAL
+
+
+_BY_STATUS: dict[grpc.StatusCode, type[LibraError]] = {
+    cls.grpc_status: cls
+    for cls in (NotFound, AlreadyExists, FailedPrecondition, LeaseConflict, LeaseLost,
+                ResourceExhausted, Unavailable, DeadlineExceeded, Internal)
+}
+
+
+def error_from_status(code: grpc.StatusCode, details: str) -> LibraError:
+    """Rebuild the domain error a server raised from its status code and details."""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        field, _, reason = details.partition(": ")
+        return InvalidArgument(field, reason or details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhausted(details)
+    return _BY_STATUS.get(code, Internal)(details)

@@ -1,0 +1,179 @@
+"""The one gRPC server helper: interceptors, health, reflection, metrics, graceful stop.
+
+``serve`` follows the gRPC graceful-shutdown pattern: on SIGTERM/SIGINT the health
+status flips to NOT_SERVING (so load balancers and the launcher stop sending work), the
+service's own ``drain`` hook runs within the grace period, then the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import Counter, Histogram, start_http_server
+
+from libra.errors import LibraError
+from libra.service_config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+RPC_TOTAL = Counter("libra_rpc_server_total", "RPCs handled", ["service", "method", "code"])
+RPC_SECONDS = Histogram("libra_rpc_server_seconds", "RPC latency", ["service", "method"])
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps domain errors to status codes and counts every RPC (unary-unary only)."""
+
+    def __init__(self, service: str) -> None:
+        self._service = service
+
+    async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        inner = handler.unary_unary
+        service = self._service
+
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = "OK"
+            try:
+                return await inner(request, context)
+            except LibraError as exc:
+                code = exc.grpc_status.name
+                await context.abort(exc.grpc_status, str(exc))
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except Exception as exc:
+                # Cores that may not import grpc declare the status by name.
+                status_name = getattr(exc, "grpc_status_name", None)
+                if status_name is not None:
+                    code = status_name
+                    await context.abort(grpc.StatusCode[status_name], str(exc))
+                if context.code() is None:  # not an abort raised by the handler itself
+                    code = "INTERNAL"
+                    logger.exception("[rpc] unhandled error method=%s", method)
+                raise
+            finally:
+                RPC_TOTAL.labels(service, method, code).inc()
+                RPC_SECONDS.labels(service, method).observe(time.perf_counter() - start)
+
+        return grpc.unary_unary_rpc_method_handler(
+            wrapped, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+
+@dataclass
+class Registration:
+    """One servicer: its ``add_XServicer_to_server`` function and full service name."""
+
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+    servicer: Any
+    service_name: str
+
+
+class Server:
+    """A started gRPC server plus its health servicer and metrics port."""
+
+    def __init__(self, service: str, cfg: ServerConfig, registrations: Iterable[Registration]):
+        self.service = service
+        self._cfg = cfg
+        self._registrations = list(registrations)
+        self.server = grpc.aio.server(interceptors=[ErrorInterceptor(service)])
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.metrics_port = -1
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        for reg in self._registrations:
+            reg.add_to_server(reg.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = [r.service_name for r in self._registrations]
+        if self._cfg.enable_reflection:
+            reflection.enable_server_reflection(
+                [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME], self.server)
+        self.port = self.server.add_insecure_port(f"{self._cfg.host}:{self._cfg.port}")
+        await self.server.start()
+        for name in ["", *names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self._cfg.metrics_port >= 0:
+            self.metrics_port = _start_metrics(self._cfg.host, self._cfg.metrics_port)
+        logger.info("[startup] serving service=%s address=%s:%d metrics_port=%d",
+                    self.service, self._cfg.host, self.port, self.metrics_port)
+
+    async def stop(self, drain: Callable[[float], Awaitable[None]] | None = None) -> None:
+        """Stop taking work, drain within the grace period, then stop the server."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        await self.health.enter_graceful_shutdown()
+        grace_s = self._cfg.shutdown_grace_s
+        if drain is not None:
+            try:
+                await asyncio.wait_for(drain(grace_s), timeout=grace_s)
+            except TimeoutError:
+                logger.warning("[shutdown] drain exceeded grace_s=%.1f", grace_s)
+        await self.server.stop(grace=min(grace_s, 2.0))
+        logger.info("[shutdown] stopped service=%s", self.service)
+
+
+def _start_metrics(host: str, port: int) -> int:
+    server, _thread = start_http_server(port, addr=host)
+    return server.server_address[1]
+
+
+async def serve(service: str, cfg: ServerConfig, registrations: Iterable[Registration],
+                run: Callable[[], Awaitable[None]] | None = None,
+                drain: Callable[[float], Awaitable[None]] | None = None,
+                on_started: Callable[[Server], Awaitable[None]] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or until ``run`` returns), then shut down gracefully.
+
+    Args:
+        run: the service's long-lived loop (started after the server is up).
+        drain: called on shutdown with the grace period in seconds.
+        on_started: called once the port is bound (registration with the coordinator).
+    """
+    server = Server(service, cfg, registrations)
+    await server.start()
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # The handler only sets state; shutdown runs below on the event loop.
+        loop.add_signal_handler(sig, stop_requested.set)
+    if on_started is not None:
+        await on_started(server)
+    loop_task = asyncio.create_task(run()) if run is not None else None
+    waiters = [asyncio.create_task(stop_requested.wait())]
+    if loop_task is not None:
+        waiters.append(loop_task)
+    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    if loop_task is not None and loop_task in done and loop_task.exception() is not None:
+        logger.error("[shutdown] main loop failed", exc_info=loop_task.exception())
+        await server.stop(drain)
+        raise SystemExit(1)
+    logger.info("[shutdown] stop requested service=%s", service)
+    await server.stop(drain)
+    if loop_task is not None and not loop_task.done():
+        loop_task.cancel()
+        await asyncio.gather(loop_task, return_exceptions=True)
+
+
+def insecure_channel(address: str) -> grpc.aio.Channel:
+    """A client channel with the project's options (keepalive, message size)."""
+    return grpc.aio.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ("grpc.keepalive_time_ms", 30_000),
+    ])

@@ -1,0 +1,20 @@
+"""Identifier builders: one place decides what an id looks like."""
+
+from __future__ import annotations
+
+import uuid
+
+from libra.types import GroupId, JobId, TrajectoryId
+
+
+def new_job_id(name: str) -> JobId:
+    slug = "".join(c if c.isalnum() or c == "-" else "-" for c in name.lower())[:24].strip("-")
+    return JobId(f"{slug or 'job'}-{uuid.uuid4().hex[:8]}")
+
+
+def group_id(job_id: str, step_index: int, prompt_id: str) -> GroupId:
+    return GroupId(f"{job_id}:g{step_index}:{prompt_id}")
+
+
+def trajectory_id(group: str, sample_index: int) -> TrajectoryId:
+    return TrajectoryId(f"{group}:s{sample_index}")

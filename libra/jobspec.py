@@ -1,0 +1,229 @@
+"""The job spec: what a user submits (TOML, JSON or YAML) and how it is validated.
+
+Validation is strict and names the field: an unknown key, a wrong type or a value out of
+range raises ``InvalidArgument("section.field", reason)`` so the REST API answers 422/400
+and gRPC answers INVALID_ARGUMENT, and nothing is created. Schema: docs/jobspec.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from libra.errors import InvalidArgument
+
+SUPPORTED_MODELS = ("tiny-llama",)
+SUPPORTED_TASKS = ("arith",)
+SUPPORTED_POLICIES = ("least_loaded", "cmlfq", "length_aware", "la_mlfq", "toolcount")
+SUPPORTED_TOOLS = ("calculator",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    kind: str = "tiny-llama"
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 256
+    max_position_embeddings: int = 384
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    name: str = "arith"
+    num_prompts: int = 512
+    seed: int = 0
+    max_turns: int = 6
+    max_new_tokens_per_turn: int = 24
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolsSpec:
+    enabled: list[str] = field(default_factory=lambda: ["calculator"])
+    calculator_transient_failure_rate: float = 0.25
+    call_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardSpec:
+    name: str = "exact_match"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmSpec:
+    num_steps: int = 100
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 4
+    learning_rate: float = 1e-3
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    max_staleness: int = 1
+    sync_interval: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    sft_steps: int = 300
+    sft_learning_rate: float = 3e-3
+    sft_batch_size: int = 32
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketSpec:
+    name: str
+    max_tokens: int
+    tp_degree: int = 1
+    max_batch_size: int = 8
+    max_trajectories_per_instance: int = 16
+
+
+def _default_buckets() -> list[BucketSpec]:
+    return [BucketSpec(name="short", max_tokens=96, max_batch_size=8),
+            BucketSpec(name="long", max_tokens=384, max_batch_size=16)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutSpec:
+    policy: str = "least_loaded"
+    buckets: list[BucketSpec] = field(default_factory=_default_buckets)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    name: str = "job"
+    model: ModelSpec = field(default_factory=ModelSpec)
+    task: TaskSpec = field(default_factory=TaskSpec)
+    tools: ToolsSpec = field(default_factory=ToolsSpec)
+    reward: RewardSpec = field(default_factory=RewardSpec)
+    algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
+    layout: LayoutSpec = field(default_factory=LayoutSpec)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+def parse_document(text: str, fmt: str) -> dict[str, Any]:
+    """Parse a spec document; ``fmt`` is toml, json or yaml."""
+    fmt = (fmt or "toml").lower()
+    try:
+        if fmt == "toml":
+            data = tomllib.loads(text)
+        elif fmt == "json":
+            data = json.loads(text)
+        elif fmt in ("yaml", "yml"):
+            data = yaml.safe_load(text)
+        else:
+            raise InvalidArgument("spec_format", f"unknown format {fmt!r} (toml, json, yaml)")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise InvalidArgument("spec", f"not valid {fmt}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument("spec", "the document must be a mapping")
+    return data
+
+
+def _convert(path: str, ftype: Any, value: Any) -> Any:
+    origin = typing.get_origin(ftype)
+    if dataclasses.is_dataclass(ftype):
+        if not isinstance(value, dict):
+            raise InvalidArgument(path, "must be a table/object")
+        return _build(ftype, value, path)
+    if origin is list:
+        if not isinstance(value, list):
+            raise InvalidArgument(path, "must be a list")
+        (item,) = typing.get_args(ftype)
+        return [_convert(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
+    if ftype is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, ftype) or (ftype is int and isinstance(value, bool)):
+        raise InvalidArgument(path, f"must be {ftype.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            where = f"{prefix}.{key}" if prefix else key
+            raise InvalidArgument(where, f"unknown field (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        if f.name in data:
+            kwargs[f.name] = _convert(path, hints[f.name], data[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise InvalidArgument(path, "required")
+    return cls(**kwargs)
+
+
+def _require(ok: bool, path: str, reason: str) -> None:
+    if not ok:
+        raise InvalidArgument(path, reason)
+
+
+def _validate_ranges(spec: JobSpec) -> None:
+    a, t = spec.algorithm, spec.task
+    _require(bool(spec.name.strip()), "name", "must not be empty")
+    _require(spec.model.kind in SUPPORTED_MODELS, "model.kind", f"one of {SUPPORTED_MODELS}")
+    _require(spec.model.hidden_size % spec.model.num_heads == 0, "model.hidden_size",
+             "must be divisible by model.num_heads")
+    _require(t.name in SUPPORTED_TASKS, "task.name", f"one of {SUPPORTED_TASKS}")
+    _require(t.num_prompts >= a.prompts_per_step, "task.num_prompts",
+             "must be >= algorithm.prompts_per_step")
+    _require(1 <= t.max_turns <= 64, "task.max_turns", "must be in [1, 64]")
+    _require(1 <= t.max_new_tokens_per_turn <= 4096, "task.max_new_tokens_per_turn",
+             "must be in [1, 4096]")
+    for tool in spec.tools.enabled:
+        _require(tool in SUPPORTED_TOOLS, "tools.enabled", f"unknown tool {tool!r} "
+                 f"(known: {', '.join(SUPPORTED_TOOLS)})")
+    _require(0.0 <= spec.tools.calculator_transient_failure_rate < 1.0,
+             "tools.calculator_transient_failure_rate", "must be in [0, 1)")
+    for name in ("num_steps", "prompts_per_step", "sync_interval", "sft_batch_size"):
+        _require(getattr(a, name) >= 1, f"algorithm.{name}", "must be >= 1")
+    _require(a.samples_per_prompt >= 2, "algorithm.samples_per_prompt",
+             "must be >= 2 (GRPO normalises within a group)")
+    _require(a.max_staleness >= 0, "algorithm.max_staleness", "must be >= 0")
+    _require(a.sft_steps >= 0, "algorithm.sft_steps", "must be >= 0")
+    _require(a.learning_rate > 0, "algorithm.learning_rate", "must be > 0")
+    _require(0 < a.clip_eps < 1, "algorithm.clip_eps", "must be in (0, 1)")
+    _require(a.temperature > 0, "algorithm.temperature", "must be > 0")
+    _require(0 < a.top_p <= 1, "algorithm.top_p", "must be in (0, 1]")
+
+
+def _validate_layout(layout: LayoutSpec) -> None:
+    _require(layout.policy in SUPPORTED_POLICIES, "layout.policy",
+             f"one of {SUPPORTED_POLICIES}")
+    _require(len(layout.buckets) >= 1, "layout.buckets", "at least one bucket is required")
+    names = [b.name for b in layout.buckets]
+    _require(len(set(names)) == len(names), "layout.buckets", "bucket names must be unique")
+    limits = [b.max_tokens for b in layout.buckets]
+    _require(limits == sorted(limits) and len(set(limits)) == len(limits),
+             "layout.buckets", "max_tokens must be strictly increasing")
+    for i, b in enumerate(layout.buckets):
+        for name in ("max_tokens", "tp_degree", "max_batch_size",
+                     "max_trajectories_per_instance"):
+            _require(getattr(b, name) >= 1, f"layout.buckets[{i}].{name}", "must be >= 1")
+
+
+def parse_job_spec(text: str, fmt: str = "toml") -> JobSpec:
+    """Parse and validate a job spec document; raises InvalidArgument naming the field."""
+    return job_spec_from_dict(parse_document(text, fmt))
+
+
+def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
+    spec = _build(JobSpec, data, "")
+    _validate_ranges(spec)
+    _validate_layout(spec.layout)
+    return spec
+
+
+def job_spec_from_json(text: str) -> JobSpec:
+    """Load a spec that was already validated (normalised JSON stored with the job)."""
+    return job_spec_from_dict(json.loads(text))

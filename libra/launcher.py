@@ -1,0 +1,193 @@
+"""Bare-metal launcher: starts Redis and the five services as processes and supervises
+them by pid (never by name). ``libra up`` runs this module detached; ``libra down``
+sends it SIGTERM, and it stops every child by pid (SIGTERM, grace, SIGKILL).
+
+State for other commands (pids, addresses, metrics ports, log files) is written to
+``<run_root>/.libra/state.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libra.config import env_flag
+from libra.redis_server import EmbeddedRedis, free_port, pid_alive, start_redis
+
+logger = logging.getLogger("libra.launcher")
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_STACK = ROOT / "deploy" / "baremetal" / "stack.toml"
+
+
+@dataclass
+class ServiceProc:
+    """One supervised service process."""
+
+    name: str
+    module: str
+    args: list[str]
+    port: int
+    metrics_port: int
+    log_path: str
+    pid: int = 0
+    restarts: int = 0
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def state_path(run_root: Path) -> Path:
+    return run_root / ".libra" / "state.json"
+
+
+def read_state(run_root: Path) -> dict[str, Any] | None:
+    path = state_path(run_root)
+    if not path.exists():
+        return None
+    state = json.loads(path.read_text())
+    return state if pid_alive(int(state.get("supervisor_pid", 0))) else None
+
+
+def _plan(stack: dict[str, Any], run_root: Path, redis_url: str) -> list[ServiceProc]:
+    names = ["coordinator", "scheduler", "trainer", "toolgateway"]
+    ports = {name: free_port() for name in names}
+    peers = [f"--peers.{name}=127.0.0.1:{ports[name]}" for name in names]
+    common = [f"--redis-url={redis_url}", *peers]
+    logs = run_root / ".libra" / "logs"
+    specs: list[tuple[str, str, int, list[str]]] = [
+        ("coordinator", "services.coordinator", ports["coordinator"],
+         [f"--run-root={run_root}", f"--http-port={free_port()}"]),
+        ("scheduler", "services.scheduler", ports["scheduler"], []),
+        ("trainer", "services.trainer", ports["trainer"], ["--worker-id=trainer-0"]),
+        ("toolgateway", "services.toolgateway", ports["toolgateway"], []),
+    ]
+    for inst in stack.get("rollout", []):
+        specs.append((inst["instance_id"], "services.rollout", free_port(), [
+            f"--instance-id={inst['instance_id']}", f"--bucket={inst['bucket']}",
+            f"--max-batch-size={inst.get('max_batch_size', 8)}",
+            f"--max-trajectories={inst.get('max_trajectories', 16)}"]))
+    out = []
+    for name, module, port, extra in specs:
+        metrics = free_port()
+        args = [f"--server.port={port}", f"--server.metrics-port={metrics}",
+                f"--server.shutdown-grace-s={stack.get('shutdown_grace_s', 10.0)}"]
+        if module != "services.toolgateway":
+            args += common
+        else:
+            args += [f"--peers.coordinator=127.0.0.1:{ports['coordinator']}"]
+        out.append(ServiceProc(name, module, args + extra, port, metrics,
+                               str(logs / f"{name}.log")))
+    return out
+
+
+class Supervisor:
+    """Starts the stack, restarts crashed services, stops everything by pid."""
+
+    def __init__(self, run_root: Path, stack_file: Path) -> None:
+        self.run_root = run_root.resolve()
+        self.stack = tomllib.loads(stack_file.read_text())
+        self.redis: EmbeddedRedis | None = None
+        self.redis_url = env_flag("REDIS_URL")
+        self.services: list[ServiceProc] = []
+        self._stopping = False
+
+    def start(self) -> None:
+        (self.run_root / ".libra" / "logs").mkdir(parents=True, exist_ok=True)
+        if not self.redis_url:
+            self.redis = start_redis(self.run_root / ".libra" / "redis")
+            self.redis_url = self.redis.url
+        self.services = _plan(self.stack, self.run_root, self.redis_url)
+        for svc in self.services:
+            self._spawn(svc)
+        self._write_state()
+
+    def _spawn(self, svc: ServiceProc) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+        log = open(svc.log_path, "ab")  # noqa: SIM115 - the child owns it
+        svc.proc = subprocess.Popen([sys.executable, "-m", svc.module, *svc.args], cwd=ROOT,
+                                    stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        svc.pid = svc.proc.pid
+        logger.info("[start] service=%s pid=%d address=%s", svc.name, svc.pid, svc.address)
+
+    def _write_state(self) -> None:
+        state = {"supervisor_pid": os.getpid(), "run_root": str(self.run_root),
+                 "redis_url": self.redis_url,
+                 "redis_pid": self.redis.pid if self.redis else None,
+                 "services": [{k: v for k, v in asdict(s).items() if k != "proc"}
+                              for s in self.services]}
+        path = state_path(self.run_root)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(path)
+
+    def supervise(self) -> None:
+        """Restart services that exit while the stack is up (bounded), until stopped."""
+        limit = int(self.stack.get("restart_limit", 3))
+        while not self._stopping:
+            for svc in self.services:
+                code = svc.proc.poll() if svc.proc else None
+                if code is None or self._stopping:
+                    continue
+                if svc.restarts >= limit:
+                    continue
+                svc.restarts += 1
+                logger.warning("[restart] service=%s exit=%s restart=%d", svc.name, code,
+                               svc.restarts)
+                self._spawn(svc)
+                self._write_state()
+            time.sleep(0.5)
+
+    def stop(self, *_args: Any) -> None:
+        """SIGTERM every child by pid, wait out the grace period, SIGKILL the rest."""
+        if self._stopping:
+            return
+        self._stopping = True
+        grace_s = float(self.stack.get("shutdown_grace_s", 10.0))
+        live = [s.proc for s in self.services if s.proc and s.proc.poll() is None]
+        for proc in live:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s + 2.0
+        for proc in live:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.redis is not None:
+            self.redis.stop()
+        state_path(self.run_root).unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--run-root", type=Path, default=Path("runs"))
+    parser.add_argument("--stack", type=Path, default=DEFAULT_STACK)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    sup = Supervisor(args.run_root, args.stack)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "_stopping", True))
+    signal.signal(signal.SIGINT, lambda *_: setattr(sup, "_stopping", True))
+    sup.start()
+    try:
+        sup.supervise()
+    finally:
+        sup._stopping = False
+        sup.stop()
+
+
+if __name__ == "__main__":
+    main()

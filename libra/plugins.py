@@ -1,0 +1,67 @@
+"""One resolver for every extension point given as a dotted path.
+
+Reward functions, tools and policies are named in config as ``"package.module:Name"``
+(or ``"package.module.Name"``) and resolved here, so every plugin error reads the same
+way: which part of the path is wrong and what was expected.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+class PluginError(ValueError):
+    """A dotted path does not resolve to a usable object (bad config, not a bug)."""
+
+
+def _split_path(path: str) -> tuple[str, str]:
+    if not isinstance(path, str) or not path.strip():
+        raise PluginError(f"plugin path must be a non-empty string, got {path!r}")
+    if ":" in path:
+        module_name, _, attr_path = path.partition(":")
+    else:
+        module_name, _, attr_path = path.rpartition(".")
+    if not module_name or not attr_path:
+        raise PluginError(f"plugin path {path!r} must look like 'package.module:Name'")
+    return module_name, attr_path
+
+
+def _check_type(path: str, obj: Any, expected: type) -> None:
+    is_ok = issubclass(obj, expected) if isinstance(obj, type) else isinstance(obj, expected)
+    if not is_ok:
+        raise PluginError(
+            f"plugin {path!r} resolved to {obj!r}, which is not a {expected.__qualname__}"
+        )
+
+
+def load_object(path: str, expected: type | None = None) -> Any:
+    """Import the object a dotted path names.
+
+    Args:
+        path: ``"package.module:Attr.sub"`` or ``"package.module.Attr"``.
+        expected: If given, the object must be an instance of it or, for a class, a
+            subclass of it.
+
+    Returns:
+        The resolved object (a class is returned as is, not instantiated).
+
+    Raises:
+        PluginError: The module cannot be imported, an attribute is missing, or the
+            object has the wrong type. The message names the failing part.
+    """
+    module_name, attr_path = _split_path(path)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise PluginError(f"plugin {path!r}: cannot import module {module_name!r} ({exc})") from exc
+    for attr in attr_path.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError as exc:
+            raise PluginError(
+                f"plugin {path!r}: {module_name!r} has no attribute {attr_path!r}"
+            ) from exc
+    if expected is not None:
+        _check_type(path, obj, expected)
+    return obj

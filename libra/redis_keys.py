@@ -1,0 +1,104 @@
+"""Every Redis key the project uses, with its TTL and the reason it exists.
+
+Keys are built only here. All start with ``libra:``. TTLs are in milliseconds; ``None``
+means the key lives as long as its job and is removed by ``job_keys`` clean-up.
+"""
+
+from __future__ import annotations
+
+PREFIX = "libra"
+
+# Job index (sorted set: job_id scored by creation time). Lists jobs; never expires.
+JOBS_INDEX = f"{PREFIX}:jobs"
+
+# Registry of workers that ever held a lease (set). The lease key itself expires.
+WORKERS = f"{PREFIX}:workers"
+
+# Global fencing counter: INCR on every membership change (lease grant); never expires.
+FENCE = f"{PREFIX}:fence"
+
+# A worker's lease (hash: role, bucket, address, epoch, ttl_ms). Expires when the worker
+# stops renewing, which is how the system learns it died.
+LEASE_TTL_MS_DEFAULT = 3_000
+
+# Trajectory stream consumer group names.
+TRAINER_GROUP = "trainer"
+ROLLOUT_GROUP = "rollout"
+
+# Terminal jobs keep their keys this long so `libra jobs` and reports still work.
+FINISHED_JOB_TTL_MS = 7 * 24 * 3600 * 1000
+
+# Step history and event streams are capped (XADD MAXLEN ~) to bound memory.
+HISTORY_MAXLEN = 100_000
+EVENTS_MAXLEN = 10_000
+
+
+def lease(worker_id: str) -> str:
+    """Hash with the worker's lease; PX = lease TTL."""
+    return f"{PREFIX}:lease:{worker_id}"
+
+
+def inbox(instance_id: str) -> str:
+    """Stream of trajectory tasks placed on one rollout instance (group ``rollout``).
+
+    Pending entries are what the instance holds; if its lease expires the scheduler
+    re-places them and deletes the stream.
+    """
+    return f"{PREFIX}:inbox:{instance_id}"
+
+
+def job(job_id: str) -> str:
+    """Hash: spec_json, state, name, created/updated ms, message, run_dir."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def trajectories(job_id: str) -> str:
+    """Stream of finished trajectories (serialised common.v1.Trajectory), group ``trainer``."""
+    return f"{PREFIX}:job:{job_id}:traj"
+
+
+def policy(job_id: str) -> str:
+    """Hash: current policy version, weights path, sha256, model dir, published ms."""
+    return f"{PREFIX}:job:{job_id}:policy"
+
+
+def counters(job_id: str) -> str:
+    """Hash of cumulative trajectory/group counters (admitted, produced, trained, dropped)."""
+    return f"{PREFIX}:job:{job_id}:counters"
+
+
+def load(job_id: str) -> str:
+    """Hash instance_id -> live trajectories pinned there (HINCRBY; shared by replicas)."""
+    return f"{PREFIX}:job:{job_id}:load"
+
+
+def assignments(job_id: str) -> str:
+    """Hash trajectory_id -> instance_id for every trajectory not yet finished."""
+    return f"{PREFIX}:job:{job_id}:assign"
+
+
+def tasks(job_id: str) -> str:
+    """Hash trajectory_id -> serialised task, kept until finish so it can be re-placed."""
+    return f"{PREFIX}:job:{job_id}:tasks"
+
+
+def trained_ids(job_id: str) -> str:
+    """Set of trajectory ids already trained on or dropped: makes the trainer idempotent."""
+    return f"{PREFIX}:job:{job_id}:trained"
+
+
+def history(job_id: str) -> str:
+    """Stream of per-step records (JSON), capped at HISTORY_MAXLEN."""
+    return f"{PREFIX}:job:{job_id}:history"
+
+
+def events(job_id: str) -> str:
+    """Stream of events (failures, re-queues, plans), capped at EVENTS_MAXLEN."""
+    return f"{PREFIX}:job:{job_id}:events"
+
+
+def job_keys(job_id: str) -> list[str]:
+    """Keys that belong to one job (expired together when the job ends)."""
+    return [job(job_id), trajectories(job_id), policy(job_id), counters(job_id),
+            load(job_id), assignments(job_id), tasks(job_id), trained_ids(job_id),
+            history(job_id), events(job_id)]

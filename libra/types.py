@@ -1,0 +1,251 @@
+"""Domain types shared by every service.
+
+These dataclasses are what cores see. Generated protobuf messages never travel past
+servicers and clients; ``libra.wire`` converts between the two.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+JobId = NewType("JobId", str)
+TrajectoryId = NewType("TrajectoryId", str)
+GroupId = NewType("GroupId", str)
+PromptId = NewType("PromptId", str)
+WorkerId = NewType("WorkerId", str)
+InstanceId = NewType("InstanceId", str)
+PolicyVersion = NewType("PolicyVersion", int)
+
+
+class ToolStatus(enum.Enum):
+    """How a tool call ended: one axis of the causal signal."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    TIMEOUT = "timeout"
+
+
+class SizeClass(enum.Enum):
+    """Payload size class of a tool return, by token thresholds."""
+
+    SMALL = "small"
+    MEDIUM = "medium"
+    LARGE = "large"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReturnState:
+    """The causal signal of one tool return: (tool type, size class, status).
+
+    The scheduler's prefix tree is keyed by the string form ``"type:size:status"``.
+    """
+
+    tool_type: str
+    size_class: SizeClass
+    status: ToolStatus
+
+    @property
+    def key(self) -> str:
+        return f"{self.tool_type}:{self.size_class.value}:{self.status.value}"
+
+    @classmethod
+    def from_key(cls, key: str) -> ToolReturnState:
+        tool_type, size, status = key.rsplit(":", 2)
+        return cls(tool_type, SizeClass(size), ToolStatus(status))
+
+
+@dataclass(frozen=True, slots=True)
+class SizeThresholds:
+    """Token thresholds that split payloads into small / medium / large.
+
+    A payload of at most ``small_max_tokens`` is small, at most ``medium_max_tokens`` medium,
+    anything larger large (reference defaults 500 / 5,000).
+    """
+
+    small_max_tokens: int = 500
+    medium_max_tokens: int = 5000
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.small_max_tokens < self.medium_max_tokens:
+            raise ValueError(
+                "size thresholds must satisfy 0 <= small_max_tokens < medium_max_tokens, got "
+                f"{self.small_max_tokens} / {self.medium_max_tokens}"
+            )
+
+    def classify(self, payload_tokens: int) -> SizeClass:
+        if payload_tokens <= self.small_max_tokens:
+            return SizeClass.SMALL
+        if payload_tokens <= self.medium_max_tokens:
+            return SizeClass.MEDIUM
+        return SizeClass.LARGE
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """A group of rollout instances of one parallelism; ordered by ``max_tokens``."""
+
+    name: str
+    max_tokens: int
+    tp_degree: int = 1
+    max_batch_size: int = 8
+    max_trajectories_per_instance: int = 16
+
+
+@dataclass(slots=True)
+class InstanceLoad:
+    """A rollout instance as the placement policy sees it."""
+
+    instance_id: InstanceId
+    bucket: str
+    active_trajectories: int
+    is_live: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class TrajectoryStatus(enum.Enum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One trajectory: the task a rollout instance runs and, once finished, the record
+    the trainer consumes. Token-level lists are aligned with ``token_ids``."""
+
+    trajectory_id: TrajectoryId
+    job_id: JobId
+    group_id: GroupId
+    prompt_id: PromptId
+    prompt_text: str
+    reference: str
+    status: TrajectoryStatus = TrajectoryStatus.RUNNING
+    failure_reason: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    num_turns: int = 0
+    tool_states: list[ToolReturnState] = field(default_factory=list)
+    tool_return_positions: list[int] = field(default_factory=list)
+    instance_id: str = ""
+    bucket: str = ""
+    num_migrations: int = 0
+    created_at_ms: int = 0
+    finished_at_ms: int = 0
+    final_text: str = ""
+    attempt: int = 0
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens after the prompt (model and tool tokens)."""
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def min_version(self) -> int:
+        """Oldest policy version among model-generated tokens (-1 if none)."""
+        versions = [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
+        return min(versions) if versions else -1
+
+    def check_aligned(self) -> str | None:
+        """A reason string when token-level arrays disagree in length, else None."""
+        n = len(self.token_ids)
+        for name in ("loss_mask", "logprobs", "token_versions"):
+            if len(getattr(self, name)) != n:
+                return f"{name} has {len(getattr(self, name))} entries, token_ids has {n}"
+        if not 0 <= self.num_prompt_tokens <= n:
+            return f"num_prompt_tokens {self.num_prompt_tokens} outside [0, {n}]"
+        return None
+
+
+class WorkerRole(enum.Enum):
+    CORE_ROLLOUT = "core-rollout"
+    CORE_TRAINING = "core-training"
+    HYBRID_ROLLOUT = "hybrid-rollout"
+    HYBRID_JOINING = "hybrid-joining"
+    HYBRID_TRAINING = "hybrid-training"
+    SERVICE = "service"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    worker_id: WorkerId
+    role: WorkerRole
+    bucket: str
+    address: str
+    epoch: int
+    expires_at_ms: int
+    ttl_ms: int
+
+
+class JobState(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(slots=True)
+class Job:
+    job_id: JobId
+    name: str
+    state: JobState
+    spec_json: str
+    created_at_ms: int
+    updated_at_ms: int
+    message: str = ""
+    step: int = 0
+    policy_version: int = 0
+    run_dir: str = ""
+
+
+class DecisionAction(enum.Enum):
+    STAY = "stay"
+    MOVE = "move"
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementDecision:
+    """The scheduler's answer at a tool return."""
+
+    action: DecisionAction
+    target_bucket: str = ""
+    target_instance: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool call returned, with its causal signal."""
+
+    status: ToolStatus
+    output: str
+    error: str
+    payload_tokens: int
+    latency_ms: int
+    state: ToolReturnState
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ToolStatus.SUCCESS
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInfo:
+    """Where the current policy version's weights are (published by the trainer)."""
+
+    version: int
+    weights_path: str
+    sha256: str
+    model_dir: str
+    published_at_ms: int = 0

@@ -1,0 +1,1 @@
+"""Proto <-> domain converters. Written once; servers, clients and stores all use them."""

@@ -1,0 +1,115 @@
+"""Converters for messages in ``common/v1``."""
+
+from __future__ import annotations
+
+from libra import types as t
+from libra.proto.common.v1 import common_pb2 as pb
+
+_TOOL_STATUS = {t.ToolStatus.SUCCESS: pb.TOOL_STATUS_SUCCESS,
+                t.ToolStatus.FAILURE: pb.TOOL_STATUS_FAILURE,
+                t.ToolStatus.TIMEOUT: pb.TOOL_STATUS_TIMEOUT}
+_SIZE = {t.SizeClass.SMALL: pb.SIZE_CLASS_SMALL, t.SizeClass.MEDIUM: pb.SIZE_CLASS_MEDIUM,
+         t.SizeClass.LARGE: pb.SIZE_CLASS_LARGE}
+_TRAJ_STATUS = {t.TrajectoryStatus.RUNNING: pb.TRAJECTORY_STATUS_RUNNING,
+                t.TrajectoryStatus.FINISHED: pb.TRAJECTORY_STATUS_FINISHED,
+                t.TrajectoryStatus.FAILED: pb.TRAJECTORY_STATUS_FAILED}
+_ROLE = {t.WorkerRole.CORE_ROLLOUT: pb.WORKER_ROLE_CORE_ROLLOUT,
+         t.WorkerRole.CORE_TRAINING: pb.WORKER_ROLE_CORE_TRAINING,
+         t.WorkerRole.HYBRID_ROLLOUT: pb.WORKER_ROLE_HYBRID_ROLLOUT,
+         t.WorkerRole.HYBRID_JOINING: pb.WORKER_ROLE_HYBRID_JOINING,
+         t.WorkerRole.HYBRID_TRAINING: pb.WORKER_ROLE_HYBRID_TRAINING,
+         t.WorkerRole.SERVICE: pb.WORKER_ROLE_SERVICE}
+
+
+def _inverse(table: dict) -> dict:
+    return {v: k for k, v in table.items()}
+
+
+_TOOL_STATUS_IN = _inverse(_TOOL_STATUS)
+_SIZE_IN = _inverse(_SIZE)
+_TRAJ_STATUS_IN = _inverse(_TRAJ_STATUS)
+_ROLE_IN = _inverse(_ROLE)
+
+
+def tool_status_to_proto(status: t.ToolStatus) -> int:
+    return _TOOL_STATUS[status]
+
+
+def tool_status_from_proto(value: int) -> t.ToolStatus:
+    return _TOOL_STATUS_IN.get(value, t.ToolStatus.FAILURE)
+
+
+def traj_status_to_proto(status: t.TrajectoryStatus) -> int:
+    return _TRAJ_STATUS[status]
+
+
+def traj_status_from_proto(value: int) -> t.TrajectoryStatus:
+    return _TRAJ_STATUS_IN.get(value, t.TrajectoryStatus.RUNNING)
+
+
+def role_to_proto(role: t.WorkerRole) -> int:
+    return _ROLE[role]
+
+
+def role_from_proto(value: int) -> t.WorkerRole:
+    if value not in _ROLE_IN:
+        from libra.errors import InvalidArgument
+
+        raise InvalidArgument("role", "must be a known worker role")
+    return _ROLE_IN[value]
+
+
+def tool_state_to_proto(state: t.ToolReturnState) -> pb.ToolReturnState:
+    return pb.ToolReturnState(tool_type=state.tool_type, size_class=_SIZE[state.size_class],
+                              status=_TOOL_STATUS[state.status])
+
+
+def tool_state_from_proto(msg: pb.ToolReturnState) -> t.ToolReturnState:
+    return t.ToolReturnState(msg.tool_type, _SIZE_IN.get(msg.size_class, t.SizeClass.SMALL),
+                             tool_status_from_proto(msg.status))
+
+
+_TRAJ_SCALARS = ("trajectory_id", "job_id", "group_id", "prompt_id", "prompt_text",
+                 "reference", "failure_reason", "num_prompt_tokens", "reward", "num_turns",
+                 "instance_id", "bucket", "num_migrations", "created_at_ms",
+                 "finished_at_ms", "final_text", "attempt")
+_TRAJ_LISTS = ("token_ids", "loss_mask", "logprobs", "token_versions",
+               "tool_return_positions")
+
+
+def trajectory_to_proto(traj: t.Trajectory) -> pb.Trajectory:
+    msg = pb.Trajectory(status=_TRAJ_STATUS[traj.status],
+                        **{name: getattr(traj, name) for name in _TRAJ_SCALARS})
+    for name in _TRAJ_LISTS:
+        getattr(msg, name).extend(getattr(traj, name))
+    msg.tool_states.extend(tool_state_to_proto(s) for s in traj.tool_states)
+    return msg
+
+
+def trajectory_from_proto(msg: pb.Trajectory) -> t.Trajectory:
+    traj = t.Trajectory(**{name: getattr(msg, name) for name in _TRAJ_SCALARS})
+    traj.status = traj_status_from_proto(msg.status)
+    for name in _TRAJ_LISTS:
+        setattr(traj, name, list(getattr(msg, name)))
+    traj.tool_states = [tool_state_from_proto(s) for s in msg.tool_states]
+    return traj
+
+
+def encode_trajectory(traj: t.Trajectory) -> bytes:
+    """Bytes for a Redis stream entry (a serialised common.v1.Trajectory)."""
+    return trajectory_to_proto(traj).SerializeToString()
+
+
+def decode_trajectory(data: bytes) -> t.Trajectory:
+    return trajectory_from_proto(pb.Trajectory.FromString(data))
+
+
+def lease_to_proto(lease: t.Lease) -> pb.Lease:
+    return pb.Lease(worker_id=lease.worker_id, role=_ROLE[lease.role], bucket=lease.bucket,
+                    address=lease.address, epoch=lease.epoch,
+                    expires_at_ms=lease.expires_at_ms, ttl_ms=lease.ttl_ms)
+
+
+def lease_from_proto(msg: pb.Lease) -> t.Lease:
+    return t.Lease(t.WorkerId(msg.worker_id), role_from_proto(msg.role), msg.bucket,
+                   msg.address, msg.epoch, msg.expires_at_ms, msg.ttl_ms)

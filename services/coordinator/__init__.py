@@ -1,0 +1,1 @@
+"""Coordinator: control plane (public job API, worker registry and leases)."""

@@ -1,0 +1,154 @@
+"""Coordinator core: the job lifecycle and the worker registry (pure; no grpc/redis).
+
+A job is validated completely before anything is stored, so an invalid spec leaves
+nothing behind. A valid job is stored PENDING, then the trainer and the scheduler are
+told to start it; if either refuses, whatever started is stopped, the job is deleted
+and the caller gets the error.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+from libra import types as t
+from libra.clock import Clock
+from libra.errors import FailedPrecondition, InvalidArgument, LibraError
+from libra.ids import new_job_id
+from libra.jobspec import parse_job_spec
+from services.coordinator.store import CoordinatorStore
+
+logger = logging.getLogger(__name__)
+
+MIN_LEASE_TTL_MS = 200
+MAX_LEASE_TTL_MS = 600_000
+
+
+class JobRunner(Protocol):
+    """What the coordinator needs from the trainer and the scheduler."""
+
+    async def start_job(self, job_id: str) -> None: ...
+
+    async def stop_job(self, job_id: str) -> None: ...
+
+
+class CoordinatorCore:
+    """Public job API and worker registry."""
+
+    def __init__(self, store: CoordinatorStore, trainer: JobRunner, scheduler: JobRunner,
+                 clock: Clock, run_root: Path) -> None:
+        self._store = store
+        self._trainer = trainer
+        self._scheduler = scheduler
+        self._clock = clock
+        self._run_root = run_root
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    async def create_job(self, spec_text: str, spec_format: str) -> t.Job:
+        """Validate, store and start a job; atomic from the caller's point of view."""
+        spec = parse_job_spec(spec_text, spec_format)
+        await self._refuse_if_busy()
+        now_ms = self._clock.now_ms()
+        job_id = new_job_id(spec.name)
+        run_dir = self._run_root / job_id
+        job = t.Job(job_id=job_id, name=spec.name, state=t.JobState.PENDING,
+                    spec_json=spec.to_json(), created_at_ms=now_ms, updated_at_ms=now_ms,
+                    run_dir=str(run_dir))
+        await self._store.put_job(job)
+        try:
+            await self._trainer.start_job(job_id)
+            await self._scheduler.start_job(job_id)
+        except LibraError:
+            await self._undo_start(job_id)
+            raise
+        job.state = t.JobState.RUNNING
+        job.updated_at_ms = self._clock.now_ms()
+        await self._store.put_job(job)
+        logger.info("[job] created job_id=%s name=%s", job_id, spec.name)
+        return job
+
+    async def _refuse_if_busy(self) -> None:
+        # One job at a time: the core training group trains one policy.
+        for job in await self._store.list_jobs():
+            if not job.state.is_terminal:
+                raise FailedPrecondition(
+                    f"job {job.job_id} is {job.state.value}; cancel it or wait for it to end")
+
+    async def _undo_start(self, job_id: str) -> None:
+        for runner in (self._scheduler, self._trainer):
+            try:
+                await runner.stop_job(job_id)
+            except LibraError:
+                logger.warning("[job] stop during rollback failed job_id=%s", job_id)
+        await self._store.delete_job(job_id)
+
+    async def get_job(self, job_id: str) -> tuple[t.Job, list[dict[str, Any]], dict[str, int]]:
+        job = await self._store.get_job(job_id)
+        return job, await self._store.steps(job_id), await self._store.counters(job_id)
+
+    async def list_jobs(self) -> list[t.Job]:
+        return await self._store.list_jobs()
+
+    async def cancel_job(self, job_id: str) -> t.Job:
+        job = await self._store.get_job(job_id)
+        if job.state.is_terminal:
+            return job
+        for runner in (self._scheduler, self._trainer):
+            try:
+                await runner.stop_job(job_id)
+            except LibraError as exc:
+                logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
+        return await self._finish(job, t.JobState.CANCELLED, "cancelled by user")
+
+    async def report_step(self, job_id: str, record: dict[str, Any]) -> None:
+        job = await self._store.get_job(job_id)
+        await self._store.append_step(job_id, record)
+        job.step = int(record.get("step", job.step))
+        job.policy_version = int(record.get("policy_version", job.policy_version))
+        job.updated_at_ms = self._clock.now_ms()
+        await self._store.put_job(job)
+
+    async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
+        if not state.is_terminal:
+            raise InvalidArgument("state", "must be succeeded, failed or cancelled")
+        job = await self._store.get_job(job_id)
+        if job.state.is_terminal:
+            return
+        if state is not t.JobState.SUCCEEDED:
+            await self._scheduler.stop_job(job_id)
+        await self._finish(job, state, message)
+
+    async def _finish(self, job: t.Job, state: t.JobState, message: str) -> t.Job:
+        job.state = state
+        job.message = message
+        job.updated_at_ms = self._clock.now_ms()
+        await self._store.put_job(job)
+        logger.info("[job] ended job_id=%s state=%s message=%s", job.job_id, state.value,
+                    message)
+        return job
+
+    # -- workers ------------------------------------------------------------------------
+
+    async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
+                            address: str, ttl_ms: int) -> t.Lease:
+        if not worker_id:
+            raise InvalidArgument("worker_id", "must not be empty")
+        if not MIN_LEASE_TTL_MS <= ttl_ms <= MAX_LEASE_TTL_MS:
+            raise InvalidArgument("ttl_ms", f"must be in [{MIN_LEASE_TTL_MS}, "
+                                  f"{MAX_LEASE_TTL_MS}]")
+        lease = t.Lease(t.WorkerId(worker_id), role, bucket, address, 0, 0, ttl_ms)
+        granted = await self._store.acquire_lease(lease)
+        logger.info("[lease] granted worker_id=%s role=%s bucket=%s epoch=%d", worker_id,
+                    role.value, bucket, granted.epoch)
+        return granted
+
+    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+        return await self._store.renew_lease(worker_id, epoch, self._clock.now_ms())
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None:
+        await self._store.release_lease(worker_id, epoch)
+
+    async def list_workers(self) -> list[t.Lease]:
+        return await self._store.live_leases()

@@ -1,0 +1,81 @@
+"""REST shell of the coordinator (FastAPI; OpenAPI at /docs). Delegates to the same core
+as the gRPC servicer, so both APIs validate and fail identically."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from libra import types as t
+from libra.errors import LibraError
+from services.coordinator.core import CoordinatorCore
+
+_HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "ALREADY_EXISTS": 409,
+                "FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
+                "DEADLINE_EXCEEDED": 504}
+
+
+class CreateJobBody(BaseModel):
+    """A job spec document and its format."""
+
+    spec: str = Field(description="the job spec document (see docs/jobspec.md)")
+    format: str = Field("toml", description="toml, json or yaml")
+
+
+def _job_json(job: t.Job) -> dict[str, Any]:
+    out = dataclasses.asdict(job)
+    out["state"] = job.state.value
+    out["spec"] = json.loads(out.pop("spec_json"))
+    return out
+
+
+def _lease_json(lease: t.Lease) -> dict[str, Any]:
+    out = dataclasses.asdict(lease)
+    out["role"] = lease.role.value
+    return out
+
+
+def build_app(core: CoordinatorCore) -> FastAPI:
+    """The REST API: /v1/jobs (create, list, get, cancel) and /v1/workers."""
+    app = FastAPI(title="Libra coordinator", version="v1",
+                  description="Create, inspect and cancel agentic RL jobs.")
+
+    @app.exception_handler(LibraError)
+    async def _libra_error(_request: Request, exc: LibraError) -> JSONResponse:
+        code = exc.grpc_status.name
+        body: dict[str, Any] = {"error": code.lower(), "message": str(exc)}
+        if field := getattr(exc, "field", None):
+            body["field"] = field
+        return JSONResponse(status_code=_HTTP_STATUS.get(code, 500), content=body)
+
+    @app.post("/v1/jobs", status_code=201, summary="Create and start a job")
+    async def create_job(body: CreateJobBody) -> dict[str, Any]:
+        return _job_json(await core.create_job(body.spec, body.format))
+
+    @app.get("/v1/jobs", summary="List jobs")
+    async def list_jobs() -> list[dict[str, Any]]:
+        return [_job_json(j) for j in await core.list_jobs()]
+
+    @app.get("/v1/jobs/{job_id}", summary="A job with its step history and counters")
+    async def get_job(job_id: str) -> dict[str, Any]:
+        job, steps, counters = await core.get_job(job_id)
+        return {**_job_json(job), "steps": steps, "counters": counters}
+
+    @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
+    async def cancel_job(job_id: str) -> dict[str, Any]:
+        return _job_json(await core.cancel_job(job_id))
+
+    @app.get("/v1/workers", summary="Live worker leases (role, bucket, epoch)")
+    async def list_workers() -> list[dict[str, Any]]:
+        return [_lease_json(lease) for lease in await core.list_workers()]
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

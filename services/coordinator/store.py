@@ -1,0 +1,253 @@
+"""Coordinator state: jobs, step history and worker leases.
+
+``CoordinatorStore`` is the port the pure core talks to. ``RedisCoordinatorStore`` is the
+production adapter (the only module of this service that imports redis);
+``InMemoryCoordinatorStore`` serves unit tests. One contract suite runs against both.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from libra import redis_keys as keys
+from libra import types as t
+from libra.clock import Clock
+from libra.errors import LeaseLost, NotFound
+
+
+class CoordinatorStore(Protocol):
+    async def put_job(self, job: t.Job) -> None: ...
+
+    async def get_job(self, job_id: str) -> t.Job: ...
+
+    async def list_jobs(self) -> list[t.Job]: ...
+
+    async def delete_job(self, job_id: str) -> None: ...
+
+    async def append_step(self, job_id: str, record: dict[str, Any]) -> None: ...
+
+    async def steps(self, job_id: str) -> list[dict[str, Any]]: ...
+
+    async def counters(self, job_id: str) -> dict[str, int]: ...
+
+    async def acquire_lease(self, lease: t.Lease) -> t.Lease: ...
+
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease: ...
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None: ...
+
+    async def live_leases(self) -> list[t.Lease]: ...
+
+
+def _job_to_hash(job: t.Job) -> dict[str, str]:
+    return {"job_id": job.job_id, "name": job.name, "state": job.state.value,
+            "spec_json": job.spec_json, "created_at_ms": str(job.created_at_ms),
+            "updated_at_ms": str(job.updated_at_ms), "message": job.message,
+            "step": str(job.step), "policy_version": str(job.policy_version),
+            "run_dir": job.run_dir}
+
+
+def _job_from_hash(h: dict[str, str]) -> t.Job:
+    return t.Job(job_id=t.JobId(h["job_id"]), name=h["name"], state=t.JobState(h["state"]),
+                 spec_json=h["spec_json"], created_at_ms=int(h["created_at_ms"]),
+                 updated_at_ms=int(h["updated_at_ms"]), message=h.get("message", ""),
+                 step=int(h.get("step", 0)), policy_version=int(h.get("policy_version", 0)),
+                 run_dir=h.get("run_dir", ""))
+
+
+def _lease_to_hash(lease: t.Lease) -> dict[str, str]:
+    return {"worker_id": lease.worker_id, "role": lease.role.value, "bucket": lease.bucket,
+            "address": lease.address, "epoch": str(lease.epoch), "ttl_ms": str(lease.ttl_ms)}
+
+
+def _lease_from_hash(h: dict[str, str], pttl_ms: int, now_ms: int) -> t.Lease:
+    return t.Lease(t.WorkerId(h["worker_id"]), t.WorkerRole(h["role"]), h["bucket"],
+                   h["address"], int(h["epoch"]), now_ms + max(pttl_ms, 0), int(h["ttl_ms"]))
+
+
+# KEYS[1] = lease key, KEYS[2] = fence counter
+# ARGV = ttl_ms, then field/value pairs of the lease hash (without epoch)
+# Returns the new epoch: every grant is a membership change and gets a fresh fence.
+_ACQUIRE_LUA = """
+local epoch = redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'epoch', epoch, unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return epoch
+"""
+
+# KEYS[1] = lease key; ARGV[1] = epoch the caller holds
+# Returns the remaining TTL in ms, -1 when the lease is gone, -2 when the epoch moved on.
+_RENEW_LUA = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then return -1 end
+if epoch ~= ARGV[1] then return -2 end
+local ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
+redis.call('PEXPIRE', KEYS[1], ttl)
+return tonumber(ttl)
+"""
+
+# KEYS[1] = lease key; ARGV[1] = epoch. Deletes only the caller's own lease.
+_RELEASE_LUA = """
+if redis.call('HGET', KEYS[1], 'epoch') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisCoordinatorStore:
+    """Jobs, history and leases in Redis (keys from ``libra.redis_keys``)."""
+
+    def __init__(self, redis: Any, clock: Clock) -> None:
+        self._r = redis
+        self._clock = clock
+        self._acquire = redis.register_script(_ACQUIRE_LUA)
+        self._renew = redis.register_script(_RENEW_LUA)
+        self._release = redis.register_script(_RELEASE_LUA)
+
+    async def put_job(self, job: t.Job) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.job(job.job_id), mapping=_job_to_hash(job))
+            pipe.zadd(keys.JOBS_INDEX, {job.job_id: job.created_at_ms})
+            if job.state.is_terminal:
+                for key in keys.job_keys(job.job_id):
+                    pipe.pexpire(key, keys.FINISHED_JOB_TTL_MS)
+            await pipe.execute()
+
+    async def get_job(self, job_id: str) -> t.Job:
+        h = await self._r.hgetall(keys.job(job_id))
+        if not h:
+            raise NotFound(f"job {job_id!r} not found")
+        return _job_from_hash(h)
+
+    async def list_jobs(self) -> list[t.Job]:
+        ids = await self._r.zrange(keys.JOBS_INDEX, 0, -1)
+        jobs = []
+        for job_id in ids:
+            h = await self._r.hgetall(keys.job(job_id))
+            if h:
+                jobs.append(_job_from_hash(h))
+            else:  # expired: keep the index tidy
+                await self._r.zrem(keys.JOBS_INDEX, job_id)
+        return jobs
+
+    async def delete_job(self, job_id: str) -> None:
+        await self._r.delete(*keys.job_keys(job_id))
+        await self._r.zrem(keys.JOBS_INDEX, job_id)
+
+    async def append_step(self, job_id: str, record: dict[str, Any]) -> None:
+        await self._r.xadd(keys.history(job_id), {"record": json.dumps(record)},
+                           maxlen=keys.HISTORY_MAXLEN, approximate=True)
+
+    async def steps(self, job_id: str) -> list[dict[str, Any]]:
+        entries = await self._r.xrange(keys.history(job_id))
+        return [json.loads(fields["record"]) for _id, fields in entries]
+
+    async def counters(self, job_id: str) -> dict[str, int]:
+        raw = await self._r.hgetall(keys.counters(job_id))
+        return {k: int(v) for k, v in raw.items()}
+
+    async def acquire_lease(self, lease: t.Lease) -> t.Lease:
+        fields = _lease_to_hash(lease)
+        fields.pop("epoch")
+        flat = [x for kv in fields.items() for x in kv]
+        epoch = await self._acquire(keys=[keys.lease(lease.worker_id), keys.FENCE],
+                                    args=[lease.ttl_ms, *flat])
+        await self._r.sadd(keys.WORKERS, lease.worker_id)
+        now_ms = self._clock.now_ms()
+        return t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address, int(epoch),
+                       now_ms + lease.ttl_ms, lease.ttl_ms)
+
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease:
+        result = await self._renew(keys=[keys.lease(worker_id)], args=[str(epoch)])
+        if result == -1:
+            raise LeaseLost(f"lease of {worker_id} expired; acquire a new one")
+        if result == -2:
+            raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
+        h = await self._r.hgetall(keys.lease(worker_id))
+        return _lease_from_hash(h, int(result), now_ms)
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None:
+        await self._release(keys=[keys.lease(worker_id)], args=[str(epoch)])
+
+    async def live_leases(self) -> list[t.Lease]:
+        now_ms = self._clock.now_ms()
+        leases = []
+        for worker_id in sorted(await self._r.smembers(keys.WORKERS)):
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.hgetall(keys.lease(worker_id))
+                pipe.pttl(keys.lease(worker_id))
+                h, pttl = await pipe.execute()
+            if h:
+                leases.append(_lease_from_hash(h, pttl, now_ms))
+        return leases
+
+
+class InMemoryCoordinatorStore:
+    """The same contract in process memory, with a clock for expiry (unit tests)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._jobs: dict[str, t.Job] = {}
+        self._steps: dict[str, list[dict[str, Any]]] = {}
+        self._counters: dict[str, dict[str, int]] = {}
+        self._leases: dict[str, t.Lease] = {}
+        self._fence = 0
+
+    async def put_job(self, job: t.Job) -> None:
+        self._jobs[job.job_id] = job
+
+    async def get_job(self, job_id: str) -> t.Job:
+        if job_id not in self._jobs:
+            raise NotFound(f"job {job_id!r} not found")
+        return self._jobs[job_id]
+
+    async def list_jobs(self) -> list[t.Job]:
+        return sorted(self._jobs.values(), key=lambda j: j.created_at_ms)
+
+    async def delete_job(self, job_id: str) -> None:
+        self._jobs.pop(job_id, None)
+        self._steps.pop(job_id, None)
+
+    async def append_step(self, job_id: str, record: dict[str, Any]) -> None:
+        self._steps.setdefault(job_id, []).append(record)
+
+    async def steps(self, job_id: str) -> list[dict[str, Any]]:
+        return list(self._steps.get(job_id, []))
+
+    async def counters(self, job_id: str) -> dict[str, int]:
+        return dict(self._counters.get(job_id, {}))
+
+    def _live(self, worker_id: str) -> t.Lease | None:
+        lease = self._leases.get(worker_id)
+        if lease is None or lease.expires_at_ms <= self._clock.now_ms():
+            return None
+        return lease
+
+    async def acquire_lease(self, lease: t.Lease) -> t.Lease:
+        self._fence += 1
+        granted = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
+                          self._fence, self._clock.now_ms() + lease.ttl_ms, lease.ttl_ms)
+        self._leases[lease.worker_id] = granted
+        return granted
+
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease:
+        lease = self._live(worker_id)
+        if lease is None:
+            raise LeaseLost(f"lease of {worker_id} expired; acquire a new one")
+        if lease.epoch != epoch:
+            raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
+        renewed = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
+                          lease.epoch, now_ms + lease.ttl_ms, lease.ttl_ms)
+        self._leases[worker_id] = renewed
+        return renewed
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None:
+        lease = self._leases.get(worker_id)
+        if lease is not None and lease.epoch == epoch:
+            del self._leases[worker_id]
+
+    async def live_leases(self) -> list[t.Lease]:
+        return [lease for w in sorted(self._leases) if (lease := self._live(w)) is not None]

@@ -1,0 +1,59 @@
+"""Entry point: ``python -m services.rollout``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import redis.asyncio as aioredis
+
+from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.clients.runner import GrpcSchedulerClient
+from libra.clients.toolgateway import GrpcToolGatewayClient
+from libra.clock import SystemClock
+from libra.config import load_config, redact
+from libra.grpcx import Registration, Server, serve
+from libra.proto.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from libra.telemetry import init_logging, init_tracing
+from services.rollout.backend import TorchEngineLoader
+from services.rollout.config import RolloutConfig
+from services.rollout.core import RolloutCore, RolloutSettings
+from services.rollout.servicer import RolloutServicer
+from services.rollout.store import RedisRolloutStore
+
+logger = logging.getLogger("services.rollout")
+
+
+async def main(cfg: RolloutConfig) -> None:
+    redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
+    peers = cfg.peers
+    settings = RolloutSettings(
+        instance_id=cfg.instance_id, bucket=cfg.bucket, max_batch_size=cfg.max_batch_size,
+        max_trajectories=cfg.max_trajectories, lease_ttl_ms=cfg.lease_ttl_ms,
+        tool_deadline_s=cfg.tool_deadline_s)
+    core = RolloutCore(
+        settings, RedisRolloutStore(redis), TorchEngineLoader(cfg.num_threads, cfg.seed),
+        GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
+        GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
+        GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s), SystemClock())
+
+    async def register(server: Server) -> None:
+        core.settings = dataclasses.replace(settings,
+                                            address=f"{cfg.server.host}:{server.port}")
+        await core.register()
+
+    name = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+    registration = Registration(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
+                                RolloutServicer(core), name)
+    await serve("rollout", cfg.server, [registration], run=core.run, drain=core.drain,
+                on_started=register)
+    await redis.aclose()
+
+
+if __name__ == "__main__":
+    config = load_config(RolloutConfig, "rollout", description=__doc__)
+    init_logging(config.instance_id, config.telemetry)
+    init_tracing(config.instance_id, config.telemetry)
+    logger.info("[startup] config=%s", redact(config))
+    asyncio.run(main(config))

@@ -1,0 +1,24 @@
+"""Rollout instance configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from libra.config import knob
+from libra.service_config import PeersConfig, ServerConfig, TelemetryConfig
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RolloutConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    peers: PeersConfig = field(default_factory=PeersConfig)
+    redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding the inbox and results")
+    instance_id: str = knob("rollout-0", "unique id of this instance (its worker id)")
+    bucket: str = knob("short", "bucket this instance serves in")
+    max_batch_size: int = knob(8, "trajectories sampled together in one engine call")
+    max_trajectories: int = knob(16, "trajectories pinned here at once (scheduler cap)")
+    lease_ttl_ms: int = knob(3000, "lease TTL; the lease is renewed every third of it")
+    tool_deadline_s: float = knob(5.0, "deadline of one tool call, retries included")
+    num_threads: int = knob(1, "torch intra-op threads")
+    seed: int = knob(0, "sampling seed")

@@ -1,0 +1,352 @@
+"""Rollout core: one inference instance running the agent loop of its trajectories.
+
+Turn-level continuous batching: every pass takes the trajectories that are ready for
+their next turn (not waiting on a tool) and samples one turn for all of them in a single
+engine call; tool calls run concurrently on the event loop meanwhile; new trajectories
+join at the next pass. Pure: the engine, Redis and peers come in as collaborators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from libra import types as t
+from libra.clients.coordinator import CoordinatorApi
+from libra.clients.toolgateway import ToolGatewayApi
+from libra.clock import Clock
+from libra.errors import LeaseLost, LibraError
+from libra.jobspec import JobSpec, job_spec_from_json
+from services.rollout import agent
+from services.rollout.engine_types import GenerationRequest, GenerationResult
+from services.rollout.store import InboxEntry, RolloutStore
+
+logger = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    policy_version: int
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def load_weights(self, path: str, version: int) -> None: ...
+
+
+class EngineLoader(Protocol):
+    def load(self, model_dir: str, policy: t.PolicyInfo) -> tuple[Engine, agent.Tokenizer]: ...
+
+
+class SchedulerApi(Protocol):
+    async def report_tool_return(self, job_id: str, trajectory_id: str,
+                                 state: t.ToolReturnState, tokens_so_far: int,
+                                 instance_id: str) -> t.PlacementDecision: ...
+
+    async def report_finished(self, job_id: str, trajectory_id: str, total_tokens: int,
+                              status: t.TrajectoryStatus, instance_id: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    instance_id: str
+    bucket: str
+    address: str = ""
+    max_batch_size: int = 8
+    max_trajectories: int = 16
+    lease_ttl_ms: int = 3000
+    tool_deadline_s: float = 5.0
+    idle_block_ms: int = 200
+
+
+@dataclass
+class _Active:
+    entry: InboxEntry
+    traj: t.Trajectory
+    ready: bool = True
+
+
+@dataclass
+class _JobContext:
+    spec: JobSpec
+    engine: Engine
+    tokenizer: agent.Tokenizer
+    active: dict[str, _Active] = field(default_factory=dict)
+
+
+class RolloutCore:
+    """The busy loop of one rollout instance."""
+
+    def __init__(self, settings: RolloutSettings, store: RolloutStore, loader: EngineLoader,
+                 tools: ToolGatewayApi, scheduler: SchedulerApi, coordinator: CoordinatorApi,
+                 clock: Clock) -> None:
+        self.settings = settings
+        self._store = store
+        self._loader = loader
+        self._tools = tools
+        self._scheduler = scheduler
+        self._coordinator = coordinator
+        self._clock = clock
+        self._job: tuple[str, _JobContext] | None = None
+        self._lease: t.Lease | None = None
+        self._stopping = False
+        self._tasks: set[asyncio.Task] = set()
+        self.tokens_generated = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def register(self) -> t.Lease:
+        s = self.settings
+        await self._store.ensure_inbox(s.instance_id)
+        self._lease = await self._coordinator.acquire_lease(
+            s.instance_id, t.WorkerRole.CORE_ROLLOUT, s.bucket, s.address, s.lease_ttl_ms)
+        return self._lease
+
+    async def heartbeat(self) -> None:
+        """Renew the lease every third of its TTL; on loss, drop work and re-register."""
+        while not self._stopping:
+            await asyncio.sleep(self.settings.lease_ttl_ms / 3000.0)
+            if self._lease is None:
+                continue
+            try:
+                self._lease = await self._coordinator.renew_lease(self._lease.worker_id,
+                                                                  self._lease.epoch)
+            except LeaseLost:
+                # The scheduler re-placed what we held; finishing it here would duplicate.
+                logger.warning("[lease] lost; dropping %d trajectories", self.num_active)
+                if self._job is not None:
+                    self._job[1].active.clear()
+                await self.register()
+            except LibraError as exc:
+                logger.warning("[lease] renew failed error=%s", exc)
+
+    @property
+    def num_active(self) -> int:
+        return len(self._job[1].active) if self._job else 0
+
+    @property
+    def job_id(self) -> str:
+        return self._job[0] if self._job else ""
+
+    @property
+    def policy_version(self) -> int:
+        return self._job[1].engine.policy_version if self._job else -1
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop taking work; let in-flight trajectories finish within the grace period."""
+        self._stopping = True
+        deadline = self._clock.now_s() + grace_s * 0.8
+        while self.num_active and self._clock.now_s() < deadline:
+            await asyncio.sleep(0.05)
+        if self._lease is not None:
+            await self._coordinator.release_lease(self._lease.worker_id, self._lease.epoch)
+
+    async def run(self) -> None:
+        """The loop: pull work, refresh weights, sample one turn for every ready one."""
+        heartbeat = asyncio.create_task(self.heartbeat())
+        try:
+            while not self._stopping or self.num_active:
+                # 1) Pull newly placed trajectories (block only when idle).
+                await self._pull()
+                if self._job is None:
+                    continue
+                job_id, ctx = self._job
+                # 2) Load a newer policy version between engine calls (never during one).
+                await self._refresh_weights(job_id, ctx)
+                # 3) One turn for every ready trajectory.
+                if not await self._step(ctx):
+                    await asyncio.sleep(0.005)
+        finally:
+            heartbeat.cancel()
+
+    # -- loop steps -----------------------------------------------------------------------
+
+    async def _pull(self) -> None:
+        if self._stopping:
+            return
+        free = self.settings.max_trajectories - self.num_active
+        if free <= 0:
+            return
+        busy = self._job is not None and any(a.ready for a in self._job[1].active.values())
+        block_ms = 1 if busy else self.settings.idle_block_ms
+        for entry in await self._store.read_inbox(self.settings.instance_id, free, block_ms):
+            await self._accept(entry)
+
+    async def _accept(self, entry: InboxEntry) -> None:
+        ctx = await self._context(entry.job_id)
+        if ctx is None or entry.trajectory.trajectory_id in ctx.active:
+            await self._store.ack(self.settings.instance_id, entry.entry_id)
+            return
+        traj = entry.trajectory
+        traj.instance_id = self.settings.instance_id
+        traj.bucket = self.settings.bucket
+        agent.start(traj, ctx.tokenizer)
+        ctx.active[traj.trajectory_id] = _Active(entry, traj)
+
+    async def _context(self, job_id: str) -> _JobContext | None:
+        if self._job is not None and self._job[0] == job_id:
+            return self._job[1]
+        spec_json = await self._store.job_spec_json(job_id)
+        policy = await self._store.policy(job_id)
+        if spec_json is None or policy is None:
+            logger.warning("[job] task for unknown or unpublished job_id=%s dropped", job_id)
+            return None
+        engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy)
+        await self._load_verified(job_id, engine, policy)
+        self._job = (job_id, _JobContext(job_spec_from_json(spec_json), engine, tokenizer))
+        logger.info("[job] serving job_id=%s policy_version=%d", job_id, engine.policy_version)
+        return self._job[1]
+
+    async def _refresh_weights(self, job_id: str, ctx: _JobContext) -> None:
+        if await self._store.job_state(job_id) in ("succeeded", "failed", "cancelled"):
+            # The job ended: what is still running here will never be trained on.
+            for act in ctx.active.values():
+                await self._store.ack(self.settings.instance_id, act.entry.entry_id)
+            ctx.active.clear()
+            self._job = None
+            return
+        policy = await self._store.policy(job_id)
+        if policy is not None and policy.version > ctx.engine.policy_version:
+            await self._load_verified(job_id, ctx.engine, policy)
+
+    async def _load_verified(self, job_id: str, engine: Engine, policy: t.PolicyInfo) -> None:
+        """Load weights only when their checksum matches; otherwise keep serving the old."""
+        digest = await asyncio.to_thread(_sha256_file, Path(policy.weights_path))
+        if digest != policy.sha256:
+            logger.error("[weights] checksum mismatch version=%d path=%s", policy.version,
+                         policy.weights_path)
+            await self._store.record_event(job_id, "weights_checksum_mismatch",
+                                           version=str(policy.version),
+                                           instance=self.settings.instance_id)
+            return
+        await asyncio.to_thread(engine.load_weights, policy.weights_path, policy.version)
+
+    async def _step(self, ctx: _JobContext) -> bool:
+        ready = [a for a in ctx.active.values() if a.ready][: self.settings.max_batch_size]
+        if not ready:
+            return False
+        requests, batch = [], []
+        for act in ready:
+            request = agent.next_request(act.traj, ctx.spec, ctx.tokenizer, seed=None)
+            if request is None:
+                self._spawn(self._finish(ctx, act, final_answer=None))
+                continue
+            requests.append(request)
+            batch.append(act)
+        if not requests:
+            return True
+        results = await asyncio.to_thread(ctx.engine.generate, requests)
+        for act, result in zip(batch, results, strict=True):
+            self.tokens_generated += len(result.token_ids)
+            self._after_turn(ctx, act, result)
+        return True
+
+    def _after_turn(self, ctx: _JobContext, act: _Active, result: GenerationResult) -> None:
+        outcome = agent.apply_generation(act.traj, result, ctx.spec, ctx.tokenizer)
+        act.ready = False
+        if outcome.finished:
+            self._spawn(self._finish(ctx, act, outcome.final_answer))
+        else:
+            self._spawn(self._call_tool(ctx, act, outcome))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- per-trajectory steps (run as tasks) ------------------------------------------------
+
+    async def _call_tool(self, ctx: _JobContext, act: _Active, outcome: agent.TurnOutcome) -> None:
+        traj = act.traj
+        try:
+            result = await self._execute_tool(ctx, traj, outcome)
+        except LibraError as exc:
+            await self._fail(ctx, act, f"tool gateway: {exc}")
+            return
+        agent.apply_tool_result(traj, result, ctx.tokenizer)
+        decision = await self._decide(traj, result.state)
+        if decision.action is t.DecisionAction.MOVE and decision.target_instance not in (
+                "", self.settings.instance_id):
+            await self._handoff(ctx, act, decision)
+            return
+        act.ready = True
+
+    async def _execute_tool(self, ctx: _JobContext, traj: t.Trajectory,
+                            outcome: agent.TurnOutcome) -> t.ToolResult:
+        """Call the tool, retrying retryable errors (gateway down) until the deadline."""
+        call_id = f"{traj.trajectory_id}:t{traj.num_turns}"
+        deadline_s = self._clock.now_s() + self.settings.tool_deadline_s
+        delay_s = 0.1
+        while True:
+            remaining_ms = int((deadline_s - self._clock.now_s()) * 1000)
+            try:
+                return await self._tools.execute(
+                    traj.trajectory_id, call_id, ctx.spec.tools.enabled[0],
+                    agent.tool_args(outcome.action), max(remaining_ms, 1))
+            except LibraError as exc:
+                if not exc.retryable or self._clock.now_s() + delay_s >= deadline_s:
+                    raise
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 1.0)
+
+    async def _decide(self, traj: t.Trajectory, state: t.ToolReturnState) -> t.PlacementDecision:
+        try:
+            return await self._scheduler.report_tool_return(
+                traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
+                self.settings.instance_id)
+        except LibraError as exc:
+            # Placement is an optimisation: without an answer the trajectory stays put.
+            logger.warning("[decision] scheduler unreachable, staying error=%s", exc)
+            return t.PlacementDecision(t.DecisionAction.STAY, reason="scheduler_unreachable")
+
+    async def _handoff(self, ctx: _JobContext, act: _Active,
+                       decision: t.PlacementDecision) -> None:
+        act.traj.num_migrations += 1
+        ctx.active.pop(act.traj.trajectory_id, None)
+        await self._store.handoff(act.traj, self.settings.instance_id, act.entry.entry_id,
+                                  decision.target_instance)
+        logger.debug("[move] trajectory_id=%s to=%s reason=%s", act.traj.trajectory_id,
+                     decision.target_instance, decision.reason)
+
+    async def _finish(self, ctx: _JobContext, act: _Active, final_answer: str | None) -> None:
+        traj = act.traj
+        if final_answer is not None:
+            try:
+                traj.reward = await self._tools.score(traj.trajectory_id, ctx.spec.reward.name,
+                                                      final_answer, traj.reference)
+            except LibraError as exc:
+                await self._fail(ctx, act, f"scoring: {exc}")
+                return
+        traj.final_text = final_answer or ""
+        traj.status = t.TrajectoryStatus.FINISHED
+        await self._publish(ctx, act)
+
+    async def _fail(self, ctx: _JobContext, act: _Active, reason: str) -> None:
+        act.traj.status = t.TrajectoryStatus.FAILED
+        act.traj.failure_reason = reason
+        logger.warning("[trajectory] failed trajectory_id=%s reason=%s",
+                       act.traj.trajectory_id, reason)
+        await self._publish(ctx, act)
+
+    async def _publish(self, ctx: _JobContext, act: _Active) -> None:
+        traj = act.traj
+        traj.finished_at_ms = self._clock.now_ms()
+        if ctx.active.pop(traj.trajectory_id, None) is None:
+            return  # dropped meanwhile (lease lost): it was re-placed elsewhere
+        await self._store.publish(traj, self.settings.instance_id, act.entry.entry_id)
+        try:
+            await self._scheduler.report_finished(traj.job_id, traj.trajectory_id,
+                                                  traj.num_generated_tokens, traj.status,
+                                                  self.settings.instance_id)
+        except LibraError as exc:
+            logger.warning("[trajectory] finish report failed error=%s", exc)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,39 @@
+"""Entry point: ``python -m services.scheduler``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import redis.asyncio as aioredis
+
+from libra.clock import SystemClock
+from libra.config import load_config, redact
+from libra.grpcx import Registration, serve
+from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from libra.telemetry import init_logging, init_tracing
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.core import SchedulerCore
+from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.store import RedisSchedulerStore
+
+logger = logging.getLogger("services.scheduler")
+
+
+async def main(cfg: SchedulerConfig) -> None:
+    redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
+    core = SchedulerCore(RedisSchedulerStore(redis), SystemClock(), tick_s=cfg.tick_s)
+    name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+    registration = Registration(
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(core), name
+    )
+    await serve("scheduler", cfg.server, [registration], run=core.run, drain=core.drain)
+    await redis.aclose()
+
+
+if __name__ == "__main__":
+    config = load_config(SchedulerConfig, "scheduler", description=__doc__)
+    init_logging("scheduler", config.telemetry)
+    init_tracing("scheduler", config.telemetry)
+    logger.info("[startup] config=%s", redact(config))
+    asyncio.run(main(config))

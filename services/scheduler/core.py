@@ -1,0 +1,290 @@
+"""Scheduler core: admission control and placement of trajectories (pure).
+
+Per running job the core (1) re-places trajectories whose instance lost its lease,
+(2) admits prompt groups while the staleness budget allows, (3) places admitted
+trajectories with the job's placement policy (least-loaded, C-MLFQ, ...), keeping the
+ones that find no capacity queued here - never unboundedly on one instance.
+
+Staleness budget (cumulative counters, no double counting): a new group is admitted only
+while ``admitted_groups - consumed_groups < (max_staleness + 1) * prompts_per_step``,
+where consumed groups are those the trainer trained on or dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra import types as t
+from libra.clock import Clock
+from libra.errors import FailedPrecondition, NotFound
+from libra.ids import group_id, trajectory_id
+from libra.jobspec import JobSpec, job_spec_from_json
+from libra.tasks.arith import ArithDataset, Problem
+from services.scheduler.policy.base import PlacementPolicy, TrajectoryDescriptor
+from services.scheduler.policy.errors import UnknownTrajectory
+from services.scheduler.policy.layout import BucketLayout
+from services.scheduler.policy.registry import make_policy
+from services.scheduler.store import SchedulerStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class JobRun:
+    """What the scheduler holds for one running job."""
+
+    job_id: str
+    spec: JobSpec
+    policy: PlacementPolicy
+    problems: list[Problem]
+    order: list[int] = field(default_factory=list)
+    next_group: int = 0
+    pending: collections.deque[t.Trajectory] = field(default_factory=collections.deque)
+    decisions: collections.Counter[str] = field(default_factory=collections.Counter)
+    migrations: int = 0
+
+
+def build_layout(spec: JobSpec) -> BucketLayout:
+    return BucketLayout(
+        [
+            t.Bucket(
+                b.name, b.max_tokens, b.tp_degree, b.max_batch_size, b.max_trajectories_per_instance
+            )
+            for b in spec.layout.buckets
+        ]
+    )
+
+
+class SchedulerCore:
+    """Admission control and placement for every running job."""
+
+    def __init__(self, store: SchedulerStore, clock: Clock, tick_s: float = 0.05) -> None:
+        self._store = store
+        self._clock = clock
+        self._tick_s = tick_s
+        self._jobs: dict[str, JobRun] = {}
+        self._stopping = False
+
+    async def start_job(self, job_id: str) -> None:
+        spec_json = await self._store.job_spec_json(job_id)
+        if spec_json is None:
+            raise NotFound(f"job {job_id!r} not found")
+        if job_id in self._jobs:
+            return
+        spec = job_spec_from_json(spec_json)
+        dataset = ArithDataset(spec.task.seed, spec.task.num_prompts)
+        run = JobRun(
+            job_id, spec, make_policy(spec.layout.policy, build_layout(spec)), list(dataset)
+        )
+        self._jobs[job_id] = run
+        logger.info(
+            "[job] scheduling job_id=%s policy=%s buckets=%s",
+            job_id,
+            spec.layout.policy,
+            [b.name for b in spec.layout.buckets],
+        )
+
+    async def stop_job(self, job_id: str) -> None:
+        if self._jobs.pop(job_id, None) is not None:
+            logger.info("[job] stopped scheduling job_id=%s", job_id)
+
+    def _run(self, job_id: str) -> JobRun:
+        run = self._jobs.get(job_id)
+        if run is None:
+            raise FailedPrecondition(f"job {job_id!r} is not being scheduled")
+        return run
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Admit and place until stopped; one pass per tick for every job."""
+        while not self._stopping:
+            for run in list(self._jobs.values()):
+                try:
+                    await self._tick(run)
+                except Exception:
+                    logger.exception("[loop] tick failed job_id=%s", run.job_id)
+            await asyncio.sleep(self._tick_s)
+
+    async def drain(self, _grace_s: float) -> None:
+        self._stopping = True
+
+    async def _tick(self, run: JobRun) -> None:
+        state = await self._store.job_state(run.job_id)
+        if state is None or state in ("succeeded", "failed", "cancelled"):
+            await self.stop_job(run.job_id)
+            return
+        # 1) Trajectories on instances whose lease expired go back to the queue.
+        await self._requeue_orphans(run)
+        # 2) Admit groups while the staleness budget allows (weights must exist first).
+        if await self._store.has_policy(run.job_id):
+            await self._admit(run)
+        # 3) Place what is queued, highest priority first.
+        await self._place_pending(run)
+
+    async def _admit(self, run: JobRun) -> None:
+        algo = run.spec.algorithm
+        budget_groups = (algo.max_staleness + 1) * algo.prompts_per_step
+        counters = await self._store.counters(run.job_id)
+        consumed = counters.get("trained_groups", 0) + counters.get("dropped_groups", 0)
+        admitted = counters.get("admitted_groups", 0)
+        # Never queue more than one group here beyond what instances can take.
+        while admitted - consumed < budget_groups and len(run.pending) < algo.samples_per_prompt:
+            self._admit_group(run, admitted)
+            admitted += 1
+            await self._store.incr_counters(
+                run.job_id, admitted_groups=1, admitted=algo.samples_per_prompt
+            )
+
+    def _admit_group(self, run: JobRun, group_index: int) -> None:
+        problem = self._next_problem(run)
+        gid = group_id(run.job_id, group_index, problem.prompt_id)
+        now_ms = self._clock.now_ms()
+        for sample in range(run.spec.algorithm.samples_per_prompt):
+            run.pending.append(
+                t.Trajectory(
+                    trajectory_id=trajectory_id(gid, sample),
+                    job_id=t.JobId(run.job_id),
+                    group_id=gid,
+                    prompt_id=problem.prompt_id,
+                    prompt_text=problem.prompt,
+                    reference=str(problem.answer),
+                    created_at_ms=now_ms,
+                )
+            )
+
+    def _next_problem(self, run: JobRun) -> Problem:
+        # Epoch-wise shuffle so every prompt recurs (the prefix tree learns per prompt).
+        if run.next_group >= len(run.order):
+            epoch = len(run.order) // max(len(run.problems), 1)
+            run.order.extend(
+                random.Random(run.spec.task.seed * 1000 + epoch).sample(
+                    range(len(run.problems)), len(run.problems)
+                )
+            )
+        index = run.order[run.next_group]
+        run.next_group += 1
+        return run.problems[index]
+
+    async def _place_pending(self, run: JobRun) -> None:
+        if not run.pending:
+            return
+        instances = await self._store.live_instances(run.job_id)
+        ordered = sorted(run.pending, key=lambda tr: -run.policy.priority(tr.trajectory_id))
+        run.pending.clear()
+        for traj in ordered:
+            placement = run.policy.begin(
+                TrajectoryDescriptor(
+                    traj.trajectory_id, traj.prompt_id, traj.group_id, len(traj.prompt_text)
+                ),
+                instances,
+            )
+            if not placement.is_placed:
+                run.pending.append(traj)
+                continue
+            traj.instance_id = placement.instance_id
+            traj.bucket = placement.bucket or ""
+            await self._store.place(run.job_id, traj, placement.instance_id)
+            _bump_local_load(instances, placement.instance_id)
+
+    async def _requeue_orphans(self, run: JobRun) -> None:
+        live = {inst.instance_id for inst in await self._store.live_instances(run.job_id)}
+        orphaned: dict[str, list[str]] = {}
+        for traj_id, instance_id in (await self._store.assignments(run.job_id)).items():
+            if instance_id not in live:
+                orphaned.setdefault(instance_id, []).append(traj_id)
+        for instance_id, traj_ids in orphaned.items():
+            await self._store.forget_instance(run.job_id, instance_id)
+            for traj_id in traj_ids:
+                await self._requeue(run, traj_id)
+            logger.warning(
+                "[requeue] instance lost its lease instance_id=%s trajectories=%d",
+                instance_id,
+                len(traj_ids),
+            )
+
+    async def _requeue(self, run: JobRun, traj_id: str) -> None:
+        traj = await self._store.task(run.job_id, traj_id)
+        await self._store.finish(run.job_id, traj_id)
+        try:
+            run.policy.abort(t.TrajectoryId(traj_id))
+        except UnknownTrajectory:
+            pass
+        if traj is None:
+            return
+        traj.attempt += 1
+        run.pending.appendleft(traj)
+        await self._store.incr_counters(run.job_id, requeued=1)
+
+    # -- RPCs from rollout instances -----------------------------------------------------
+
+    async def report_tool_return(
+        self, job_id: str, traj_id: str, state: t.ToolReturnState, tokens_so_far: int
+    ) -> t.PlacementDecision:
+        run = self._run(job_id)
+        instances = await self._store.live_instances(job_id)
+        try:
+            decision = run.policy.on_tool_return(
+                t.TrajectoryId(traj_id), state, tokens_so_far, instances
+            )
+        except UnknownTrajectory:
+            run.decisions["unknown"] += 1
+            return t.PlacementDecision(t.DecisionAction.STAY, reason="unknown_trajectory")
+        run.decisions[decision.reason.value] += 1
+        if not decision.is_move:
+            return t.PlacementDecision(
+                t.DecisionAction.STAY,
+                decision.to_bucket,
+                decision.to_instance_id,
+                decision.reason.value,
+            )
+        await self._store.apply_load(job_id, decision.load_deltas)
+        await self._store.incr_counters(job_id, migrations=1)
+        run.migrations += 1
+        return t.PlacementDecision(
+            t.DecisionAction.MOVE,
+            decision.to_bucket,
+            decision.to_instance_id,
+            decision.reason.value,
+        )
+
+    async def report_finished(
+        self, job_id: str, traj_id: str, total_tokens: int, status: t.TrajectoryStatus
+    ) -> None:
+        run = self._jobs.get(job_id)
+        instance_id = await self._store.finish(job_id, traj_id)
+        deltas: tuple[tuple[str, int], ...] = ((instance_id, -1),) if instance_id else ()
+        if run is not None:
+            try:
+                if status is t.TrajectoryStatus.FINISHED:
+                    deltas = run.policy.finish(t.TrajectoryId(traj_id), total_tokens).load_deltas
+                else:
+                    deltas = run.policy.abort(t.TrajectoryId(traj_id)).load_deltas
+            except UnknownTrajectory:
+                pass  # placed by a previous scheduler process: release by assignment
+        if instance_id is None:
+            return  # re-queued meanwhile: its load was already given back
+        await self._store.apply_load(job_id, deltas)
+
+    async def stats(self, job_id: str) -> dict[str, Any]:
+        run = self._run(job_id)
+        return {
+            "policy": run.spec.layout.policy,
+            "pending": len(run.pending),
+            "decisions": dict(run.decisions),
+            "migrations": run.migrations,
+            "counters": await self._store.counters(job_id),
+            "policy_stats": run.policy.stats(),
+        }
+
+
+def _bump_local_load(instances: list[t.InstanceLoad], instance_id: str) -> None:
+    # Keep the snapshot honest within one pass so caps hold without re-reading Redis.
+    for inst in instances:
+        if inst.instance_id == instance_id:
+            inst.active_trajectories += 1

@@ -1,0 +1,154 @@
+"""Instance selection: least-loaded under the per-instance cap, round-robin ties.
+
+Every policy calls ``route`` (bucket-preferring) or ``route_any`` (length-blind) to
+turn a bucket choice into an instance. Loads come from the caller; routing never
+mutates them, it only says where one more trajectory should go. ``None`` means every
+candidate is full or dead: the caller keeps the trajectory queued instead of piling an
+unbounded queue onto one instance.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from libra.types import InstanceId, InstanceLoad
+from services.scheduler.policy.layout import BucketLayout
+
+# Cursor scope used by length-blind routing (one rotation over all instances).
+ANY_BUCKET_SCOPE = "*"
+
+
+class RouteKind(enum.StrEnum):
+    """Whether the route landed in the requested bucket or a fallback one."""
+
+    PREFERRED = "preferred"
+    FALLBACK = "fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteResult:
+    """Where one more trajectory should go."""
+
+    instance_id: InstanceId
+    bucket: str
+    kind: RouteKind
+
+
+class RoundRobinCursor:
+    """Rotating tie-breaker, one position per scope (bucket name or ``"*"``).
+
+    The cursor remembers the last instance chosen per scope and, among instances tied
+    on load, picks the next id after it in sorted order. Keying by id rather than by
+    list position keeps the rotation stable when instances join or leave. It is only a
+    tie-breaker, so scheduler replicas may each keep their own without harm.
+    """
+
+    def __init__(self, last_by_scope: dict[str, str] | None = None) -> None:
+        self._last_by_scope: dict[str, str] = dict(last_by_scope or {})
+
+    def pick(self, scope: str, tied_ids: Sequence[InstanceId]) -> InstanceId:
+        """Pick one of ``tied_ids`` (sorted ascending) and advance the cursor."""
+        last = self._last_by_scope.get(scope)
+        chosen = tied_ids[0]
+        if last is not None:
+            for instance_id in tied_ids:
+                if instance_id > last:
+                    chosen = instance_id
+                    break
+        self._last_by_scope[scope] = chosen
+        return chosen
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-able snapshot."""
+        return dict(self._last_by_scope)
+
+
+def _has_room(instance: InstanceLoad, cap_by_bucket: dict[str, int]) -> bool:
+    cap = cap_by_bucket.get(instance.bucket)
+    # Instances of a bucket the layout does not know (a re-plan in flight) are skipped:
+    # without a cap they cannot be admitted safely.
+    return cap is not None and instance.is_live and instance.active_trajectories < cap
+
+
+def _pick_least_loaded(
+    candidates: Iterable[InstanceLoad], scope: str, cursor: RoundRobinCursor
+) -> InstanceLoad | None:
+    best_load: int | None = None
+    tied: list[InstanceLoad] = []
+    for instance in candidates:
+        load = instance.active_trajectories
+        if best_load is None or load < best_load:
+            best_load, tied = load, [instance]
+        elif load == best_load:
+            tied.append(instance)
+    if not tied:
+        return None
+    if len(tied) == 1:
+        return tied[0]
+    by_id = {instance.instance_id: instance for instance in tied}
+    return by_id[cursor.pick(scope, sorted(by_id))]
+
+
+def _caps(layout: BucketLayout) -> dict[str, int]:
+    return {b.name: b.max_trajectories_per_instance for b in layout.buckets}
+
+
+def route(
+    bucket: str,
+    instances: Sequence[InstanceLoad],
+    layout: BucketLayout,
+    *,
+    cursor: RoundRobinCursor | None = None,
+    enable_fallback: bool = True,
+) -> RouteResult | None:
+    """Choose an instance for one more trajectory, preferring ``bucket``.
+
+    Args:
+        bucket: The bucket the policy wants.
+        instances: Current loads, as the caller sees them.
+        layout: The bucket layout (gives order and per-instance caps).
+        cursor: Round-robin tie-breaker; a fresh one if omitted.
+        enable_fallback: Try the other buckets, nearest first, when ``bucket`` is full.
+
+    Returns:
+        The least-loaded live instance under its bucket's cap, or ``None`` if every
+        candidate is full or dead.
+
+    Raises:
+        UnknownBucket: If ``bucket`` is not in the layout.
+    """
+    fallbacks = layout.fallback_order(bucket) if enable_fallback else ()
+    cursor = cursor if cursor is not None else RoundRobinCursor()
+    caps = _caps(layout)
+    eligible: dict[str, list[InstanceLoad]] = {}
+    for instance in instances:
+        if _has_room(instance, caps):
+            eligible.setdefault(instance.bucket, []).append(instance)
+    for name in (bucket, *fallbacks):
+        chosen = _pick_least_loaded(eligible.get(name, ()), name, cursor)
+        if chosen is not None:
+            kind = RouteKind.PREFERRED if name == bucket else RouteKind.FALLBACK
+            return RouteResult(chosen.instance_id, name, kind)
+    return None
+
+
+def route_any(
+    instances: Sequence[InstanceLoad],
+    layout: BucketLayout,
+    *,
+    cursor: RoundRobinCursor | None = None,
+) -> RouteResult | None:
+    """Choose the least-loaded live instance under its cap, whatever its bucket.
+
+    Ties rotate over all instances. The result kind is always ``PREFERRED``: a
+    length-blind policy has no preference to fall back from.
+    """
+    cursor = cursor if cursor is not None else RoundRobinCursor()
+    caps = _caps(layout)
+    candidates = [instance for instance in instances if _has_room(instance, caps)]
+    chosen = _pick_least_loaded(candidates, ANY_BUCKET_SCOPE, cursor)
+    if chosen is None:
+        return None
+    return RouteResult(chosen.instance_id, chosen.bucket, RouteKind.PREFERRED)

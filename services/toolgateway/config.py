@@ -1,0 +1,25 @@
+"""Tool gateway configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from libra.config import knob
+from libra.service_config import PeersConfig, ServerConfig, TelemetryConfig
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolGatewayConfig:
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=50054))
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    peers: PeersConfig = field(default_factory=PeersConfig)
+    max_concurrency_per_tool: int = knob(8, "calls of one tool running at once")
+    max_queue_depth_per_tool: int = knob(64, "calls waiting for a slot before "
+                                             "RESOURCE_EXHAUSTED")
+    calculator_transient_failure_rate: float = knob(
+        0.25, "share of calculator calls that fail with 'busy' (a flaky tool, by call id)")
+    search_corpus: list[str] = knob([], "text files indexed by the search tool (BM25)")
+    extra_tools: list[str] = knob([], "plugin tools by dotted path (module:Name)")
+    extra_rewards: list[str] = knob([], "plugin rewards by dotted path (module:Name)")
+    require_network_isolation: bool = knob(False, "refuse to start without a network "
+                                                  "namespace for sandboxed code")

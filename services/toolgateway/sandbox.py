@@ -1,0 +1,430 @@
+"""Subprocess sandbox: runs untrusted Python in a fresh, contained process per call.
+
+Where it sits: the ``python`` tool and the ``code_tests`` reward call
+``Sandbox.run(code, timeout_s=...)``; nothing else in the gateway touches processes.
+
+Containment, set up in the child between fork and exec (``preexec_fn``), in this order:
+
+1. New session (``start_new_session``): the code gets its own process group, so a
+   wall-clock timeout kills everything it spawned with one ``os.killpg``, and its own
+   ``os.killpg(os.getpgid(0))`` only hits itself.
+2. ``unshare(CLONE_NEWNET | CLONE_NEWNS)`` through libc (Python 3.11 has no
+   ``os.unshare``), when the kernel allows it (probed once, see ``probe_isolation``):
+   the new network namespace has only a loopback that is down, so every connect fails.
+3. In the private mount namespace: a size-capped tmpfs over each world-writable dir
+   (``/tmp``, ``/var/tmp``, ``/dev/shm``), so stray writes vanish with the call; the
+   call's working dir and the interpreter's install prefix are bind-mounted back
+   (the prefix because it may live under a dir the sandbox uid cannot traverse).
+4. ``setrlimit``: CPU, AS (memory), FSIZE, NPROC, NOFILE, and CORE=0 (no core files
+   from ``os.abort`` or segfaults).
+5. When the gateway runs as root: drop to a per-call unprivileged uid/gid from a pool.
+   Why: RLIMIT_NPROC counts processes per real uid and is ignored for root, so a fork
+   bomb is only bounded under a non-root uid; a uid unique per concurrent call also
+   means one call cannot read another call's 0700 working dir or signal its
+   processes, nor signal the (root) gateway.
+
+After the process exits or times out: ``killpg(SIGKILL)`` for leftovers in the group,
+then ``kill -KILL -1`` run *as that uid* to reap processes that left the group with
+``setsid`` (the kernel resolves "every process of this uid"), then the working dir is
+removed. Output is read incrementally and capped; past the cap the group is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import logging
+import math
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from libra.types import ToolStatus
+
+logger = logging.getLogger(__name__)
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWNET = 0x40000000
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+_READ_CHUNK_BYTES = 65536
+_TRUNCATION_MARKER = "\n...[truncated]"
+# Loaded before any fork: the child must not dlopen (it may hold loader locks).
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+
+
+def _default_env() -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SandboxConfig:
+    """Limits and isolation switches of ``SubprocessSandbox``."""
+
+    python_executable: str = sys.executable
+    """Interpreter that runs the code (started with ``-I -S -B``)."""
+    max_output_bytes: int = 65536
+    """Cap per stream (stdout, stderr); past it the process group is killed."""
+    memory_limit_bytes: int = 512 * 1024 * 1024
+    """RLIMIT_AS of the child."""
+    max_file_bytes: int = 16 * 1024 * 1024
+    """RLIMIT_FSIZE: largest file the code may write."""
+    max_processes: int = 32
+    """RLIMIT_NPROC: enforced only under the unprivileged uid (see module docstring)."""
+    max_open_files: int = 64
+    """RLIMIT_NOFILE of the child."""
+    tmpfs_size_bytes: int = 64 * 1024 * 1024
+    """Size of each private tmpfs mounted over ``masked_dirs``."""
+    masked_dirs: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")
+    """World-writable dirs hidden behind a private tmpfs when mount namespaces work."""
+    work_root_dir: str = os.path.join(tempfile.gettempdir(), "libra-sandbox")
+    """Parent of the per-call working dirs."""
+    require_network_isolation: bool = False
+    """Fail construction instead of warning when network namespaces are unavailable."""
+    enable_uid_drop: bool = True
+    """Run the code as a per-call unprivileged uid when the gateway runs as root."""
+    uid_base: int = 990_000
+    """First uid (and gid) of the pool; pick a range no real account uses."""
+    num_uids: int = 256
+    """Pool size: the most sandboxes that may run at once."""
+    kill_grace_s: float = 1.0
+    """How long to drain pipes after the process is gone."""
+    env: Mapping[str, str] = field(default_factory=_default_env)
+    """The child's complete environment (plus HOME = working dir); nothing is inherited."""
+
+    def __post_init__(self) -> None:
+        if self.max_output_bytes <= 0 or self.num_uids <= 0 or self.max_processes <= 0:
+            raise ValueError(
+                "max_output_bytes, num_uids and max_processes must be > 0, got "
+                f"{self.max_output_bytes} / {self.num_uids} / {self.max_processes}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxResult:
+    """How one sandboxed run ended."""
+
+    status: ToolStatus
+    exit_code: int | None
+    """Exit status, or None when a signal ended the process."""
+    signal: int | None
+    """Number of the signal that ended the process, if any."""
+    stdout: str
+    stderr: str
+    error: str
+    """Short lowercase reason when not successful ("timeout", "exit code 1", ...)."""
+    is_output_truncated: bool
+    duration_ms: int
+
+
+class Sandbox(Protocol):
+    """Runs a Python program in isolation (the seam tools and rewards depend on)."""
+
+    async def run(self, code: str, *, timeout_s: float) -> SandboxResult:
+        """Run ``code`` as a script; never raises for what the code does."""
+        ...
+
+
+class IsolationUnavailable(RuntimeError):
+    """A required isolation feature is not supported by this kernel or user."""
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationSupport:
+    """What this host allows, probed once per process."""
+
+    is_root: bool
+    has_netns: bool
+    has_mountns: bool
+
+
+def _probe_unshare(flags: int) -> bool:
+    pid = os.fork()
+    if pid == 0:  # child: report by exit status only
+        os._exit(0 if _LIBC.unshare(flags) == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+@functools.cache
+def probe_isolation() -> IsolationSupport:
+    """Detect once whether namespaces work here (a forked child tries ``unshare``)."""
+    return IsolationSupport(
+        is_root=os.geteuid() == 0,
+        has_netns=_probe_unshare(_CLONE_NEWNET),
+        has_mountns=_probe_unshare(_CLONE_NEWNS),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _ChildPlan:
+    """Everything the child needs, computed in the parent (the child must not allocate much)."""
+
+    unshare_flags: int
+    workdir: str
+    masked_dirs: tuple[str, ...]
+    tmpfs_options: bytes
+    prefix_src: str | None
+    prefix_dst: str | None
+    limits: tuple[tuple[int, int], ...]
+    uid: int | None
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int,
+           data: bytes | None) -> None:
+    enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
+    if _LIBC.mount(enc(src), enc(target), enc(fstype), flags, data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _setup_mounts(plan: _ChildPlan) -> None:
+    # Private propagation first, or our tmpfs mounts would leak into the host namespace.
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+    for path in plan.masked_dirs:
+        _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, plan.tmpfs_options)
+    if plan.prefix_src and plan.prefix_dst:
+        os.makedirs(plan.prefix_dst)
+        _mount(plan.prefix_src, plan.prefix_dst, None, _MS_BIND | _MS_REC, None)
+    if not os.path.isdir(plan.workdir):
+        # The cwd (set before preexec) still points at the real dir under the new tmpfs.
+        os.makedirs(plan.workdir)
+        _mount(".", plan.workdir, None, _MS_BIND, None)
+    os.chdir(plan.workdir)
+
+
+def _child_setup(plan: _ChildPlan) -> None:
+    """Runs in the child between fork and exec; an exception aborts the spawn."""
+    if plan.unshare_flags and _LIBC.unshare(plan.unshare_flags) != 0:
+        raise OSError(ctypes.get_errno(), "unshare failed")
+    if plan.unshare_flags & _CLONE_NEWNS:
+        _setup_mounts(plan)
+    for which, value in plan.limits:
+        resource.setrlimit(which, (value, value))
+    if plan.uid is not None:  # gid before uid: after setuid we may no longer change gid
+        os.setgroups([])
+        os.setgid(plan.uid)
+        os.setuid(plan.uid)
+
+
+class _UidPool:
+    """Hands out distinct uids so concurrent calls never share one."""
+
+    def __init__(self, base: int, size: int) -> None:
+        self._free = list(range(base + size - 1, base - 1, -1))
+
+    def acquire(self) -> int:
+        if not self._free:
+            raise RuntimeError("sandbox uid pool exhausted; raise SandboxConfig.num_uids")
+        return self._free.pop()
+
+    def release(self, uid: int) -> None:
+        self._free.append(uid)
+
+
+class _GroupKiller:
+    """Kills the child's process group once and remembers the first reason."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.reason: str | None = None
+
+    def kill(self, reason: str | None) -> None:
+        if self.reason is None and reason is not None:
+            self.reason = reason
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # group already gone
+
+
+async def _read_capped(stream: asyncio.StreamReader, buf: bytearray, cap_bytes: int,
+                       killer: _GroupKiller) -> bool:
+    """Read into ``buf`` up to ``cap_bytes``; returns True (and kills) on overflow."""
+    while chunk := await stream.read(_READ_CHUNK_BYTES):
+        room = cap_bytes - len(buf)
+        buf += chunk[:room]
+        if len(chunk) > room:
+            killer.kill("output limit exceeded")
+            return True
+    return False
+
+
+async def _wait_exit(pid: int) -> None:
+    """Return when ``pid`` has exited, without waiting for its pipes to close.
+
+    ``Process.wait()`` on Python 3.11 also waits for stdout/stderr EOF, which a
+    background grandchild can hold open forever; a pidfd becomes readable at exit.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # already exited and reaped
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+    try:
+        await exited
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+
+
+def _decode(buf: bytearray, is_truncated: bool) -> str:
+    text = buf.decode("utf-8", errors="replace")
+    return text + _TRUNCATION_MARKER if is_truncated else text
+
+
+def _classify(returncode: int, reason: str | None) -> tuple[ToolStatus, str, int | None]:
+    """Map the exit to (status, short error, signal number)."""
+    sig = -returncode if returncode < 0 else None
+    if reason == "timeout" or sig == signal.SIGXCPU:
+        return ToolStatus.TIMEOUT, "timeout", sig
+    if reason is not None:
+        return ToolStatus.FAILURE, reason, sig
+    if sig is not None:
+        return ToolStatus.FAILURE, f"killed by {signal.Signals(sig).name}", sig
+    if returncode != 0:
+        return ToolStatus.FAILURE, f"exit code {returncode}", None
+    return ToolStatus.SUCCESS, "", None
+
+
+class SubprocessSandbox:
+    """``Sandbox`` that starts one contained interpreter process per call."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        """Probe isolation support once and fail fast on a config this host cannot meet.
+
+        Raises:
+            IsolationUnavailable: ``require_network_isolation`` is set but network
+                namespaces are not available.
+        """
+        self._config = config or SandboxConfig()
+        self._support = probe_isolation()
+        self._init_isolation()
+        self._uids = _UidPool(self._config.uid_base, self._config.num_uids)
+        os.makedirs(self._config.work_root_dir, mode=0o711, exist_ok=True)
+
+    def _init_isolation(self) -> None:
+        cfg, sup = self._config, self._support
+        if not sup.has_netns:
+            msg = "network namespaces unavailable: sandboxed code CAN open network connections"
+            if cfg.require_network_isolation:
+                raise IsolationUnavailable(msg + " (require_network_isolation=True)")
+            logger.warning("[startup] %s", msg)
+        self._is_uid_drop = cfg.enable_uid_drop and sup.is_root
+        if not self._is_uid_drop:
+            logger.warning("[startup] sandbox runs code as uid=%d: RLIMIT_NPROC and "
+                           "cross-call isolation rely on the process group only", os.geteuid())
+        self._unshare_flags = (_CLONE_NEWNET if sup.has_netns else 0) | (
+            _CLONE_NEWNS if sup.has_mountns else 0)
+        self._kill_binary = shutil.which("kill", path=cfg.env.get("PATH"))
+
+    @property
+    def support(self) -> IsolationSupport:
+        """What isolation this host allowed (probed at construction)."""
+        return self._support
+
+    async def run(self, code: str, *, timeout_s: float) -> SandboxResult:
+        """Run ``code`` as ``main.py`` in a fresh private working dir; see module docstring."""
+        uid = self._uids.acquire() if self._is_uid_drop else None
+        workdir = tempfile.mkdtemp(prefix="call-", dir=self._config.work_root_dir)
+        try:
+            self._prepare_workdir(workdir, code, uid)
+            return await self._spawn_and_wait(workdir, uid, timeout_s)
+        finally:
+            if uid is not None:
+                await self._kill_uid(uid)
+                self._uids.release(uid)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _prepare_workdir(self, workdir: str, code: str, uid: int | None) -> None:
+        script = os.path.join(workdir, "main.py")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(code)
+        if uid is not None:
+            os.chown(script, uid, uid)
+            os.chown(workdir, uid, uid)  # dir stays 0700: other calls' uids cannot enter
+
+    def _plan(self, workdir: str, uid: int | None, timeout_s: float) -> tuple[_ChildPlan, str]:
+        cfg = self._config
+        exe = os.path.realpath(cfg.python_executable)
+        masked = tuple(d for d in cfg.masked_dirs if os.path.isdir(d))
+        prefix_src = prefix_dst = None
+        if self._unshare_flags & _CLONE_NEWNS and masked:
+            prefix_src = os.path.dirname(os.path.dirname(exe))
+            prefix_dst = os.path.join(masked[0], ".libra-python")
+            exe = os.path.join(prefix_dst, os.path.relpath(exe, prefix_src))
+        limits = (
+            (resource.RLIMIT_CPU, math.ceil(timeout_s) + 1),
+            (resource.RLIMIT_AS, cfg.memory_limit_bytes),
+            (resource.RLIMIT_FSIZE, cfg.max_file_bytes),
+            (resource.RLIMIT_NPROC, cfg.max_processes),
+            (resource.RLIMIT_NOFILE, cfg.max_open_files),
+            (resource.RLIMIT_CORE, 0),
+        )
+        plan = _ChildPlan(
+            unshare_flags=self._unshare_flags, workdir=workdir, masked_dirs=masked,
+            tmpfs_options=f"size={cfg.tmpfs_size_bytes},mode=1777".encode(),
+            prefix_src=prefix_src, prefix_dst=prefix_dst, limits=limits, uid=uid,
+        )
+        return plan, exe
+
+    async def _spawn_and_wait(self, workdir: str, uid: int | None,
+                              timeout_s: float) -> SandboxResult:
+        plan, exe = self._plan(workdir, uid, timeout_s)
+        start_s = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            exe, "-I", "-S", "-B", "main.py", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=workdir,
+            env={**self._config.env, "HOME": workdir}, start_new_session=True,
+            preexec_fn=functools.partial(_child_setup, plan),
+        )
+        killer = _GroupKiller(proc.pid)
+        out, err = bytearray(), bytearray()
+        cap = self._config.max_output_bytes
+        readers = [asyncio.ensure_future(_read_capped(s, b, cap, killer))
+                   for s, b in ((proc.stdout, out), (proc.stderr, err))]
+        try:
+            await asyncio.wait_for(_wait_exit(proc.pid), timeout_s)
+        except TimeoutError:
+            killer.kill("timeout")
+        finally:
+            # Always, also on cancellation: background children keep the pipes open.
+            killer.kill(None)
+        returncode = await proc.wait()
+        truncated = await self._drain(readers)
+        status, error, sig = _classify(returncode, killer.reason)
+        return SandboxResult(
+            status=status, exit_code=None if returncode < 0 else returncode, signal=sig,
+            stdout=_decode(out, truncated[0]), stderr=_decode(err, truncated[1]), error=error,
+            is_output_truncated=any(truncated),
+            duration_ms=int((time.monotonic() - start_s) * 1000),
+        )
+
+    async def _drain(self, readers: list[asyncio.Future[bool]]) -> tuple[bool, bool]:
+        done, pending = await asyncio.wait(readers, timeout=self._config.kill_grace_s)
+        for task in pending:  # an escaped process holds the pipe; _kill_uid ends it
+            task.cancel()
+        flags = [t.result() if t in done else True for t in readers]
+        return flags[0], flags[1]
+
+    async def _kill_uid(self, uid: int) -> None:
+        """Kill every process of ``uid``, including ones that left the process group."""
+        if self._kill_binary is None:
+            return
+        helper = await asyncio.create_subprocess_exec(
+            self._kill_binary, "-KILL", "-1", user=uid, group=uid, extra_groups=[],
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await helper.wait()

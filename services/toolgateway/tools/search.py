@@ -1,0 +1,86 @@
+"""``search`` tool: BM25 (the ``bm25s`` library) over a local corpus.
+
+Corpus files are plain text; each non-empty paragraph (blank-line separated) is one
+document. The index is built once at construction (an adapter, so I/O there is fine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.toolgateway.tools.base import ToolContext, ToolOutput
+
+SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "data" / "sample_corpus.txt"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchConfig:
+    """Corpus and result shape of the search tool."""
+
+    corpus_paths: tuple[str, ...] = (str(SAMPLE_CORPUS),)
+    """Text files; paragraphs are documents."""
+    default_top_k: int = 3
+    """Results returned when the call does not say."""
+    max_top_k: int = 10
+    """Upper bound a call may ask for."""
+    max_snippet_chars: int = 300
+    """Each returned paragraph is cut to this many characters."""
+
+
+def _read_paragraphs(paths: tuple[str, ...]) -> list[str]:
+    docs: list[str] = []
+    for path in paths:
+        text = Path(path).read_text(encoding="utf-8")
+        docs.extend(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
+    if not docs:
+        raise ValueError(f"search corpus {paths!r} has no documents")
+    return docs
+
+
+class SearchTool:
+    """Built-in ``search``: ``{"query": "...", "top_k": 3}`` -> numbered snippets."""
+
+    name = "search"
+    description = "Search the local knowledge base; returns the best matching passages."
+    idempotent = True
+    timeout_s = 5.0
+
+    def __init__(self, config: SearchConfig | None = None) -> None:
+        import bm25s  # lazy: heavy optional dependency lives in this adapter only
+
+        self._config = config or SearchConfig()
+        self._bm25s = bm25s
+        self._docs = _read_paragraphs(self._config.corpus_paths)
+        self._index = bm25s.BM25()
+        self._index.index(bm25s.tokenize(self._docs, stopwords="en", show_progress=False),
+                          show_progress=False)
+        self.args_schema = {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "minLength": 1, "maxLength": 500},
+                "top_k": {"type": "integer", "minimum": 1, "maximum": self._config.max_top_k},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        }
+
+    def search(self, query: str, top_k: int) -> list[tuple[float, str]]:
+        """Return up to ``top_k`` (score, snippet) pairs with a positive score."""
+        tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
+        k = min(top_k, len(self._docs))
+        ids, scores = self._index.retrieve(tokens, k=k, show_progress=False)
+        cut = self._config.max_snippet_chars
+        pairs = zip(ids[0], scores[0], strict=True)
+        return [(float(s), self._docs[int(i)][:cut]) for i, s in pairs if s > 0]
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Search off the event loop (BM25 scoring is CPU work)."""
+        top_k = args.get("top_k", self._config.default_top_k)
+        hits = await asyncio.to_thread(self.search, args["query"], top_k)
+        if not hits:
+            return ToolOutput(ok=True, output="no results")
+        lines = [f"[{n}] {text}" for n, (_, text) in enumerate(hits, 1)]
+        return ToolOutput(ok=True, output="\n".join(lines))

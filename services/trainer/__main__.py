@@ -1,0 +1,42 @@
+"""Entry point: ``python -m services.trainer``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import redis.asyncio as aioredis
+
+from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.clock import SystemClock
+from libra.config import load_config, redact
+from libra.grpcx import Registration, serve
+from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from libra.telemetry import init_logging, init_tracing
+from services.trainer.backend import TorchBackendFactory
+from services.trainer.config import TrainerConfig
+from services.trainer.core import TrainerCore
+from services.trainer.servicer import TrainerServicer
+from services.trainer.store import RedisTrainerStore
+
+logger = logging.getLogger("services.trainer")
+
+
+async def main(cfg: TrainerConfig) -> None:
+    redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
+    core = TrainerCore(RedisTrainerStore(redis), TorchBackendFactory(cfg.num_threads),
+                       GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s),
+                       SystemClock(), consumer=cfg.worker_id)
+    name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
+    registration = Registration(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
+                                TrainerServicer(core), name)
+    await serve("trainer", cfg.server, [registration], drain=core.drain)
+    await redis.aclose()
+
+
+if __name__ == "__main__":
+    config = load_config(TrainerConfig, "trainer", description=__doc__)
+    init_logging(config.worker_id, config.telemetry)
+    init_tracing(config.worker_id, config.telemetry)
+    logger.info("[startup] config=%s", redact(config))
+    asyncio.run(main(config))

@@ -1,0 +1,72 @@
+"""Torch adapter of the trainer: builds the job's model, warm-starts it, trains it.
+
+The only module of the trainer service (with torch_backend.py and loss.py, which it
+wraps) that imports torch/transformers.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from libra.jobspec import JobSpec
+from libra.models.tiny import TinyModelConfig, build_model, build_tokenizer, encode_segments, save_model_dir
+from libra.tasks.arith import ArithDataset, demonstration
+from services.trainer.torch_backend import TorchTrainerBackend
+from services.trainer.train_types import SftExample, TrainSample
+
+NUM_DEMONSTRATIONS = 2048
+
+
+class JobBackend:
+    """A job's policy: warm start on demonstrations, then PPO-clip steps."""
+
+    def __init__(self, spec: JobSpec, model_dir: str, num_threads: int) -> None:
+        self._spec = spec
+        m = spec.model
+        cfg = TinyModelConfig(hidden_size=m.hidden_size, num_layers=m.num_layers,
+                              num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                              max_context_tokens=m.max_position_embeddings)
+        self._tokenizer = build_tokenizer()
+        model = build_model(cfg, seed=m.seed)
+        a = spec.algorithm
+        self._backend = TorchTrainerBackend(
+            model, pad_token_id=self._tokenizer.pad_token_id, seed=a.seed,
+            learning_rate=a.learning_rate, max_grad_norm=a.max_grad_norm,
+            num_threads=num_threads)
+        save_model_dir(model, self._tokenizer, model_dir)
+
+    def warm_start(self) -> dict[str, float]:
+        """Supervised steps on synthetic demonstrations (a deliberate mix of habits)."""
+        a, task = self._spec.algorithm, self._spec.task
+        if a.sft_steps == 0:
+            return {"sft_steps": 0}
+        rng = random.Random(a.seed)
+        problems = list(ArithDataset(task.seed, task.num_prompts))
+        examples = []
+        for i in range(NUM_DEMONSTRATIONS):
+            segments = demonstration(problems[i % len(problems)], rng,
+                                     failure_rate=self._spec.tools.calculator_transient_failure_rate,
+                                     max_turns=task.max_turns)
+            ids, mask = encode_segments(self._tokenizer, segments)
+            examples.append(SftExample(token_ids=ids, loss_mask=mask))
+        started = time.perf_counter()
+        losses = self._backend.sft(examples, a.sft_steps, a.sft_batch_size, a.sft_learning_rate)
+        return {"sft_steps": a.sft_steps, "sft_loss_first": losses[0],
+                "sft_loss_last": losses[-1], "sft_s": time.perf_counter() - started}
+
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        a = self._spec.algorithm
+        return self._backend.train_step(samples, lr=a.learning_rate, clip_eps=a.clip_eps,
+                                        kl_coef=a.kl_coef)
+
+    def save_weights(self, path: str) -> str:
+        return self._backend.save_weights(path)
+
+
+class TorchBackendFactory:
+    def __init__(self, num_threads: int = 1) -> None:
+        self._num_threads = num_threads
+
+    def create(self, spec: JobSpec, model_dir: str) -> JobBackend:
+        return JobBackend(spec, model_dir, self._num_threads)

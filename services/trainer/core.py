@@ -1,0 +1,227 @@
+"""Trainer core: async GRPO on complete groups, with bounded staleness (pure).
+
+One job at a time. ``start_job`` returns at once; the job runs as a task:
+warm start (supervised, on the job's demonstrations) -> publish version 0 -> steps.
+Each step (1) collects ``prompts_per_step`` complete groups from the trajectory stream,
+dropping what is too stale or failed, (2) trains on them, (3) acknowledges the entries
+and counts them, (4) publishes a new policy version every ``sync_interval`` steps and
+(5) reports the step record to the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from libra import types as t
+from libra.clients.coordinator import CoordinatorApi
+from libra.clock import Clock
+from libra.errors import FailedPrecondition, LibraError, NotFound
+from libra.jobspec import JobSpec, job_spec_from_json
+from services.trainer.grpo import GroupBuffer, group_advantages, staleness
+from services.trainer.store import TrainerStore
+from services.trainer.train_types import TrainSample
+
+logger = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    def warm_start(self) -> dict[str, float]: ...
+
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]: ...
+
+    def save_weights(self, path: str) -> str: ...
+
+
+class BackendFactory(Protocol):
+    def create(self, spec: JobSpec, model_dir: str) -> Backend: ...
+
+
+@dataclass
+class _Batch:
+    entries: list[tuple[str, t.Trajectory]]
+    dropped_stale: int
+    dropped_failed: int
+    dropped_groups: int
+    wait_s: float
+
+
+class TrainerCore:
+    """Runs one job's training loop."""
+
+    def __init__(self, store: TrainerStore, factory: BackendFactory,
+                 coordinator: CoordinatorApi, clock: Clock, consumer: str = "trainer-0",
+                 block_ms: int = 200) -> None:
+        self._store = store
+        self._factory = factory
+        self._coordinator = coordinator
+        self._clock = clock
+        self._consumer = consumer
+        self._block_ms = block_ms
+        self._task: asyncio.Task | None = None
+        self.job_id = ""
+        self.phase = "idle"
+        self.step = 0
+        self.policy_version = -1
+
+    async def start_job(self, job_id: str) -> None:
+        if self._task is not None and not self._task.done():
+            raise FailedPrecondition(f"trainer is busy with job {self.job_id}")
+        spec_json = await self._store.job_spec_json(job_id)
+        if spec_json is None:
+            raise NotFound(f"job {job_id!r} not found")
+        self.job_id, self.phase, self.step, self.policy_version = job_id, "warmup", 0, -1
+        self._task = asyncio.create_task(self._run_job(job_id, job_spec_from_json(spec_json)))
+
+    async def stop_job(self, job_id: str) -> None:
+        if self.job_id == job_id and self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self.phase = "idle"
+
+    async def drain(self, _grace_s: float) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run_job(self, job_id: str, spec: JobSpec) -> None:
+        try:
+            await self._train(job_id, spec)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.phase = "failed"
+            logger.exception("[job] training failed job_id=%s", job_id)
+            await self._report_done(job_id, t.JobState.FAILED, f"trainer: {exc}")
+            return
+        self.phase = "done"
+        await self._report_done(job_id, t.JobState.SUCCEEDED, f"trained {self.step} steps")
+
+    async def _train(self, job_id: str, spec: JobSpec) -> None:
+        run_dir = Path(await self._store.job_run_dir(job_id))
+        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        model_dir = str(run_dir / "model")
+        backend = await asyncio.to_thread(self._factory.create, spec, model_dir)
+        warm = await asyncio.to_thread(backend.warm_start)
+        logger.info("[warmup] done job_id=%s %s", job_id, warm)
+        await self._store.ensure_group(job_id)
+        await self._publish(job_id, backend, run_dir, model_dir, version=0)
+        self.phase = "training"
+        buffer = GroupBuffer(spec.algorithm.samples_per_prompt)
+        first = True
+        while self.step < spec.algorithm.num_steps:
+            started = time.perf_counter()
+            batch = await self._collect(job_id, spec, buffer, pending=first)
+            first = False
+            record = await self._train_on(job_id, spec, backend, batch)
+            if (self.step + 1) % spec.algorithm.sync_interval == 0:
+                await self._publish(job_id, backend, run_dir, model_dir, self.policy_version + 1)
+            self.step += 1
+            record.update(step=self.step, policy_version=self.policy_version,
+                          wall_s=round(time.perf_counter() - started, 4))
+            await self._coordinator.report_step(job_id, record)
+
+    async def _collect(self, job_id: str, spec: JobSpec, buffer: GroupBuffer,
+                       pending: bool) -> _Batch:
+        """Read the stream until ``prompts_per_step`` complete, fresh groups are in hand."""
+        started = time.perf_counter()
+        batch = _Batch([], 0, 0, 0, 0.0)
+        need = spec.algorithm.prompts_per_step
+        while len(buffer.complete()) < need:
+            entries = await self._store.read(job_id, self._consumer, 64, self._block_ms,
+                                             pending=pending)
+            pending = False
+            await self._admit(job_id, spec, buffer, entries, batch)
+        batch.entries = buffer.take(sorted(buffer.complete())[:need])
+        batch.wait_s = time.perf_counter() - started
+        return batch
+
+    async def _admit(self, job_id: str, spec: JobSpec, buffer: GroupBuffer,
+                     entries: list[tuple[str, t.Trajectory]], batch: _Batch) -> None:
+        """Sort new entries into the buffer; duplicates, stale and failed ones are acked
+        and counted (a dropped member breaks its whole group), never trained on."""
+        ids = [tr.trajectory_id for _, tr in entries]
+        seen = await self._store.already_consumed(job_id, ids)
+        for (entry_id, traj), is_dup in zip(entries, seen, strict=True):
+            if is_dup:  # re-delivered after a crash, or a zombie instance's copy
+                await self._store.consume(job_id, [entry_id], [])
+                continue
+            reason = self._drop_reason(spec, traj)
+            if reason is None:
+                dropped = buffer.add(entry_id, traj)
+            else:
+                if traj.group_id not in buffer.broken:
+                    batch.dropped_groups += 1
+                    await self._store.consume(job_id, [], [], dropped_groups=1)
+                dropped = [*buffer.break_group(traj.group_id, reason), (entry_id, traj, reason)]
+            for d_entry, d_traj, d_reason in dropped:
+                if d_reason == "dropped_stale":
+                    batch.dropped_stale += 1
+                else:
+                    batch.dropped_failed += 1
+                await self._store.consume(job_id, [d_entry], [d_traj.trajectory_id],
+                                          **{d_reason: 1})
+
+    def _drop_reason(self, spec: JobSpec, traj: t.Trajectory) -> str | None:
+        problem = traj.check_aligned()
+        if problem is not None:
+            logger.warning("[reject] trajectory_id=%s %s", traj.trajectory_id, problem)
+            return "dropped_failed"
+        if traj.status is not t.TrajectoryStatus.FINISHED:
+            return "dropped_failed"
+        if staleness(self.policy_version, traj) > spec.algorithm.max_staleness:
+            return "dropped_stale"
+        return None
+
+    async def _train_on(self, job_id: str, spec: JobSpec, backend: Backend,
+                        batch: _Batch) -> dict[str, Any]:
+        trajs = [tr for _, tr in batch.entries]
+        samples = _to_samples(trajs)
+        started = time.perf_counter()
+        metrics = await asyncio.to_thread(backend.train_step, samples)
+        train_s = time.perf_counter() - started
+        await self._store.consume(job_id, [e for e, _ in batch.entries],
+                                  [tr.trajectory_id for tr in trajs], trained=len(trajs),
+                                  trained_groups=spec.algorithm.prompts_per_step)
+        rewards = [tr.reward for tr in trajs]
+        return {"reward_mean": sum(rewards) / len(rewards), "num_trajectories": len(trajs),
+                "rollout_s": round(batch.wait_s, 4), "train_s": round(train_s, 4),
+                "dropped_stale": batch.dropped_stale, "dropped_failed": batch.dropped_failed,
+                "turns_mean": sum(tr.num_turns for tr in trajs) / len(trajs),
+                "tokens_mean": sum(tr.num_generated_tokens for tr in trajs) / len(trajs),
+                **{k: round(float(v), 6) for k, v in metrics.items()}}
+
+    async def _publish(self, job_id: str, backend: Backend, run_dir: Path, model_dir: str,
+                       version: int) -> None:
+        path = run_dir / "weights" / f"v{version:06d}.safetensors"
+        digest = await asyncio.to_thread(backend.save_weights, str(path))
+        await self._store.publish_policy(job_id, t.PolicyInfo(
+            version, str(path), digest, model_dir, self._clock.now_ms()))
+        self.policy_version = version
+
+    async def _report_done(self, job_id: str, state: t.JobState, message: str) -> None:
+        try:
+            await self._coordinator.report_job_done(job_id, state, message)
+        except LibraError as exc:
+            logger.error("[job] could not report end job_id=%s error=%s", job_id, exc)
+
+
+def _to_samples(trajs: list[t.Trajectory]) -> list[TrainSample]:
+    by_group: dict[str, list[t.Trajectory]] = {}
+    for tr in trajs:
+        by_group.setdefault(tr.group_id, []).append(tr)
+    samples = []
+    for group in by_group.values():
+        for tr, adv in zip(group, group_advantages([tr.reward for tr in group]), strict=True):
+            samples.append(TrainSample(token_ids=tr.token_ids, loss_mask=tr.loss_mask,
+                                       rollout_logprobs=tr.logprobs, advantage=adv,
+                                       group_id=tr.group_id, trajectory_id=tr.trajectory_id))
+    return samples

@@ -1,0 +1,112 @@
+"""GRPO advantages and the PPO-clip loss used by the trainer backend.
+
+Every function is a small formula over tensors so that it can be checked against
+hand-computed values; ``torch_backend`` composes them into a training step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+ZERO_VARIANCE_STD = 1e-6
+"""Groups whose reward std is below this are treated as carrying no signal."""
+
+
+def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """Group-relative advantages: ``(r - mean) / (std + 1e-6)`` within each group.
+
+    The std is the population std (divide by n). A group with near-zero variance gets 0
+    (nothing to prefer), and a singleton group keeps its raw reward, since it has no
+    baseline to compare against.
+
+    Args:
+        rewards: One outcome reward per trajectory.
+        group_ids: The group of each trajectory (same prompt, same policy).
+
+    Returns:
+        A float32 tensor of advantages, in input order.
+    """
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+    values = torch.tensor(list(rewards), dtype=torch.float32)
+    advantages = torch.zeros_like(values)
+    members: dict[Hashable, list[int]] = {}
+    for index, group_id in enumerate(group_ids):
+        members.setdefault(group_id, []).append(index)
+    for indices in members.values():
+        group = values[indices]
+        if len(indices) == 1:
+            advantages[indices] = group
+            continue
+        std = group.std(correction=0)
+        if std < ZERO_VARIANCE_STD:
+            continue
+        advantages[indices] = (group - group.mean()) / (std + ZERO_VARIANCE_STD)
+    return advantages
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over positions where ``mask`` is 1 (0 when the mask is empty)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def kl_estimate(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Per-token KL estimate ``(ratio - 1) - log ratio`` (non-negative, unbiased "k3")."""
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip loss and a mask of tokens where clipping was active.
+
+    Returns:
+        ``(loss, is_clipped)`` with ``loss = -min(ratio * A, clip(ratio) * A)``.
+    """
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def ppo_clip_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    kl_coef: float = 0.0,
+    behaviour_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean PPO-clip loss over masked tokens, plus a KL penalty to the old policy.
+
+    Args:
+        new_logprobs: ``[B, T]`` log-probs under the model being optimised (with grad).
+        old_logprobs: ``[B, T]`` log-probs the ratio is taken against (recomputed).
+        advantages: ``[B]`` per-trajectory or ``[B, T]`` per-token advantages.
+        loss_mask: ``[B, T]``, 1 on policy-generated tokens.
+        clip_eps: PPO clip range.
+        kl_coef: Weight of the per-token KL estimate against the old policy.
+        behaviour_logprobs: ``[B, T]`` log-probs reported by the rollout engine; used
+            only for the drift metric (how far rollout and trainer disagree).
+
+    Returns:
+        ``(loss, metrics)`` with metrics ``clip_fraction``, ``approx_kl`` and, when
+        behaviour log-probs are given, ``logprob_drift`` (mean absolute difference).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(new_logprobs)
+    log_ratio = new_logprobs - old_logprobs.detach()
+    surrogate, is_clipped = clipped_surrogate(torch.exp(log_ratio), advantages, clip_eps)
+    kl = kl_estimate(log_ratio)
+    loss = masked_mean(surrogate + kl_coef * kl, loss_mask)
+    metrics = {
+        "clip_fraction": float(masked_mean(is_clipped.float(), loss_mask)),
+        "approx_kl": float(masked_mean(kl.detach(), loss_mask)),
+    }
+    if behaviour_logprobs is not None:
+        drift = (behaviour_logprobs - old_logprobs.detach()).abs()
+        metrics["logprob_drift"] = float(masked_mean(drift, loss_mask))
+    return loss, metrics

@@ -1,0 +1,90 @@
+"""Trainer state in Redis: the trajectory stream (consumer group), idempotency set,
+counters and the policy pointer. The only module of the trainer that imports redis."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from libra import redis_keys as keys
+from libra import types as t
+from libra.wire.common import decode_trajectory
+
+
+class TrainerStore(Protocol):
+    async def job_spec_json(self, job_id: str) -> str | None: ...
+
+    async def job_run_dir(self, job_id: str) -> str: ...
+
+    async def ensure_group(self, job_id: str) -> None: ...
+
+    async def read(self, job_id: str, consumer: str, count: int, block_ms: int,
+                   pending: bool = False) -> list[tuple[str, t.Trajectory]]: ...
+
+    async def already_consumed(self, job_id: str, traj_ids: list[str]) -> list[bool]: ...
+
+    async def consume(self, job_id: str, entry_ids: list[str], traj_ids: list[str],
+                      **counters: int) -> None: ...
+
+    async def publish_policy(self, job_id: str, info: t.PolicyInfo) -> None: ...
+
+
+class RedisTrainerStore:
+    """``TrainerStore`` over a bytes-mode ``redis.asyncio`` client."""
+
+    def __init__(self, redis: Any) -> None:
+        self._r = redis
+
+    async def job_spec_json(self, job_id: str) -> str | None:
+        raw = await self._r.hget(keys.job(job_id), "spec_json")
+        return raw.decode() if raw else None
+
+    async def job_run_dir(self, job_id: str) -> str:
+        raw = await self._r.hget(keys.job(job_id), "run_dir")
+        if not raw:
+            raise RuntimeError(f"job {job_id} has no run_dir")
+        return raw.decode()
+
+    async def ensure_group(self, job_id: str) -> None:
+        try:
+            await self._r.xgroup_create(keys.trajectories(job_id), keys.TRAINER_GROUP, id="0",
+                                        mkstream=True)
+        except Exception as exc:  # BUSYGROUP: exists (trainer restart)
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read(self, job_id: str, consumer: str, count: int, block_ms: int,
+                   pending: bool = False) -> list[tuple[str, t.Trajectory]]:
+        """New entries, or (``pending=True``) the ones delivered before a restart."""
+        stream = keys.trajectories(job_id)
+        reply = await self._r.xreadgroup(keys.TRAINER_GROUP, consumer,
+                                         {stream: "0" if pending else ">"}, count=count,
+                                         block=None if pending else block_ms)
+        out = []
+        for _stream, items in reply or []:
+            for entry_id, fields in items:
+                if fields:  # a pending entry whose data was trimmed has no fields
+                    out.append((entry_id.decode(), decode_trajectory(fields[b"data"])))
+        return out
+
+    async def already_consumed(self, job_id: str, traj_ids: list[str]) -> list[bool]:
+        if not traj_ids:
+            return []
+        return [bool(x) for x in await self._r.smismember(keys.trained_ids(job_id), traj_ids)]
+
+    async def consume(self, job_id: str, entry_ids: list[str], traj_ids: list[str],
+                      **counters: int) -> None:
+        """Ack entries, remember their ids and bump counters, atomically."""
+        async with self._r.pipeline(transaction=True) as pipe:
+            if entry_ids:
+                pipe.xack(keys.trajectories(job_id), keys.TRAINER_GROUP, *entry_ids)
+            if traj_ids:
+                pipe.sadd(keys.trained_ids(job_id), *traj_ids)
+            for name, delta in counters.items():
+                if delta:
+                    pipe.hincrby(keys.counters(job_id), name, delta)
+            await pipe.execute()
+
+    async def publish_policy(self, job_id: str, info: t.PolicyInfo) -> None:
+        await self._r.hset(keys.policy(job_id), mapping={
+            "version": info.version, "weights_path": info.weights_path, "sha256": info.sha256,
+            "model_dir": info.model_dir, "published_at_ms": info.published_at_ms})

@@ -1,0 +1,196 @@
+"""Single-process torch trainer backend: supervised warm start and GRPO/PPO steps.
+
+The trainer core hands batches of :class:`TrainSample` to :meth:`train_step` and
+publishes :meth:`save_weights` files to rollout workers. One optimizer step per call
+(one PPO epoch, as in the reference); "old" log-probs are recomputed with the current
+weights before the update, and the engine's log-probs are kept only to measure drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+from collections.abc import Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
+
+from services.trainer.loss import masked_mean, ppo_clip_loss
+from services.trainer.train_types import SftExample, TrainSample
+
+logger = logging.getLogger(__name__)
+
+
+class TorchTrainerBackend:
+    """Holds the policy and its AdamW optimizer.
+
+    Args:
+        model: The causal LM to train (in place).
+        pad_token_id: Token used to right-pad batches (masked out everywhere).
+        seed: Seeds torch and the SFT batch sampler, so runs are reproducible.
+        learning_rate: Default learning rate of :meth:`train_step`.
+        weight_decay: AdamW weight decay.
+        max_grad_norm: Global grad-norm clip.
+        num_threads: ``torch.set_num_threads`` value.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        pad_token_id: int,
+        seed: int = 0,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 0.0,
+        max_grad_norm: float = 1.0,
+        num_threads: int = 1,
+    ) -> None:
+        torch.set_num_threads(num_threads)
+        torch.manual_seed(seed)
+        self._model = model
+        self._pad_token_id = pad_token_id
+        self._learning_rate = learning_rate
+        self._max_grad_norm = max_grad_norm
+        self._rng = random.Random(seed)
+        self._optimizer = torch.optim.AdamW(
+            model.parameters(), lr=learning_rate, weight_decay=weight_decay
+        )
+        self._num_steps = 0
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The policy being trained."""
+        return self._model
+
+    def sft(
+        self, examples: Sequence[SftExample], num_steps: int, batch_size: int, lr: float
+    ) -> list[float]:
+        """Supervised warm start: token-mean cross-entropy on masked (trainable) tokens.
+
+        Returns:
+            The loss of every step.
+        """
+        losses: list[float] = []
+        self._model.train()
+        for _ in range(num_steps):
+            batch = self._rng.sample(list(examples), k=min(batch_size, len(examples)))
+            input_ids, attention_mask, loss_mask = _right_pad(
+                [(example.token_ids, example.loss_mask) for example in batch], self._pad_token_id
+            )
+            logprobs = self._token_logprobs(input_ids, attention_mask)
+            loss = -masked_mean(logprobs, loss_mask)
+            losses.append(float(loss))
+            self._apply(loss, lr)
+        self._model.eval()
+        return losses
+
+    def train_step(
+        self,
+        samples: Sequence[TrainSample],
+        *,
+        lr: float | None = None,
+        clip_eps: float = 0.2,
+        kl_coef: float = 0.0,
+    ) -> dict[str, float]:
+        """One PPO-clip optimizer step on a batch of trajectories.
+
+        Returns:
+            Metrics: ``loss``, ``grad_norm``, ``clip_fraction``, ``approx_kl``,
+            ``logprob_drift``, ``num_tokens`` and ``is_skipped`` (1.0 when the loss or the
+            gradient was non-finite and the weights were left untouched).
+        """
+        input_ids, attention_mask, loss_mask = _right_pad(
+            [(sample.token_ids, sample.loss_mask) for sample in samples], self._pad_token_id
+        )
+        behaviour = _right_pad_floats([sample.rollout_logprobs for sample in samples])
+        advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
+        # 1) Old log-probs from the current weights, without grad.
+        self._model.eval()
+        with torch.no_grad():
+            old_logprobs = self._token_logprobs(input_ids, attention_mask)
+        # 2) New log-probs with grad, then the clipped loss.
+        self._model.train()
+        new_logprobs = self._token_logprobs(input_ids, attention_mask)
+        loss, metrics = ppo_clip_loss(
+            new_logprobs, old_logprobs, advantages, loss_mask, clip_eps, kl_coef, behaviour
+        )
+        # 3) Backward, clip, step (or skip on a non-finite loss or gradient).
+        grad_norm = self._apply(loss, self._learning_rate if lr is None else lr)
+        self._model.eval()
+        metrics.update(
+            loss=float(loss),
+            grad_norm=grad_norm,
+            num_tokens=float(loss_mask.sum()),
+            is_skipped=float(not math.isfinite(grad_norm)),
+        )
+        return metrics
+
+    def save_weights(self, path: str) -> str:
+        """Write the state dict as safetensors; returns the file's sha256 hex digest."""
+        state_dict = {
+            name: tensor.detach().contiguous() for name, tensor in self._model.state_dict().items()
+        }
+        save_file(state_dict, path)
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def load_weights(self, path: str) -> None:
+        """Load a safetensors state dict written by :meth:`save_weights` (optimizer kept)."""
+        with torch.no_grad():
+            self._model.load_state_dict(load_file(path), strict=True)
+
+    def _token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` log-prob of each token given its prefix; column 0 is 0 (no prefix)."""
+        logits = self._model(input_ids=input_ids, attention_mask=attention_mask).logits
+        logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        picked = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+
+    def _apply(self, loss: torch.Tensor, lr: float) -> float:
+        """Backward + clip + step; returns the grad norm (non-finite means skipped)."""
+        self._optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            logger.warning("[train] non-finite loss, step skipped step=%d", self._num_steps)
+            return math.nan
+        loss.backward()
+        parameters = self._model.parameters()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self._max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self._optimizer.zero_grad(set_to_none=True)
+            logger.warning("[train] non-finite grad norm, step skipped step=%d", self._num_steps)
+            return math.nan
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+        self._optimizer.step()
+        self._num_steps += 1
+        return grad_norm
+
+
+def _right_pad(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad (token_ids, loss_mask) pairs into ``[B, T]`` ids, attention and loss masks."""
+    length = max(len(token_ids) for token_ids, _ in pairs)
+    input_ids = torch.full((len(pairs), length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(pairs), length), dtype=torch.long)
+    loss_mask = torch.zeros((len(pairs), length), dtype=torch.float32)
+    for index, (token_ids, mask) in enumerate(pairs):
+        input_ids[index, : len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
+        attention_mask[index, : len(token_ids)] = 1
+        loss_mask[index, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return input_ids, attention_mask, loss_mask
+
+
+def _right_pad_floats(rows: Sequence[Sequence[float]]) -> torch.Tensor:
+    """Right-pad float rows with 0 into a ``[B, T]`` tensor."""
+    length = max(len(row) for row in rows)
+    values = torch.zeros((len(rows), length), dtype=torch.float32)
+    for index, row in enumerate(rows):
+        values[index, : len(row)] = torch.tensor(list(row), dtype=torch.float32)
+    return values

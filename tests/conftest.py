@@ -1,0 +1,45 @@
+"""Shared fixtures. Redis is a real server started once per session (never fakeredis)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from libra.redis_server import EmbeddedRedis, start_redis  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """A real redis-server on a free loopback port, stopped by pid at the end."""
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def redis(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
+    """A client on a flushed database, so tests never see each other's keys."""
+    client = aioredis.from_url(redis_server.url, decode_responses=True)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def redis_bytes(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
+    """A client that returns bytes (for streams carrying serialised protobufs)."""
+    client = aioredis.from_url(redis_server.url, decode_responses=False)
+    yield client
+    await client.aclose()

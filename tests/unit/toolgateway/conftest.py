@@ -1,0 +1,26 @@
+"""Fixtures for the tool gateway unit tests.
+
+The sandbox here is the real ``SubprocessSandbox`` (the boundary under test); tools that
+need no processes are small in-file fakes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits
+from services.toolgateway.rewards import RewardRegistry, builtin_rewards
+from services.toolgateway.sandbox import SandboxConfig, SubprocessSandbox
+from services.toolgateway.tools import ToolRegistry, builtin_tools
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> SubprocessSandbox:
+    return SubprocessSandbox(SandboxConfig(max_output_bytes=4096, max_processes=16,
+                                           memory_limit_bytes=256 * 1024 * 1024))
+
+
+@pytest.fixture
+def core(sandbox: SubprocessSandbox) -> ToolGatewayCore:
+    return ToolGatewayCore(ToolRegistry(builtin_tools(sandbox)),
+                           RewardRegistry(builtin_rewards(sandbox)), ToolGatewayLimits())

@@ -1,0 +1,114 @@
+"""Built-in rewards (the judge against a local HTTP server) and the search tool."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from services.toolgateway.core import ScoreRequest, ToolCall
+from services.toolgateway.errors import Unavailable
+from services.toolgateway.rewards import LlmJudgeConfig, LlmJudgeReward
+from services.toolgateway.rewards.llm_judge import parse_score
+
+
+def req(reward, text, reference="", **extra):
+    return ScoreRequest("t", reward, text, reference, extra)
+
+
+@pytest.mark.parametrize("text, ref, want", [
+    ("Paris.", "paris", 1.0), ("  PARIS  ", "Paris", 1.0), ("Lyon", "Paris", 0.0)])
+async def test_exact_match(core, text, ref, want):
+    assert (await core.score(req("exact_match", text, ref))).reward == want
+
+
+@pytest.mark.parametrize("text, ref, want", [
+    ("The answer is 42.", "42", 1.0), ("0.75", "3/4", 1.0), ("3/4", "0.75", 1.0),
+    ("$1,000", "1000", 1.0), ("41.9999999999", "42", 1.0), ("43", "42", 0.0),
+    ("no number", "1", 0.0), ("1e3", "1000", 1.0)])
+async def test_numeric(core, text, ref, want):
+    assert (await core.score(req("numeric", text, ref))).reward == want
+
+
+async def test_code_tests_fraction(core):
+    code = "```python\ndef add(a, b):\n    return a + b if a else 0\n```"
+    tests = "assert add(1, 2) == 3\nassert add(0, 5) == 5"
+    result = await core.score(req("code_tests", code, tests))
+    assert result.reward == 0.5 and result.details["passed"] == 1
+
+
+async def test_code_tests_crash_scores_zero(core):
+    result = await core.score(req("code_tests", "import os\nos._exit(0)", "assert True"))
+    assert result.reward == 0.0
+
+
+class _JudgeHandler(BaseHTTPRequestHandler):
+    reply = "Score: 0.8"
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert self.path == "/v1/chat/completions" and body["model"] == "judge"
+        data = json.dumps({"choices": [{"message": {"content": type(self).reply}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def judge_url():
+    server = HTTPServer(("127.0.0.1", 0), _JudgeHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_llm_judge_parses_score(judge_url):
+    judge = LlmJudgeReward(LlmJudgeConfig(base_url=judge_url, model="judge", requests_per_s=100))
+    try:
+        assert (await judge.score(req("llm_judge", "a", "b"))).reward == 0.8
+        _JudgeHandler.reply = "I cannot grade this"
+        with pytest.raises(Unavailable, match="no score"):
+            await judge.score(req("llm_judge", "a", "b"))
+    finally:
+        _JudgeHandler.reply = "Score: 0.8"
+        await judge.aclose()
+
+
+async def test_llm_judge_unreachable_is_unavailable():
+    judge = LlmJudgeReward(LlmJudgeConfig(base_url="http://127.0.0.1:9", model="judge",
+                                          timeout_s=1.0))
+    with pytest.raises(Unavailable):
+        await judge.score(req("llm_judge", "a", "b"))
+    await judge.aclose()
+
+
+@pytest.mark.parametrize("text, want", [("0.5", 0.5), ("score=1", 1.0), ("10 then 0", 0.0),
+                                        ("7", None)])
+def test_parse_score(text, want):
+    assert parse_score(text) == want
+
+
+async def test_token_bucket_spaces_requests():
+    import time
+
+    from services.toolgateway.rewards.llm_judge import TokenBucket
+    bucket = TokenBucket(rate_per_s=20, capacity=1)
+    start = time.monotonic()
+    for _ in range(3):
+        await bucket.acquire()
+    assert time.monotonic() - start >= 0.09
+
+
+async def test_search_returns_relevant_snippet(core):
+    result = await core.execute(ToolCall("t", "s", "search", {"query": "capital of France"}))
+    assert result.output.startswith("[1] Paris")
+    empty = await core.execute(ToolCall("t", "s2", "search", {"query": "zzzz"}))
+    assert empty.output == "no results"
