@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +127,8 @@ class Supervisor:
         state = {"supervisor_pid": os.getpid(), "run_root": str(self.run_root),
                  "redis_url": self.redis_url,
                  "redis_pid": self.redis.pid if self.redis else None,
-                 "services": [{k: v for k, v in asdict(s).items() if k != "proc"}
-                              for s in self.services]}
+                 "services": [{f.name: getattr(s, f.name) for f in fields(ServiceProc)
+                               if f.name != "proc"} for s in self.services]}
         path = state_path(self.run_root)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))

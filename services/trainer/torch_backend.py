@@ -70,12 +70,16 @@ class TorchTrainerBackend:
     ) -> list[float]:
         """Supervised warm start: token-mean cross-entropy on masked (trainable) tokens.
 
+        The learning rate warms up linearly over the first 5% of steps and then decays
+        linearly to 10% of ``lr``: a short, high-LR run reaches a much lower loss this way
+        than at a constant rate, which matters on a 60-second CPU budget.
+
         Returns:
             The loss of every step.
         """
         losses: list[float] = []
         self._model.train()
-        for _ in range(num_steps):
+        for step in range(num_steps):
             batch = self._rng.sample(list(examples), k=min(batch_size, len(examples)))
             input_ids, attention_mask, loss_mask = _right_pad(
                 [(example.token_ids, example.loss_mask) for example in batch], self._pad_token_id
@@ -83,7 +87,7 @@ class TorchTrainerBackend:
             logprobs = self._token_logprobs(input_ids, attention_mask)
             loss = -masked_mean(logprobs, loss_mask)
             losses.append(float(loss))
-            self._apply(loss, lr)
+            self._apply(loss, _sft_learning_rate(step, num_steps, lr))
         self._model.eval()
         return losses
 
@@ -170,6 +174,15 @@ class TorchTrainerBackend:
         self._optimizer.step()
         self._num_steps += 1
         return grad_norm
+
+
+def _sft_learning_rate(step: int, num_steps: int, peak_lr: float) -> float:
+    """Linear warmup over 5% of the steps, then linear decay to 10% of the peak."""
+    warmup_steps = max(1, num_steps // 20)
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, num_steps - warmup_steps)
+    return peak_lr * (1.0 - 0.9 * progress)
 
 
 def _right_pad(

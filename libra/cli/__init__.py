@@ -1,0 +1,1 @@
+"""The ``libra`` command."""

@@ -1,0 +1,204 @@
+"""``libra``: run the demo, manage the bare-metal stack, submit and inspect jobs.
+
+Examples:
+  libra run deploy/configs/demo.toml     start everything, submit, follow, report, stop
+  libra up / libra down                  start / stop Redis + the five services
+  libra status --json                    each service: name, pid, address, health
+  libra submit JOB.toml; libra jobs      submit to a running stack; list jobs
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from libra import types as t
+from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.cli import stack
+from libra.errors import LibraError
+from libra.report import build_report, reward_windows, write_report
+
+FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+
+
+def _print(obj: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obj, indent=2))
+    elif isinstance(obj, list):
+        for row in obj:
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+    else:
+        print("\n".join(f"{k}: {v}" for k, v in obj.items()))
+
+
+def _client(args: argparse.Namespace) -> GrpcCoordinatorClient:
+    address = args.coordinator
+    if not address:
+        state = stack.read_state(args.run_root)
+        if state is None:
+            sys.exit("libra: no stack is running (libra up), or pass --coordinator HOST:PORT")
+        address = stack.coordinator_address(state)
+    return GrpcCoordinatorClient(address)
+
+
+def _job_row(job: t.Job) -> dict[str, Any]:
+    return {"job_id": job.job_id, "name": job.name, "state": job.state.value,
+            "step": job.step, "policy_version": job.policy_version, "message": job.message}
+
+
+async def _submit(client: GrpcCoordinatorClient, path: Path) -> t.Job:
+    fmt = FORMATS.get(path.suffix.lower(), "toml")
+    return await client.create_job(path.read_text(), fmt)
+
+
+async def _follow(client: GrpcCoordinatorClient, job: t.Job, quiet: bool) -> t.Job:
+    """Poll the job until it ends, drawing a progress bar (step, reward, traj/s, version)."""
+    from tqdm import tqdm
+
+    total = json.loads(job.spec_json)["algorithm"]["num_steps"]
+    bar = tqdm(total=total, desc=job.name, unit="step", disable=quiet, dynamic_ncols=True)
+    started = time.monotonic()
+    while True:
+        job, steps, counters = await client.get_job(job.job_id)
+        bar.update(job.step - bar.n)
+        if steps:
+            rate = counters.get("trained", 0) / max(time.monotonic() - started, 1e-9)
+            bar.set_postfix(reward=f"{steps[-1]['reward_mean']:.2f}", traj_s=f"{rate:.1f}",
+                            version=job.policy_version)
+        elif not quiet:
+            bar.set_postfix_str("warming up (supervised warm start)")
+        if job.state.is_terminal:
+            bar.close()
+            return job
+        await asyncio.sleep(0.5)
+
+
+async def _report(client: GrpcCoordinatorClient, job_id: str, wall_s: float) -> dict[str, Any]:
+    job, steps, counters = await client.get_job(job_id)
+    report = build_report(job, steps, counters, wall_s)
+    path, png = write_report(report, Path(job.run_dir))
+    report["_paths"] = {"report": str(path), "reward_curve": str(png) if png else ""}
+    return report
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    was_up = stack.read_state(args.run_root) is not None
+    print(f"libra: starting the stack (logs in {args.run_root / '.libra' / 'logs'}) ...",
+          file=sys.stderr)
+    state = stack.up(args.run_root)
+    client = GrpcCoordinatorClient(stack.coordinator_address(state))
+    started = time.monotonic()
+    try:
+        job = await _submit(client, args.job)
+        print(f"libra: job {job.job_id} submitted", file=sys.stderr)
+        job = await _follow(client, job, args.json)
+        report = await _report(client, job.job_id, time.monotonic() - started)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        await client.close()
+        if not was_up and not args.keep_up:
+            stack.down(args.run_root)
+    first, last = reward_windows(report["steps"])
+    summary = {"job_id": job.job_id, "state": job.state.value, "message": job.message,
+               "steps": len(report["steps"]), "wall_s": report["wall_s"],
+               "reward_first_10pct": round(first, 3), "reward_last_10pct": round(last, 3),
+               "trajectories_per_s": report["throughput"]["trajectories_per_s"],
+               **report["_paths"]}
+    _print(summary, args.json)
+    return 0 if job.state is t.JobState.SUCCEEDED else 1
+
+
+async def cmd_submit(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = await _submit(client, args.job)
+    _print(_job_row(job), args.json)
+    return 0
+
+
+async def cmd_jobs(args: argparse.Namespace) -> int:
+    _print([_job_row(j) for j in await _client(args).list_jobs()], args.json)
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    _print(_job_row(await _client(args).cancel_job(args.job_id)), args.json)
+    return 0
+
+
+async def cmd_report(args: argparse.Namespace) -> int:
+    report = await _report(_client(args), args.job_id, 0.0)
+    _print(report if args.json else report["_paths"], args.json)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state = stack.up(args.run_root)
+    _print(stack.status(state), args.json)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    stopped = stack.down(args.run_root)
+    _print({"stopped": stopped}, args.json)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state = stack.read_state(args.run_root)
+    if state is None:
+        _print({"running": False}, args.json)
+        return 1
+    _print(stack.status(state), args.json)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="libra", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-root", type=Path, default=Path("runs"),
+                        help="folder holding run folders and the stack state (default runs)")
+    parser.add_argument("--coordinator", default="", help="coordinator address (HOST:PORT)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+        return p
+
+    p = add("run", cmd_run, "start the stack, submit JOB, follow it, write the report, stop")
+    p.add_argument("job", type=Path, help="job spec file (.toml, .json, .yaml)")
+    p.add_argument("--keep-up", action="store_true", help="leave the stack running")
+    add("up", cmd_up, "start Redis and the five services (bare metal, supervised by pid)")
+    add("down", cmd_down, "stop what `libra up` started, by pid")
+    add("status", cmd_status, "name, pid, address and health of each service")
+    p = add("submit", cmd_submit, "submit a job spec to the running stack")
+    p.add_argument("job", type=Path)
+    add("jobs", cmd_jobs, "list jobs")
+    p = add("cancel", cmd_cancel, "cancel a job")
+    p.add_argument("job_id")
+    p = add("report", cmd_report, "write report.json and the reward curve of a job")
+    p.add_argument("job_id")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.run_root = args.run_root.resolve()
+    try:
+        if asyncio.iscoroutinefunction(args.func):
+            return asyncio.run(args.func(args))
+        return args.func(args)
+    except LibraError as exc:
+        print(f"libra: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Start, find, check and stop the bare-metal stack (used by `libra up/down/status/run`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from libra.launcher import DEFAULT_STACK, ROOT, read_state, state_path
+from libra.redis_server import pid_alive
+
+
+def up(run_root: Path, stack: Path = DEFAULT_STACK, timeout_s: float = 90.0) -> dict[str, Any]:
+    """Start the supervisor detached and wait until every service reports SERVING."""
+    existing = read_state(run_root)
+    if existing is not None:
+        return existing
+    (run_root / ".libra").mkdir(parents=True, exist_ok=True)
+    log = open(run_root / ".libra" / "supervisor.log", "ab")  # noqa: SIM115
+    subprocess.Popen([sys.executable, "-m", "libra.launcher", "--run-root", str(run_root),
+                      "--stack", str(stack)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                     start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = read_state(run_root)
+        if state is not None and all(s["health"] == "SERVING" for s in status(state)):
+            return state
+        time.sleep(0.3)
+    raise RuntimeError(f"stack not healthy within {timeout_s:.0f}s; see "
+                       f"{run_root / '.libra' / 'logs'}")
+
+
+def down(run_root: Path, timeout_s: float = 30.0) -> bool:
+    """SIGTERM the supervisor by pid; it stops the services by pid. True if it was up."""
+    state = read_state(run_root)
+    if state is None:
+        return False
+    pid = int(state["supervisor_pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    state_path(run_root).unlink(missing_ok=True)
+    return True
+
+
+def health(address: str, timeout_s: float = 1.0) -> str:
+    """The standard gRPC health status of a server ("" service = the whole server)."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    except grpc.RpcError:
+        return "UNREACHABLE"
+
+
+def status(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each service: name, pid, address, metrics port, health, restarts, log file."""
+    out = []
+    for svc in state["services"]:
+        alive = pid_alive(int(svc["pid"]))
+        out.append({"name": svc["name"], "pid": svc["pid"],
+                    "address": f"127.0.0.1:{svc['port']}", "metrics_port": svc["metrics_port"],
+                    "health": health(f"127.0.0.1:{svc['port']}") if alive else "DEAD",
+                    "restarts": svc["restarts"], "log": svc["log_path"]})
+    return out
+
+
+def coordinator_address(state: dict[str, Any]) -> str:
+    svc = next(s for s in state["services"] if s["name"] == "coordinator")
+    return f"127.0.0.1:{svc['port']}"

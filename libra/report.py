@@ -1,0 +1,96 @@
+"""``report.json`` and the reward curve of a job (schema: docs/report.md).
+
+Schema (stable; later versions only add keys)::
+
+    {"schema_version": 1, "job_id", "name", "state", "message",
+     "wall_s": float, "spec": {...},
+     "steps": [{"step", "wall_s", "reward_mean", "policy_version", "num_trajectories",
+                "rollout_s", "train_s", ...}],
+     "trajectories": {"produced", "trained", "dropped_stale", "dropped_failed",
+                      "failed", "admitted", "requeued", "in_flight_at_end"},
+     "reward": {"first_10pct_mean", "last_10pct_mean", "improvement"},
+     "throughput": {"trajectories_per_s"}}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from libra import types as t
+
+SCHEMA_VERSION = 1
+
+
+def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
+    """Mean reward of the first and of the last 10% of steps (at least one step each)."""
+    if not steps:
+        return 0.0, 0.0
+    k = max(1, len(steps) // 10)
+    first = [s["reward_mean"] for s in steps[:k]]
+    last = [s["reward_mean"] for s in steps[-k:]]
+    return sum(first) / len(first), sum(last) / len(last)
+
+
+def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, int],
+                 wall_s: float) -> dict[str, Any]:
+    first, last = reward_windows(steps)
+    produced = counters.get("produced", 0) + counters.get("failed", 0)
+    consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
+    trained = counters.get("trained", 0)
+    train_wall_s = sum(s.get("wall_s", 0.0) for s in steps)
+    return {
+        "schema_version": SCHEMA_VERSION, "job_id": job.job_id, "name": job.name,
+        "state": job.state.value, "message": job.message, "wall_s": round(wall_s, 3),
+        "spec": json.loads(job.spec_json), "steps": steps,
+        "trajectories": {
+            "produced": produced, "trained": trained,
+            "dropped_stale": counters.get("dropped_stale", 0),
+            "dropped_failed": counters.get("dropped_failed", 0),
+            "failed": counters.get("failed", 0), "admitted": counters.get("admitted", 0),
+            "requeued": counters.get("requeued", 0),
+            "in_flight_at_end": produced - consumed,
+        },
+        "reward": {"first_10pct_mean": round(first, 4), "last_10pct_mean": round(last, 4),
+                   "improvement": round(last - first, 4)},
+        "throughput": {"trajectories_per_s": round(trained / train_wall_s, 3)
+                       if train_wall_s else 0.0},
+    }
+
+
+def write_report(report: dict[str, Any], run_dir: Path) -> tuple[Path, Path | None]:
+    """Write report.json and reward_curve.png into the job's run folder."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "report.json"
+    path.write_text(json.dumps(report, indent=2))
+    return path, plot_reward_curve(report, run_dir / "reward_curve.png")
+
+
+def plot_reward_curve(report: dict[str, Any], path: Path) -> Path | None:
+    steps = report["steps"]
+    if not steps:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [s["step"] for s in steps]
+    ys = [s["reward_mean"] for s in steps]
+    window = max(1, len(ys) // 10)
+    smooth = [sum(ys[max(0, i - window + 1): i + 1]) / len(ys[max(0, i - window + 1): i + 1])
+              for i in range(len(ys))]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, ys, alpha=0.35, label="reward per step")
+    ax.plot(xs, smooth, linewidth=2, label=f"moving mean ({window} steps)")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("mean reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{report['name']} ({report['job_id']})")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
