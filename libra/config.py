@@ -64,6 +64,8 @@ def _coerce(name: str, ftype: Any, raw: Any) -> Any:
     if typing.get_origin(base) is list:
         if isinstance(raw, str):
             raw = [item.strip() for item in raw.split(",") if item.strip()]
+        if not isinstance(raw, list):
+            raise ValueError(f"config {name}: expected a list, got {raw!r}")
         (item_type,) = typing.get_args(base) or (str,)
         return [_coerce(name, item_type, item) for item in raw]
     if base is bool:
@@ -75,20 +77,33 @@ def _coerce(name: str, ftype: Any, raw: Any) -> Any:
         if text in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"config {name}: expected a boolean, got {raw!r}")
+    if base in (int, float) and isinstance(raw, bool):
+        raise ValueError(f"config {name}: expected {base.__name__}, got a boolean")
+    if base is int and isinstance(raw, float) and not raw.is_integer():
+        # int(1.5) would silently truncate a file value.
+        raise ValueError(f"config {name}: expected an integer, got {raw!r}")
     try:
         return base(raw)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"config {name}: cannot read {raw!r} as {base.__name__}") from exc
 
 
+SERVICE_SECTIONS = ("coordinator", "scheduler", "rollout", "trainer", "toolgateway")
+
+
 def _from_file(path: Path, section: str | None) -> dict[str, Any]:
+    """Flatten a TOML file. A shared file may hold ``[scheduler]``, ``[rollout]``, ...
+    tables: the service's own table overrides the common top-level keys and groups, and
+    the other services' tables are ignored."""
     with path.open("rb") as fh:
         data = tomllib.load(fh)
-    if section and isinstance(data.get(section), dict):
-        # A shared file may hold several services: [scheduler], [rollout], ...
-        merged = {k: v for k, v in data.items() if not isinstance(v, dict)}
-        merged.update(data[section])
-        data = merged
+    own = data.get(section, {}) if section else {}
+    data = {k: v for k, v in data.items() if k not in SERVICE_SECTIONS}
+    for key, value in own.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
     flat: dict[str, Any] = {}
 
     def walk(obj: Mapping[str, Any], prefix: str) -> None:
@@ -112,15 +127,28 @@ def _from_env(service: str, names: list[str], environ: Mapping[str, str]) -> dic
     return found
 
 
-def _build(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
+def _build(cls: type[T], values: Mapping[str, Any], prefix: str = "",
+           base: Any = None) -> T:
+    # ``base`` is the parent's default for this group (e.g. ServerConfig(port=50051)), so
+    # a service's own group defaults survive; building from the class would lose them.
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         name = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(hints[f.name]):
-            kwargs[f.name] = _build(hints[f.name], values, f"{name}.")
+            if base is not None:
+                group_default = getattr(base, f.name)
+            elif f.default_factory is not dataclasses.MISSING:
+                group_default = f.default_factory()
+            elif f.default is not dataclasses.MISSING:
+                group_default = f.default
+            else:
+                group_default = None
+            kwargs[f.name] = _build(hints[f.name], values, f"{name}.", group_default)
         elif name in values:
             kwargs[f.name] = _coerce(name, hints[f.name], values[name])
+    if base is not None:
+        return dataclasses.replace(base, **kwargs)
     return cls(**kwargs)
 
 

@@ -93,6 +93,7 @@ class Server:
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port = -1
+        self._metrics_httpd: Any = None
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -109,7 +110,8 @@ class Server:
         for name in ["", *names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self._cfg.metrics_port >= 0:
-            self.metrics_port = _start_metrics(self._cfg.host, self._cfg.metrics_port)
+            self._metrics_httpd = _start_metrics(self._cfg.host, self._cfg.metrics_port)
+            self.metrics_port = self._metrics_httpd.server_address[1]
         logger.info("[startup] serving service=%s address=%s:%d metrics_port=%d",
                     self.service, self._cfg.host, self.port, self.metrics_port)
 
@@ -126,12 +128,17 @@ class Server:
             except TimeoutError:
                 logger.warning("[shutdown] drain exceeded grace_s=%.1f", grace_s)
         await self.server.stop(grace=min(grace_s, 2.0))
+        if self._metrics_httpd is not None:
+            # Free the port and the serving thread (a process may start several servers).
+            await asyncio.to_thread(self._metrics_httpd.shutdown)  # waits one poll (0.5 s)
+            self._metrics_httpd.server_close()
+            self._metrics_httpd = None
         logger.info("[shutdown] stopped service=%s", self.service)
 
 
-def _start_metrics(host: str, port: int) -> int:
+def _start_metrics(host: str, port: int) -> Any:
     server, _thread = start_http_server(port, addr=host)
-    return server.server_address[1]
+    return server
 
 
 async def serve(service: str, cfg: ServerConfig, registrations: Iterable[Registration],

@@ -1,7 +1,7 @@
 """The job spec: what a user submits (TOML, JSON or YAML) and how it is validated.
 
 Validation is strict and names the field: an unknown key, a wrong type or a value out of
-range raises ``InvalidArgument("section.field", reason)`` so the REST API answers 422/400
+range raises ``InvalidArgument("section.field", reason)`` so the REST API answers 400
 and gRPC answers INVALID_ARGUMENT, and nothing is created. Schema: docs/jobspec.md.
 """
 
@@ -22,6 +22,9 @@ SUPPORTED_MODELS = ("tiny-llama",)
 SUPPORTED_TASKS = ("arith",)
 SUPPORTED_POLICIES = ("least_loaded", "cmlfq", "length_aware", "la_mlfq", "toolcount")
 SUPPORTED_TOOLS = ("calculator",)
+# Built-in rewards of the tool gateway (plugins registered there are accepted too when
+# listed in the gateway's extra_rewards; the spec names built-ins only for now).
+SUPPORTED_REWARDS = ("exact_match", "numeric", "code_tests", "llm_judge")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,6 +183,13 @@ def _validate_ranges(spec: JobSpec) -> None:
     _require(1 <= t.max_turns <= 64, "task.max_turns", "must be in [1, 64]")
     _require(1 <= t.max_new_tokens_per_turn <= 4096, "task.max_new_tokens_per_turn",
              "must be in [1, 4096]")
+    _require(len(spec.tools.enabled) >= 1, "tools.enabled", "at least one tool")
+    _require(spec.tools.call_timeout_s > 0, "tools.call_timeout_s", "must be > 0")
+    _require(spec.reward.name in SUPPORTED_REWARDS, "reward.name",
+             f"one of {SUPPORTED_REWARDS}")
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size",
+                 "max_position_embeddings"):
+        _require(getattr(spec.model, name) >= 1, f"model.{name}", "must be >= 1")
     for tool in spec.tools.enabled:
         _require(tool in SUPPORTED_TOOLS, "tools.enabled", f"unknown tool {tool!r} "
                  f"(known: {', '.join(SUPPORTED_TOOLS)})")

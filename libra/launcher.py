@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.config import env_flag
-from libra.redis_server import EmbeddedRedis, free_port, pid_alive, start_redis
+from libra.redis_server import EmbeddedRedis, free_ports, pid_alive, start_redis
 
 logger = logging.getLogger("libra.launcher")
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,25 +62,28 @@ def read_state(run_root: Path) -> dict[str, Any] | None:
 
 def _plan(stack: dict[str, Any], run_root: Path, redis_url: str) -> list[ServiceProc]:
     names = ["coordinator", "scheduler", "trainer", "toolgateway"]
-    ports = {name: free_port() for name in names}
+    rollouts = stack.get("rollout", [])
+    # Every port in one go (4 service + rollout + REST + a metrics port each).
+    pool = iter(free_ports(2 * (len(names) + len(rollouts)) + 1))
+    ports = {name: next(pool) for name in names}
     peers = [f"--peers.{name}=127.0.0.1:{ports[name]}" for name in names]
     common = [f"--redis-url={redis_url}", *peers]
     logs = run_root / ".libra" / "logs"
     specs: list[tuple[str, str, int, list[str]]] = [
         ("coordinator", "services.coordinator", ports["coordinator"],
-         [f"--run-root={run_root}", f"--http-port={free_port()}"]),
+         [f"--run-root={run_root}", f"--http-port={next(pool)}"]),
         ("scheduler", "services.scheduler", ports["scheduler"], []),
         ("trainer", "services.trainer", ports["trainer"], ["--worker-id=trainer-0"]),
         ("toolgateway", "services.toolgateway", ports["toolgateway"], []),
     ]
-    for inst in stack.get("rollout", []):
-        specs.append((inst["instance_id"], "services.rollout", free_port(), [
+    for inst in rollouts:
+        specs.append((inst["instance_id"], "services.rollout", next(pool), [
             f"--instance-id={inst['instance_id']}", f"--bucket={inst['bucket']}",
             f"--max-batch-size={inst.get('max_batch_size', 8)}",
             f"--max-trajectories={inst.get('max_trajectories', 16)}"]))
     out = []
     for name, module, port, extra in specs:
-        metrics = free_port()
+        metrics = next(pool)
         args = [f"--server.port={port}", f"--server.metrics-port={metrics}",
                 f"--server.shutdown-grace-s={stack.get('shutdown_grace_s', 10.0)}"]
         if module != "services.toolgateway":

@@ -82,6 +82,15 @@ def tasks(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:tasks"
 
 
+def pending(job_id: str) -> str:
+    """Hash trajectory_id -> serialised task admitted (or re-queued) but not yet placed.
+
+    Admission writes it in the same transaction that counts the group, so a scheduler
+    restart loses nothing it admitted.
+    """
+    return f"{PREFIX}:job:{job_id}:pending"
+
+
 def trained_ids(job_id: str) -> str:
     """Set of trajectory ids already trained on or dropped: makes the trainer idempotent."""
     return f"{PREFIX}:job:{job_id}:trained"
@@ -100,5 +109,6 @@ def events(job_id: str) -> str:
 def job_keys(job_id: str) -> list[str]:
     """Keys that belong to one job (expired together when the job ends)."""
     return [job(job_id), trajectories(job_id), policy(job_id), counters(job_id),
-            load(job_id), assignments(job_id), tasks(job_id), trained_ids(job_id),
+            load(job_id), assignments(job_id), tasks(job_id), pending(job_id),
+            trained_ids(job_id),
             history(job_id), events(job_id)]

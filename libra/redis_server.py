@@ -33,9 +33,22 @@ def find_redis_server() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free ports: all sockets stay open until every port is chosen,
+    so the OS cannot hand the same port out twice."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind((host, 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 @dataclass
@@ -85,12 +98,42 @@ def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True
             log = (data_dir / "redis.log")
             tail = log.read_text()[-2000:] if log.exists() else ""
             raise RuntimeError(f"redis-server exited with {proc.returncode}: {tail}")
-        if _ping(port):
+        # Our own process must answer: another server already on the port would answer
+        # PING too while ours dies on the bind. PING fails (-LOADING) until the AOF is read.
+        if _serving_pid(port) == proc.pid and _ping(port):
             (data_dir / "redis.pid").write_text(str(proc.pid))
             return server
         time.sleep(0.02)
     server.stop()
     raise RuntimeError(f"redis-server did not answer on port {port} within {timeout_s}s")
+
+
+def _serving_pid(port: int) -> int | None:
+    """The process id of the redis-server answering on ``port``, or None."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"INFO server\r\n")
+            data = b""
+            while b"\r\n" not in data:  # the "$<length>" header of the bulk reply
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return None
+                data += chunk
+            header, _, body = data.partition(b"\r\n")
+            if not header.startswith(b"$"):  # e.g. -LOADING while the AOF is replayed
+                return None
+            length = int(header[1:])
+            while len(body) < length:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return None
+                body += chunk
+    except (OSError, ValueError):
+        return None
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("process_id:"):
+            return int(line.split(":", 1)[1])
+    return None
 
 
 def _ping(port: int) -> bool:
@@ -103,10 +146,21 @@ def _ping(port: int) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    if stat.rsplit(")", 1)[-1].split()[0] != "Z":
+        return True
+    try:  # reap it if it is our own child
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return False

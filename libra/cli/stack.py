@@ -29,11 +29,20 @@ def up(run_root: Path, stack: Path = DEFAULT_STACK, timeout_s: float = 90.0) -> 
                      start_new_session=True)
     log.close()
     deadline = time.monotonic() + timeout_s
+    dead_polls = 0
     while time.monotonic() < deadline:
         state = read_state(run_root)
-        if state is not None and all(s["health"] == "SERVING" for s in status(state)):
+        rows = status(state) if state is not None else []
+        if rows and all(row["health"] == "SERVING" for row in rows):
             return state
+        dead = [row for row in rows if row["health"] == "DEAD"]
+        dead_polls = dead_polls + 1 if dead else 0
+        if dead_polls >= 20:  # ~6 s dead: the supervisor gave up restarting it
+            down(run_root)
+            raise RuntimeError(f"service {dead[0]['name']} exited at start-up; see "
+                               f"{dead[0]['log']}")
         time.sleep(0.3)
+    down(run_root)
     raise RuntimeError(f"stack not healthy within {timeout_s:.0f}s; see "
                        f"{run_root / '.libra' / 'logs'}")
 

@@ -8,6 +8,7 @@ and the caller gets the error.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,24 +44,30 @@ class CoordinatorCore:
         self._scheduler = scheduler
         self._clock = clock
         self._run_root = run_root
+        # Serialises the busy check with the PENDING write: without it, concurrent creates
+        # all see "no job" across the store's awaits and all start (one coordinator only).
+        self._create_lock = asyncio.Lock()
 
     # -- jobs ---------------------------------------------------------------------------
 
     async def create_job(self, spec_text: str, spec_format: str) -> t.Job:
         """Validate, store and start a job; atomic from the caller's point of view."""
         spec = parse_job_spec(spec_text, spec_format)
-        await self._refuse_if_busy()
-        now_ms = self._clock.now_ms()
-        job_id = new_job_id(spec.name)
-        run_dir = self._run_root / job_id
-        job = t.Job(job_id=job_id, name=spec.name, state=t.JobState.PENDING,
-                    spec_json=spec.to_json(), created_at_ms=now_ms, updated_at_ms=now_ms,
-                    run_dir=str(run_dir))
-        await self._store.put_job(job)
+        async with self._create_lock:
+            await self._refuse_if_busy()
+            now_ms = self._clock.now_ms()
+            job_id = new_job_id(spec.name)
+            run_dir = self._run_root / job_id
+            job = t.Job(job_id=job_id, name=spec.name, state=t.JobState.PENDING,
+                        spec_json=spec.to_json(), created_at_ms=now_ms, updated_at_ms=now_ms,
+                        run_dir=str(run_dir))
+            await self._store.put_job(job)
         try:
             await self._trainer.start_job(job_id)
             await self._scheduler.start_job(job_id)
-        except LibraError:
+        except BaseException:
+            # Not only LibraError: a cancelled request or an unexpected error must not
+            # leave a PENDING job behind, which would refuse every later job.
             await self._undo_start(job_id)
             raise
         job.state = t.JobState.RUNNING
@@ -117,7 +124,12 @@ class CoordinatorCore:
         if job.state.is_terminal:
             return
         if state is not t.JobState.SUCCEEDED:
-            await self._scheduler.stop_job(job_id)
+            # Best effort, as in cancel_job: an unreachable scheduler must not leave the
+            # job RUNNING forever (that would refuse every later job).
+            try:
+                await self._scheduler.stop_job(job_id)
+            except LibraError as exc:
+                logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
         await self._finish(job, state, message)
 
     async def _finish(self, job: t.Job, state: t.JobState, message: str) -> t.Job:

@@ -210,6 +210,7 @@ class InMemoryCoordinatorStore:
     async def delete_job(self, job_id: str) -> None:
         self._jobs.pop(job_id, None)
         self._steps.pop(job_id, None)
+        self._counters.pop(job_id, None)
 
     async def append_step(self, job_id: str, record: dict[str, Any]) -> None:
         self._steps.setdefault(job_id, []).append(record)

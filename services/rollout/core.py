@@ -277,7 +277,8 @@ class RolloutCore:
                             outcome: agent.TurnOutcome) -> t.ToolResult:
         """Call the tool, retrying retryable errors (gateway down) until the deadline."""
         call_id = f"{traj.trajectory_id}:t{traj.num_turns}"
-        deadline_s = self._clock.now_s() + self.settings.tool_deadline_s
+        budget_s = min(self.settings.tool_deadline_s, ctx.spec.tools.call_timeout_s)
+        deadline_s = self._clock.now_s() + budget_s
         delay_s = 0.1
         while True:
             remaining_ms = int((deadline_s - self._clock.now_s()) * 1000)

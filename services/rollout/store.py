@@ -98,6 +98,7 @@ class RedisRolloutStore:
             pipe.xadd(keys.trajectories(traj.job_id), {"trajectory_id": traj.trajectory_id,
                                                        "data": encode_trajectory(traj)})
             pipe.xack(keys.inbox(instance_id), keys.ROLLOUT_GROUP, entry_id)
+            pipe.xdel(keys.inbox(instance_id), entry_id)  # the inbox only holds live work
             pipe.hincrby(keys.counters(traj.job_id), "failed" if failed else "produced", 1)
             await pipe.execute()
 
@@ -109,10 +110,14 @@ class RedisRolloutStore:
             pipe.hset(keys.tasks(traj.job_id), traj.trajectory_id, data)
             pipe.xadd(keys.inbox(target_instance), {"job_id": traj.job_id, "task": data})
             pipe.xack(keys.inbox(instance_id), keys.ROLLOUT_GROUP, entry_id)
+            pipe.xdel(keys.inbox(instance_id), entry_id)
             await pipe.execute()
 
     async def ack(self, instance_id: str, entry_id: str) -> None:
-        await self._r.xack(keys.inbox(instance_id), keys.ROLLOUT_GROUP, entry_id)
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.xack(keys.inbox(instance_id), keys.ROLLOUT_GROUP, entry_id)
+            pipe.xdel(keys.inbox(instance_id), entry_id)
+            await pipe.execute()
 
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None:
         await self._r.xadd(keys.events(job_id), {"kind": kind, **fields},

@@ -44,7 +44,7 @@ class JobRun:
     problems: list[Problem]
     order: list[int] = field(default_factory=list)
     next_group: int = 0
-    pending: collections.deque[t.Trajectory] = field(default_factory=collections.deque)
+    num_pending: int = 0
     decisions: collections.Counter[str] = field(default_factory=collections.Counter)
     migrations: int = 0
 
@@ -103,6 +103,9 @@ class SchedulerCore:
 
     async def run(self) -> None:
         """Admit and place until stopped; one pass per tick for every job."""
+        for job_id in await self._store.running_jobs():
+            # A restarted scheduler picks up where the previous process stopped.
+            await self.start_job(job_id)
         while not self._stopping:
             for run in list(self._jobs.values()):
                 try:
@@ -133,30 +136,25 @@ class SchedulerCore:
         counters = await self._store.counters(run.job_id)
         consumed = counters.get("trained_groups", 0) + counters.get("dropped_groups", 0)
         admitted = counters.get("admitted_groups", 0)
-        # Never queue more than one group here beyond what instances can take.
-        while admitted - consumed < budget_groups and len(run.pending) < algo.samples_per_prompt:
-            self._admit_group(run, admitted)
+        # Queue at most one group here beyond what the instances take right now.
+        while admitted - consumed < budget_groups and run.num_pending < algo.samples_per_prompt:
+            group = self._make_group(run, admitted)
+            await self._store.admit(run.job_id, group)
+            run.num_pending += len(group)
             admitted += 1
-            await self._store.incr_counters(
-                run.job_id, admitted_groups=1, admitted=algo.samples_per_prompt
-            )
 
-    def _admit_group(self, run: JobRun, group_index: int) -> None:
+    def _make_group(self, run: JobRun, group_index: int) -> list[t.Trajectory]:
+        # The group index is the cumulative admission count, so prompts continue where a
+        # previous scheduler process stopped.
+        run.next_group = max(run.next_group, group_index)
         problem = self._next_problem(run)
         gid = group_id(run.job_id, group_index, problem.prompt_id)
         now_ms = self._clock.now_ms()
-        for sample in range(run.spec.algorithm.samples_per_prompt):
-            run.pending.append(
-                t.Trajectory(
-                    trajectory_id=trajectory_id(gid, sample),
-                    job_id=t.JobId(run.job_id),
-                    group_id=gid,
-                    prompt_id=problem.prompt_id,
-                    prompt_text=problem.prompt,
-                    reference=str(problem.answer),
-                    created_at_ms=now_ms,
-                )
-            )
+        return [t.Trajectory(
+            trajectory_id=trajectory_id(gid, sample), job_id=t.JobId(run.job_id),
+            group_id=gid, prompt_id=problem.prompt_id, prompt_text=problem.prompt,
+            reference=str(problem.answer), created_at_ms=now_ms)
+            for sample in range(run.spec.algorithm.samples_per_prompt)]
 
     def _next_problem(self, run: JobRun) -> Problem:
         # Epoch-wise shuffle so every prompt recurs (the prefix tree learns per prompt).
@@ -172,24 +170,22 @@ class SchedulerCore:
         return run.problems[index]
 
     async def _place_pending(self, run: JobRun) -> None:
-        if not run.pending:
+        pending = await self._store.pending(run.job_id)
+        run.num_pending = len(pending)
+        if not pending:
             return
         instances = await self._store.live_instances(run.job_id)
-        ordered = sorted(run.pending, key=lambda tr: -run.policy.priority(tr.trajectory_id))
-        run.pending.clear()
-        for traj in ordered:
-            placement = run.policy.begin(
-                TrajectoryDescriptor(
-                    traj.trajectory_id, traj.prompt_id, traj.group_id, len(traj.prompt_text)
-                ),
-                instances,
-            )
+        pending.sort(key=lambda tr: (-run.policy.priority(tr.trajectory_id), tr.attempt == 0))
+        for traj in pending:
+            placement = run.policy.begin(TrajectoryDescriptor(
+                traj.trajectory_id, traj.prompt_id, traj.group_id, len(traj.prompt_text)),
+                instances)
             if not placement.is_placed:
-                run.pending.append(traj)
                 continue
             traj.instance_id = placement.instance_id
             traj.bucket = placement.bucket or ""
             await self._store.place(run.job_id, traj, placement.instance_id)
+            run.num_pending -= 1
             _bump_local_load(instances, placement.instance_id)
 
     async def _requeue_orphans(self, run: JobRun) -> None:
@@ -210,16 +206,15 @@ class SchedulerCore:
 
     async def _requeue(self, run: JobRun, traj_id: str) -> None:
         traj = await self._store.task(run.job_id, traj_id)
-        await self._store.finish(run.job_id, traj_id)
         try:
             run.policy.abort(t.TrajectoryId(traj_id))
         except UnknownTrajectory:
             pass
         if traj is None:
+            await self._store.finish(run.job_id, traj_id)
             return
         traj.attempt += 1
-        run.pending.appendleft(traj)
-        await self._store.incr_counters(run.job_id, requeued=1)
+        await self._store.requeue(run.job_id, traj)
 
     # -- RPCs from rollout instances -----------------------------------------------------
 

@@ -25,6 +25,14 @@ class SchedulerStore(Protocol):
 
     async def incr_counters(self, job_id: str, **deltas: int) -> None: ...
 
+    async def running_jobs(self) -> list[str]: ...
+
+    async def admit(self, job_id: str, trajs: list[t.Trajectory]) -> None: ...
+
+    async def pending(self, job_id: str) -> list[t.Trajectory]: ...
+
+    async def requeue(self, job_id: str, traj: t.Trajectory) -> None: ...
+
     async def place(self, job_id: str, traj: t.Trajectory, instance_id: str) -> None: ...
 
     async def apply_load(self, job_id: str, deltas: tuple[tuple[str, int], ...]) -> None: ...
@@ -85,9 +93,37 @@ class RedisSchedulerStore:
                 pipe.hincrby(keys.counters(job_id), name, delta)
             await pipe.execute()
 
+    async def running_jobs(self) -> list[str]:
+        ids = [j.decode() for j in await self._r.zrange(keys.JOBS_INDEX, 0, -1)]
+        states = [await self.job_state(j) for j in ids]
+        return [j for j, state in zip(ids, states, strict=True) if state == "running"]
+
+    async def admit(self, job_id: str, trajs: list[t.Trajectory]) -> None:
+        """Queue one group's trajectories and count the group, atomically."""
+        async with self._r.pipeline(transaction=True) as pipe:
+            for traj in trajs:
+                pipe.hset(keys.pending(job_id), traj.trajectory_id, encode_trajectory(traj))
+            pipe.hincrby(keys.counters(job_id), "admitted_groups", 1)
+            pipe.hincrby(keys.counters(job_id), "admitted", len(trajs))
+            await pipe.execute()
+
+    async def pending(self, job_id: str) -> list[t.Trajectory]:
+        raw = await self._r.hgetall(keys.pending(job_id))
+        return [decode_trajectory(v) for _k, v in sorted(raw.items())]
+
+    async def requeue(self, job_id: str, traj: t.Trajectory) -> None:
+        """Move a trajectory from its (dead) instance back to the pending queue."""
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hdel(keys.tasks(job_id), traj.trajectory_id)
+            pipe.hdel(keys.assignments(job_id), traj.trajectory_id)
+            pipe.hset(keys.pending(job_id), traj.trajectory_id, encode_trajectory(traj))
+            pipe.hincrby(keys.counters(job_id), "requeued", 1)
+            await pipe.execute()
+
     async def place(self, job_id: str, traj: t.Trajectory, instance_id: str) -> None:
         data = encode_trajectory(traj)
         async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hdel(keys.pending(job_id), traj.trajectory_id)
             pipe.hset(keys.tasks(job_id), traj.trajectory_id, data)
             pipe.hset(keys.assignments(job_id), traj.trajectory_id, instance_id)
             pipe.xadd(keys.inbox(instance_id), {"job_id": job_id, "task": data})

@@ -86,7 +86,7 @@ class TorchTrainerBackend:
             )
             logprobs = self._token_logprobs(input_ids, attention_mask)
             loss = -masked_mean(logprobs, loss_mask)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             self._apply(loss, _sft_learning_rate(step, num_steps, lr))
         self._model.eval()
         return losses
@@ -125,7 +125,7 @@ class TorchTrainerBackend:
         grad_norm = self._apply(loss, self._learning_rate if lr is None else lr)
         self._model.eval()
         metrics.update(
-            loss=float(loss),
+            loss=float(loss.detach()),
             grad_norm=grad_norm,
             num_tokens=float(loss_mask.sum()),
             is_skipped=float(not math.isfinite(grad_norm)),

@@ -1,0 +1,42 @@
+"""Container health probe: ``python -m libra.healthcheck HOST:PORT``.
+
+Calls the standard gRPC health service (``grpc.health.v1.Health/Check``) and exits 0
+only when the answer is SERVING; 1 for NOT_SERVING, UNKNOWN, an unreachable address or a
+timeout. Used by the compose health checks; imports nothing but grpc so it stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def check(address: str, service: str = "", timeout_s: float = 2.0) -> str:
+    """The serving status name of ``service`` at ``address``, or ``UNREACHABLE``."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+    except grpc.RpcError:
+        return "UNREACHABLE"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m libra.healthcheck", description=__doc__)
+    parser.add_argument("address", help="HOST:PORT of the gRPC server")
+    parser.add_argument("--service", default="",
+                        help="full service name to check (default: the whole server)")
+    parser.add_argument("--timeout", type=float, default=2.0, help="deadline in seconds")
+    args = parser.parse_args(argv)
+    status = check(args.address, args.service, args.timeout)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Helpers for tests that run the real stack: Redis + the five services as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from libra import types as t
+from libra.clients.coordinator import GrpcCoordinatorClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_job(**algorithm: Any) -> str:
+    """The demo spec shrunk to seconds of work, as a JSON document."""
+    spec = tomllib.loads((ROOT / "deploy" / "configs" / "demo.toml").read_text())
+    spec["name"] = "itest"
+    spec["algorithm"].update({"num_steps": 3, "prompts_per_step": 2, "samples_per_prompt": 2,
+                              "sft_steps": 5, "sft_batch_size": 8})
+    spec["algorithm"].update(algorithm)
+    return json.dumps(spec)
+
+
+def write_stack(path: Path, restart_limit: int, lease_ttl_ms: int | None = None) -> Path:
+    """A stack file: two rollout instances in two buckets, the given restart limit."""
+    lines = [f"restart_limit = {restart_limit}", "shutdown_grace_s = 5.0"]
+    for instance, bucket in (("rollout-0", "short"), ("rollout-1", "long")):
+        lines += ["[[rollout]]", f'instance_id = "{instance}"', f'bucket = "{bucket}"',
+                  "max_batch_size = 8", "max_trajectories = 16"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+async def wait_for_job(client: GrpcCoordinatorClient, job_id: str,
+                       timeout_s: float = 240.0) -> tuple[t.Job, list[dict], dict]:
+    """Poll until the job ends (or fail the test with its last known state)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        job, steps, counters = await client.get_job(job_id)
+        if job.state.is_terminal:
+            return job, steps, counters
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"job {job_id} still {job.state.value} at step {job.step} "
+                                 f"after {timeout_s}s; counters={counters}")
+        await asyncio.sleep(0.3)

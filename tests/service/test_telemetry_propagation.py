@@ -1,0 +1,181 @@
+"""Trace context crosses services, and every server exposes Prometheus metrics.
+
+Real: the SDK tracer provider installed by ``libra.telemetry.init_tracing`` with the
+gRPC aio client/server instrumentation, two ``libra.grpcx.Server`` instances on port 0
+(front -> coordinator), the typed clients and the /metrics HTTP endpoint.
+Fakes: the coordinator's trainer/scheduler runners; spans go to an in-memory exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
+
+import libra.telemetry as telemetry
+from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.clock import FakeClock
+from libra.grpcx import Registration, Server
+from libra.proto.coordinator.v1 import coordinator_pb2 as pb
+from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from libra.service_config import ServerConfig, TelemetryConfig
+from libra.wire.coordinator import job_to_proto
+from services.coordinator.core import CoordinatorCore
+from services.coordinator.servicer import CoordinatorServicer
+from services.coordinator.store import InMemoryCoordinatorStore
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
+
+
+class FakeRunner:
+    async def start_job(self, job_id: str) -> None: ...
+
+    async def stop_job(self, job_id: str) -> None: ...
+
+
+class FrontServicer(pb_grpc.CoordinatorServiceServicer):
+    """A second service whose ListJobs asks the coordinator (one hop downstream)."""
+
+    def __init__(self, downstream: GrpcCoordinatorClient) -> None:
+        self._downstream = downstream
+
+    async def ListJobs(self, request, context):  # noqa: N802, ANN001
+        jobs = await self._downstream.list_jobs()
+        return pb.ListJobsResponse(jobs=[job_to_proto(j) for j in jobs])
+
+
+@pytest.fixture(scope="module")
+def exporter() -> Iterator[InMemorySpanExporter]:
+    # The global tracer provider can be set once per process: reuse one if a previous
+    # module installed it, and undo the library patches afterwards.
+    memory = InMemorySpanExporter()
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        current.add_span_processor(SimpleSpanProcessor(memory))
+        telemetry.instrument_libraries()
+    else:
+        telemetry.init_tracing("test", TelemetryConfig(),
+                               extra_processor=SimpleSpanProcessor(memory))
+    yield memory
+    from opentelemetry.instrumentation.grpc import (
+        GrpcAioInstrumentorClient,
+        GrpcAioInstrumentorServer,
+    )
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    GrpcAioInstrumentorServer().uninstrument()
+    GrpcAioInstrumentorClient().uninstrument()
+    RedisInstrumentor().uninstrument()
+    telemetry._instrumented = False
+    memory.shutdown()
+
+
+@pytest.fixture
+async def chain(exporter: InMemorySpanExporter,
+                tmp_path: Path) -> AsyncIterator[tuple[Server, Server]]:
+    clock = FakeClock()
+    core = CoordinatorCore(InMemoryCoordinatorStore(clock), FakeRunner(), FakeRunner(), clock,
+                           tmp_path)
+    back = Server("coordinator", ServerConfig(port=0, metrics_port=-1, shutdown_grace_s=1.0),
+                  [Registration(pb_grpc.add_CoordinatorServiceServicer_to_server,
+                                CoordinatorServicer(core), SERVICE_NAME)])
+    await back.start()
+    downstream = GrpcCoordinatorClient(f"127.0.0.1:{back.port}", timeout_s=5.0)
+    front = Server("front", ServerConfig(port=0, metrics_port=0, shutdown_grace_s=1.0),
+                   [Registration(pb_grpc.add_CoordinatorServiceServicer_to_server,
+                                 FrontServicer(downstream), SERVICE_NAME)])
+    await front.start()
+    exporter.clear()
+    yield front, back
+    await front.stop()
+    await downstream.close()
+    await back.stop()
+
+
+async def call_front(front: Server) -> None:
+    client = GrpcCoordinatorClient(f"127.0.0.1:{front.port}", timeout_s=5.0)
+    try:
+        assert await client.list_jobs() == []
+    finally:
+        await client.close()
+
+
+async def finished_spans(exporter: InMemorySpanExporter, want: int) -> list[ReadableSpan]:
+    # Server spans end after the response is sent, possibly after the client returned.
+    for _ in range(100):
+        spans = list(exporter.get_finished_spans())
+        if len([s for s in spans if s.name.endswith("/ListJobs")]) >= want:
+            return spans
+        await asyncio.sleep(0.02)
+    return list(exporter.get_finished_spans())
+
+
+async def test_server_spans_of_both_hops_share_the_callers_trace(
+        chain: tuple[Server, Server], exporter: InMemorySpanExporter) -> None:
+    front, _back = chain
+    await call_front(front)
+    spans = [s for s in await finished_spans(exporter, 4) if s.name.endswith("/ListJobs")]
+    clients = [s for s in spans if s.kind is SpanKind.CLIENT]
+    servers = [s for s in spans if s.kind is SpanKind.SERVER]
+    assert (len(clients), len(servers)) == (2, 2)
+    assert len({s.context.trace_id for s in spans}) == 1
+
+
+async def test_downstream_server_span_descends_from_upstream_server_span(
+        chain: tuple[Server, Server], exporter: InMemorySpanExporter) -> None:
+    front, back = chain
+    await call_front(front)
+    spans = [s for s in await finished_spans(exporter, 4) if s.name.endswith("/ListJobs")]
+    by_id = {s.context.span_id: s for s in spans}
+    servers = [s for s in spans if s.kind is SpanKind.SERVER]
+    # The back server's span is the one whose ancestors include another server span.
+
+    def ancestors(span: ReadableSpan) -> list[ReadableSpan]:
+        out = []
+        while span.parent is not None and span.parent.span_id in by_id:
+            span = by_id[span.parent.span_id]
+            out.append(span)
+        return out
+
+    chains = {s.context.span_id: ancestors(s) for s in servers}
+    downstream = [s for s in servers
+                  if any(a.kind is SpanKind.SERVER for a in chains[s.context.span_id])]
+    assert len(downstream) == 1
+    upstream = next(a for a in chains[downstream[0].context.span_id]
+                    if a.kind is SpanKind.SERVER)
+    assert upstream is not downstream[0]
+    # The upstream server span's own parent is the test's client span (root of the trace).
+    root = ancestors(upstream)
+    assert [s.kind for s in root] == [SpanKind.CLIENT]
+    assert root[0].parent is None
+    assert back.port != front.port
+
+
+async def test_metrics_endpoint_counts_served_rpcs(chain: tuple[Server, Server]) -> None:
+    front, _back = chain
+    await call_front(front)
+    url = f"http://127.0.0.1:{front.metrics_port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+    samples = [sample for family in text_string_to_metric_families(body.decode())
+               for sample in family.samples if sample.name == "libra_rpc_server_total"]
+    assert any(sample.labels == {"service": "front", "method": "ListJobs", "code": "OK"}
+               and sample.value >= 1 for sample in samples)
+
+
+async def test_stopped_server_releases_its_metrics_port() -> None:
+    server = Server("scratch", ServerConfig(port=0, metrics_port=0, shutdown_grace_s=1.0), [])
+    await server.start()
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+    await server.stop()
+    with pytest.raises(OSError):
+        await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=2).read())

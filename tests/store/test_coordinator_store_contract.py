@@ -1,0 +1,216 @@
+"""One contract suite for the coordinator store, run against both adapters.
+
+``InMemoryCoordinatorStore`` expires leases by a ``FakeClock``; ``RedisCoordinatorStore``
+runs against the session's real redis-server and expires leases by real PX TTLs (short
+ones, so the file stays fast). Nothing is faked on the Redis side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from libra import redis_keys as keys
+from libra import types as t
+from libra.clock import FakeClock, SystemClock
+from libra.errors import LeaseLost, NotFound
+from services.coordinator.store import (
+    CoordinatorStore,
+    InMemoryCoordinatorStore,
+    RedisCoordinatorStore,
+)
+
+SHORT_TTL_MS = 300
+
+
+@dataclass
+class StoreUnderTest:
+    store: CoordinatorStore
+    expire: Callable[[int], Awaitable[None]]  # let at least this many ms pass
+    redis: Any = None
+
+
+@pytest.fixture(params=["memory", "redis"])
+def sut(request: pytest.FixtureRequest) -> StoreUnderTest:
+    if request.param == "memory":
+        clock = FakeClock()
+
+        async def advance(ms: int) -> None:
+            clock.advance(ms / 1000)
+
+        return StoreUnderTest(InMemoryCoordinatorStore(clock), advance)
+    redis = request.getfixturevalue("redis")
+
+    async def sleep(ms: int) -> None:
+        await asyncio.sleep(ms / 1000)
+
+    return StoreUnderTest(RedisCoordinatorStore(redis, SystemClock()), sleep, redis)
+
+
+def make_job(job_id: str = "job-1", created_at_ms: int = 1_000,
+             state: t.JobState = t.JobState.RUNNING) -> t.Job:
+    return t.Job(job_id=t.JobId(job_id), name="n", state=state,
+                 spec_json=json.dumps({"name": "n"}), created_at_ms=created_at_ms,
+                 updated_at_ms=created_at_ms, message="m", step=3, policy_version=2,
+                 run_dir=f"/runs/{job_id}")
+
+
+def make_lease(worker_id: str = "w1", ttl_ms: int = 5_000) -> t.Lease:
+    return t.Lease(t.WorkerId(worker_id), t.WorkerRole.HYBRID_ROLLOUT, "long",
+                   "10.0.0.1:5000", 0, 0, ttl_ms)
+
+
+# -- jobs -----------------------------------------------------------------------------
+
+
+async def test_put_then_get_returns_equal_job(sut: StoreUnderTest) -> None:
+    job = make_job()
+    await sut.store.put_job(job)
+    assert await sut.store.get_job(job.job_id) == job
+
+
+async def test_put_overwrites_existing_job(sut: StoreUnderTest) -> None:
+    job = make_job()
+    await sut.store.put_job(job)
+    job.state, job.message = t.JobState.CANCELLED, "bye"
+    await sut.store.put_job(job)
+    got = await sut.store.get_job(job.job_id)
+    assert (got.state, got.message) == (t.JobState.CANCELLED, "bye")
+
+
+async def test_get_unknown_job_raises_not_found(sut: StoreUnderTest) -> None:
+    with pytest.raises(NotFound):
+        await sut.store.get_job("nope")
+
+
+async def test_list_jobs_orders_by_creation_time(sut: StoreUnderTest) -> None:
+    await sut.store.put_job(make_job("late", created_at_ms=3_000))
+    await sut.store.put_job(make_job("early", created_at_ms=1_000))
+    assert [j.job_id for j in await sut.store.list_jobs()] == ["early", "late"]
+
+
+async def test_delete_job_removes_job_and_its_history(sut: StoreUnderTest) -> None:
+    await sut.store.put_job(make_job())
+    await sut.store.append_step("job-1", {"step": 1})
+    await sut.store.delete_job("job-1")
+    with pytest.raises(NotFound):
+        await sut.store.get_job("job-1")
+    assert await sut.store.list_jobs() == []
+    assert await sut.store.steps("job-1") == []
+
+
+async def test_delete_unknown_job_is_a_no_op(sut: StoreUnderTest) -> None:
+    await sut.store.delete_job("nope")
+    assert await sut.store.list_jobs() == []
+
+
+async def test_steps_come_back_in_append_order(sut: StoreUnderTest) -> None:
+    await sut.store.put_job(make_job())
+    records = [{"step": i, "reward_mean": i / 10, "tags": ["a"]} for i in range(3)]
+    for record in records:
+        await sut.store.append_step("job-1", record)
+    assert await sut.store.steps("job-1") == records
+
+
+async def test_counters_of_a_job_without_any_are_empty(sut: StoreUnderTest) -> None:
+    await sut.store.put_job(make_job())
+    assert await sut.store.counters("job-1") == {}
+
+
+async def test_redis_counters_are_read_as_ints(redis: Any) -> None:
+    store = RedisCoordinatorStore(redis, SystemClock())
+    await redis.hincrby(keys.counters("job-1"), "trained", 7)
+    assert await store.counters("job-1") == {"trained": 7}
+
+
+async def test_redis_terminal_job_keys_get_a_ttl(redis: Any) -> None:
+    store = RedisCoordinatorStore(redis, SystemClock())
+    await store.put_job(make_job(state=t.JobState.SUCCEEDED))
+    assert 0 < await redis.pttl(keys.job("job-1")) <= keys.FINISHED_JOB_TTL_MS
+
+
+# -- leases ---------------------------------------------------------------------------
+
+
+async def test_acquire_grants_lease_with_fields_and_positive_epoch(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease())
+    assert lease.epoch >= 1
+    assert (lease.worker_id, lease.role, lease.bucket, lease.address, lease.ttl_ms) == (
+        "w1", t.WorkerRole.HYBRID_ROLLOUT, "long", "10.0.0.1:5000", 5_000)
+    (live,) = await sut.store.live_leases()
+    assert dataclasses.replace(live, expires_at_ms=0) == dataclasses.replace(
+        lease, expires_at_ms=0)
+    assert abs(live.expires_at_ms - lease.expires_at_ms) < 1_000
+
+
+async def test_epochs_are_strictly_increasing_across_workers(sut: StoreUnderTest) -> None:
+    epochs = [(await sut.store.acquire_lease(make_lease(w))).epoch
+              for w in ("w1", "w2", "w1", "w3")]
+    assert all(a < b for a, b in zip(epochs, epochs[1:], strict=False))
+
+
+async def test_renew_with_current_epoch_keeps_lease(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease())
+    renewed = await sut.store.renew_lease("w1", lease.epoch, 10_000)
+    assert renewed.epoch == lease.epoch
+    assert renewed.expires_at_ms > 10_000
+
+
+async def test_renew_with_stale_epoch_raises_lease_lost(sut: StoreUnderTest) -> None:
+    old = await sut.store.acquire_lease(make_lease())
+    await sut.store.acquire_lease(make_lease())
+    with pytest.raises(LeaseLost):
+        await sut.store.renew_lease("w1", old.epoch, 0)
+
+
+async def test_renew_of_unknown_worker_raises_lease_lost(sut: StoreUnderTest) -> None:
+    with pytest.raises(LeaseLost):
+        await sut.store.renew_lease("ghost", 1, 0)
+
+
+async def test_renew_after_expiry_raises_lease_lost(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease(ttl_ms=SHORT_TTL_MS))
+    await sut.expire(SHORT_TTL_MS + 60)
+    with pytest.raises(LeaseLost):
+        await sut.store.renew_lease("w1", lease.epoch, 0)
+
+
+async def test_live_leases_drop_expired_ones(sut: StoreUnderTest) -> None:
+    await sut.store.acquire_lease(make_lease("short", ttl_ms=SHORT_TTL_MS))
+    await sut.store.acquire_lease(make_lease("long", ttl_ms=10_000))
+    await sut.expire(SHORT_TTL_MS + 60)
+    assert [x.worker_id for x in await sut.store.live_leases()] == ["long"]
+
+
+async def test_reacquire_after_expiry_gets_a_newer_epoch(sut: StoreUnderTest) -> None:
+    first = await sut.store.acquire_lease(make_lease(ttl_ms=SHORT_TTL_MS))
+    await sut.expire(SHORT_TTL_MS + 60)
+    second = await sut.store.acquire_lease(make_lease(ttl_ms=SHORT_TTL_MS))
+    assert second.epoch > first.epoch
+
+
+async def test_release_by_holder_removes_lease(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease())
+    await sut.store.release_lease("w1", lease.epoch)
+    assert await sut.store.live_leases() == []
+    with pytest.raises(LeaseLost):
+        await sut.store.renew_lease("w1", lease.epoch, 0)
+
+
+async def test_release_with_other_epoch_keeps_lease(sut: StoreUnderTest) -> None:
+    old = await sut.store.acquire_lease(make_lease())
+    current = await sut.store.acquire_lease(make_lease())
+    await sut.store.release_lease("w1", old.epoch)
+    assert [x.epoch for x in await sut.store.live_leases()] == [current.epoch]
+
+
+async def test_live_leases_are_sorted_by_worker_id(sut: StoreUnderTest) -> None:
+    for w in ("b", "c", "a"):
+        await sut.store.acquire_lease(make_lease(w))
+    assert [x.worker_id for x in await sut.store.live_leases()] == ["a", "b", "c"]

@@ -1,0 +1,102 @@
+"""Unit tests for the batched KV-cache decode loop of the CPU engine."""
+
+import threading
+
+import pytest
+import torch
+
+from libra.models import TinyModelConfig, build_model, build_tokenizer, save_model_dir
+from services.rollout.engine_types import GenerationRequest
+from services.rollout.torch_engine import TorchEngine
+
+_CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def _engine(seed=0):
+    return TorchEngine(build_model(_CFG, seed=seed), pad_token_id=0, num_threads=1)
+
+
+def _request(tokenizer, text, **overrides):
+    fields = dict(prompt_token_ids=tokenizer(text)["input_ids"], max_new_tokens=8, seed=11)
+    fields.update(overrides)
+    return GenerationRequest(**fields)
+
+
+def test_seeded_sample_does_not_depend_on_batch_mates(tokenizer):
+    engine = _engine()
+    alone = engine.generate([_request(tokenizer, "Q:1+2=")])[0]
+    batched = engine.generate([_request(tokenizer, "Q:12*34-5=<calc>", seed=3), _request(tokenizer, "Q:1+2=")])
+    assert batched[1].token_ids == alone.token_ids
+    assert batched[1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def test_logprobs_equal_full_forward_policy_logprobs(tokenizer):
+    engine = _engine()
+    request = _request(tokenizer, "Q:7-3=", temperature=1.7, top_p=0.9)
+    result = engine.generate([request])[0]
+    full_ids = torch.tensor([request.prompt_token_ids + result.token_ids])
+    with torch.no_grad():
+        logits = engine._model(input_ids=full_ids).logits[0]
+    start = len(request.prompt_token_ids) - 1
+    expected = [
+        torch.log_softmax(logits[start + i], -1)[token].item() for i, token in enumerate(result.token_ids)
+    ]
+    assert result.logprobs == pytest.approx(expected, abs=1e-5)
+
+
+def test_stop_token_ends_the_row_and_is_kept(tokenizer):
+    engine = _engine()
+    greedy = engine.generate([_request(tokenizer, "Q:5=", temperature=0.0)])[0]
+    stop_id = greedy.token_ids[2]
+    stopped = engine.generate([_request(tokenizer, "Q:5=", temperature=0.0, stop_token_ids=[stop_id])])[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids[-1] == stop_id
+    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 8
+
+
+def test_abort_keeps_tokens_generated_so_far(tokenizer):
+    engine = _engine()
+    original_forward = engine._forward
+    calls = []
+
+    def forward_then_abort(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            engine.abort()
+        return original_forward(*args)
+
+    engine._forward = forward_then_abort
+    result = engine.generate([_request(tokenizer, "Q:5=", max_new_tokens=20)])[0]
+    assert result.finish_reason == "aborted"
+    # Forwards: prefill, token 1, token 2 (abort raised here, so no third sample).
+    assert len(result.token_ids) == 2 and len(result.logprobs) == 2
+    engine._forward = original_forward
+    assert engine.generate([_request(tokenizer, "Q:5=")])[0].finish_reason == "length"
+
+
+def test_abort_from_another_thread_interrupts_generation(tokenizer):
+    engine = _engine()
+    timer = threading.Timer(0.05, engine.abort)
+    timer.start()
+    result = engine.generate([_request(tokenizer, "Q:5=", max_new_tokens=100000)])[0]
+    timer.join()
+    assert result.finish_reason == "aborted" and 0 < len(result.token_ids) < 100000
+
+
+def test_load_weights_replaces_weights_and_sets_version(tokenizer, tmp_path):
+    source, target = build_model(_CFG, seed=1), _engine(seed=2)
+    save_model_dir(source, tokenizer, str(tmp_path))
+    target.load_weights(str(tmp_path / "model.safetensors"), version=7)
+    expected = TorchEngine(source, pad_token_id=0).generate([_request(tokenizer, "Q:9=")])[0]
+    assert target.policy_version == 7
+    assert target.generate([_request(tokenizer, "Q:9=")])[0].token_ids == expected.token_ids
+
+
+def test_zero_max_new_tokens_returns_empty_length_result(tokenizer):
+    result = _engine().generate([_request(tokenizer, "Q:1=", max_new_tokens=0)])[0]
+    assert result.token_ids == [] and result.finish_reason == "length"

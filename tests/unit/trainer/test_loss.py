@@ -1,0 +1,72 @@
+"""Unit tests for GRPO advantages and the PPO-clip loss, against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from services.trainer.loss import group_advantages, kl_estimate, masked_mean, ppo_clip_loss
+
+
+def test_group_advantages_normalise_within_each_group():
+    advantages = group_advantages([1.0, 0.0, 1.0, 1.0, 0.5], ["a", "a", "b", "b", "c"])
+    # Group a: mean 0.5, population std 0.5 -> +-1 (up to the 1e-6 epsilon).
+    assert advantages[0].item() == pytest.approx(1.0, abs=1e-5)
+    assert advantages[1].item() == pytest.approx(-1.0, abs=1e-5)
+    # Group b has no variance: no signal. Singleton c keeps its raw reward.
+    assert advantages[2].item() == 0.0 and advantages[3].item() == 0.0
+    assert advantages[4].item() == 0.5
+
+
+def test_group_advantages_uncentred_group_of_three():
+    advantages = group_advantages([1.0, 0.0, 0.0], [7, 7, 7])
+    std = math.sqrt(2.0 / 9.0)
+    assert advantages.tolist() == pytest.approx([(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rel=1e-4)
+
+
+def test_masked_mean_ignores_masked_positions_and_handles_empty_masks():
+    values = torch.tensor([[1.0, 2.0, 100.0]])
+    assert masked_mean(values, torch.tensor([[1, 1, 0]])).item() == 1.5
+    assert masked_mean(values, torch.zeros(1, 3)).item() == 0.0
+
+
+def test_ppo_clip_loss_clips_positive_advantage_above_one_plus_eps():
+    old = torch.zeros(1, 2)
+    new = torch.log(torch.tensor([[1.5, 0.9]]))
+    loss, metrics = ppo_clip_loss(new, old, torch.tensor([2.0]), torch.ones(1, 2), clip_eps=0.2)
+    # Token 1: min(1.5*2, 1.2*2) = 2.4. Token 2: min(0.9*2, 0.9*2) = 1.8. Mean of -x.
+    assert loss.item() == pytest.approx(-(2.4 + 1.8) / 2, rel=1e-5)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_ppo_clip_loss_clips_negative_advantage_below_one_minus_eps():
+    new = torch.log(torch.tensor([[0.5, 1.5]]))
+    loss, metrics = ppo_clip_loss(new, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2))
+    # Token 1: min(-0.5, -0.8) = -0.8 (clipped). Token 2: min(-1.5, -1.2) = -1.5.
+    assert loss.item() == pytest.approx((0.8 + 1.5) / 2, rel=1e-5)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_ppo_clip_loss_masks_tokens_and_adds_kl_penalty():
+    new = torch.log(torch.tensor([[2.0, 1.0, 7.0]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, metrics = ppo_clip_loss(
+        new, torch.zeros(1, 3), torch.tensor([0.0]), mask, kl_coef=0.5,
+        behaviour_logprobs=torch.tensor([[0.1, -0.3, 9.0]]),
+    )
+    kl_first = (2.0 - 1.0) - math.log(2.0)
+    assert metrics["approx_kl"] == pytest.approx(kl_first / 2, rel=1e-5)
+    assert loss.item() == pytest.approx(0.5 * kl_first / 2, rel=1e-5)
+    assert metrics["logprob_drift"] == pytest.approx(0.2, rel=1e-5)
+
+
+def test_ppo_clip_loss_gradient_is_policy_gradient_at_ratio_one():
+    new = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = ppo_clip_loss(new, torch.zeros(1, 2), torch.tensor([[1.0, -3.0]]), torch.ones(1, 2))
+    loss.backward()
+    assert new.grad[0].tolist() == pytest.approx([-0.5, 1.5])
+
+
+def test_kl_estimate_is_zero_at_equal_policies_and_positive_elsewhere():
+    values = kl_estimate(torch.tensor([0.0, 0.5, -0.5]))
+    assert values[0].item() == 0.0 and (values[1:] > 0).all()
