@@ -124,11 +124,12 @@ class SchedulerCore:
             return
         # 1) Trajectories on instances whose lease expired go back to the queue.
         await self._requeue_orphans(run)
-        # 2) Admit groups while the staleness budget allows (weights must exist first).
-        if await self._store.has_policy(run.job_id):
-            await self._admit(run)
-        # 3) Place what is queued, highest priority first.
+        # 2) Place what is queued (re-queued first, then by policy priority).
         await self._place_pending(run)
+        # 3) Admit and place groups while the staleness budget allows and the instances
+        #    take them (weights must exist first).
+        if run.num_pending == 0 and await self._store.has_policy(run.job_id):
+            await self._admit(run)
 
     async def _admit(self, run: JobRun) -> None:
         algo = run.spec.algorithm
@@ -136,12 +137,11 @@ class SchedulerCore:
         counters = await self._store.counters(run.job_id)
         consumed = counters.get("trained_groups", 0) + counters.get("dropped_groups", 0)
         admitted = counters.get("admitted_groups", 0)
-        # Queue at most one group here beyond what the instances take right now.
-        while admitted - consumed < budget_groups and run.num_pending < algo.samples_per_prompt:
-            group = self._make_group(run, admitted)
-            await self._store.admit(run.job_id, group)
-            run.num_pending += len(group)
+        # Stop once a group does not fit: queue at most one group beyond capacity.
+        while admitted - consumed < budget_groups and run.num_pending == 0:
+            await self._store.admit(run.job_id, self._make_group(run, admitted))
             admitted += 1
+            await self._place_pending(run)
 
     def _make_group(self, run: JobRun, group_index: int) -> list[t.Trajectory]:
         # The group index is the cumulative admission count, so prompts continue where a
@@ -270,7 +270,7 @@ class SchedulerCore:
         run = self._run(job_id)
         return {
             "policy": run.spec.layout.policy,
-            "pending": len(run.pending),
+            "pending": run.num_pending,
             "decisions": dict(run.decisions),
             "migrations": run.migrations,
             "counters": await self._store.counters(job_id),
