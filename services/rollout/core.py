@@ -93,6 +93,9 @@ class RolloutCore:
         self._lease: t.Lease | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task] = set()
+        # (job, version, sha256) whose weights failed verification: checked and reported
+        # once, not on every pass of the loop.
+        self._rejected: set[tuple[str, int, str]] = set()
         self.tokens_generated = 0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -213,8 +216,15 @@ class RolloutCore:
 
     async def _load_verified(self, job_id: str, engine: Engine, policy: t.PolicyInfo) -> None:
         """Load weights only when their checksum matches; otherwise keep serving the old."""
-        digest = await asyncio.to_thread(_sha256_file, Path(policy.weights_path))
+        key = (job_id, policy.version, policy.sha256)
+        if key in self._rejected:
+            return
+        try:
+            digest = await asyncio.to_thread(_sha256_file, Path(policy.weights_path))
+        except OSError:  # missing or unreadable: as untrustworthy as a wrong checksum
+            digest = ""
         if digest != policy.sha256:
+            self._rejected.add(key)
             logger.error("[weights] checksum mismatch version=%d path=%s", policy.version,
                          policy.weights_path)
             await self._store.record_event(job_id, "weights_checksum_mismatch",
@@ -304,8 +314,9 @@ class RolloutCore:
 
     async def _handoff(self, ctx: _JobContext, act: _Active,
                        decision: t.PlacementDecision) -> None:
+        if ctx.active.pop(act.traj.trajectory_id, None) is None:
+            return  # dropped meanwhile (lease lost, job ended): must not be re-injected
         act.traj.num_migrations += 1
-        ctx.active.pop(act.traj.trajectory_id, None)
         await self._store.handoff(act.traj, self.settings.instance_id, act.entry.entry_id,
                                   decision.target_instance)
         logger.debug("[move] trajectory_id=%s to=%s reason=%s", act.traj.trajectory_id,

@@ -135,11 +135,21 @@ class TrainerCore:
         started = time.perf_counter()
         batch = _Batch([], 0, 0, 0, 0.0)
         need = spec.algorithm.prompts_per_step
-        while len(buffer.complete()) < need:
-            entries = await self._store.read(job_id, self._consumer, 64, self._block_ms,
-                                             pending=pending)
-            pending = False
-            await self._admit(job_id, spec, buffer, entries, batch)
+        while True:
+            while len(buffer.complete()) < need:
+                entries = await self._store.read(job_id, self._consumer, 64, self._block_ms,
+                                                 pending=pending)
+                pending = False
+                await self._admit(job_id, spec, buffer, entries, batch)
+            # Members admitted under an older policy may have gone stale while their
+            # group filled up: check again right before training.
+            stale = [g for g in buffer.complete() if any(
+                staleness(self.policy_version, tr) > spec.algorithm.max_staleness
+                for _, tr in buffer.groups[g])]
+            if not stale:
+                break
+            for group_id in stale:
+                await self._drop_group(job_id, buffer, group_id, "dropped_stale", batch)
         batch.entries = buffer.take(sorted(buffer.complete())[:need])
         batch.wait_s = time.perf_counter() - started
         return batch
@@ -150,25 +160,40 @@ class TrainerCore:
         and counted (a dropped member breaks its whole group), never trained on."""
         ids = [tr.trajectory_id for _, tr in entries]
         seen = await self._store.already_consumed(job_id, ids)
+        # Ids held in the buffer or met earlier in this read are duplicates too: they are
+        # not in the consumed set yet, and their second entry must still be acked.
+        held = {tr.trajectory_id for members in buffer.groups.values() for _, tr in members}
         for (entry_id, traj), is_dup in zip(entries, seen, strict=True):
-            if is_dup:  # re-delivered after a crash, or a zombie instance's copy
+            if is_dup or traj.trajectory_id in held:
+                # re-delivered after a crash, or a zombie instance's copy
                 await self._store.consume(job_id, [entry_id], [])
                 continue
+            held.add(traj.trajectory_id)
             reason = self._drop_reason(spec, traj)
             if reason is None:
                 dropped = buffer.add(entry_id, traj)
             else:
-                if traj.group_id not in buffer.broken:
-                    batch.dropped_groups += 1
-                    await self._store.consume(job_id, [], [], dropped_groups=1)
-                dropped = [*buffer.break_group(traj.group_id, reason), (entry_id, traj, reason)]
-            for d_entry, d_traj, d_reason in dropped:
-                if d_reason == "dropped_stale":
-                    batch.dropped_stale += 1
-                else:
-                    batch.dropped_failed += 1
-                await self._store.consume(job_id, [d_entry], [d_traj.trajectory_id],
-                                          **{d_reason: 1})
+                await self._drop_group(job_id, buffer, traj.group_id, reason, batch)
+                dropped = [(entry_id, traj, reason)]
+            await self._drop(job_id, dropped, batch)
+
+    async def _drop_group(self, job_id: str, buffer: GroupBuffer, group_id: str, reason: str,
+                          batch: _Batch) -> None:
+        """Break a group (counted once) and drop the members held so far."""
+        if group_id not in buffer.broken:
+            batch.dropped_groups += 1
+            await self._store.consume(job_id, [], [], dropped_groups=1)
+        await self._drop(job_id, buffer.break_group(group_id, reason), batch)
+
+    async def _drop(self, job_id: str, dropped: list[tuple[str, t.Trajectory, str]],
+                    batch: _Batch) -> None:
+        for d_entry, d_traj, d_reason in dropped:
+            if d_reason == "dropped_stale":
+                batch.dropped_stale += 1
+            else:
+                batch.dropped_failed += 1
+            await self._store.consume(job_id, [d_entry], [d_traj.trajectory_id],
+                                      **{d_reason: 1})
 
     def _drop_reason(self, spec: JobSpec, traj: t.Trajectory) -> str | None:
         problem = traj.check_aligned()

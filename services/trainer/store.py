@@ -56,8 +56,11 @@ class RedisTrainerStore:
                    pending: bool = False) -> list[tuple[str, t.Trajectory]]:
         """New entries, or (``pending=True``) the ones delivered before a restart."""
         stream = keys.trajectories(job_id)
+        # Pending: all of them at once (a second read from "0" would repeat the first
+        # ``count``, so a capped read would strand the rest).
         reply = await self._r.xreadgroup(keys.TRAINER_GROUP, consumer,
-                                         {stream: "0" if pending else ">"}, count=count,
+                                         {stream: "0" if pending else ">"},
+                                         count=None if pending else count,
                                          block=None if pending else block_ms)
         out = []
         for _stream, items in reply or []:

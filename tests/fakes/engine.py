@@ -1,0 +1,82 @@
+"""Fake inference engine and engine loader for the rollout core.
+
+Replaces: the model runtime (``services.rollout.torch_engine.TorchEngine`` / vLLM) and
+the loader that builds it from a model directory. Everything else is real: the rollout
+core, the agent loop, the tokenizer (the tiny model's real character tokenizer via
+``HfTokenizer``), the Redis store on a real redis-server, and the wire codecs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra import types as t
+from libra.models.tiny import build_tokenizer, stop_token_ids
+from services.rollout.backend import HfTokenizer
+from services.rollout.engine_types import GenerationRequest, GenerationResult
+
+_TOKENIZER: Any = None
+
+
+def make_tokenizer(max_context_tokens: int = 384) -> HfTokenizer:
+    """The real tiny-model tokenizer (built once per process: it takes ~1 s)."""
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        _TOKENIZER = build_tokenizer()
+    return HfTokenizer(_TOKENIZER, stop_token_ids(_TOKENIZER), max_context_tokens)
+
+
+@dataclass
+class FakeEngine:
+    """Returns scripted turn texts, one per request, in order; records every call.
+
+    ``script`` holds turn texts (tokenized with the real tokenizer) or ready-made
+    ``GenerationResult``s. Each produced token gets ``logprob`` and the engine's current
+    ``policy_version``, like a real engine. ``load_weights`` switches the version.
+    """
+
+    tokenizer: HfTokenizer
+    script: deque = field(default_factory=deque)
+    policy_version: int = -1
+    logprob: float = -0.5
+    requests: list[GenerationRequest] = field(default_factory=list)
+    calls: list[tuple[str, int]] = field(default_factory=list)  # ("generate"|"load", version)
+    loaded: list[tuple[str, int]] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+
+    def queue(self, *turns: str | GenerationResult) -> None:
+        self.script.extend(turns)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        out = []
+        self.batch_sizes.append(len(requests))
+        for request in requests:
+            self.requests.append(request)
+            self.calls.append(("generate", self.policy_version))
+            item = self.script.popleft() if self.script else "<ans>0</ans>"
+            if isinstance(item, GenerationResult):
+                out.append(item)
+                continue
+            ids = self.tokenizer.encode(item)[: request.max_new_tokens]
+            out.append(GenerationResult(token_ids=ids, logprobs=[self.logprob] * len(ids),
+                                        finish_reason="stop", policy_version=self.policy_version))
+        return out
+
+    def load_weights(self, path: str, version: int) -> None:
+        self.calls.append(("load", version))
+        self.loaded.append((path, version))
+        self.policy_version = version
+
+
+@dataclass
+class FakeEngineLoader:
+    """Hands out one prepared engine (and the real tokenizer); records model dirs."""
+
+    engine: FakeEngine
+    loads: list[tuple[str, t.PolicyInfo]] = field(default_factory=list)
+
+    def load(self, model_dir: str, policy: t.PolicyInfo) -> tuple[FakeEngine, HfTokenizer]:
+        self.loads.append((model_dir, policy))
+        return self.engine, self.engine.tokenizer

@@ -1,0 +1,40 @@
+"""Fake scheduler client for the rollout core (``services.rollout.core.SchedulerApi``).
+
+Replaces: the scheduler service (placement policy) behind gRPC. Everything else is
+real. Decisions are scripted (default STAY); every call is recorded.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra import types as t
+
+
+@dataclass
+class FakeScheduler:
+    decisions: deque = field(default_factory=deque)
+    tool_returns: list[dict[str, Any]] = field(default_factory=list)
+    finished: list[dict[str, Any]] = field(default_factory=list)
+
+    def move_to(self, instance_id: str, bucket: str = "long") -> None:
+        self.decisions.append(t.PlacementDecision(t.DecisionAction.MOVE, bucket, instance_id,
+                                                  "test"))
+
+    async def report_tool_return(self, job_id: str, trajectory_id: str,
+                                 state: t.ToolReturnState, tokens_so_far: int,
+                                 instance_id: str) -> t.PlacementDecision:
+        self.tool_returns.append({"job_id": job_id, "trajectory_id": trajectory_id,
+                                  "state": state, "tokens_so_far": tokens_so_far,
+                                  "instance_id": instance_id})
+        if self.decisions:
+            return self.decisions.popleft()
+        return t.PlacementDecision(t.DecisionAction.STAY)
+
+    async def report_finished(self, job_id: str, trajectory_id: str, total_tokens: int,
+                              status: t.TrajectoryStatus, instance_id: str) -> None:
+        self.finished.append({"job_id": job_id, "trajectory_id": trajectory_id,
+                              "total_tokens": total_tokens, "status": status,
+                              "instance_id": instance_id})
