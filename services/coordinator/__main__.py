@@ -8,6 +8,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 import uvicorn
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from libra.clients.runner import GrpcSchedulerClient, GrpcTrainerClient
 from libra.clock import SystemClock
@@ -37,7 +38,9 @@ async def main(cfg: CoordinatorConfig) -> None:
                                 CoordinatorServicer(core), name)
     http: uvicorn.Server | None = None
     if cfg.http_port >= 0:
-        http = uvicorn.Server(uvicorn.Config(build_app(core), host=cfg.server.host,
+        app = build_app(core)
+        FastAPIInstrumentor.instrument_app(app)  # REST requests join the same traces
+        http = uvicorn.Server(uvicorn.Config(app, host=cfg.server.host,
                                              port=cfg.http_port, log_level="warning"))
         # serve() owns the signals; uvicorn must not install its own handlers.
         http.install_signal_handlers = lambda: None  # type: ignore[method-assign]

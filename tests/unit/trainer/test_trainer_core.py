@@ -1,0 +1,309 @@
+"""TrainerCore over a real Redis store, with a fake backend and a fake coordinator
+(tests/fakes). Trajectories are written to the job's stream as the rollout store would."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from libra import redis_keys as keys
+from libra import types as t
+from libra.clock import FakeClock
+from libra.errors import FailedPrecondition, NotFound
+from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
+from libra.wire.common import encode_trajectory
+from services.trainer.core import TrainerCore
+from services.trainer.store import RedisTrainerStore
+from tests.fakes.coordinator import FakeCoordinator
+from tests.fakes.trainer_backend import FakeBackend, FakeBackendFactory
+
+JOB = "job-1"
+
+
+def make_trajectory(group: int, index: int, version: int = 0, reward: float = 1.0,
+                    status: t.TrajectoryStatus = t.TrajectoryStatus.FINISHED) -> t.Trajectory:
+    """Prompt (2 tokens), a model turn (2 tokens at ``version``), a tool output (1)."""
+    return t.Trajectory(
+        t.TrajectoryId(f"tr-{group}-{index}"), t.JobId(JOB), t.GroupId(f"g-{group}"),
+        t.PromptId(f"p-{group}"), "Q:1+2=", "3", status=status,
+        token_ids=[1, 20, 4, 13, 8], num_prompt_tokens=2, loss_mask=[0, 0, 1, 1, 0],
+        logprobs=[0.0, 0.0, -0.5, -0.25, 0.0], token_versions=[-1, -1, version, version, -1],
+        reward=reward, num_turns=1)
+
+
+def make_group(group: int, size: int = 2, version: int = 0,
+               rewards: tuple[float, ...] = ()) -> list[t.Trajectory]:
+    rewards = rewards or (1.0,) * size
+    return [make_trajectory(group, i, version, rewards[i]) for i in range(size)]
+
+
+async def wait_until(predicate: Callable[[], Any], timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = predicate()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Rig:
+    r: aioredis.Redis
+    tmp: Path
+    factory: FakeBackendFactory
+    coordinator: FakeCoordinator
+    cores: list[TrainerCore]
+
+    @property
+    def backend(self) -> FakeBackend:
+        return self.factory.backend
+
+    async def set_spec(self, **algorithm: Any) -> JobSpec:
+        a = dict(num_steps=1, prompts_per_step=1, samples_per_prompt=2, sft_steps=0,
+                 max_staleness=1, sync_interval=1)
+        a.update(algorithm)
+        spec = JobSpec(task=TaskSpec(num_prompts=64), algorithm=AlgorithmSpec(**a))
+        await self.r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(),
+                                                  "state": "running", "run_dir": str(self.tmp)})
+        return spec
+
+    def new_core(self, consumer: str = "trainer-0") -> TrainerCore:
+        core = TrainerCore(RedisTrainerStore(self.r), self.factory, self.coordinator,
+                           FakeClock(), consumer=consumer, block_ms=10)
+        self.cores.append(core)
+        return core
+
+    async def write(self, *trajs: t.Trajectory) -> None:
+        """As the rollout store publishes: append to the stream and count it produced."""
+        for traj in trajs:
+            await self.r.xadd(keys.trajectories(JOB), {"trajectory_id": traj.trajectory_id,
+                                                       "data": encode_trajectory(traj)})
+            await self.r.hincrby(keys.counters(JOB), "produced", 1)
+
+    async def run_job(self, core: TrainerCore | None = None, timeout_s: float = 5.0) -> TrainerCore:
+        core = core or self.new_core()
+        await core.start_job(JOB)
+        await asyncio.wait_for(core.wait(), timeout_s)
+        return core
+
+    async def counters(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in (await self.r.hgetall(keys.counters(JOB))).items()}
+
+    async def pending(self) -> int:
+        return (await self.r.xpending(keys.trajectories(JOB), keys.TRAINER_GROUP))["pending"]
+
+
+@pytest.fixture
+async def rig(redis_server, tmp_path: Path) -> AsyncIterator[Rig]:
+    r = aioredis.from_url(redis_server.url, decode_responses=False)
+    await r.flushdb()
+    rig = Rig(r, tmp_path, FakeBackendFactory(), FakeCoordinator(), [])
+    await rig.set_spec()
+    yield rig
+    for core in rig.cores:
+        await core.drain(0.0)
+    await r.aclose()
+
+
+# -- start ---------------------------------------------------------------------------------
+
+async def test_version_zero_is_published_before_any_training(rig: Rig) -> None:
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: rig.r.exists(keys.policy(JOB)))
+    policy = {k.decode(): v.decode() for k, v in (await rig.r.hgetall(keys.policy(JOB))).items()}
+    assert policy["version"] == "0"
+    assert policy["sha256"] == hashlib.sha256(Path(policy["weights_path"]).read_bytes()).hexdigest()
+    assert policy["model_dir"] == str(rig.tmp / "model")
+    assert rig.backend.warm_started == 1 and rig.backend.steps == []
+
+
+async def test_start_job_while_busy_is_a_failed_precondition(rig: Rig) -> None:
+    core = rig.new_core()
+    await core.start_job(JOB)
+    with pytest.raises(FailedPrecondition):
+        await core.start_job(JOB)
+
+
+async def test_start_job_of_an_unknown_job_is_not_found(rig: Rig) -> None:
+    with pytest.raises(NotFound):
+        await rig.new_core().start_job("no-such-job")
+
+
+# -- batching and filtering ------------------------------------------------------------------
+
+async def test_only_complete_groups_are_trained(rig: Rig) -> None:
+    await rig.write(make_trajectory(0, 0), *make_group(1))
+    await rig.run_job()
+    assert rig.backend.trained_ids == ["tr-1-0", "tr-1-1"]
+    assert await rig.pending() == 1  # the lone member waits for its group
+
+
+async def test_samples_carry_group_advantages(rig: Rig) -> None:
+    await rig.write(*make_group(0, rewards=(1.0, 0.0)))
+    await rig.run_job()
+    (step,) = rig.backend.steps
+    assert [round(s.advantage, 4) for s in step] == [1.0, -1.0]
+    assert step[0].token_ids == [1, 20, 4, 13, 8] and step[0].loss_mask == [0, 0, 1, 1, 0]
+
+
+async def test_stale_trajectory_drops_its_whole_group_once(rig: Rig) -> None:
+    await rig.set_spec(num_steps=2, max_staleness=0)
+    await rig.write(*make_group(0))
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: core.policy_version == 1)
+    await rig.write(make_trajectory(1, 0, version=0), make_trajectory(1, 1, version=1),
+                    *make_group(2, version=1))
+    await rig.run_job(core)
+    assert rig.backend.trained_ids == ["tr-0-0", "tr-0-1", "tr-2-0", "tr-2-1"]
+    c = await rig.counters()
+    assert (c["dropped_stale"], c["dropped_groups"]) == (2, 1)
+
+
+async def test_member_gone_stale_while_its_group_filled_is_not_trained(rig: Rig) -> None:
+    await rig.set_spec(num_steps=2, max_staleness=0)
+    # All read at version 0; g-1 completes only after step 1 moved the policy to v1.
+    await rig.write(*make_group(0), make_trajectory(1, 0, version=0), *make_group(2, version=1))
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: core.policy_version == 1)
+    await rig.write(make_trajectory(1, 1, version=1))
+    await rig.run_job(core)
+    assert "tr-1-0" not in rig.backend.trained_ids
+    assert (await rig.counters())["dropped_stale"] == 2
+
+
+async def test_failed_trajectory_breaks_its_group(rig: Rig) -> None:
+    failed = make_trajectory(0, 0, status=t.TrajectoryStatus.FAILED)
+    await rig.write(failed, make_trajectory(0, 1), *make_group(1))
+    await rig.run_job()
+    assert rig.backend.trained_ids == ["tr-1-0", "tr-1-1"]
+    c = await rig.counters()
+    assert (c["dropped_failed"], c["dropped_groups"]) == (2, 1)
+
+
+async def test_misaligned_trajectory_is_rejected_with_a_reason(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    bad = make_trajectory(0, 0)
+    bad.logprobs = bad.logprobs[:-1]
+    await rig.write(bad, make_trajectory(0, 1), *make_group(1))
+    with caplog.at_level(logging.WARNING, logger="services.trainer.core"):
+        await rig.run_job()
+    assert rig.backend.trained_ids == ["tr-1-0", "tr-1-1"]
+    assert (await rig.counters())["dropped_failed"] == 2
+    assert any("tr-0-0" in m and "logprobs has 4 entries" in m for m in caplog.messages)
+
+
+async def test_duplicate_in_one_read_is_trained_once_and_acked(rig: Rig) -> None:
+    a, b = make_group(0)
+    await rig.write(a, a, b)
+    await rig.run_job()
+    assert rig.backend.trained_ids == ["tr-0-0", "tr-0-1"]
+    assert await rig.pending() == 0
+
+
+async def test_duplicate_after_training_is_acked_not_trained(rig: Rig) -> None:
+    await rig.set_spec(num_steps=2)
+    await rig.write(*make_group(0))
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    await rig.write(make_trajectory(0, 0), *make_group(1))
+    await rig.run_job(core)
+    assert rig.backend.trained_ids == ["tr-0-0", "tr-0-1", "tr-1-0", "tr-1-1"]
+    assert await rig.pending() == 0
+
+
+async def test_everything_produced_is_trained_or_dropped(rig: Rig) -> None:
+    await rig.set_spec(num_steps=2, max_staleness=0)
+    bad = make_trajectory(1, 1)
+    bad.token_versions = bad.token_versions[:2]
+    await rig.write(*make_group(0), make_trajectory(1, 0), bad,
+                    make_trajectory(2, 0, status=t.TrajectoryStatus.FAILED),
+                    make_trajectory(2, 1), make_trajectory(3, 0, version=0),
+                    *make_group(4, version=1))
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: core.policy_version == 1)
+    await rig.write(make_trajectory(3, 1, version=1))
+    await rig.run_job(core)
+    c = await rig.counters()
+    assert c["produced"] == c["trained"] + c["dropped_stale"] + c["dropped_failed"] == 10
+    assert (c["trained"], c["dropped_failed"], c["dropped_stale"]) == (4, 4, 2)
+    assert await rig.pending() == 0
+
+
+# -- steps, versions, job end --------------------------------------------------------------
+
+async def test_versions_advance_every_sync_interval(rig: Rig) -> None:
+    await rig.set_spec(num_steps=4, sync_interval=2, max_staleness=4)
+    await rig.write(*[tr for g in range(4) for tr in make_group(g)])
+    await rig.run_job()
+    assert [rec["policy_version"] for _, rec in rig.coordinator.steps] == [0, 1, 1, 2]
+    assert (await rig.r.hget(keys.policy(JOB), "version")) == b"2"
+    assert len(rig.backend.saved) == 3
+
+
+async def test_each_step_is_reported_with_its_reward_mean(rig: Rig) -> None:
+    await rig.set_spec(num_steps=2)
+    await rig.write(*make_group(0, rewards=(1.0, 0.0)), *make_group(1, rewards=(1.0, 1.0)))
+    await rig.run_job()
+    assert [(job, rec["step"], rec["reward_mean"], rec["num_trajectories"])
+            for job, rec in rig.coordinator.steps] == [(JOB, 1, 0.5, 2), (JOB, 2, 1.0, 2)]
+    assert rig.coordinator.steps[0][1]["loss"] == 0.25
+
+
+async def test_job_is_reported_succeeded_after_num_steps(rig: Rig) -> None:
+    await rig.set_spec(num_steps=2)
+    await rig.write(*make_group(0), *make_group(1))
+    core = await rig.run_job()
+    assert rig.coordinator.done == [(JOB, t.JobState.SUCCEEDED, "trained 2 steps")]
+    assert (core.phase, core.step) == ("done", 2)
+
+
+async def test_backend_error_reports_the_job_failed(rig: Rig) -> None:
+    rig.backend.fail_with = RuntimeError("out of memory")
+    await rig.write(*make_group(0))
+    core = await rig.run_job()
+    ((job, state, message),) = rig.coordinator.done
+    assert (job, state, core.phase) == (JOB, t.JobState.FAILED, "failed")
+    assert "out of memory" in message
+
+
+# -- restart -------------------------------------------------------------------------------
+
+async def test_entries_read_before_a_restart_are_trained_after_it(rig: Rig) -> None:
+    await rig.set_spec(prompts_per_step=2)
+    await rig.write(*make_group(0))
+    first = rig.new_core()
+    await first.start_job(JOB)
+    await wait_until(lambda: rig.pending())  # delivered to trainer-0, not acked
+    await first.stop_job(JOB)
+    await rig.write(*make_group(1))
+    await rig.run_job(rig.new_core())
+    assert sorted(rig.backend.trained_ids) == ["tr-0-0", "tr-0-1", "tr-1-0", "tr-1-1"]
+    assert await rig.pending() == 0
+
+
+async def test_more_pending_entries_than_one_read_are_all_re_read(rig: Rig) -> None:
+    await rig.set_spec(prompts_per_step=40, samples_per_prompt=2)
+    await rig.write(*[tr for g in range(40) for tr in make_group(g)])
+    await rig.r.xgroup_create(keys.trajectories(JOB), keys.TRAINER_GROUP, id="0")
+    await rig.r.xreadgroup(keys.TRAINER_GROUP, "trainer-0", {keys.trajectories(JOB): ">"})
+    assert await rig.pending() == 80  # a previous trainer-0 held them all
+    await rig.run_job()
+    assert len(set(rig.backend.trained_ids)) == 80
