@@ -7,6 +7,8 @@ the callee raised. Each class says whether a retry can help.
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 
@@ -77,6 +79,7 @@ class Internal(LibraError):
     grpc_status = grpc.StatusCode.INTERNAL
 
 
+_RETRY_AFTER = re.compile(r"retry after (\d+) ms")
 _BY_STATUS: dict[grpc.StatusCode, type[LibraError]] = {
     cls.grpc_status: cls
     for cls in (NotFound, AlreadyExists, FailedPrecondition, LeaseConflict, LeaseLost,
@@ -90,5 +93,7 @@ def error_from_status(code: grpc.StatusCode, details: str) -> LibraError:
         field, _, reason = details.partition(": ")
         return InvalidArgument(field, reason or details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return ResourceExhausted(details)
+        # Servers put the hint in the details as "(retry after N ms)".
+        hint = _RETRY_AFTER.search(details)
+        return ResourceExhausted(details, int(hint.group(1)) if hint else 100)
     return _BY_STATUS.get(code, Internal)(details)

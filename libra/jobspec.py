@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ SUPPORTED_TOOLS = ("calculator",)
 # Built-in rewards of the tool gateway (plugins registered there are accepted too when
 # listed in the gateway's extra_rewards; the spec names built-ins only for now).
 SUPPORTED_REWARDS = ("exact_match", "numeric", "code_tests", "llm_judge")
+_BUCKET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,9 +95,27 @@ def _default_buckets() -> list[BucketSpec]:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CmlfqSpec:
+    """``[layout.cmlfq]``: C-MLFQ knobs (used when ``layout.policy = "cmlfq"``).
+
+    Defaults are the reference code's and equal ``CmlfqConfig``'s; per-instance caps
+    (the reference ``max_queue_length``) are per bucket: ``max_trajectories_per_instance``.
+    """
+
+    rebuild_interval_steps: int = 50
+    recent_window_trajectories: int = 5000
+    p90_window_samples: int = 200
+    tree_persist_interval_finishes: int = 0
+    min_node_visits: int = 1
+    bucket_thresholds_tokens: list[int] = field(default_factory=list)
+    enable_fallback: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
 class LayoutSpec:
     policy: str = "least_loaded"
     buckets: list[BucketSpec] = field(default_factory=_default_buckets)
+    cmlfq: CmlfqSpec = field(default_factory=CmlfqSpec)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,14 +232,36 @@ def _validate_layout(layout: LayoutSpec) -> None:
              f"one of {SUPPORTED_POLICIES}")
     _require(len(layout.buckets) >= 1, "layout.buckets", "at least one bucket is required")
     names = [b.name for b in layout.buckets]
+    for i, name in enumerate(names):
+        _require(bool(_BUCKET_NAME.fullmatch(name)), f"layout.buckets[{i}].name",
+                 f"{name!r} is not a bucket name (1-32 of a-z, 0-9, '_', '-', starting "
+                 "with a letter); rollout instances name their bucket the same way")
     _require(len(set(names)) == len(names), "layout.buckets", "bucket names must be unique")
     limits = [b.max_tokens for b in layout.buckets]
     _require(limits == sorted(limits) and len(set(limits)) == len(limits),
-             "layout.buckets", "max_tokens must be strictly increasing")
+             "layout.buckets", f"max_tokens must be strictly increasing (shortest bucket "
+             f"first), got {limits}")
     for i, b in enumerate(layout.buckets):
         for name in ("max_tokens", "tp_degree", "max_batch_size",
                      "max_trajectories_per_instance"):
             _require(getattr(b, name) >= 1, f"layout.buckets[{i}].{name}", "must be >= 1")
+    _validate_cmlfq(layout)
+
+
+def _validate_cmlfq(layout: LayoutSpec) -> None:
+    c = layout.cmlfq
+    for name in ("recent_window_trajectories", "p90_window_samples", "min_node_visits"):
+        _require(getattr(c, name) >= 1, f"layout.cmlfq.{name}", "must be >= 1")
+    for name in ("rebuild_interval_steps", "tree_persist_interval_finishes"):
+        _require(getattr(c, name) >= 0, f"layout.cmlfq.{name}", "must be >= 0 (0 = never)")
+    thresholds = c.bucket_thresholds_tokens
+    if thresholds:
+        _require(len(thresholds) == len(layout.buckets), "layout.cmlfq.bucket_thresholds_tokens",
+                 f"needs one entry per bucket ({len(layout.buckets)}), got {len(thresholds)}")
+        increasing = all(a < b for a, b in zip(thresholds, thresholds[1:], strict=False))
+        _require(thresholds[0] >= 1 and increasing,
+                 "layout.cmlfq.bucket_thresholds_tokens",
+                 f"must be positive and strictly increasing, got {thresholds}")
 
 
 def parse_job_spec(text: str, fmt: str = "toml") -> JobSpec:

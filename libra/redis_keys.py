@@ -63,7 +63,8 @@ def policy(job_id: str) -> str:
 
 
 def counters(job_id: str) -> str:
-    """Hash of cumulative trajectory/group counters (admitted, produced, trained, dropped)."""
+    """Hash of cumulative trajectory/group counters (admitted, produced, trained, dropped,
+    ``migrations``, and ``placed:<bucket>``: placements into a bucket, moves included)."""
     return f"{PREFIX}:job:{job_id}:counters"
 
 
@@ -106,9 +107,38 @@ def events(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:events"
 
 
+def sched_trajectories(job_id: str) -> str:
+    """Hash trajectory_id -> JSON policy record of a placed trajectory (pinned instance,
+    tool-return path so far). Written behind by the scheduler after every call so a
+    restarted scheduler still knows where each trajectory is pinned; a field is deleted
+    when its trajectory finishes or is aborted. No TTL: lives as long as the job."""
+    return f"{PREFIX}:job:{job_id}:sched:traj"
+
+
+def sched_records(job_id: str) -> str:
+    """Hash JSON [namespace, key] -> JSON policy record (e.g. LA-MLFQ history and scouts).
+    One hash for every namespace so job clean-up knows the key. No TTL: the policy prunes
+    its own records at step ends."""
+    return f"{PREFIX}:job:{job_id}:sched:records"
+
+
+def sched_recent(job_id: str) -> str:
+    """List of recently finished trajectories (JSON), the prefix tree's rebuild source.
+    Capped by RPUSH + LTRIM at the policy's recent window, so no TTL is needed."""
+    return f"{PREFIX}:job:{job_id}:sched:recent"
+
+
+def sched_tree(job_id: str) -> str:
+    """String: JSON snapshot of the C-MLFQ prefix tree, replaced at every step end (and
+    every ``tree_persist_interval_finishes``). A restarted scheduler restores from it plus
+    the ring entries appended after it. No TTL: lives as long as the job."""
+    return f"{PREFIX}:job:{job_id}:sched:tree"
+
+
 def job_keys(job_id: str) -> list[str]:
     """Keys that belong to one job (expired together when the job ends)."""
     return [job(job_id), trajectories(job_id), policy(job_id), counters(job_id),
             load(job_id), assignments(job_id), tasks(job_id), pending(job_id),
             trained_ids(job_id),
-            history(job_id), events(job_id)]
+            history(job_id), events(job_id), sched_trajectories(job_id),
+            sched_records(job_id), sched_recent(job_id), sched_tree(job_id)]

@@ -14,10 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from libra.redis_server import EmbeddedRedis, start_redis  # noqa: E402
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Before anything imports grpc: its fork handlers crash the tool gateway's sandboxed
+# children (see services/toolgateway/__main__.py).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from libra.redis_server import EmbeddedRedis, start_redis  # noqa: E402
 
 
 @pytest.fixture(scope="session")

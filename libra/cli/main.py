@@ -5,6 +5,7 @@ Examples:
   libra up / libra down                  start / stop Redis + the five services
   libra status --json                    each service: name, pid, address, health
   libra submit JOB.toml; libra jobs      submit to a running stack; list jobs
+  libra tool run python --args '{"code": "print(1)"}' --local    try a tool
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
-from libra.cli import stack
+from libra.cli import stack, tool
 from libra.errors import LibraError
 from libra.report import build_report, reward_windows, write_report
 
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id")
     p = add("report", cmd_report, "write report.json and the reward curve of a job")
     p.add_argument("job_id")
+    tool.register(sub)
     return parser
 
 

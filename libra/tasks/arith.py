@@ -29,7 +29,14 @@ RES_OPEN, RES_CLOSE = "<res>", "</res>"
 ERR_OPEN, ERR_CLOSE = "<err>", "</err>"
 ANS_OPEN, ANS_CLOSE = "<ans>", "</ans>"
 TAGS: tuple[str, ...] = (
-    CALC_OPEN, CALC_CLOSE, RES_OPEN, RES_CLOSE, ERR_OPEN, ERR_CLOSE, ANS_OPEN, ANS_CLOSE,
+    CALC_OPEN,
+    CALC_CLOSE,
+    RES_OPEN,
+    RES_CLOSE,
+    ERR_OPEN,
+    ERR_CLOSE,
+    ANS_OPEN,
+    ANS_CLOSE,
 )
 # A turn ends at the first closing action tag; each is a single token, so engines may
 # stop on token ids instead of matching strings.
@@ -75,7 +82,9 @@ class ArithDataset:
         min_operand: Smallest operand.
         max_operand: Largest operand; small operands keep tool outputs short, which keeps
             the copy task learnable for a tiny model.
-        max_ops: Largest number of operators per expression (at least 1).
+        max_ops: Largest number of operators per expression (at least 1). The defaults
+            (operands up to 50, at most 2 operators) are what the tiny policy learns to
+            copy reliably within the demo's budget.
     """
 
     def __init__(
@@ -84,8 +93,8 @@ class ArithDataset:
         num_prompts: int,
         *,
         min_operand: int = 1,
-        max_operand: int = 99,
-        max_ops: int = 3,
+        max_operand: int = 50,
+        max_ops: int = 2,
     ) -> None:
         if num_prompts <= 0 or max_ops < 1 or not 0 <= min_operand <= max_operand:
             raise ValueError(
@@ -295,7 +304,7 @@ def demonstration(
     problem: Problem,
     rng: random.Random,
     *,
-    direct_answer_prob: float = 0.5,
+    direct_answer_prob: float = 0.65,
     retry_prob: float = 0.6,
     failure_rate: float = DEFAULT_TRANSIENT_FAILURE_RATE,
     max_turns: int = DEFAULT_MAX_TURNS,

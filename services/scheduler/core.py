@@ -8,6 +8,13 @@ ones that find no capacity queued here - never unboundedly on one instance.
 Staleness budget (cumulative counters, no double counting): a new group is admitted only
 while ``admitted_groups - consumed_groups < (max_staleness + 1) * prompts_per_step``,
 where consumed groups are those the trainer trained on or dropped.
+
+Policy state (C-MLFQ's prefix tree and recent ring, pinned trajectories) lives in a
+per-job write-behind store: policy calls are synchronous on its cache, and the core
+flushes it after every call and tick, so a restarted scheduler reloads it at
+``start_job``. Training steps are observed through the job's ``step`` field (written by
+the coordinator when the trainer reports a step); each advance calls
+``policy.on_step_end``.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ from libra.ids import group_id, trajectory_id
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.tasks.arith import ArithDataset, Problem
 from services.scheduler.policy.base import PlacementPolicy, TrajectoryDescriptor
+from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
 from services.scheduler.policy.layout import BucketLayout
-from services.scheduler.policy.registry import make_policy
-from services.scheduler.store import SchedulerStore
+from services.scheduler.policy.registry import PolicyConfig, make_policy
+from services.scheduler.store import FlushablePolicyStore, SchedulerStore
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +49,30 @@ class JobRun:
     job_id: str
     spec: JobSpec
     policy: PlacementPolicy
+    policy_store: FlushablePolicyStore
     problems: list[Problem]
+    last_step: int = 0
     order: list[int] = field(default_factory=list)
     next_group: int = 0
     num_pending: int = 0
     decisions: collections.Counter[str] = field(default_factory=collections.Counter)
     migrations: int = 0
+
+
+def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
+    """The policy's config from the spec (``[layout.cmlfq]``); ``None`` for defaults."""
+    if spec.layout.policy != "cmlfq":
+        return None
+    c = spec.layout.cmlfq
+    return CmlfqConfig(
+        rebuild_interval_steps=c.rebuild_interval_steps,
+        recent_window_trajectories=c.recent_window_trajectories,
+        p90_window_samples=c.p90_window_samples,
+        tree_persist_interval_finishes=c.tree_persist_interval_finishes,
+        min_node_visits=c.min_node_visits,
+        bucket_thresholds_tokens=tuple(c.bucket_thresholds_tokens) or None,
+        enable_fallback=c.enable_fallback,
+    )
 
 
 def build_layout(spec: JobSpec) -> BucketLayout:
@@ -78,15 +104,21 @@ class SchedulerCore:
             return
         spec = job_spec_from_json(spec_json)
         dataset = ArithDataset(spec.task.seed, spec.task.num_prompts)
-        run = JobRun(
-            job_id, spec, make_policy(spec.layout.policy, build_layout(spec)), list(dataset)
-        )
-        self._jobs[job_id] = run
+        # What a previous scheduler process left (tree, ring, pinned trajectories).
+        policy_store = await self._store.open_policy_store(job_id)
+        policy = make_policy(spec.layout.policy, build_layout(spec),
+                             config=build_policy_config(spec), store=policy_store)
+        last_step = await self._store.job_step(job_id)
+        if job_id in self._jobs:  # started concurrently meanwhile
+            return
+        self._jobs[job_id] = JobRun(job_id, spec, policy, policy_store, list(dataset),
+                                    last_step=last_step)
         logger.info(
-            "[job] scheduling job_id=%s policy=%s buckets=%s",
+            "[job] scheduling job_id=%s policy=%s buckets=%s step=%d",
             job_id,
             spec.layout.policy,
             [b.name for b in spec.layout.buckets],
+            last_step,
         )
 
     async def stop_job(self, job_id: str) -> None:
@@ -120,16 +152,28 @@ class SchedulerCore:
     async def _tick(self, run: JobRun) -> None:
         state = await self._store.job_state(run.job_id)
         if state is None or state in ("succeeded", "failed", "cancelled"):
+            await run.policy_store.flush()
             await self.stop_job(run.job_id)
             return
-        # 1) Trajectories on instances whose lease expired go back to the queue.
+        # 1) A training step ended: rebuild / snapshot the policy's model.
+        await self._observe_steps(run)
+        # 2) Trajectories on instances whose lease expired go back to the queue.
         await self._requeue_orphans(run)
-        # 2) Place what is queued (re-queued first, then by policy priority).
+        # 3) Place what is queued (re-queued first, then by policy priority).
         await self._place_pending(run)
-        # 3) Admit and place groups while the staleness budget allows and the instances
+        # 4) Admit and place groups while the staleness budget allows and the instances
         #    take them (weights must exist first).
         if run.num_pending == 0 and await self._store.has_policy(run.job_id):
             await self._admit(run)
+        # 5) Persist what the policy changed during this tick.
+        await run.policy_store.flush()
+
+    async def _observe_steps(self, run: JobRun) -> None:
+        step = await self._store.job_step(run.job_id)
+        while run.last_step < step:
+            run.last_step += 1
+            run.policy.on_step_end(run.last_step)
+            logger.debug("[step] on_step_end job_id=%s step=%d", run.job_id, run.last_step)
 
     async def _admit(self, run: JobRun) -> None:
         algo = run.spec.algorithm
@@ -231,6 +275,7 @@ class SchedulerCore:
             run.decisions["unknown"] += 1
             return t.PlacementDecision(t.DecisionAction.STAY, reason="unknown_trajectory")
         run.decisions[decision.reason.value] += 1
+        await run.policy_store.flush()
         if not decision.is_move:
             return t.PlacementDecision(
                 t.DecisionAction.STAY,
@@ -238,8 +283,8 @@ class SchedulerCore:
                 decision.to_instance_id,
                 decision.reason.value,
             )
-        await self._store.apply_load(job_id, decision.load_deltas)
-        await self._store.incr_counters(job_id, migrations=1)
+        await self._store.move(job_id, traj_id, decision.to_instance_id, decision.to_bucket,
+                               decision.load_deltas)
         run.migrations += 1
         return t.PlacementDecision(
             t.DecisionAction.MOVE,
@@ -261,7 +306,8 @@ class SchedulerCore:
                 else:
                     deltas = run.policy.abort(t.TrajectoryId(traj_id)).load_deltas
             except UnknownTrajectory:
-                pass  # placed by a previous scheduler process: release by assignment
+                pass  # unknown to the policy (state lost): release by assignment
+            await run.policy_store.flush()
         if instance_id is None:
             return  # re-queued meanwhile: its load was already given back
         await self._store.apply_load(job_id, deltas)

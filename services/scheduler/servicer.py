@@ -9,6 +9,7 @@ from libra.proto.scheduler.v1 import scheduler_pb2 as pb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from libra.wire.common import tool_state_from_proto, traj_status_from_proto
 from services.scheduler.core import SchedulerCore
+from services.scheduler.metrics import record_decision
 
 _ACTION = {
     t.DecisionAction.STAY: pb.DECISION_ACTION_STAY,
@@ -35,6 +36,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             tool_state_from_proto(request.state),
             request.tokens_so_far,
         )
+        record_decision(request.trajectory_id, decision)
         return pb.ReportToolReturnResponse(
             action=_ACTION[decision.action],
             target_bucket=decision.target_bucket,

@@ -1,20 +1,40 @@
-"""Entry point: ``python -m services.toolgateway``."""
+"""Entry point: ``python -m services.toolgateway``.
+
+gRPC's fork handlers must be off in this process: the sandbox forks a child per python
+call, and with ``GRPC_ENABLE_FORK_SUPPORT`` on (grpcio's default) gRPC's at-fork handlers
+run in that child while the server's threads are busy, and about one child in four died
+with SIGSEGV/SIGABRT before running the code. grpc reads the variable when it is first
+imported, so it is set here, before any import that pulls in grpc.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import logging
+import os
 
-from libra.config import load_config, redact
-from libra.grpcx import Registration, serve
-from libra.proto.toolgateway.v1 import toolgateway_pb2, toolgateway_pb2_grpc
-from libra.telemetry import init_logging, init_tracing
-from services.toolgateway.config import ToolGatewayConfig
-from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits
-from services.toolgateway.rewards import RewardRegistry, builtin_rewards, load_reward
-from services.toolgateway.sandbox import SandboxConfig, SubprocessSandbox
-from services.toolgateway.servicer import ToolGatewayServicer
-from services.toolgateway.tools import (
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from libra.config import load_config, redact  # noqa: E402
+from libra.grpcx import Registration, serve  # noqa: E402
+from libra.proto.toolgateway.v1 import toolgateway_pb2, toolgateway_pb2_grpc  # noqa: E402
+from libra.telemetry import init_logging, init_tracing  # noqa: E402
+from services.toolgateway.config import ToolGatewayConfig  # noqa: E402
+from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits  # noqa: E402
+from services.toolgateway.rewards import (  # noqa: E402
+    RewardRegistry,
+    builtin_rewards,
+    load_reward,
+)
+from services.toolgateway.sandbox import (  # noqa: E402
+    IsolationUnavailable,
+    SandboxConfig,
+    SubprocessSandbox,
+)
+from services.toolgateway.servicer import ToolGatewayServicer  # noqa: E402
+from services.toolgateway.tools import (  # noqa: E402
     CalculatorConfig,
     SearchConfig,
     ToolRegistry,
@@ -23,10 +43,29 @@ from services.toolgateway.tools import (
 )
 
 logger = logging.getLogger("services.toolgateway")
+_FALSE = ("0", "false", "no", "off")
+
+
+def check_fork_safety() -> bool:
+    """Warn (and return False) when grpc is loaded with its fork handlers on."""
+    if "grpc" not in sys.modules:
+        return True
+    if os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").strip().lower() in _FALSE:
+        return True
+    logger.warning("[startup] grpc was imported with GRPC_ENABLE_FORK_SUPPORT on: sandboxed "
+                   "python calls may die with SIGSEGV/SIGABRT; set GRPC_ENABLE_FORK_SUPPORT="
+                   "false before grpc is imported (python -m services.toolgateway does)")
+    return False
 
 
 def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
-    """Wire the sandbox, the built-in and plugin tools and rewards into the core."""
+    """Wire the sandbox, the built-in and plugin tools and rewards into the core.
+
+    Raises:
+        IsolationUnavailable: ``require_network_isolation`` is set and this kernel (or
+            user) does not allow a network namespace. Without the flag the sandbox logs a
+            warning instead and sandboxed code can reach the network.
+    """
     sandbox = SubprocessSandbox(SandboxConfig(
         require_network_isolation=cfg.require_network_isolation))
     search = SearchConfig(corpus_paths=tuple(cfg.search_corpus)) if cfg.search_corpus else None
@@ -43,12 +82,27 @@ def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
     return ToolGatewayCore(tools, rewards, limits)
 
 
-async def main(cfg: ToolGatewayConfig) -> None:
-    core = build_core(cfg)
+async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None) -> None:
+    check_fork_safety()
+    core = core or build_core(cfg)
     name = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name
     registration = Registration(toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server,
                                 ToolGatewayServicer(core), name)
     await serve("toolgateway", cfg.server, [registration])
+
+
+def run(cfg: ToolGatewayConfig) -> int:
+    """Build the core and serve until stopped; 2 when the host cannot meet the config."""
+    try:
+        core = build_core(cfg)
+    except IsolationUnavailable as exc:
+        logger.error("[startup] refusing to start: %s. Run the gateway where unshare("
+                     "CLONE_NEWNET) is allowed (root or CAP_SYS_ADMIN, or unprivileged user "
+                     "namespaces), or set require_network_isolation=false to accept the risk",
+                     exc)
+        return 2
+    asyncio.run(main(cfg, core))
+    return 0
 
 
 if __name__ == "__main__":
@@ -56,4 +110,4 @@ if __name__ == "__main__":
     init_logging("toolgateway", config.telemetry)
     init_tracing("toolgateway", config.telemetry)
     logger.info("[startup] config=%s", redact(config))
-    asyncio.run(main(config))
+    sys.exit(run(config))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import fcntl
 import functools
 import logging
 import math
@@ -217,17 +218,37 @@ def _child_setup(plan: _ChildPlan) -> None:
 
 
 class _UidPool:
-    """Hands out distinct uids so concurrent calls never share one."""
+    """Hands out distinct uids so concurrent calls never share one.
 
-    def __init__(self, base: int, size: int) -> None:
+    Each uid in use is also held with a host-wide ``flock`` on a lock file, so other
+    sandboxes on this host (another gateway, a test run) skip it: their cleanup
+    (``kill -KILL -1`` as that uid) would otherwise kill this call's processes.
+    """
+
+    def __init__(self, base: int, size: int, lock_dir: str) -> None:
         self._free = list(range(base + size - 1, base - 1, -1))
+        self._lock_dir = lock_dir
+        self._held: dict[int, int] = {}
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
 
     def acquire(self) -> int:
-        if not self._free:
-            raise RuntimeError("sandbox uid pool exhausted; raise SandboxConfig.num_uids")
-        return self._free.pop()
+        for i in range(len(self._free) - 1, -1, -1):
+            uid = self._free[i]
+            fd = os.open(os.path.join(self._lock_dir, f"uid-{uid}.lock"),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # in use by another sandbox on this host
+                os.close(fd)
+                continue
+            del self._free[i]
+            self._held[uid] = fd
+            return uid
+        raise RuntimeError("sandbox uid pool exhausted (every uid in use on this host); "
+                           "raise SandboxConfig.num_uids")
 
     def release(self, uid: int) -> None:
+        os.close(self._held.pop(uid))  # closing the fd drops the flock
         self._free.append(uid)
 
 
@@ -311,8 +332,9 @@ class SubprocessSandbox:
         self._config = config or SandboxConfig()
         self._support = probe_isolation()
         self._init_isolation()
-        self._uids = _UidPool(self._config.uid_base, self._config.num_uids)
         os.makedirs(self._config.work_root_dir, mode=0o711, exist_ok=True)
+        self._uids = _UidPool(self._config.uid_base, self._config.num_uids,
+                              os.path.join(self._config.work_root_dir, ".uid-locks"))
 
     def _init_isolation(self) -> None:
         cfg, sup = self._config, self._support

@@ -28,6 +28,9 @@ from services.trainer.train_types import TrainSample
 
 logger = logging.getLogger(__name__)
 
+# Counter-field prefix of the scheduler's per-bucket placements (``placed:<bucket>``).
+_PLACED = "placed:"
+
 
 class Backend(Protocol):
     def warm_start(self) -> dict[str, float]: ...
@@ -117,11 +120,14 @@ class TrainerCore:
         self.phase = "training"
         buffer = GroupBuffer(spec.algorithm.samples_per_prompt)
         first = True
+        placements = await self._store.counters(job_id)
         while self.step < spec.algorithm.num_steps:
             started = time.perf_counter()
             batch = await self._collect(job_id, spec, buffer, pending=first)
             first = False
             record = await self._train_on(job_id, spec, backend, batch)
+            placements, placement_record = await self._placement_deltas(job_id, placements)
+            record.update(placement_record)
             if (self.step + 1) % spec.algorithm.sync_interval == 0:
                 await self._publish(job_id, backend, run_dir, model_dir, self.policy_version + 1)
             self.step += 1
@@ -223,6 +229,17 @@ class TrainerCore:
                 "turns_mean": sum(tr.num_turns for tr in trajs) / len(trajs),
                 "tokens_mean": sum(tr.num_generated_tokens for tr in trajs) / len(trajs),
                 **{k: round(float(v), 6) for k, v in metrics.items()}}
+
+    async def _placement_deltas(self, job_id: str, before: dict[str, int]
+                                ) -> tuple[dict[str, int], dict[str, Any]]:
+        """Scheduler activity during the step, from the cumulative counters it keeps:
+        ``migrations`` and ``bucket_occupancy`` (bucket -> trajectories placed there,
+        moves in included). Returns the counters now and the step-record keys."""
+        now = await self._store.counters(job_id)
+        occupancy = {name.removeprefix(_PLACED): value - before.get(name, 0)
+                     for name, value in sorted(now.items()) if name.startswith(_PLACED)}
+        return now, {"migrations": now.get("migrations", 0) - before.get("migrations", 0),
+                     "bucket_occupancy": occupancy}
 
     async def _publish(self, job_id: str, backend: Backend, run_dir: Path, model_dir: str,
                        version: int) -> None:

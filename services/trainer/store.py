@@ -27,6 +27,8 @@ class TrainerStore(Protocol):
 
     async def publish_policy(self, job_id: str, info: t.PolicyInfo) -> None: ...
 
+    async def counters(self, job_id: str) -> dict[str, int]: ...
+
 
 class RedisTrainerStore:
     """``TrainerStore`` over a bytes-mode ``redis.asyncio`` client."""
@@ -91,3 +93,8 @@ class RedisTrainerStore:
         await self._r.hset(keys.policy(job_id), mapping={
             "version": info.version, "weights_path": info.weights_path, "sha256": info.sha256,
             "model_dir": info.model_dir, "published_at_ms": info.published_at_ms})
+
+    async def counters(self, job_id: str) -> dict[str, int]:
+        """The job's cumulative counters (scheduler placements and migrations included)."""
+        raw = await self._r.hgetall(keys.counters(job_id))
+        return {k.decode(): int(v) for k, v in raw.items()}

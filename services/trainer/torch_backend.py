@@ -149,7 +149,9 @@ class TorchTrainerBackend:
         with torch.no_grad():
             self._model.load_state_dict(load_file(path), strict=True)
 
-    def _token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _token_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         """``[B, T]`` log-prob of each token given its prefix; column 0 is 0 (no prefix)."""
         logits = self._model(input_ids=input_ids, attention_mask=attention_mask).logits
         logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)

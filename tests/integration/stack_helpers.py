@@ -14,10 +14,15 @@ from libra.clients.coordinator import GrpcCoordinatorClient
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def small_job(**algorithm: Any) -> str:
-    """The demo spec shrunk to seconds of work, as a JSON document."""
+def small_job(policy: str = "least_loaded", **algorithm: Any) -> str:
+    """The demo spec shrunk to seconds of work, as a JSON document.
+
+    ``least_loaded`` by default (not the demo's C-MLFQ) so both instances get work from
+    the first step, which the fault-injection tests rely on.
+    """
     spec = tomllib.loads((ROOT / "deploy" / "configs" / "demo.toml").read_text())
     spec["name"] = "itest"
+    spec["layout"]["policy"] = policy
     spec["algorithm"].update({"num_steps": 3, "prompts_per_step": 2, "samples_per_prompt": 2,
                               "sft_steps": 5, "sft_batch_size": 8})
     spec["algorithm"].update(algorithm)

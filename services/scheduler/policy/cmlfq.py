@@ -93,6 +93,9 @@ class CmlfqPolicy(PinningPolicy):
         self._thresholds_tokens = self._init_thresholds(layout, config)
         self._tree = CausalPrefixTree(config.p90_window_samples)
         self._finishes_since_persist = 0
+        # Sequence number of the last trajectory learned from. Ring entries and snapshots
+        # carry it so ``restore`` can replay exactly what a snapshot is missing.
+        self._learn_seq = 0
 
     @staticmethod
     def _init_thresholds(layout: BucketLayout, config: CmlfqConfig) -> tuple[int, ...]:
@@ -113,14 +116,25 @@ class CmlfqPolicy(PinningPolicy):
     def restore(self) -> str:
         """Load the tree from the store: the snapshot if any, else rebuild from the ring.
 
+        Ring entries learned after the snapshot was taken (those with a larger sequence
+        number) are replayed on top of it, so a restart between two snapshots yields the
+        tree the previous process had (as long as the ring still holds those entries).
+
         Returns:
             ``"snapshot"``, ``"ring"`` or ``"empty"``: where the tree came from.
         """
         snapshot = self._store.load_tree()
+        recent = self._store.recent()
+        self._learn_seq = max((int(data.get("seq", 0)) for data in recent), default=0)
         if snapshot is not None:
             self._tree = CausalPrefixTree.from_dict(snapshot)
+            snapshot_seq = snapshot.get("learn_seq")
+            if snapshot_seq is not None:
+                self._learn_seq = max(self._learn_seq, int(snapshot_seq))
+                for data in recent:
+                    if int(data.get("seq", 0)) > snapshot_seq:
+                        self._insert(RecentTrajectory.from_dict(data))
             return "snapshot"
-        recent = self._store.recent()
         if recent:
             self._rebuild(recent)
             return "ring"
@@ -179,8 +193,11 @@ class CmlfqPolicy(PinningPolicy):
         recent = RecentTrajectory(
             record.prompt_id, tuple(record.path_keys), remaining_tokens, total_tokens
         )
-        self._tree.insert(recent.prompt_id, recent.path_keys, recent.remaining_tokens, total_tokens)
-        self._store.append_recent(recent.to_dict(), self._config.recent_window_trajectories)
+        self._insert(recent)
+        self._learn_seq += 1
+        self._store.append_recent(
+            {**recent.to_dict(), "seq": self._learn_seq}, self._config.recent_window_trajectories
+        )
         self._finishes_since_persist += 1
         interval = self._config.tree_persist_interval_finishes
         if interval > 0 and self._finishes_since_persist >= interval:
@@ -190,6 +207,11 @@ class CmlfqPolicy(PinningPolicy):
         self._tree.rebuild(RecentTrajectory.from_dict(data) for data in recent)
         self._counters["rebuilds"] += 1
 
+    def _insert(self, recent: RecentTrajectory) -> None:
+        self._tree.insert(
+            recent.prompt_id, recent.path_keys, recent.remaining_tokens, recent.total_tokens
+        )
+
     def _persist(self) -> None:
-        self._store.save_tree(self._tree.to_dict())
+        self._store.save_tree({**self._tree.to_dict(), "learn_seq": self._learn_seq})
         self._finishes_since_persist = 0

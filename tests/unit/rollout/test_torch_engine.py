@@ -5,7 +5,13 @@ import threading
 import pytest
 import torch
 
-from libra.models import TinyModelConfig, build_model, build_tokenizer, save_model_dir
+from libra.models import (
+    TinyModelConfig,
+    build_model,
+    build_tokenizer,
+    load_tokenizer,
+    save_model_dir,
+)
 from services.rollout.engine_types import GenerationRequest
 from services.rollout.torch_engine import TorchEngine
 
@@ -30,7 +36,9 @@ def _request(tokenizer, text, **overrides):
 def test_seeded_sample_does_not_depend_on_batch_mates(tokenizer):
     engine = _engine()
     alone = engine.generate([_request(tokenizer, "Q:1+2=")])[0]
-    batched = engine.generate([_request(tokenizer, "Q:12*34-5=<calc>", seed=3), _request(tokenizer, "Q:1+2=")])
+    batched = engine.generate(
+        [_request(tokenizer, "Q:12*34-5=<calc>", seed=3), _request(tokenizer, "Q:1+2=")]
+    )
     assert batched[1].token_ids == alone.token_ids
     assert batched[1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
 
@@ -44,7 +52,8 @@ def test_logprobs_equal_full_forward_policy_logprobs(tokenizer):
         logits = engine._model(input_ids=full_ids).logits[0]
     start = len(request.prompt_token_ids) - 1
     expected = [
-        torch.log_softmax(logits[start + i], -1)[token].item() for i, token in enumerate(result.token_ids)
+        torch.log_softmax(logits[start + i], -1)[token].item()
+        for i, token in enumerate(result.token_ids)
     ]
     assert result.logprobs == pytest.approx(expected, abs=1e-5)
 
@@ -53,7 +62,9 @@ def test_stop_token_ends_the_row_and_is_kept(tokenizer):
     engine = _engine()
     greedy = engine.generate([_request(tokenizer, "Q:5=", temperature=0.0)])[0]
     stop_id = greedy.token_ids[2]
-    stopped = engine.generate([_request(tokenizer, "Q:5=", temperature=0.0, stop_token_ids=[stop_id])])[0]
+    stopped = engine.generate(
+        [_request(tokenizer, "Q:5=", temperature=0.0, stop_token_ids=[stop_id])]
+    )[0]
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids[-1] == stop_id
     assert greedy.finish_reason == "length" and len(greedy.token_ids) == 8
@@ -100,3 +111,15 @@ def test_load_weights_replaces_weights_and_sets_version(tokenizer, tmp_path):
 def test_zero_max_new_tokens_returns_empty_length_result(tokenizer):
     result = _engine().generate([_request(tokenizer, "Q:1=", max_new_tokens=0)])[0]
     assert result.token_ids == [] and result.finish_reason == "length"
+
+
+def test_tokenizer_round_trips_protocol_text_and_tags_are_single_tokens(tokenizer, tmp_path):
+    text = "Q:33-4*7=<calc>33-4*7</calc><err>busy</err><calc>33-4*7</calc><res>5</res><ans>5</ans>"
+    ids = tokenizer(text)["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id
+    assert tokenizer.decode(ids[1:]) == text
+    for tag in ("<calc>", "</calc>", "<res>", "</res>", "<err>", "</err>", "<ans>", "</ans>"):
+        assert len(tokenizer(tag, add_special_tokens=False)["input_ids"]) == 1
+    assert tokenizer("~", add_special_tokens=False)["input_ids"] == [tokenizer.unk_token_id]
+    save_model_dir(build_model(_CFG, seed=0), tokenizer, str(tmp_path))
+    assert load_tokenizer(str(tmp_path))(text)["input_ids"] == ids

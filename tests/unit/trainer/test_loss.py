@@ -21,7 +21,9 @@ def test_group_advantages_normalise_within_each_group():
 def test_group_advantages_uncentred_group_of_three():
     advantages = group_advantages([1.0, 0.0, 0.0], [7, 7, 7])
     std = math.sqrt(2.0 / 9.0)
-    assert advantages.tolist() == pytest.approx([(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rel=1e-4)
+    assert advantages.tolist() == pytest.approx(
+        [(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rel=1e-4
+    )
 
 
 def test_masked_mean_ignores_masked_positions_and_handles_empty_masks():
@@ -51,7 +53,11 @@ def test_ppo_clip_loss_masks_tokens_and_adds_kl_penalty():
     new = torch.log(torch.tensor([[2.0, 1.0, 7.0]]))
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     loss, metrics = ppo_clip_loss(
-        new, torch.zeros(1, 3), torch.tensor([0.0]), mask, kl_coef=0.5,
+        new,
+        torch.zeros(1, 3),
+        torch.tensor([0.0]),
+        mask,
+        kl_coef=0.5,
         behaviour_logprobs=torch.tensor([[0.1, -0.3, 9.0]]),
     )
     kl_first = (2.0 - 1.0) - math.log(2.0)

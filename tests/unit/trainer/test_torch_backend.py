@@ -17,19 +17,25 @@ _CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_s
 
 
 def _backend(seed=0):
-    return TorchTrainerBackend(build_model(_CFG, seed=seed), pad_token_id=0, seed=seed, learning_rate=1e-2)
+    return TorchTrainerBackend(
+        build_model(_CFG, seed=seed), pad_token_id=0, seed=seed, learning_rate=1e-2
+    )
 
 
 def _samples(advantages):
     samples = []
     for index, advantage in enumerate(advantages):
         length = 6 + index
-        samples.append(TrainSample(
-            token_ids=[1] + [10 + (index + t) % 9 for t in range(length - 1)],
-            loss_mask=[0, 0] + [1] * (length - 2),
-            rollout_logprobs=[0.0, 0.0] + [-2.0] * (length - 2),
-            advantage=advantage, group_id="g", trajectory_id=f"t{index}",
-        ))
+        samples.append(
+            TrainSample(
+                token_ids=[1] + [10 + (index + t) % 9 for t in range(length - 1)],
+                loss_mask=[0, 0] + [1] * (length - 2),
+                rollout_logprobs=[0.0, 0.0] + [-2.0] * (length - 2),
+                advantage=advantage,
+                group_id="g",
+                trajectory_id=f"t{index}",
+            )
+        )
     return samples
 
 
@@ -59,7 +65,10 @@ def test_non_finite_loss_skips_the_step():
 
 def test_steps_are_deterministic_for_a_seed():
     first, second = _backend(seed=3), _backend(seed=3)
-    assert first.train_step(_samples([1.0, -1.0]))["loss"] == second.train_step(_samples([1.0, -1.0]))["loss"]
+    assert (
+        first.train_step(_samples([1.0, -1.0]))["loss"]
+        == second.train_step(_samples([1.0, -1.0]))["loss"]
+    )
 
 
 def test_sft_reduces_loss_on_demonstrations():

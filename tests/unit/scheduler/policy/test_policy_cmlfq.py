@@ -236,7 +236,19 @@ def test_restore_without_snapshot_rebuilds_from_ring() -> None:
 def test_persist_interval_saves_snapshot_on_finish() -> None:
     policy, store = make_cmlfq(tree_persist_interval_finishes=1)
     teach(policy, "p1", FAIL, 100, times=1)
-    assert store.load_tree() == policy.tree.to_dict()
+    snapshot = store.load_tree()
+    assert snapshot is not None and snapshot.pop("learn_seq") == 1
+    assert snapshot == policy.tree.to_dict()
+
+
+def test_restore_replays_ring_entries_learned_after_the_snapshot() -> None:
+    policy, store = make_cmlfq()
+    teach(policy, "p1", FAIL, 15_000)
+    policy.on_step_end(1)
+    teach(policy, "p2", FAIL, 100, times=2)  # after the snapshot: only in the ring
+    restored = CmlfqPolicy(make_layout(cap=100), store, CmlfqConfig())
+    assert restored.restore() == "snapshot"
+    assert restored.tree.to_dict() == policy.tree.to_dict()
 
 
 def test_tool_return_for_unknown_trajectory_raises() -> None:

@@ -1,0 +1,40 @@
+"""Observability of placement decisions: a Prometheus counter and span attributes.
+
+Called by the servicer after the core decided, so every ``ReportToolReturn`` leaves
+``libra_scheduler_decisions_total{reason,action}`` incremented and the RPC's current
+span (the gRPC server span when tracing is on; a no-op span otherwise) carrying the
+decision as ``libra.decision.*`` attributes.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from prometheus_client import Counter
+
+from libra import types as t
+
+DECISIONS_TOTAL = Counter(
+    "libra_scheduler_decisions_total",
+    "Placement decisions at tool returns, by reason and action",
+    ["reason", "action"],
+)
+
+ATTR_ACTION = "libra.decision.action"
+ATTR_REASON = "libra.decision.reason"
+ATTR_TARGET_BUCKET = "libra.decision.target_bucket"
+ATTR_TARGET_INSTANCE = "libra.decision.target_instance"
+ATTR_TRAJECTORY = "libra.trajectory_id"
+
+
+def record_decision(trajectory_id: str, decision: t.PlacementDecision) -> None:
+    """Count the decision and attach it to the current span."""
+    DECISIONS_TOTAL.labels(reason=decision.reason, action=decision.action.value).inc()
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes({
+            ATTR_TRAJECTORY: trajectory_id,
+            ATTR_ACTION: decision.action.value,
+            ATTR_REASON: decision.reason,
+            ATTR_TARGET_BUCKET: decision.target_bucket,
+            ATTR_TARGET_INSTANCE: decision.target_instance,
+        })

@@ -1,0 +1,65 @@
+"""The gateway in-process, for ``libra tool run --local`` and ``libra tool list --local``.
+
+The CLI lives in ``libra`` and must not import ``services`` at module import time, so it
+imports this module lazily. Results and errors come back as the same ``libra.types`` and
+``libra.errors`` classes the gRPC client returns, so the CLI handles one shape either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from libra import errors
+from libra import types as t
+from services.toolgateway.config import ToolGatewayConfig
+from services.toolgateway.core import ToolCall, ToolGatewayCore
+from services.toolgateway.errors import ResourceExhausted, ToolGatewayError
+
+
+def local_config() -> ToolGatewayConfig:
+    """The gateway's defaults, minus the calculator's injected "busy" failures.
+
+    The injected failures exist to teach a policy to retry; a person trying a tool from
+    the command line wants the tool's real answer.
+    """
+    return ToolGatewayConfig(calculator_transient_failure_rate=0.0)
+
+
+def _core(cfg: ToolGatewayConfig | None) -> ToolGatewayCore:
+    from services.toolgateway.__main__ import build_core
+
+    return build_core(cfg or local_config())
+
+
+def _as_libra_error(exc: ToolGatewayError) -> errors.LibraError:
+    """The ``libra.errors`` class a gRPC client would have seen for ``exc``."""
+    if isinstance(exc, ResourceExhausted):
+        return errors.ResourceExhausted(str(exc), exc.retry_after_ms)
+    return errors.error_from_status(grpc.StatusCode[exc.grpc_status_name], str(exc))
+
+
+async def run_tool(tool: str, args: dict[str, Any], *, call_id: str = "local",
+                   deadline_ms: int | None = None,
+                   cfg: ToolGatewayConfig | None = None) -> t.ToolResult:
+    """Execute one tool call in a freshly built in-process core.
+
+    Raises:
+        libra.errors.InvalidArgument: Unknown tool (field "tool", the message lists the
+            known tools) or arguments that fail the tool's schema.
+        libra.errors.LibraError: Any other refusal of the gateway.
+    """
+    core = _core(cfg)
+    try:
+        res = await core.execute(ToolCall("local", call_id, tool, args, deadline_ms))
+    except ToolGatewayError as exc:
+        raise _as_libra_error(exc) from exc
+    return t.ToolResult(res.status, res.output, res.error, res.payload_tokens, res.latency_ms,
+                        res.state, res.is_truncated)
+
+
+def list_tools(cfg: ToolGatewayConfig | None = None) -> list[dict[str, Any]]:
+    """The tool specs in the shape ``GrpcToolGatewayClient.list_tools`` returns."""
+    return [{"name": s.name, "description": s.description, "args_schema": s.args_schema,
+             "idempotent": s.idempotent} for s in _core(cfg).list_tools()]

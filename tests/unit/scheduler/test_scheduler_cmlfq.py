@@ -1,0 +1,168 @@
+"""SchedulerCore with C-MLFQ against a real Redis: policy state survives a restart,
+trainer steps reach ``on_step_end``, moves are accounted, decisions are observable."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from libra import redis_keys as keys
+from libra import types as t
+from libra.clock import FakeClock
+from libra.jobspec import CmlfqSpec, JobSpec, job_spec_from_dict
+from libra.redis_server import EmbeddedRedis
+from services.scheduler import metrics
+from services.scheduler.core import SchedulerCore, build_policy_config
+from services.scheduler.policy.cmlfq import CmlfqConfig, CmlfqPolicy
+from services.scheduler.store import RedisSchedulerStore
+
+JOB = "job-1"
+FAIL = t.ToolReturnState("calculator", t.SizeClass.SMALL, t.ToolStatus.FAILURE)
+
+
+def cmlfq_spec(rebuild: int = 50) -> JobSpec:
+    return job_spec_from_dict({
+        "name": "t", "algorithm": {"prompts_per_step": 1, "samples_per_prompt": 4,
+                                   "max_staleness": 0},
+        "layout": {"policy": "cmlfq", "cmlfq": {"rebuild_interval_steps": rebuild},
+                   "buckets": [{"name": "short", "max_tokens": 96},
+                               {"name": "long", "max_tokens": 256}]}})
+
+
+@pytest.fixture
+async def r(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(redis_server.url, decode_responses=False)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+async def started(r: aioredis.Redis, spec: JobSpec) -> SchedulerCore:
+    await r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
+                                         "step": 0})
+    await r.zadd(keys.JOBS_INDEX, {JOB: 1})
+    await r.hset(keys.policy(JOB), mapping={"version": 0})
+    for instance, bucket in (("rollout-0", "short"), ("rollout-1", "long")):
+        await r.sadd(keys.WORKERS, instance)
+        await r.hset(keys.lease(instance), mapping={"role": "core-rollout", "bucket": bucket})
+    core = SchedulerCore(RedisSchedulerStore(r), FakeClock())
+    await core.start_job(JOB)
+    return core
+
+
+async def restarted(r: aioredis.Redis) -> SchedulerCore:
+    core = SchedulerCore(RedisSchedulerStore(r), FakeClock())
+    await core.start_job(JOB)
+    return core
+
+
+async def counters(r: aioredis.Redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in (await r.hgetall(keys.counters(JOB))).items()}
+
+
+async def teach_one_group(core: SchedulerCore, total_tokens: int) -> list[str]:
+    """Admit a group; every member returns from a tool at token 10 and finishes."""
+    await core._tick(core._jobs[JOB])
+    trajs = sorted(await core._store.assignments(JOB))
+    for traj_id in trajs:
+        await core.report_tool_return(JOB, traj_id, FAIL, 10)
+        await core.report_finished(JOB, traj_id, total_tokens, t.TrajectoryStatus.FINISHED)
+    await core._store.incr_counters(JOB, trained_groups=1)  # reopen the budget
+    return trajs
+
+
+def tree_of(core: SchedulerCore) -> dict:
+    policy = core._jobs[JOB].policy
+    assert isinstance(policy, CmlfqPolicy)
+    return policy.tree.to_dict()
+
+
+async def test_restarted_scheduler_keeps_the_tree_and_decides_the_same(
+        r: aioredis.Redis) -> None:
+    core = await started(r, cmlfq_spec())
+    await teach_one_group(core, 200)  # remaining 190 tokens after the tool return: long
+    await r.hset(keys.job(JOB), "step", 1)
+    await core._tick(core._jobs[JOB])  # step end (snapshot) + admit the next group
+    fresh = await restarted(r)
+    assert tree_of(fresh) == tree_of(core)
+    first, second = sorted(await core._store.assignments(JOB))[:2]
+    before = await core.report_tool_return(JOB, first, FAIL, 10)
+    after = await fresh.report_tool_return(JOB, second, FAIL, 10)  # placed by `core`
+    assert before == after
+    assert (after.action, after.target_bucket, after.reason) == (
+        t.DecisionAction.MOVE, "long", "move")
+
+
+async def test_restart_between_step_ends_replays_finishes_from_the_ring(
+        r: aioredis.Redis) -> None:
+    core = await started(r, cmlfq_spec())
+    await teach_one_group(core, 200)  # no step end yet: no snapshot, only the ring
+    fresh = await restarted(r)
+    assert tree_of(fresh) == tree_of(core)
+    assert tree_of(fresh)["num_insertions"] == 4
+
+
+async def test_trainer_step_advance_calls_on_step_end(r: aioredis.Redis) -> None:
+    core = await started(r, cmlfq_spec(rebuild=1))
+    await teach_one_group(core, 200)
+    assert not await r.exists(keys.sched_tree(JOB))
+    await r.hset(keys.job(JOB), "step", 2)  # two steps ended since the last tick
+    await core._tick(core._jobs[JOB])
+    assert core._jobs[JOB].last_step == 2
+    assert core._jobs[JOB].policy.stats()["rebuilds"] == 2
+    assert await r.exists(keys.sched_tree(JOB))
+
+
+async def test_move_repins_assignment_load_and_counts_migration(r: aioredis.Redis) -> None:
+    core = await started(r, cmlfq_spec())
+    await teach_one_group(core, 200)
+    await core._tick(core._jobs[JOB])
+    traj_id = sorted(await core._store.assignments(JOB))[0]
+    before = await counters(r)
+    decision = await core.report_tool_return(JOB, traj_id, FAIL, 10)
+    assert decision.target_instance == "rollout-1"
+    assert (await core._store.assignments(JOB))[traj_id] == "rollout-1"
+    load = {k.decode(): int(v) for k, v in (await r.hgetall(keys.load(JOB))).items()}
+    assert load == {"rollout-0": 3, "rollout-1": 1}
+    after = await counters(r)
+    assert {k: after[k] - before.get(k, 0) for k in after} == {
+        **{k: 0 for k in after}, "migrations": 1, "placed:long": 1}
+
+
+async def test_decision_is_counted_and_set_on_the_current_span() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    decision = t.PlacementDecision(t.DecisionAction.MOVE, "long", "rollout-1", "move")
+    counter = metrics.DECISIONS_TOTAL.labels(reason="move", action="move")
+    before = counter._value.get()
+    with provider.get_tracer("test").start_as_current_span("ReportToolReturn"):
+        metrics.record_decision("traj-1", decision)
+    assert counter._value.get() == before + 1
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert (span.attributes[metrics.ATTR_ACTION], span.attributes[metrics.ATTR_REASON],
+            span.attributes[metrics.ATTR_TARGET_BUCKET]) == ("move", "move", "long")
+
+
+def test_cmlfq_spec_defaults_equal_the_policy_defaults() -> None:
+    spec_defaults = dataclasses.asdict(CmlfqSpec())
+    spec_defaults["bucket_thresholds_tokens"] = None  # [] means "use max_tokens"
+    assert spec_defaults == {f.name: getattr(CmlfqConfig(), f.name)
+                             for f in dataclasses.fields(CmlfqConfig)}
+
+
+def test_layout_cmlfq_table_maps_onto_cmlfq_config() -> None:
+    spec = job_spec_from_dict({"layout": {"policy": "cmlfq", "cmlfq": {
+        "rebuild_interval_steps": 3, "bucket_thresholds_tokens": [50, 300],
+        "enable_fallback": False}}})
+    config = build_policy_config(spec)
+    assert config == CmlfqConfig(rebuild_interval_steps=3, bucket_thresholds_tokens=(50, 300),
+                                 enable_fallback=False)
+    assert build_policy_config(job_spec_from_dict({})) is None  # least_loaded: defaults
