@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from libra import types as t
-from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.cli import stack, tool
+from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import LibraError
 from libra.report import build_report, reward_windows, write_report
 

@@ -10,7 +10,13 @@ import random
 import time
 
 from libra.jobspec import JobSpec
-from libra.models.tiny import TinyModelConfig, build_model, build_tokenizer, encode_segments, save_model_dir
+from libra.models.tiny import (
+    TinyModelConfig,
+    build_model,
+    build_tokenizer,
+    encode_segments,
+    save_model_dir,
+)
 from libra.tasks.arith import ArithDataset, demonstration
 from services.trainer.torch_backend import TorchTrainerBackend
 from services.trainer.train_types import SftExample, TrainSample

@@ -21,7 +21,8 @@ from tests.service.grpc_harness import serving
 async def test_instance_status_reports_identity_and_load(redis_server: EmbeddedRedis) -> None:
     r = aioredis.from_url(redis_server.url, decode_responses=False)
     core = RolloutCore(RolloutSettings(instance_id="rollout-7", bucket="long"),
-                       RedisRolloutStore(r), FakeEngineLoader(FakeEngine(make_tokenizer())), FakeToolGateway(),
+                       RedisRolloutStore(r),
+                       FakeEngineLoader(FakeEngine(make_tokenizer())), FakeToolGateway(),
                        FakeScheduler(), FakeCoordinator(), FakeClock())
     async with serving("rollout", rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
                        RolloutServicer(core), rollout_pb2.DESCRIPTOR,

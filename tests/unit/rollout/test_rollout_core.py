@@ -108,7 +108,7 @@ class Rig:
         await self.core.drain(0.0)
         try:
             await asyncio.wait_for(asyncio.shield(self.task), 1.0)
-        except (asyncio.TimeoutError, Exception):
+        except (TimeoutError, Exception):
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
 
@@ -365,7 +365,8 @@ async def test_newer_policy_is_loaded_between_engine_calls(rig: Rig) -> None:
     await rig.place(make_task())
     (traj,) = await rig.run_until_published()
     assert rig.engine.calls == [("load", 0), ("generate", 0), ("load", 1), ("generate", 1)]
-    assert sorted({v for v, m in zip(traj.token_versions, traj.loss_mask) if m}) == [0, 1]
+    pairs = zip(traj.token_versions, traj.loss_mask, strict=True)
+    assert sorted({v for v, m in pairs if m}) == [0, 1]
     assert traj.min_version == 0
 
 
