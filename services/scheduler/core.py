@@ -57,6 +57,10 @@ class JobRun:
     num_pending: int = 0
     decisions: collections.Counter[str] = field(default_factory=collections.Counter)
     migrations: int = 0
+    # Live instances and loads as of the last tick: decisions at tool returns route
+    # from this snapshot instead of reading Redis on the request path.
+    instances: list[t.InstanceLoad] = field(default_factory=list)
+    instances_at_s: float = -1.0
 
 
 def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
@@ -218,7 +222,7 @@ class SchedulerCore:
         run.num_pending = len(pending)
         if not pending:
             return
-        instances = await self._store.live_instances(run.job_id)
+        instances = await self._refresh_instances(run)
         pending.sort(key=lambda tr: (-run.policy.priority(tr.trajectory_id), tr.attempt == 0))
         for traj in pending:
             placement = run.policy.begin(TrajectoryDescriptor(
@@ -232,8 +236,13 @@ class SchedulerCore:
             run.num_pending -= 1
             _bump_local_load(instances, placement.instance_id)
 
+    async def _refresh_instances(self, run: JobRun) -> list[t.InstanceLoad]:
+        run.instances = await self._store.live_instances(run.job_id)
+        run.instances_at_s = self._clock.now_s()
+        return run.instances
+
     async def _requeue_orphans(self, run: JobRun) -> None:
-        live = {inst.instance_id for inst in await self._store.live_instances(run.job_id)}
+        live = {inst.instance_id for inst in await self._refresh_instances(run)}
         orphaned: dict[str, list[str]] = {}
         for traj_id, instance_id in (await self._store.assignments(run.job_id)).items():
             if instance_id not in live:
@@ -266,7 +275,9 @@ class SchedulerCore:
         self, job_id: str, traj_id: str, state: t.ToolReturnState, tokens_so_far: int
     ) -> t.PlacementDecision:
         run = self._run(job_id)
-        instances = await self._store.live_instances(job_id)
+        if self._clock.now_s() - run.instances_at_s > 4 * self._tick_s:
+            await self._refresh_instances(run)  # the loop is behind: read fresh loads
+        instances = run.instances
         try:
             decision = run.policy.on_tool_return(
                 t.TrajectoryId(traj_id), state, tokens_so_far, instances
@@ -285,6 +296,7 @@ class SchedulerCore:
             )
         await self._store.move(job_id, traj_id, decision.to_instance_id, decision.to_bucket,
                                decision.load_deltas)
+        _apply_local_load(instances, decision.load_deltas)
         run.migrations += 1
         return t.PlacementDecision(
             t.DecisionAction.MOVE,
@@ -322,6 +334,14 @@ class SchedulerCore:
             "counters": await self._store.counters(job_id),
             "policy_stats": run.policy.stats(),
         }
+
+
+def _apply_local_load(instances: list[t.InstanceLoad],
+                      deltas: tuple[tuple[str, int], ...]) -> None:
+    for instance_id, delta in deltas:
+        for inst in instances:
+            if inst.instance_id == instance_id:
+                inst.active_trajectories += delta
 
 
 def _bump_local_load(instances: list[t.InstanceLoad], instance_id: str) -> None:

@@ -26,7 +26,7 @@ from tests.integration.stack_helpers import small_job, wait_for_job, write_stack
 
 pytestmark = pytest.mark.integration
 
-NUM_STEPS = 4
+NUM_STEPS = 8
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def cmlfq_job() -> str:
-    spec = json.loads(small_job(policy="cmlfq", num_steps=NUM_STEPS, sft_steps=100))
+    spec = json.loads(small_job(policy="cmlfq", num_steps=NUM_STEPS, sft_steps=300))
     spec["layout"]["buckets"][0]["max_tokens"] = 1
     spec["layout"]["cmlfq"] = {"rebuild_interval_steps": 1}
     return json.dumps(spec)
@@ -48,7 +48,7 @@ def cmlfq_job() -> str:
 async def test_trajectory_migrates_to_long_and_finishes_there(running_stack: dict) -> None:
     client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
     job = await client.create_job(cmlfq_job(), "json")
-    job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=90)
+    job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=180)
     await client.close()
     assert job.state is t.JobState.SUCCEEDED, job.message
     assert counters["migrations"] >= 1, counters
