@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import tomllib
 import typing
@@ -33,7 +34,7 @@ _BUCKET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 class ModelSpec:
     kind: str = "tiny-llama"
     hidden_size: int = 128
-    num_layers: int = 4
+    num_layers: int = 2
     num_heads: int = 4
     intermediate_size: int = 256
     max_position_embeddings: int = 384
@@ -63,20 +64,22 @@ class RewardSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmSpec:
-    num_steps: int = 100
+    num_steps: int = 600
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
-    learning_rate: float = 1e-3
+    learning_rate: float = 8e-5
     clip_eps: float = 0.2
     kl_coef: float = 0.0
+    is_cap: float = 2.0
     max_grad_norm: float = 1.0
     max_staleness: int = 1
     sync_interval: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    sft_steps: int = 300
-    sft_learning_rate: float = 3e-3
-    sft_batch_size: int = 32
+    sft_steps: int = 2600
+    sft_learning_rate: float = 5e-3
+    sft_batch_size: int = 16
+    checkpoint_interval: int = 5
     seed: int = 0
 
 
@@ -221,6 +224,11 @@ def _validate_ranges(spec: JobSpec) -> None:
              "must be >= 2 (GRPO normalises within a group)")
     _require(a.max_staleness >= 0, "algorithm.max_staleness", "must be >= 0")
     _require(a.sft_steps >= 0, "algorithm.sft_steps", "must be >= 0")
+    _require(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
+    _require(math.isfinite(a.is_cap) and a.is_cap >= 1.0, "algorithm.is_cap",
+             "must be a finite number >= 1 (a cap below 1 would down-weight on-policy tokens)")
+    _require(a.checkpoint_interval >= 0, "algorithm.checkpoint_interval",
+             "must be >= 0 (0 = never checkpoint)")
     _require(a.learning_rate > 0, "algorithm.learning_rate", "must be > 0")
     _require(0 < a.clip_eps < 1, "algorithm.clip_eps", "must be in (0, 1)")
     _require(a.temperature > 0, "algorithm.temperature", "must be > 0")
