@@ -69,12 +69,17 @@ def init_tracing(service: str, cfg: TelemetryConfig,
     if extra_processor is not None:
         provider.add_span_processor(extra_processor)
     trace.set_tracer_provider(provider)
-    instrument_libraries()
+    exporting = bool(cfg.otlp_endpoint or cfg.trace_console or extra_processor)
+    instrument_libraries(with_redis=exporting)
     return provider
 
 
-def instrument_libraries() -> None:
-    """Patch grpc.aio and redis once so spans propagate across process boundaries."""
+def instrument_libraries(with_redis: bool = True) -> None:
+    """Patch grpc.aio (always: it carries the trace context between services) and redis.
+
+    Redis commands get spans only when spans go somewhere: a scheduler tick issues a few
+    commands every 50 ms, and creating spans nobody reads costs real CPU.
+    """
     global _instrumented
     if _instrumented:
         return
@@ -86,7 +91,8 @@ def instrument_libraries() -> None:
 
     GrpcAioInstrumentorServer().instrument()
     GrpcAioInstrumentorClient().instrument()
-    RedisInstrumentor().instrument()
+    if with_redis:
+        RedisInstrumentor().instrument()
     _instrumented = True
 
 

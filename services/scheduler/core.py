@@ -41,6 +41,9 @@ from services.scheduler.store import FlushablePolicyStore, SchedulerStore
 
 logger = logging.getLogger(__name__)
 
+# Period of the full scan for trajectories pinned to instances that are gone.
+ORPHAN_SCAN_S = 2.0
+
 
 @dataclass
 class JobRun:
@@ -61,6 +64,8 @@ class JobRun:
     # from this snapshot instead of reading Redis on the request path.
     instances: list[t.InstanceLoad] = field(default_factory=list)
     instances_at_s: float = -1.0
+    last_live: set[str] = field(default_factory=set)
+    last_orphan_scan_s: float = float("-inf")
 
 
 def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
@@ -154,26 +159,25 @@ class SchedulerCore:
         self._stopping = True
 
     async def _tick(self, run: JobRun) -> None:
-        state = await self._store.job_state(run.job_id)
+        state, step, published = await self._store.job_status(run.job_id)
         if state is None or state in ("succeeded", "failed", "cancelled"):
             await run.policy_store.flush()
             await self.stop_job(run.job_id)
             return
         # 1) A training step ended: rebuild / snapshot the policy's model.
-        await self._observe_steps(run)
+        self._observe_steps(run, step)
         # 2) Trajectories on instances whose lease expired go back to the queue.
         await self._requeue_orphans(run)
         # 3) Place what is queued (re-queued first, then by policy priority).
         await self._place_pending(run)
         # 4) Admit and place groups while the staleness budget allows and the instances
         #    take them (weights must exist first).
-        if run.num_pending == 0 and await self._store.has_policy(run.job_id):
+        if run.num_pending == 0 and published:
             await self._admit(run)
         # 5) Persist what the policy changed during this tick.
         await run.policy_store.flush()
 
-    async def _observe_steps(self, run: JobRun) -> None:
-        step = await self._store.job_step(run.job_id)
+    def _observe_steps(self, run: JobRun, step: int) -> None:
         while run.last_step < step:
             run.last_step += 1
             run.policy.on_step_end(run.last_step)
@@ -243,6 +247,12 @@ class SchedulerCore:
 
     async def _requeue_orphans(self, run: JobRun) -> None:
         live = {inst.instance_id for inst in await self._refresh_instances(run)}
+        # Scanning every assignment is the costly part of a tick: do it when the set of
+        # live instances changed, and otherwise only every ORPHAN_SCAN_S as a safety net.
+        now_s = self._clock.now_s()
+        if live == run.last_live and now_s - run.last_orphan_scan_s < ORPHAN_SCAN_S:
+            return
+        run.last_live, run.last_orphan_scan_s = live, now_s
         orphaned: dict[str, list[str]] = {}
         for traj_id, instance_id in (await self._store.assignments(run.job_id)).items():
             if instance_id not in live:

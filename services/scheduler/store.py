@@ -62,6 +62,8 @@ class SchedulerStore(Protocol):
 
     async def job_step(self, job_id: str) -> int: ...
 
+    async def job_status(self, job_id: str) -> tuple[str | None, int, bool]: ...
+
     async def move(self, job_id: str, trajectory_id: str, to_instance: str, to_bucket: str,
                    deltas: tuple[tuple[str, int], ...]) -> None: ...
 
@@ -89,6 +91,14 @@ class RedisSchedulerStore:
         """The last training step the coordinator recorded for the job (0 before any)."""
         raw = await self._r.hget(keys.job(job_id), "step")
         return int(raw) if raw else 0
+
+    async def job_status(self, job_id: str) -> tuple[str | None, int, bool]:
+        """(state, last step, weights published?) in one round trip, once per tick."""
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.job(job_id), "state", "step")
+            pipe.hexists(keys.policy(job_id), "version")
+            (state, step), published = await pipe.execute()
+        return (state.decode() if state else None, int(step) if step else 0, bool(published))
 
     async def open_policy_store(self, job_id: str) -> RedisPolicyStore:
         """The job's policy state, loaded from Redis (empty for a new job)."""
