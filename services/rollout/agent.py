@@ -3,6 +3,10 @@
 A turn: the engine samples model tokens (loss mask 1, log-prob and policy version per
 token); the turn text is parsed into an action; a tool call's output is appended as
 non-trainable tokens (mask 0, version -1); an answer ends the trajectory.
+
+Partial rollout: a turn interrupted by a weight update (``finish_reason == "aborted"``)
+is kept with :func:`apply_partial` (its tokens carry the old version) and resumed on the
+new weights with the rest of the turn's token budget; only the completed turn is parsed.
 """
 
 from __future__ import annotations
@@ -53,10 +57,11 @@ def start(traj: t.Trajectory, tokenizer: Tokenizer) -> None:
 
 
 def next_request(traj: t.Trajectory, spec: JobSpec, tokenizer: Tokenizer,
-                 seed: int | None) -> GenerationRequest | None:
-    """The engine request for the next turn, or None when the context is full."""
+                 seed: int | None, num_turn_tokens: int = 0) -> GenerationRequest | None:
+    """The engine request for the next turn (or the rest of an interrupted one, which
+    already sampled ``num_turn_tokens``), or None when nothing more fits."""
     room = tokenizer.max_context_tokens - len(traj.token_ids)
-    max_new = min(spec.task.max_new_tokens_per_turn, room)
+    max_new = min(spec.task.max_new_tokens_per_turn - num_turn_tokens, room)
     if max_new <= 0:
         return None
     return GenerationRequest(prompt_token_ids=list(traj.token_ids), max_new_tokens=max_new,
@@ -65,15 +70,24 @@ def next_request(traj: t.Trajectory, spec: JobSpec, tokenizer: Tokenizer,
                              stop_token_ids=tokenizer.stop_token_ids, seed=seed)
 
 
-def apply_generation(traj: t.Trajectory, result: GenerationResult, spec: JobSpec,
-                     tokenizer: Tokenizer) -> TurnOutcome:
-    """Append a sampled turn and decide what it asks for."""
+def apply_partial(traj: t.Trajectory, result: GenerationResult) -> None:
+    """Append the tokens of an interrupted turn (not a turn yet: nothing is parsed)."""
     traj.token_ids.extend(result.token_ids)
     traj.loss_mask.extend([1] * len(result.token_ids))
     traj.logprobs.extend(result.logprobs)
     traj.token_versions.extend([result.policy_version] * len(result.token_ids))
+
+
+def apply_generation(traj: t.Trajectory, result: GenerationResult, spec: JobSpec,
+                     tokenizer: Tokenizer, turn_prefix: list[int] | None = None) -> TurnOutcome:
+    """Append the end of a sampled turn and decide what the whole turn asks for.
+
+    ``turn_prefix`` holds the tokens this turn produced before an interruption (already
+    appended by :func:`apply_partial`).
+    """
+    apply_partial(traj, result)
     traj.num_turns += 1
-    action = parse_action(tokenizer.decode(result.token_ids))
+    action = parse_action(tokenizer.decode(list(turn_prefix or []) + result.token_ids))
     if action.kind is ActionKind.ANSWER:
         return TurnOutcome(action, finished=True, final_answer=action.argument)
     if action.kind is ActionKind.MALFORMED or traj.num_turns >= spec.task.max_turns:

@@ -20,5 +20,18 @@ class RolloutConfig:
     max_trajectories: int = knob(16, "trajectories pinned here at once (scheduler cap)")
     lease_ttl_ms: int = knob(3000, "lease TTL; the lease is renewed every third of it")
     tool_deadline_s: float = knob(5.0, "deadline of one tool call, retries included")
+    weight_load_deadline_s: float = knob(
+        30.0, "deadline to fetch and verify a published policy version; past it the "
+        "version is refused (error event) and the old weights keep serving")
     num_threads: int = knob(1, "torch intra-op threads")
     seed: int = knob(0, "sampling seed")
+    engine: str = knob("torch", "inference engine: torch (built in) or vllm (optional extra: "
+                       "requirements-vllm.txt / make test-vllm; docs/vllm.md)")
+    vllm_tensor_parallel_size: int = knob(
+        1, "vLLM tensor_parallel_size: the tp_degree of the bucket this instance serves")
+    vllm_dtype: str = knob("float32", "vLLM dtype: float32 on CPU; bfloat16 or auto on GPUs")
+    vllm_enforce_eager: bool = knob(
+        True, "vLLM without CUDA graphs/compilation: faster start; set false on GPUs")
+    vllm_gpu_memory_utilization: float = knob(
+        0.9, "vLLM GPU memory share for weights + KV cache (GPU only; on CPU the KV cache "
+        "is VLLM_CPU_KVCACHE_SPACE GiB)")

@@ -3,7 +3,15 @@
 Turn-level continuous batching: every pass takes the trajectories that are ready for
 their next turn (not waiting on a tool) and samples one turn for all of them in a single
 engine call; tool calls run concurrently on the event loop meanwhile; new trajectories
-join at the next pass. Pure: the engine, Redis and peers come in as collaborators.
+join at the next pass.
+
+Partial rollout: while an engine call runs, a watcher polls the policy pointer; when
+a newer version is published it aborts the call at a token boundary. The interrupted turns
+keep their tokens (with the old version), the new weights are loaded before the next
+pass, and those turns resume with the rest of their token budget: nothing in flight is
+thrown away, and a turn is parsed only once it is complete.
+
+Pure: the engine, Redis and peers come in as collaborators.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,11 +30,16 @@ from libra.clients.toolgateway import ToolGatewayApi
 from libra.clock import Clock
 from libra.errors import LeaseLost, LibraError
 from libra.jobspec import JobSpec, job_spec_from_json
+from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified
 from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.store import InboxEntry, RolloutStore
 
 logger = logging.getLogger(__name__)
+
+# While every pinned trajectory waits on a tool, how often the loop still looks at the
+# inbox for new work.
+WAIT_FOR_TOOLS_S = 0.02
 
 
 class Engine(Protocol):
@@ -34,6 +48,10 @@ class Engine(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 
     def load_weights(self, path: str, version: int) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def load_weights_bytes(self, data: bytes, version: int) -> None: ...
 
 
 class EngineLoader(Protocol):
@@ -59,6 +77,8 @@ class RolloutSettings:
     lease_ttl_ms: int = 3000
     tool_deadline_s: float = 5.0
     idle_block_ms: int = 200
+    policy_poll_s: float = 0.05
+    weight_load_deadline_s: float = 30.0
 
 
 @dataclass
@@ -66,6 +86,8 @@ class _Active:
     entry: InboxEntry
     traj: t.Trajectory
     ready: bool = True
+    # Tokens of the current turn sampled before an interruption (a weight update).
+    turn_prefix: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -92,6 +114,7 @@ class RolloutCore:
         self._job: tuple[str, _JobContext] | None = None
         self._lease: t.Lease | None = None
         self._stopping = False
+        self._wakeup = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         # (job, version, sha256) whose weights failed verification: checked and reported
         # once, not on every pass of the loop.
@@ -159,12 +182,20 @@ class RolloutCore:
                 # 2) Load a newer policy version between engine calls (never during one).
                 await self._refresh_weights(job_id, ctx)
                 # 3) One turn for every ready trajectory.
-                if not await self._step(ctx):
-                    await asyncio.sleep(0.005)
+                if not await self._step(job_id, ctx):
+                    await self._wait_for_work()
         finally:
             heartbeat.cancel()
 
     # -- loop steps -----------------------------------------------------------------------
+
+    async def _wait_for_work(self) -> None:
+        """Sleep until a tool call returns (or briefly, to look at the inbox again)."""
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout=WAIT_FOR_TOOLS_S)
+        except TimeoutError:
+            pass
+        self._wakeup.clear()
 
     async def _pull(self) -> None:
         if self._stopping:
@@ -172,8 +203,9 @@ class RolloutCore:
         free = self.settings.max_trajectories - self.num_active
         if free <= 0:
             return
-        busy = self._job is not None and any(a.ready for a in self._job[1].active.values())
-        block_ms = 1 if busy else self.settings.idle_block_ms
+        # Block on the inbox only when nothing is pinned here; otherwise a trajectory
+        # whose tool call returns would wait for the inbox instead of its next turn.
+        block_ms = 0 if self.num_active else self.settings.idle_block_ms
         for entry in await self._store.read_inbox(self.settings.instance_id, free, block_ms):
             await self._accept(entry)
 
@@ -205,7 +237,7 @@ class RolloutCore:
     async def _refresh_weights(self, job_id: str, ctx: _JobContext) -> None:
         if await self._store.job_state(job_id) in ("succeeded", "failed", "cancelled"):
             # The job ended: what is still running here will never be trained on.
-            for act in ctx.active.values():
+            for act in list(ctx.active.values()):  # tasks pop from it meanwhile
                 await self._store.ack(self.settings.instance_id, act.entry.entry_id)
             ctx.active.clear()
             self._job = None
@@ -218,6 +250,9 @@ class RolloutCore:
         """Load weights only when their checksum matches; otherwise keep serving the old."""
         key = (job_id, policy.version, policy.sha256)
         if key in self._rejected:
+            return
+        if policy.weights_path.endswith(MANIFEST_SUFFIX):
+            await self._load_manifest(job_id, engine, policy)
             return
         try:
             digest = await asyncio.to_thread(_sha256_file, Path(policy.weights_path))
@@ -233,28 +268,90 @@ class RolloutCore:
             return
         await asyncio.to_thread(engine.load_weights, policy.weights_path, policy.version)
 
-    async def _step(self, ctx: _JobContext) -> bool:
+    async def _load_manifest(self, job_id: str, engine: Engine, policy: t.PolicyInfo) -> None:
+        """Fetch and verify a chunked version within the deadline, then swap it in whole.
+
+        Only the fetch runs under the deadline: the swap itself is one in-memory
+        ``load_state_dict`` between engine calls, so a model is never half old, half new.
+        A refused version is reported once (error event) and the old weights keep serving
+        until a newer version is published.
+        """
+        key = (job_id, policy.version, policy.sha256)
+        started = time.perf_counter()
+        try:
+            data = await asyncio.wait_for(
+                asyncio.to_thread(read_verified, Path(policy.weights_path), policy.sha256),
+                self.settings.weight_load_deadline_s)
+        except (WeightSyncError, TimeoutError) as exc:
+            self._rejected.add(key)
+            kind = ("weights_load_timeout" if isinstance(exc, TimeoutError)
+                    else "weights_checksum_mismatch")
+            logger.error("[weights] %s version=%d error=%s", kind, policy.version, exc)
+            await self._store.record_event(job_id, kind, version=str(policy.version),
+                                           instance=self.settings.instance_id,
+                                           error=str(exc) or kind)
+            return
+        await asyncio.to_thread(engine.load_weights_bytes, data, policy.version)
+        reload_s = time.perf_counter() - started
+        await self._store.record_event(job_id, "weights_loaded", version=str(policy.version),
+                                       instance=self.settings.instance_id,
+                                       reload_s=f"{reload_s:.4f}",
+                                       size_bytes=str(len(data)))
+
+    async def _step(self, job_id: str, ctx: _JobContext) -> bool:
         ready = [a for a in ctx.active.values() if a.ready][: self.settings.max_batch_size]
         if not ready:
             return False
         requests, batch = [], []
         for act in ready:
-            request = agent.next_request(act.traj, ctx.spec, ctx.tokenizer, seed=None)
-            if request is None:
+            request = agent.next_request(act.traj, ctx.spec, ctx.tokenizer, seed=None,
+                                         num_turn_tokens=len(act.turn_prefix))
+            if request is None and act.turn_prefix:
+                # An interrupted turn that has no room left ends as it stands.
+                self._after_turn(ctx, act, GenerationResult(
+                    token_ids=[], logprobs=[], finish_reason="length",
+                    policy_version=ctx.engine.policy_version))
+            elif request is None:
                 self._spawn(self._finish(ctx, act, final_answer=None))
-                continue
-            requests.append(request)
-            batch.append(act)
+            else:
+                requests.append(request)
+                batch.append(act)
         if not requests:
             return True
-        results = await asyncio.to_thread(ctx.engine.generate, requests)
+        results = await self._generate(job_id, ctx, requests)
         for act, result in zip(batch, results, strict=True):
             self.tokens_generated += len(result.token_ids)
             self._after_turn(ctx, act, result)
         return True
 
+    async def _generate(self, job_id: str, ctx: _JobContext,
+                        requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """One engine call, aborted at a token boundary if a newer policy is published."""
+        watcher = asyncio.create_task(self._abort_on_new_policy(job_id, ctx))
+        try:
+            return await asyncio.to_thread(ctx.engine.generate, requests)
+        finally:
+            watcher.cancel()
+
+    async def _abort_on_new_policy(self, job_id: str, ctx: _JobContext) -> None:
+        while True:
+            await asyncio.sleep(self.settings.policy_poll_s)
+            policy = await self._store.policy(job_id)
+            if (policy is not None and policy.version > ctx.engine.policy_version
+                    and (job_id, policy.version, policy.sha256) not in self._rejected):
+                logger.debug("[weights] aborting engine call for version=%d", policy.version)
+                ctx.engine.abort()
+                return
+
     def _after_turn(self, ctx: _JobContext, act: _Active, result: GenerationResult) -> None:
-        outcome = agent.apply_generation(act.traj, result, ctx.spec, ctx.tokenizer)
+        if result.finish_reason == "aborted":
+            # Not a finished turn: keep the tokens, resume on the new weights next pass.
+            agent.apply_partial(act.traj, result)
+            act.turn_prefix.extend(result.token_ids)
+            return
+        outcome = agent.apply_generation(act.traj, result, ctx.spec, ctx.tokenizer,
+                                         act.turn_prefix)
+        act.turn_prefix = []
         act.ready = False
         if outcome.finished:
             self._spawn(self._finish(ctx, act, outcome.final_answer))
@@ -282,6 +379,7 @@ class RolloutCore:
             await self._handoff(ctx, act, decision)
             return
         act.ready = True
+        self._wakeup.set()
 
     async def _execute_tool(self, ctx: _JobContext, traj: t.Trajectory,
                             outcome: agent.TurnOutcome) -> t.ToolResult:

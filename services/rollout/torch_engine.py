@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 import torch
+from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel
 
@@ -87,6 +88,14 @@ class TorchEngine:
             self._model.load_state_dict(state_dict, strict=True)
         self._policy_version = version
         logger.info("[weights] loaded policy_version=%d path=%s", version, path)
+
+    def load_weights_bytes(self, data: bytes, version: int) -> None:
+        """Like :meth:`load_weights`, from verified safetensors bytes (no second read)."""
+        state_dict = load_bytes(data)
+        with torch.no_grad():
+            self._model.load_state_dict(state_dict, strict=True)
+        self._policy_version = version
+        logger.info("[weights] loaded policy_version=%d bytes=%d", version, len(data))
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Sample continuations for all requests as one batch.

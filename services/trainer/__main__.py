@@ -30,6 +30,8 @@ async def main(cfg: TrainerConfig) -> None:
     name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
     registration = Registration(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
                                 TrainerServicer(core), name)
+    # A job still RUNNING lost its trainer (this process was restarted): take it up.
+    await core.resume()
     await serve("trainer", cfg.server, [registration], drain=core.drain)
     await redis.aclose()
 

@@ -21,7 +21,7 @@ from libra.tasks.arith import ArithDataset, demonstration
 from services.trainer.torch_backend import TorchTrainerBackend
 from services.trainer.train_types import SftExample, TrainSample
 
-NUM_DEMONSTRATIONS = 2048
+NUM_DEMONSTRATIONS = 4096
 
 
 class JobBackend:
@@ -64,10 +64,16 @@ class JobBackend:
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         a = self._spec.algorithm
         return self._backend.train_step(samples, lr=a.learning_rate, clip_eps=a.clip_eps,
-                                        kl_coef=a.kl_coef)
+                                        kl_coef=a.kl_coef, is_cap=a.is_cap)
 
     def save_weights(self, path: str) -> str:
         return self._backend.save_weights(path)
+
+    def save_checkpoint(self, directory: str) -> list[str]:
+        return self._backend.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._backend.load_checkpoint(directory)
 
 
 class TorchBackendFactory:

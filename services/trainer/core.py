@@ -4,8 +4,19 @@ One job at a time. ``start_job`` returns at once; the job runs as a task:
 warm start (supervised, on the job's demonstrations) -> publish version 0 -> steps.
 Each step (1) collects ``prompts_per_step`` complete groups from the trajectory stream,
 dropping what is too stale or failed, (2) trains on them, (3) acknowledges the entries
-and counts them, (4) publishes a new policy version every ``sync_interval`` steps and
-(5) reports the step record to the coordinator.
+and counts them, (4) publishes a new policy version every ``sync_interval`` steps,
+(5) writes a checkpoint every ``checkpoint_interval`` steps and (6) reports the step
+record to the coordinator.
+
+Resume (:meth:`TrainerCore.resume`, called at start-up): a job still RUNNING lost its
+trainer, so it restarts from the newest checkpoint (model, optimizer, RNG, step) instead
+of the warm start. Redis kept the rest: entries delivered but not acked are re-read
+(pending), and trajectories acked since the checkpoint are in the idempotency set, so
+they are never trained again. Their step's effect on the weights is lost and the step
+counter goes back to the checkpoint's, so those steps are redone on new data; the
+accounting (produced = trained + dropped + in flight) stays exact. The first version
+published after a resume is one above the last one in Redis, never a reused number:
+rollout instances only load versions newer than theirs.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from libra.clients.coordinator import CoordinatorApi
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.jobspec import JobSpec, job_spec_from_json
+from libra.weight_sync import write_manifest
+from services.trainer import checkpoint
 from services.trainer.grpo import GroupBuffer, group_advantages, staleness
 from services.trainer.store import TrainerStore
 from services.trainer.train_types import TrainSample
@@ -38,6 +51,10 @@ class Backend(Protocol):
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]: ...
 
     def save_weights(self, path: str) -> str: ...
+
+    def save_checkpoint(self, directory: str) -> list[str]: ...
+
+    def load_checkpoint(self, directory: str) -> None: ...
 
 
 class BackendFactory(Protocol):
@@ -71,14 +88,24 @@ class TrainerCore:
         self.step = 0
         self.policy_version = -1
 
-    async def start_job(self, job_id: str) -> None:
+    async def start_job(self, job_id: str, resume: bool = False) -> None:
+        """Start training a job; ``resume`` continues from its newest checkpoint."""
         if self._task is not None and not self._task.done():
             raise FailedPrecondition(f"trainer is busy with job {self.job_id}")
         spec_json = await self._store.job_spec_json(job_id)
         if spec_json is None:
             raise NotFound(f"job {job_id!r} not found")
         self.job_id, self.phase, self.step, self.policy_version = job_id, "warmup", 0, -1
-        self._task = asyncio.create_task(self._run_job(job_id, job_spec_from_json(spec_json)))
+        self._task = asyncio.create_task(
+            self._run_job(job_id, job_spec_from_json(spec_json), resume))
+
+    async def resume(self) -> list[str]:
+        """Take up a job that is RUNNING without a trainer (this process restarted)."""
+        running = await self._store.running_jobs()
+        for job_id in running[:1]:  # one job at a time
+            logger.info("[resume] job_id=%s", job_id)
+            await self.start_job(job_id, resume=True)
+        return running[:1]
 
     async def stop_job(self, job_id: str) -> None:
         if self.job_id == job_id and self._task is not None and not self._task.done():
@@ -95,9 +122,9 @@ class TrainerCore:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def _run_job(self, job_id: str, spec: JobSpec) -> None:
+    async def _run_job(self, job_id: str, spec: JobSpec, resume: bool) -> None:
         try:
-            await self._train(job_id, spec)
+            await self._train(job_id, spec, resume)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -108,32 +135,68 @@ class TrainerCore:
         self.phase = "done"
         await self._report_done(job_id, t.JobState.SUCCEEDED, f"trained {self.step} steps")
 
-    async def _train(self, job_id: str, spec: JobSpec) -> None:
+    async def _train(self, job_id: str, spec: JobSpec, resume: bool) -> None:
         run_dir = Path(await self._store.job_run_dir(job_id))
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
         model_dir = str(run_dir / "model")
         backend = await asyncio.to_thread(self._factory.create, spec, model_dir)
-        warm = await asyncio.to_thread(backend.warm_start)
-        logger.info("[warmup] done job_id=%s %s", job_id, warm)
+        version = await self._init_policy(job_id, backend, run_dir, resume)
         await self._store.ensure_group(job_id)
-        await self._publish(job_id, backend, run_dir, model_dir, version=0)
+        await self._publish(job_id, backend, run_dir, model_dir, version)
         self.phase = "training"
         buffer = GroupBuffer(spec.algorithm.samples_per_prompt)
         first = True
         placements = await self._store.counters(job_id)
-        while self.step < spec.algorithm.num_steps:
+        a = spec.algorithm
+        while self.step < a.num_steps:
             started = time.perf_counter()
+            # 1) Complete, fresh groups (re-delivered pending entries first).
             batch = await self._collect(job_id, spec, buffer, pending=first)
             first = False
+            # 2) Train, ack and count.
             record = await self._train_on(job_id, spec, backend, batch)
             placements, placement_record = await self._placement_deltas(job_id, placements)
             record.update(placement_record)
-            if (self.step + 1) % spec.algorithm.sync_interval == 0:
-                await self._publish(job_id, backend, run_dir, model_dir, self.policy_version + 1)
+            # 3) Publish every sync_interval steps, checkpoint every checkpoint_interval.
+            if (self.step + 1) % a.sync_interval == 0:
+                record["publish_s"] = await self._publish(job_id, backend, run_dir, model_dir,
+                                                          self.policy_version + 1)
             self.step += 1
+            if a.checkpoint_interval and self.step % a.checkpoint_interval == 0:
+                record["checkpoint_s"] = await self._checkpoint(backend, run_dir)
+            # 4) Report the step.
             record.update(step=self.step, policy_version=self.policy_version,
                           wall_s=round(time.perf_counter() - started, 4))
             await self._coordinator.report_step(job_id, record)
+
+    async def _init_policy(self, job_id: str, backend: Backend, run_dir: Path,
+                           resume: bool) -> int:
+        """Warm start, or load the newest checkpoint; returns the version to publish."""
+        ckpt = None
+        if resume:
+            ckpt = await asyncio.to_thread(checkpoint.latest, run_dir / "checkpoints")
+        if ckpt is None:
+            warm = await asyncio.to_thread(backend.warm_start)
+            logger.info("[warmup] done job_id=%s %s", job_id, warm)
+        else:
+            await asyncio.to_thread(backend.load_checkpoint, str(ckpt.path))
+            self.step = ckpt.step
+            logger.info("[resume] from checkpoint job_id=%s step=%d path=%s", job_id,
+                        ckpt.step, ckpt.path)
+        if not resume:
+            return 0
+        # Never reuse a version number: rollout instances load only newer versions.
+        last = await self._store.policy_version(job_id)
+        await self._store.record_event(job_id, "trainer_resumed", step=str(self.step),
+                                       checkpoint=str(ckpt.path) if ckpt else "")
+        return max(last, ckpt.policy_version if ckpt else -1) + 1
+
+    async def _checkpoint(self, backend: Backend, run_dir: Path) -> float:
+        started = time.perf_counter()
+        ckpt = await asyncio.to_thread(checkpoint.save, run_dir / "checkpoints", self.step,
+                                       self.policy_version, backend.save_checkpoint)
+        logger.info("[checkpoint] step=%d path=%s", self.step, ckpt.path)
+        return round(time.perf_counter() - started, 4)
 
     async def _collect(self, job_id: str, spec: JobSpec, buffer: GroupBuffer,
                        pending: bool) -> _Batch:
@@ -219,6 +282,12 @@ class TrainerCore:
         started = time.perf_counter()
         metrics = await asyncio.to_thread(backend.train_step, samples)
         train_s = time.perf_counter() - started
+        if metrics.get("is_skipped"):
+            # Non-finite loss or gradient: the weights were left untouched.
+            logger.warning("[train] step skipped (non-finite) job_id=%s step=%d", job_id,
+                           self.step + 1)
+            await self._store.record_event(job_id, "step_skipped_nonfinite",
+                                           step=str(self.step + 1))
         await self._store.consume(job_id, [e for e, _ in batch.entries],
                                   [tr.trajectory_id for tr in trajs], trained=len(trajs),
                                   trained_groups=spec.algorithm.prompts_per_step)
@@ -242,12 +311,17 @@ class TrainerCore:
                      "bucket_occupancy": occupancy}
 
     async def _publish(self, job_id: str, backend: Backend, run_dir: Path, model_dir: str,
-                       version: int) -> None:
+                       version: int) -> float:
+        """Write and announce a version; returns the seconds it took."""
+        started = time.perf_counter()
         path = run_dir / "weights" / f"v{version:06d}.safetensors"
-        digest = await asyncio.to_thread(backend.save_weights, str(path))
+        await asyncio.to_thread(backend.save_weights, str(path))
+        # The pointer names the chunked manifest and carries the manifest's own sha256.
+        manifest, digest = await asyncio.to_thread(write_manifest, path, version)
         await self._store.publish_policy(job_id, t.PolicyInfo(
-            version, str(path), digest, model_dir, self._clock.now_ms()))
+            version, str(manifest), digest, model_dir, self._clock.now_ms()))
         self.policy_version = version
+        return round(time.perf_counter() - started, 4)
 
     async def _report_done(self, job_id: str, state: t.JobState, message: str) -> None:
         try:

@@ -29,6 +29,12 @@ class TrainerStore(Protocol):
 
     async def counters(self, job_id: str) -> dict[str, int]: ...
 
+    async def running_jobs(self) -> list[str]: ...
+
+    async def policy_version(self, job_id: str) -> int: ...
+
+    async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
+
 
 class RedisTrainerStore:
     """``TrainerStore`` over a bytes-mode ``redis.asyncio`` client."""
@@ -98,3 +104,18 @@ class RedisTrainerStore:
         """The job's cumulative counters (scheduler placements and migrations included)."""
         raw = await self._r.hgetall(keys.counters(job_id))
         return {k.decode(): int(v) for k, v in raw.items()}
+
+    async def running_jobs(self) -> list[str]:
+        """Jobs in state ``running``, oldest first."""
+        ids = [j.decode() for j in await self._r.zrange(keys.JOBS_INDEX, 0, -1)]
+        states = [await self._r.hget(keys.job(j), "state") for j in ids]
+        return [j for j, state in zip(ids, states, strict=True) if state == b"running"]
+
+    async def policy_version(self, job_id: str) -> int:
+        """The version the policy pointer announces (-1 when none was published)."""
+        raw = await self._r.hget(keys.policy(job_id), "version")
+        return int(raw) if raw is not None else -1
+
+    async def record_event(self, job_id: str, kind: str, **fields: str) -> None:
+        await self._r.xadd(keys.events(job_id), {"kind": kind, **fields},
+                           maxlen=keys.EVENTS_MAXLEN, approximate=True)

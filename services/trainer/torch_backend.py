@@ -2,8 +2,11 @@
 
 The trainer core hands batches of :class:`TrainSample` to :meth:`train_step` and
 publishes :meth:`save_weights` files to rollout workers. One optimizer step per call
-(one PPO epoch, as in the reference); "old" log-probs are recomputed with the current
-weights before the update, and the engine's log-probs are kept only to measure drift.
+(one PPO epoch, as in the reference). Decoupled PPO: the proximal log-probs are
+recomputed with the current weights before the update (the ratio's denominator), and the
+engine's behaviour log-probs importance-weight tokens sampled by an older policy
+(``loss.behaviour_weights``) and measure drift. :meth:`save_checkpoint` and
+:meth:`load_checkpoint` persist everything a resumed run needs (model, optimizer, RNG).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import hashlib
 import logging
 import math
 import random
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -98,28 +103,42 @@ class TorchTrainerBackend:
         lr: float | None = None,
         clip_eps: float = 0.2,
         kl_coef: float = 0.0,
+        is_cap: float | None = None,
     ) -> dict[str, float]:
-        """One PPO-clip optimizer step on a batch of trajectories.
+        """One decoupled PPO-clip optimizer step on a batch of trajectories.
+
+        Args:
+            samples: The batch (complete groups).
+            lr: Learning rate of this step (the constructor's when None).
+            clip_eps: PPO clip range.
+            kl_coef: KL penalty weight (against the proximal policy).
+            is_cap: Behaviour importance-weight cap; None disables the correction.
 
         Returns:
             Metrics: ``loss``, ``grad_norm``, ``clip_fraction``, ``approx_kl``,
-            ``logprob_drift``, ``num_tokens`` and ``is_skipped`` (1.0 when the loss or the
-            gradient was non-finite and the weights were left untouched).
+            ``logprob_drift``, (with ``is_cap``) ``is_weight_mean`` and
+            ``is_truncated_fraction``, ``num_tokens``, ``recompute_s``, ``fwd_bwd_s`` and
+            ``is_skipped`` (1.0 when the loss or the gradient was non-finite and the
+            weights were left untouched).
         """
         input_ids, attention_mask, loss_mask = _right_pad(
             [(sample.token_ids, sample.loss_mask) for sample in samples], self._pad_token_id
         )
         behaviour = _right_pad_floats([sample.rollout_logprobs for sample in samples])
         advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
-        # 1) Old log-probs from the current weights, without grad.
+        # 1) Proximal log-probs from the current weights, without grad.
+        started = time.perf_counter()
         self._model.eval()
         with torch.no_grad():
             old_logprobs = self._token_logprobs(input_ids, attention_mask)
-        # 2) New log-probs with grad, then the clipped loss.
+        recompute_s = time.perf_counter() - started
+        # 2) New log-probs with grad, then the clipped, importance-weighted loss.
+        started = time.perf_counter()
         self._model.train()
         new_logprobs = self._token_logprobs(input_ids, attention_mask)
         loss, metrics = ppo_clip_loss(
-            new_logprobs, old_logprobs, advantages, loss_mask, clip_eps, kl_coef, behaviour
+            new_logprobs, old_logprobs, advantages, loss_mask, clip_eps, kl_coef, behaviour,
+            is_cap,
         )
         # 3) Backward, clip, step (or skip on a non-finite loss or gradient).
         grad_norm = self._apply(loss, self._learning_rate if lr is None else lr)
@@ -128,15 +147,25 @@ class TorchTrainerBackend:
             loss=float(loss.detach()),
             grad_norm=grad_norm,
             num_tokens=float(loss_mask.sum()),
+            recompute_s=recompute_s,
+            fwd_bwd_s=time.perf_counter() - started,
             is_skipped=float(not math.isfinite(grad_norm)),
         )
         return metrics
 
     def save_weights(self, path: str) -> str:
-        """Write the state dict as safetensors; returns the file's sha256 hex digest."""
+        """Write the state dict as safetensors; returns the file's sha256 hex digest.
+
+        Raises:
+            ValueError: A tensor holds a non-finite value (never publish NaN weights).
+        """
         state_dict = {
             name: tensor.detach().contiguous() for name, tensor in self._model.state_dict().items()
         }
+        bad = [name for name, tensor in state_dict.items()
+               if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+        if bad:
+            raise ValueError(f"refusing to publish non-finite weights: {bad[:5]}")
         save_file(state_dict, path)
         digest = hashlib.sha256()
         with open(path, "rb") as handle:
@@ -148,6 +177,44 @@ class TorchTrainerBackend:
         """Load a safetensors state dict written by :meth:`save_weights` (optimizer kept)."""
         with torch.no_grad():
             self._model.load_state_dict(load_file(path), strict=True)
+
+    def save_checkpoint(self, directory: str) -> list[str]:
+        """Write model, optimizer and RNG state into ``directory``; returns the file names."""
+        folder = Path(directory)
+        save_file({name: tensor.detach().contiguous().clone()
+                   for name, tensor in self._model.state_dict().items()},
+                  str(folder / _CKPT_MODEL))
+        torch.save(self._optimizer.state_dict(), folder / _CKPT_OPTIMIZER)
+        torch.save({"torch_rng": torch.get_rng_state(), "python_rng": self._rng.getstate(),
+                    "num_steps": self._num_steps}, folder / _CKPT_RNG)
+        return [_CKPT_MODEL, _CKPT_OPTIMIZER, _CKPT_RNG]
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote.
+
+        Raises:
+            ValueError: A file is unreadable or does not fit the model; names the file.
+        """
+        folder = Path(directory)
+        loaders = (
+            (_CKPT_MODEL, lambda path: self._model.load_state_dict(load_file(str(path)),
+                                                                   strict=True)),
+            (_CKPT_OPTIMIZER, lambda path: self._optimizer.load_state_dict(
+                torch.load(path, weights_only=False))),
+            (_CKPT_RNG, self._load_rng),
+        )
+        for name, load in loaders:
+            try:
+                with torch.no_grad():
+                    load(folder / name)
+            except Exception as exc:
+                raise ValueError(f"corrupt checkpoint file {folder / name}: {exc}") from exc
+
+    def _load_rng(self, path: Path) -> None:
+        state = torch.load(path, weights_only=False)
+        torch.set_rng_state(state["torch_rng"])
+        self._rng.setstate(state["python_rng"])
+        self._num_steps = int(state["num_steps"])
 
     def _token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -176,6 +243,11 @@ class TorchTrainerBackend:
         self._optimizer.step()
         self._num_steps += 1
         return grad_norm
+
+
+_CKPT_MODEL = "model.safetensors"
+_CKPT_OPTIMIZER = "optimizer.pt"
+_CKPT_RNG = "rng.pt"
 
 
 def _sft_learning_rate(step: int, num_steps: int, peak_lr: float) -> float:

@@ -8,6 +8,7 @@ core, the agent loop, the tokenizer (the tiny model's real character tokenizer v
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,15 @@ def make_tokenizer(max_context_tokens: int = 384) -> HfTokenizer:
     return HfTokenizer(_TOKENIZER, stop_token_ids(_TOKENIZER), max_context_tokens)
 
 
+@dataclass(frozen=True)
+class BlockUntilAbort:
+    """Script item: ``generate`` blocks until ``abort()`` (or 5 s), then returns the first
+    ``keep`` tokens of ``text`` with finish reason ``aborted``."""
+
+    text: str
+    keep: int
+
+
 @dataclass
 class FakeEngine:
     """Returns scripted turn texts, one per request, in order; records every call.
@@ -45,6 +55,12 @@ class FakeEngine:
     calls: list[tuple[str, int]] = field(default_factory=list)  # ("generate"|"load", version)
     loaded: list[tuple[str, int]] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
+    num_aborts: int = 0
+    _abort: threading.Event = field(default_factory=threading.Event)
+
+    def abort(self) -> None:
+        self.num_aborts += 1
+        self._abort.set()
 
     def queue(self, *turns: str | GenerationResult) -> None:
         self.script.extend(turns)
@@ -59,6 +75,14 @@ class FakeEngine:
             if isinstance(item, GenerationResult):
                 out.append(item)
                 continue
+            if isinstance(item, BlockUntilAbort):
+                self._abort.wait(5.0)
+                self._abort.clear()
+                ids = self.tokenizer.encode(item.text)[: item.keep]
+                out.append(GenerationResult(token_ids=ids, logprobs=[self.logprob] * len(ids),
+                                            finish_reason="aborted",
+                                            policy_version=self.policy_version))
+                continue
             ids = self.tokenizer.encode(item)[: request.max_new_tokens]
             out.append(GenerationResult(token_ids=ids, logprobs=[self.logprob] * len(ids),
                                         finish_reason="stop", policy_version=self.policy_version))
@@ -67,6 +91,11 @@ class FakeEngine:
     def load_weights(self, path: str, version: int) -> None:
         self.calls.append(("load", version))
         self.loaded.append((path, version))
+        self.policy_version = version
+
+    def load_weights_bytes(self, data: bytes, version: int) -> None:
+        self.calls.append(("load", version))
+        self.loaded.append((data.decode(errors="replace"), version))
         self.policy_version = version
 
 

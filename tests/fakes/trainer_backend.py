@@ -2,7 +2,8 @@
 
 Replaces: the torch model, optimizer and safetensors writer of the trainer. Everything
 else is real. ``train_step`` records the samples and returns fixed metrics (or raises
-``fail_with``); ``save_weights`` writes a small file and returns its real sha256.
+``fail_with``); ``save_weights`` writes a small file and returns its real sha256;
+``save_checkpoint`` writes the step count, ``load_checkpoint`` reads it back.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class FakeBackend:
     warm_started: int = 0
     steps: list[list[TrainSample]] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=lambda: {"loss": 0.25, "kl": 0.0})
+    loaded_checkpoints: list[str] = field(default_factory=list)
 
     def warm_start(self) -> dict[str, float]:
         self.warm_started += 1
@@ -30,13 +33,21 @@ class FakeBackend:
         if self.fail_with is not None:
             raise self.fail_with
         self.steps.append(list(samples))
-        return {"loss": 0.25, "kl": 0.0}
+        return dict(self.metrics)
 
     def save_weights(self, path: str) -> str:
         data = f"weights #{len(self.saved)}".encode()
         Path(path).write_bytes(data)
         self.saved.append(path)
         return hashlib.sha256(data).hexdigest()
+
+    def save_checkpoint(self, directory: str) -> list[str]:
+        Path(directory, "state.txt").write_text(str(len(self.steps)))
+        return ["state.txt"]
+
+    def load_checkpoint(self, directory: str) -> None:
+        int(Path(directory, "state.txt").read_text())
+        self.loaded_checkpoints.append(directory)
 
     @property
     def trained_ids(self) -> list[str]:

@@ -123,3 +123,52 @@ def test_tokenizer_round_trips_protocol_text_and_tags_are_single_tokens(tokenize
     assert tokenizer("~", add_special_tokens=False)["input_ids"] == [tokenizer.unk_token_id]
     save_model_dir(build_model(_CFG, seed=0), tokenizer, str(tmp_path))
     assert load_tokenizer(str(tmp_path))(text)["input_ids"] == ids
+
+
+def test_turn_interrupted_by_a_weight_update_resumes_on_the_new_weights(tokenizer, tmp_path):
+    """Partial rollout with the real engine: one turn, tokens from versions 0 and 1."""
+    from safetensors.torch import save_file
+
+    from libra import types as t
+    from libra.jobspec import JobSpec, TaskSpec
+    from services.rollout import agent
+    from services.rollout.backend import HfTokenizer
+
+    engine = _engine(seed=0)
+    new_model = build_model(_CFG, seed=1)
+    weights = tmp_path / "v1.safetensors"
+    save_file({k: v.contiguous() for k, v in new_model.state_dict().items()}, str(weights))
+    spec = JobSpec(task=TaskSpec(max_new_tokens_per_turn=12))
+    tok = HfTokenizer(tokenizer, [], 384)  # no stop tokens: the turn runs to its budget
+    traj = t.Trajectory(t.TrajectoryId("tr"), t.JobId("j"), t.GroupId("g"), t.PromptId("p"),
+                        "Q:1+2=", "3")
+    agent.start(traj, tok)
+    original_forward = engine._forward
+    calls = []
+
+    def forward_then_abort(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            engine.abort()  # as the rollout core's watcher does when v1 is published
+        return original_forward(*args)
+
+    engine._forward = forward_then_abort
+    first = engine.generate([agent.next_request(traj, spec, tok, seed=5)])[0]
+    assert first.finish_reason == "aborted" and len(first.token_ids) == 4
+    agent.apply_partial(traj, first)
+    engine._forward = original_forward
+    engine.load_weights(str(weights), version=1)
+    rest = agent.next_request(traj, spec, tok, seed=5, num_turn_tokens=4)
+    assert rest.max_new_tokens == 8 and rest.prompt_token_ids == traj.token_ids
+    second = engine.generate([rest])[0]
+    agent.apply_generation(traj, second, spec, tok, turn_prefix=first.token_ids)
+    assert traj.num_turns == 1
+    model_versions = [v for v, m in zip(traj.token_versions, traj.loss_mask, strict=True) if m]
+    assert model_versions == [0] * 4 + [1] * 8
+    # The resumed tokens' log-probs are the new policy's on the full context.
+    ids = torch.tensor([traj.token_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(new_model.eval()(input_ids=ids).logits[0, :-1].float(), -1)
+    end = len(traj.token_ids)
+    expected = [float(logprobs[i - 1, traj.token_ids[i]]) for i in range(end - 8, end)]
+    assert traj.logprobs[-8:] == pytest.approx(expected, abs=1e-4)

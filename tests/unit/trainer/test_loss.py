@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from services.trainer.loss import group_advantages, kl_estimate, masked_mean, ppo_clip_loss
+from services.trainer.loss import (
+    behaviour_weights,
+    group_advantages,
+    kl_estimate,
+    masked_mean,
+    ppo_clip_loss,
+)
 
 
 def test_group_advantages_normalise_within_each_group():
@@ -76,3 +82,56 @@ def test_ppo_clip_loss_gradient_is_policy_gradient_at_ratio_one():
 def test_kl_estimate_is_zero_at_equal_policies_and_positive_elsewhere():
     values = kl_estimate(torch.tensor([0.0, 0.5, -0.5]))
     assert values[0].item() == 0.0 and (values[1:] > 0).all()
+
+
+def test_behaviour_weights_are_proximal_over_behaviour_truncated_at_the_cap():
+    proximal = torch.log(torch.tensor([[0.5, 0.9, 0.5]]))
+    behaviour = torch.log(torch.tensor([[0.25, 0.6, 0.1]]))
+    weights, truncated = behaviour_weights(proximal, behaviour, is_cap=2.0)
+    # 0.5/0.25 = 2 (at the cap, not over it), 0.9/0.6 = 1.5, 0.5/0.1 = 5 -> 2.
+    assert weights[0].tolist() == pytest.approx([2.0, 1.5, 2.0], rel=1e-5)
+    assert truncated[0].tolist() == [False, False, True]
+
+
+def test_decoupled_loss_weights_each_token_by_its_truncated_importance_weight():
+    proximal = torch.log(torch.tensor([[0.5, 0.9, 0.5]]))
+    behaviour = torch.log(torch.tensor([[0.25, 0.6, 0.1]]))
+    loss, metrics = ppo_clip_loss(proximal.clone(), proximal, torch.tensor([1.0]),
+                                  torch.ones(1, 3), behaviour_logprobs=behaviour, is_cap=2.0)
+    # Ratio new/proximal is 1 everywhere: the token loss is -w * A = -w.
+    assert loss.item() == pytest.approx(-(2.0 + 1.5 + 2.0) / 3, rel=1e-5)
+    assert metrics["is_weight_mean"] == pytest.approx(5.5 / 3, rel=1e-5)
+    assert metrics["is_truncated_fraction"] == pytest.approx(1 / 3, rel=1e-5)
+    assert metrics["logprob_drift"] == pytest.approx(
+        (math.log(2.0) + math.log(1.5) + math.log(5.0)) / 3, rel=1e-5)
+
+
+def test_decoupled_loss_clips_the_ratio_to_the_proximal_policy_not_the_behaviour():
+    proximal = torch.zeros(1, 1)
+    behaviour = torch.log(torch.tensor([[0.5]]))  # w = exp(0 - log 0.5) = 2
+    new = torch.log(torch.tensor([[1.5]]))  # ratio to proximal 1.5 -> clipped to 1.2
+    loss, metrics = ppo_clip_loss(new, proximal, torch.tensor([2.0]), torch.ones(1, 1),
+                                  behaviour_logprobs=behaviour, is_cap=4.0)
+    assert loss.item() == pytest.approx(-2.0 * min(1.5 * 2.0, 1.2 * 2.0), rel=1e-5)
+    assert metrics["clip_fraction"] == 1.0
+
+
+def test_decoupled_loss_gradient_is_weighted_policy_gradient_and_kl_is_unweighted():
+    proximal = torch.zeros(1, 2)
+    behaviour = torch.log(torch.tensor([[0.5, 1.0]]))  # weights 2 and 1
+    new = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = ppo_clip_loss(new, proximal, torch.tensor([1.0]), torch.ones(1, 2),
+                            kl_coef=0.5, behaviour_logprobs=behaviour, is_cap=2.0)
+    loss.backward()
+    # d/dnew of -w * exp(new - prox) * A at new = prox is -w * A, over 2 tokens; the KL
+    # term (ratio - 1) - log ratio has zero gradient at ratio 1.
+    assert new.grad[0].tolist() == pytest.approx([-1.0, -0.5])
+
+
+def test_without_a_cap_behaviour_log_probs_only_measure_drift():
+    proximal = torch.zeros(1, 1)
+    loss, metrics = ppo_clip_loss(proximal.clone(), proximal, torch.tensor([1.0]),
+                                  torch.ones(1, 1), behaviour_logprobs=torch.tensor([[-3.0]]))
+    assert loss.item() == pytest.approx(-1.0)
+    assert "is_weight_mean" not in metrics
+    assert metrics["logprob_drift"] == pytest.approx(3.0)

@@ -96,3 +96,43 @@ def test_save_load_round_trip_gives_identical_logits(tmp_path):
     request = GenerationRequest(prompt_token_ids=[1, 12, 13], max_new_tokens=5, seed=4)
     reference = TorchEngine(backend.model, pad_token_id=0).generate([request])[0]
     assert engine.generate([request])[0].token_ids == reference.token_ids
+
+
+def test_checkpoint_restores_model_optimizer_and_rng_exactly(tmp_path):
+    original = _backend(seed=0)
+    original.train_step(_samples([1.0, -1.0]))
+    original.save_checkpoint(str(tmp_path))
+    original.train_step(_samples([-1.0, 1.0]))
+    noise = torch.rand(3)
+    restored = _backend(seed=7)  # other initial weights, fresh optimizer and RNG
+    restored.load_checkpoint(str(tmp_path))
+    restored.train_step(_samples([-1.0, 1.0]))
+    # The second step depends on AdamW's moments: equal weights mean the optimizer
+    # state came back too, and the torch RNG continues where it was saved.
+    after, expected = restored.model.state_dict(), original.model.state_dict()
+    assert all(torch.allclose(after[name], expected[name], atol=1e-6) for name in expected)
+    assert torch.equal(torch.rand(3), noise)
+
+
+def test_corrupt_checkpoint_file_is_an_error_naming_it(tmp_path):
+    backend = _backend()
+    backend.save_checkpoint(str(tmp_path))
+    (tmp_path / "optimizer.pt").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=r"optimizer\.pt"):
+        _backend().load_checkpoint(str(tmp_path))
+
+
+def test_decoupled_step_reports_importance_weights_and_timings():
+    metrics = _backend().train_step(_samples([1.0, -1.0]), is_cap=2.0)
+    # Behaviour log-probs (-2.0) are far from the tiny model's: some weights truncate.
+    assert 0.0 < metrics["is_weight_mean"] <= 2.0
+    assert metrics["recompute_s"] > 0.0 and metrics["fwd_bwd_s"] > 0.0
+
+
+def test_non_finite_weights_are_never_published(tmp_path):
+    backend = _backend()
+    with torch.no_grad():
+        next(backend.model.parameters()).fill_(math.nan)
+    with pytest.raises(ValueError, match="non-finite"):
+        backend.save_weights(str(tmp_path / "w.safetensors"))
+    assert not (tmp_path / "w.safetensors").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,3 +316,70 @@ async def test_more_pending_entries_than_one_read_are_all_re_read(rig: Rig) -> N
     assert await rig.pending() == 80  # a previous trainer-0 held them all
     await rig.run_job()
     assert len(set(rig.backend.trained_ids)) == 80
+
+
+# -- checkpoint and resume -----------------------------------------------------------------
+
+async def test_a_checkpoint_is_written_every_checkpoint_interval_steps(rig: Rig) -> None:
+    await rig.set_spec(num_steps=4, checkpoint_interval=2, max_staleness=10)
+    await rig.write(*[tr for g in range(4) for tr in make_group(g)])
+    await rig.run_job()
+    folders = sorted(p.name for p in (rig.tmp / "checkpoints").iterdir())
+    assert folders == ["step_000002", "step_000004"]
+    assert "checkpoint_s" in rig.coordinator.steps[1][1]
+
+
+async def test_resume_continues_from_the_checkpoint_and_trains_nothing_twice(rig: Rig) -> None:
+    await rig.set_spec(num_steps=4, checkpoint_interval=2, max_staleness=10)
+    await rig.r.zadd(keys.JOBS_INDEX, {JOB: 1})
+    await rig.write(*[tr for g in range(3) for tr in make_group(g)])
+    first = rig.new_core()
+    await first.start_job(JOB)
+    await wait_until(lambda: first.step == 3)
+    await first.stop_job(JOB)  # as if killed: steps 1-3 done, checkpoint at step 2
+    await rig.write(*[tr for g in range(3, 6) for tr in make_group(g)])
+    second = rig.new_core()
+    assert await second.resume() == [JOB]
+    await rig.run_job(second)
+    assert rig.backend.loaded_checkpoints[-1].endswith("step_000002")
+    assert [s["step"] for _, s in rig.coordinator.steps] == [1, 2, 3, 3, 4]
+    trained = rig.backend.trained_ids
+    assert len(trained) == len(set(trained)) == 10  # 5 steps x 1 group x 2, none twice
+    # Version 3 was the last published before the crash: the resumed trainer publishes
+    # the checkpoint's weights as 4 (never reusing a number the rollout side may have
+    # loaded), then 5 and 6 after the redone step 3 and step 4.
+    assert [s["policy_version"] for _, s in rig.coordinator.steps] == [1, 2, 3, 5, 6]
+    counters = await rig.counters()
+    assert counters["trained"] == await rig.r.scard(keys.trained_ids(JOB)) == 10
+    assert counters["produced"] - counters["trained"] == 2  # group 5: in the stream
+
+
+async def test_resume_without_a_checkpoint_warm_starts_again(rig: Rig) -> None:
+    await rig.set_spec(num_steps=1, checkpoint_interval=0)
+    await rig.r.zadd(keys.JOBS_INDEX, {JOB: 1})
+    await rig.write(*make_group(0))
+    core = rig.new_core()
+    await core.resume()
+    await rig.run_job(core)
+    assert rig.backend.warm_started == 1 and not rig.backend.loaded_checkpoints
+
+
+async def test_a_corrupt_checkpoint_fails_the_job_naming_the_file(rig: Rig) -> None:
+    await rig.set_spec(num_steps=2, checkpoint_interval=1, max_staleness=10)
+    await rig.r.zadd(keys.JOBS_INDEX, {JOB: 1})
+    await rig.write(*make_group(0), *make_group(1))
+    await rig.run_job()
+    (rig.tmp / "checkpoints" / "step_000002" / "state.txt").write_text("x")
+    core = rig.new_core()
+    await core.resume()
+    await rig.run_job(core)
+    _, state, message = rig.coordinator.done[-1]
+    assert state is t.JobState.FAILED and "step_000002/state.txt" in message
+
+
+async def test_a_non_finite_step_is_recorded_as_an_event(rig: Rig) -> None:
+    rig.backend.metrics = {"loss": math.nan, "is_skipped": 1.0}
+    await rig.write(*make_group(0))
+    await rig.run_job()
+    events = await rig.r.xrange(keys.events(JOB))
+    assert [e[b"kind"] for _, e in events] == [b"step_skipped_nonfinite"]

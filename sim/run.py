@@ -1,0 +1,113 @@
+"""Run one system on one cluster and trace; summarise into the ``libra sim`` JSON."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from services.coordinator.planner import (
+    ClusterShape,
+    GlobalResourcePlanner,
+    Plan,
+    PlanSearch,
+    RequestStats,
+    SearchSpace,
+    TrainParallelism,
+)
+from sim.bounds import lower_bound_s
+from sim.engine import Simulator
+from sim.instance import SimInfeasible
+from sim.presets import ClusterSpec
+from sim.systems import SystemConfig
+from sim.trace import TraceTrajectory
+
+STARTUP_PROFILE_SIZE = 64
+"""Trajectories of the first step the preflight sees (reference: 64-prompt startup profile)."""
+
+
+def initial_plan(
+    cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
+) -> tuple[Plan, GlobalResourcePlanner | None, dict[str, Any] | None]:
+    """Split and layout at time 0, the planner (for online systems) and the preflight event.
+
+    Raises:
+        SimInfeasible: If no instance type holds the longest trajectory.
+    """
+    first = min(t.step for t in trace)
+    step0 = [t for t in trace if t.step == first]
+    if system.mode == "sync":
+        pattern = system.node_patterns[0]
+        return Plan(TrainParallelism(8, 1, 0), tuple([pattern] * cluster.num_nodes)), None, None
+    history = [
+        RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
+        for t in step0[:STARTUP_PROFILE_SIZE]
+    ]
+    shape = ClusterShape(cluster.num_nodes, cluster.gpus_per_node)
+    space = SearchSpace(
+        node_patterns=system.node_patterns,
+        train_tp=min(8, cluster.gpus_per_node),
+        min_train_nodes=1,
+        min_rollout_nodes=1,
+    )
+    config = replace(system.planner_config, pipeline_depth=system.staleness + 1)
+    planner = GlobalResourcePlanner(
+        PlanSearch(cluster.hardware, cluster.model, shape, space), config
+    )
+    planner.add_history(history)
+    event = planner.preflight(len(step0))
+    if planner.current is None:
+        raise SimInfeasible("planner preflight found no feasible plan (model or KV does not fit)")
+    online = system.enable_replan or system.enable_elastic
+    return planner.current, planner if online else None, event.to_dict()
+
+
+def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig) -> dict[str, Any]:
+    """Simulate and summarise; an infeasible workload yields ``{"feasible": false, ...}``."""
+    started = time.perf_counter()
+    need = max(t.total_tokens for t in trace)
+    fitted = system.fitting(cluster.hardware, cluster.model, need)
+    base = {"system": system.name, "cluster": cluster.to_dict(), "num_trajectories": len(trace)}
+    if not fitted.node_patterns:
+        return {
+            **base,
+            "feasible": False,
+            "reason": f"longest trajectory needs {need} KV tokens; no instance of the system's "
+            f"layouts (TP {system.tps()}) holds it on {cluster.hardware.name}",
+        }
+    try:
+        plan, planner, preflight = initial_plan(cluster, trace, fitted)
+        raw = Simulator(cluster, trace, fitted, plan, planner).run()
+    except SimInfeasible as exc:
+        return {**base, "feasible": False, "reason": str(exc)}
+    bound = lower_bound_s(cluster, trace)
+    makespan = raw["makespan_s"]
+    lat = np.array(raw["latencies_s"])
+    tokens = sum(t.total_tokens for t in trace)
+    busy = (raw["rollout_busy_gpu_s"] + raw["train_busy_gpu_s"]) / (cluster.num_gpus * makespan)
+    log = raw["train_log"]
+    return {
+        **base,
+        "feasible": True,
+        "throughput_traj_per_s": len(trace) / makespan,
+        "tokens_per_s": tokens / makespan,
+        "makespan_s": makespan,
+        "lower_bound_s": bound["lower_bound_s"],
+        "makespan_over_bound": makespan / bound["lower_bound_s"],
+        "bound_terms": bound,
+        "p99_traj_latency_s": float(np.percentile(lat, 99)),
+        "mean_traj_latency_s": float(lat.mean()),
+        "gpu_busy_fraction": busy,
+        "migrations": raw["migrations"],
+        "planner_moves": raw["planner_moves"],
+        "rejected_admissions": raw["rejected"],
+        "max_kv_fraction": raw["max_kv_fraction"],
+        "initial_plan": plan.to_dict(),
+        "mean_train_s": float(np.mean([r["train_s"] for r in log])),
+        "mean_rollout_interval_s": float(np.mean([r["rollout_s"] for r in log])),
+        "num_plan_events": len(raw["plan_events"]),
+        "plans_applied": sum(1 for e in raw["plan_events"] if e["applied"]),
+        "sim_wall_s": time.perf_counter() - started,
+    }

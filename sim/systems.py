@@ -1,0 +1,147 @@
+"""The compared systems, as configurations of one simulator on the same GPUs and trace.
+
+Only configuration differs between systems: placement policy, rollout layout family,
+RL mode (synchronous colocated or asynchronous disaggregated with a staleness bound)
+and whether the planner replans online and drives the elastic pool. Static systems
+get their train/rollout split from one planner preflight over their own layout family
+(what a careful operator would pick), then keep it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra.types import Bucket
+from services.coordinator.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
+from services.scheduler.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
+
+HOMOGENEOUS = ((2, 2, 2, 2),)
+"""8 x TP2 per node: the reference's homogeneous-LB control arm."""
+REFERENCE_HETEROGENEOUS = ((1, 1, 2, 4),)
+"""Per-node TP1, TP1, TP2, TP4: the reference 48-GPU production layout."""
+LIBRA_PATTERNS = (
+    (1, 1, 2, 4),
+    (1, 1, 1, 1, 4),
+    (2, 2, 4),
+    (1, 1, 2, 2, 2),
+    (2, 2, 2, 2),
+    (4, 4),
+    (8,),
+)
+
+BUCKET_MAX_TOKENS = {1: 4_000, 2: 12_000, 4: 30_000, 8: 40_960}
+"""Remaining-length threshold of the bucket of each TP degree (reference 48-GPU
+Qwen3-14B config: short TP1 <= 4,000, medium TP2 <= 12,000, long TP4 <= 30,000; TP8
+from the Search-R1 config's long bucket, 40,960)."""
+
+TRAJECTORIES_PER_TP = 32
+"""Per-instance cap on pinned trajectories = 32 x TP (stands in for the reference's
+``max_queue_length``; binding only under overload)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemConfig:
+    """One compared system."""
+
+    name: str
+    policy: str
+    policy_config: Any = None
+    mode: str = "async"
+    """``sync`` (colocated: rollout then train on all GPUs) or ``async`` (disaggregated)."""
+    staleness: int = 4
+    """Rollouts of step s may start once version >= s - staleness (reference bound 4)."""
+    node_patterns: tuple[tuple[int, ...], ...] = HOMOGENEOUS
+    enable_replan: bool = False
+    enable_elastic: bool = False
+    planner_config: PlannerConfig = field(default_factory=PlannerConfig)
+    size_thresholds: tuple[int, int] = (500, 5000)
+    """Payload small / large thresholds in tokens (reference defaults)."""
+
+    def tps(self) -> list[int]:
+        """TP degrees the system's layouts can contain."""
+        return sorted({tp for p in self.node_patterns for tp in p})
+
+    def bucket_for_tp(self, tp: int) -> str:
+        """Bucket name of an instance of ``tp``."""
+        return f"tp{tp}"
+
+    def buckets(self, hw: HardwareSpec, model: ModelSpec) -> list[Bucket]:
+        """One bucket per TP degree, short (small TP) first."""
+        return [
+            Bucket(self.bucket_for_tp(tp), BUCKET_MAX_TOKENS[tp], tp, 256, TRAJECTORIES_PER_TP * tp)
+            for tp in self.tps()
+        ]
+
+    def fitting(self, hw: HardwareSpec, model: ModelSpec, need_tokens: int) -> SystemConfig:
+        """Drop node patterns with an instance whose KV cache cannot hold ``need_tokens``."""
+        ok = tuple(
+            p
+            for p in self.node_patterns
+            if all(kv_capacity_tokens(hw, model, tp) >= need_tokens for tp in p)
+        )
+        return SystemConfig(**{**self.__dict__, "node_patterns": ok})
+
+
+_LIBRA_PLANNER = PlannerConfig(
+    plan_interval_steps=5,
+    warmup_steps=2,
+    min_history_size=20,
+    transition_cost_s=30.0,
+    cooldown_steps=1,
+)
+_STATIC_PLANNER = PlannerConfig(enable_online=False, enable_elastic=False)
+
+SYSTEMS: dict[str, SystemConfig] = {
+    "sync-lb": SystemConfig(
+        name="sync-lb",
+        policy="least_loaded",
+        mode="sync",
+        staleness=0,
+        node_patterns=HOMOGENEOUS,
+        planner_config=_STATIC_PLANNER,
+    ),
+    "async-lb": SystemConfig(
+        name="async-lb",
+        policy="least_loaded",
+        node_patterns=HOMOGENEOUS,
+        planner_config=_STATIC_PLANNER,
+    ),
+    "length-aware": SystemConfig(
+        name="length-aware",
+        policy="length_aware",
+        policy_config=LengthAwareConfig(),
+        node_patterns=REFERENCE_HETEROGENEOUS,
+        planner_config=_STATIC_PLANNER,
+    ),
+    "la-mlfq": SystemConfig(
+        name="la-mlfq",
+        policy="la_mlfq",
+        policy_config=LaMlfqConfig(),
+        node_patterns=REFERENCE_HETEROGENEOUS,
+        planner_config=_STATIC_PLANNER,
+    ),
+    "toolcount": SystemConfig(
+        name="toolcount",
+        policy="toolcount",
+        node_patterns=HOMOGENEOUS,
+        planner_config=_STATIC_PLANNER,
+    ),
+    "libra": SystemConfig(
+        name="libra",
+        policy="cmlfq",
+        policy_config=CmlfqConfig(rebuild_interval_steps=5),
+        node_patterns=LIBRA_PATTERNS,
+        enable_replan=True,
+        enable_elastic=True,
+        planner_config=_LIBRA_PLANNER,
+    ),
+}
+SYSTEM_NAMES = tuple(SYSTEMS)
+
+
+def system(name: str) -> SystemConfig:
+    """System by name. Raises ``ValueError`` listing the valid names."""
+    if name not in SYSTEMS:
+        raise ValueError(f"unknown system {name!r}; valid: {', '.join(SYSTEM_NAMES)}")
+    return SYSTEMS[name]
