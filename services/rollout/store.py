@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from libra import redis_keys as keys
 from libra import types as t
+from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 
 
@@ -44,19 +45,14 @@ class RolloutStore(Protocol):
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
 
 
-class RedisRolloutStore:
+class RedisRolloutStore(JobRecordReader):
     """``RolloutStore`` over a bytes-mode ``redis.asyncio`` client."""
 
     def __init__(self, redis: Any) -> None:
         self._r = redis
 
     async def ensure_inbox(self, instance_id: str) -> None:
-        try:
-            await self._r.xgroup_create(keys.inbox(instance_id), keys.ROLLOUT_GROUP, id="0",
-                                        mkstream=True)
-        except Exception as exc:  # BUSYGROUP: the group exists already
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await ensure_consumer_group(self._r, keys.inbox(instance_id), keys.ROLLOUT_GROUP)
 
     async def read_inbox(self, instance_id: str, count: int,
                          block_ms: int) -> list[InboxEntry]:
@@ -75,14 +71,6 @@ class RedisRolloutStore:
                 entries.append(InboxEntry(entry_id.decode(), fields[b"job_id"].decode(),
                                           decode_trajectory(fields[b"task"])))
         return entries
-
-    async def job_spec_json(self, job_id: str) -> str | None:
-        raw = await self._r.hget(keys.job(job_id), "spec_json")
-        return raw.decode() if raw else None
-
-    async def job_state(self, job_id: str) -> str | None:
-        raw = await self._r.hget(keys.job(job_id), "state")
-        return raw.decode() if raw else None
 
     async def policy(self, job_id: str) -> t.PolicyInfo | None:
         raw = await self._r.hgetall(keys.policy(job_id))

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from libra import redis_keys as keys
 from libra import types as t
+from libra.redis_shared import JobRecordReader
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.scheduler.policy.store import PolicyStore
 
@@ -70,19 +71,11 @@ class SchedulerStore(Protocol):
     async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
 
 
-class RedisSchedulerStore:
+class RedisSchedulerStore(JobRecordReader):
     """``SchedulerStore`` over a bytes-mode ``redis.asyncio`` client."""
 
     def __init__(self, redis: Any) -> None:
         self._r = redis
-
-    async def job_spec_json(self, job_id: str) -> str | None:
-        raw = await self._r.hget(keys.job(job_id), "spec_json")
-        return raw.decode() if raw else None
-
-    async def job_state(self, job_id: str) -> str | None:
-        raw = await self._r.hget(keys.job(job_id), "state")
-        return raw.decode() if raw else None
 
     async def has_policy(self, job_id: str) -> bool:
         return bool(await self._r.hexists(keys.policy(job_id), "version"))

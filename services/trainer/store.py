@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from libra import redis_keys as keys
 from libra import types as t
+from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory
 
 
@@ -36,29 +37,20 @@ class TrainerStore(Protocol):
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
 
 
-class RedisTrainerStore:
+class RedisTrainerStore(JobRecordReader):
     """``TrainerStore`` over a bytes-mode ``redis.asyncio`` client."""
 
     def __init__(self, redis: Any) -> None:
         self._r = redis
 
-    async def job_spec_json(self, job_id: str) -> str | None:
-        raw = await self._r.hget(keys.job(job_id), "spec_json")
-        return raw.decode() if raw else None
-
     async def job_run_dir(self, job_id: str) -> str:
-        raw = await self._r.hget(keys.job(job_id), "run_dir")
-        if not raw:
+        run_dir = await self.job_field(job_id, "run_dir")
+        if not run_dir:
             raise RuntimeError(f"job {job_id} has no run_dir")
-        return raw.decode()
+        return run_dir
 
     async def ensure_group(self, job_id: str) -> None:
-        try:
-            await self._r.xgroup_create(keys.trajectories(job_id), keys.TRAINER_GROUP, id="0",
-                                        mkstream=True)
-        except Exception as exc:  # BUSYGROUP: exists (trainer restart)
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await ensure_consumer_group(self._r, keys.trajectories(job_id), keys.TRAINER_GROUP)
 
     async def read(self, job_id: str, consumer: str, count: int, block_ms: int,
                    pending: bool = False) -> list[tuple[str, t.Trajectory]]:
