@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import re
 
-import grpc
-
 
 class LibraError(Exception):
     """Base class: a failure that is part of the API."""
 
-    grpc_status: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    grpc_status_name: str = "INTERNAL"
     retryable: bool = False
 
 
 class InvalidArgument(LibraError):
     """The request is malformed; the message names the field."""
 
-    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+    grpc_status_name = "INVALID_ARGUMENT"
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
@@ -31,33 +29,33 @@ class InvalidArgument(LibraError):
 
 
 class NotFound(LibraError):
-    grpc_status = grpc.StatusCode.NOT_FOUND
+    grpc_status_name = "NOT_FOUND"
 
 
 class AlreadyExists(LibraError):
-    grpc_status = grpc.StatusCode.ALREADY_EXISTS
+    grpc_status_name = "ALREADY_EXISTS"
 
 
 class FailedPrecondition(LibraError):
-    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+    grpc_status_name = "FAILED_PRECONDITION"
 
 
 class LeaseConflict(LibraError):
     """Another holder owns the lease, or the epoch moved on."""
 
-    grpc_status = grpc.StatusCode.ABORTED
+    grpc_status_name = "ABORTED"
 
 
 class LeaseLost(LibraError):
     """The caller's lease expired or was fenced off; it must re-register."""
 
-    grpc_status = grpc.StatusCode.PERMISSION_DENIED
+    grpc_status_name = "PERMISSION_DENIED"
 
 
 class ResourceExhausted(LibraError):
     """Capacity is full; retry after ``retry_after_ms``."""
 
-    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    grpc_status_name = "RESOURCE_EXHAUSTED"
     retryable = True
 
     def __init__(self, message: str, retry_after_ms: int = 100) -> None:
@@ -66,33 +64,33 @@ class ResourceExhausted(LibraError):
 
 
 class Unavailable(LibraError):
-    grpc_status = grpc.StatusCode.UNAVAILABLE
+    grpc_status_name = "UNAVAILABLE"
     retryable = True
 
 
 class DeadlineExceeded(LibraError):
-    grpc_status = grpc.StatusCode.DEADLINE_EXCEEDED
+    grpc_status_name = "DEADLINE_EXCEEDED"
     retryable = True
 
 
 class Internal(LibraError):
-    grpc_status = grpc.StatusCode.INTERNAL
+    grpc_status_name = "INTERNAL"
 
 
 _RETRY_AFTER = re.compile(r"retry after (\d+) ms")
-_BY_STATUS: dict[grpc.StatusCode, type[LibraError]] = {
-    cls.grpc_status: cls
+_BY_STATUS: dict[str, type[LibraError]] = {
+    cls.grpc_status_name: cls
     for cls in (NotFound, AlreadyExists, FailedPrecondition, LeaseConflict, LeaseLost,
                 ResourceExhausted, Unavailable, DeadlineExceeded, Internal)
 }
 
 
-def error_from_status(code: grpc.StatusCode, details: str) -> LibraError:
-    """Rebuild the domain error a server raised from its status code and details."""
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
+def error_from_status(code: str, details: str) -> LibraError:
+    """Rebuild the domain error a server raised from its status code name and details."""
+    if code == "INVALID_ARGUMENT":
         field, _, reason = details.partition(": ")
         return InvalidArgument(field, reason or details)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if code == "RESOURCE_EXHAUSTED":
         # Servers put the hint in the details as "(retry after N ms)".
         hint = _RETRY_AFTER.search(details)
         return ResourceExhausted(details, int(hint.group(1)) if hint else 100)

@@ -20,7 +20,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram, start_http_server
 
-from libra.errors import LibraError
 from libra.service_config import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -48,14 +47,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             code = "OK"
             try:
                 return await inner(request, context)
-            except LibraError as exc:
-                code = exc.grpc_status.name
-                await context.abort(exc.grpc_status, str(exc))
             except asyncio.CancelledError:
                 code = "CANCELLED"
                 raise
             except Exception as exc:
-                # Cores that may not import grpc declare the status by name.
+                # Domain errors (libra.errors and the cores' own, which never import grpc)
+                # declare their status by name.
                 status_name = getattr(exc, "grpc_status_name", None)
                 if status_name is not None:
                     code = status_name

@@ -40,7 +40,7 @@ class GrpcClientBase:
             except grpc.aio.AioRpcError as exc:
                 retry = exc.code() == grpc.StatusCode.UNAVAILABLE and attempt < attempts
                 if not retry:
-                    raise error_from_status(exc.code(), exc.details() or "") from exc
+                    raise error_from_status(exc.code().name, exc.details() or "") from exc
                 logger.debug("retrying address=%s attempt=%d", self.address, attempt)
                 await asyncio.sleep(delay_s * (1 + random.random()))
                 delay_s *= 2

@@ -47,7 +47,7 @@ def build_app(core: CoordinatorCore) -> FastAPI:
 
     @app.exception_handler(LibraError)
     async def _libra_error(_request: Request, exc: LibraError) -> JSONResponse:
-        code = exc.grpc_status.name
+        code = exc.grpc_status_name
         body: dict[str, Any] = {"error": code.lower(), "message": str(exc)}
         if field := getattr(exc, "field", None):
             body["field"] = field

@@ -22,18 +22,20 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from libra import types as t
-from libra.clients.coordinator import CoordinatorApi
-from libra.clients.toolgateway import ToolGatewayApi
 from libra.clock import Clock
 from libra.errors import LeaseLost, LibraError
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified
 from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
-from services.rollout.store import InboxEntry, RolloutStore
+
+if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
+    from libra.clients.coordinator import CoordinatorApi
+    from libra.clients.toolgateway import ToolGatewayApi
+    from services.rollout.store import InboxEntry, RolloutStore
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import collections
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libra import types as t
 from libra.clock import Clock
@@ -37,7 +37,9 @@ from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
 from services.scheduler.policy.layout import BucketLayout
 from services.scheduler.policy.registry import PolicyConfig, make_policy
-from services.scheduler.store import FlushablePolicyStore, SchedulerStore
+
+if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
+    from services.scheduler.store import FlushablePolicyStore, SchedulerStore
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
-
 from libra import errors
 from libra import types as t
 from services.toolgateway.config import ToolGatewayConfig
@@ -37,7 +35,7 @@ def _as_libra_error(exc: ToolGatewayError) -> errors.LibraError:
     """The ``libra.errors`` class a gRPC client would have seen for ``exc``."""
     if isinstance(exc, ResourceExhausted):
         return errors.ResourceExhausted(str(exc), exc.retry_after_ms)
-    return errors.error_from_status(grpc.StatusCode[exc.grpc_status_name], str(exc))
+    return errors.error_from_status(exc.grpc_status_name, str(exc))
 
 
 async def run_tool(tool: str, args: dict[str, Any], *, call_id: str = "local",

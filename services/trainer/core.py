@@ -26,18 +26,20 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from libra import types as t
-from libra.clients.coordinator import CoordinatorApi
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.weight_sync import write_manifest
 from services.trainer import checkpoint
 from services.trainer.grpo import GroupBuffer, group_advantages, staleness
-from services.trainer.store import TrainerStore
 from services.trainer.train_types import TrainSample
+
+if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
+    from libra.clients.coordinator import CoordinatorApi
+    from services.trainer.store import TrainerStore
 
 logger = logging.getLogger(__name__)
 

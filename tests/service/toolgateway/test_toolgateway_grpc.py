@@ -101,7 +101,7 @@ async def test_invalid_args_json_is_invalid_argument(gateway, args_json):
             await stub.ExecuteToolCall(pb.ExecuteToolCallRequest(
                 trajectory_id="traj", call_id="c", tool="calculator", args_json=args_json,
                 deadline_ms=1000), timeout=5)
-    err = error_from_status(info.value.code(), info.value.details())
+    err = error_from_status(info.value.code().name, info.value.details())
     assert isinstance(err, InvalidArgument) and err.field == "args_json"
 
 

@@ -1,0 +1,27 @@
+"""Each service core imports no grpc, redis, torch or generated protobuf code (house rule:
+pure core, thin shell). Checked in a fresh interpreter so other tests' imports don't hide
+a violation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("grpc", "redis", "torch", "transformers", "vllm", "libra.proto")
+
+
+@pytest.mark.parametrize("module", [
+    "services.coordinator.core", "services.scheduler.core", "services.rollout.core",
+    "services.trainer.core", "services.toolgateway.core", "services.scheduler.policy",
+    "services.coordinator.planner", "sim",
+])
+def test_core_imports_no_heavy_dependency(module: str) -> None:
+    code = (f"import sys, {module}; "
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
