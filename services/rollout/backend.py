@@ -6,11 +6,14 @@ The only place the rollout service touches transformers; the core sees the ``Eng
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from libra import types as t
 from libra.models.tiny import load_model_dir, stop_token_ids
 from services.rollout.torch_engine import TorchEngine
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,7 +41,13 @@ class TorchEngineLoader:
         self._num_threads = num_threads
         self._seed = seed
 
-    def load(self, model_dir: str, policy: t.PolicyInfo) -> tuple[TorchEngine, HfTokenizer]:
+    def load(self, model_dir: str, policy: t.PolicyInfo,
+             tp_degree: int = 1) -> tuple[TorchEngine, HfTokenizer]:
+        """Load the model; the torch backend runs one device per instance, so a bucket's
+        ``tp_degree`` only matters for vLLM (logged when it is ignored here)."""
+        if tp_degree > 1:
+            logger.warning("[engine] torch backend ignores tp_degree=%d (use engine=vllm)",
+                           tp_degree)
         model, tokenizer = load_model_dir(model_dir)
         engine = TorchEngine(model, pad_token_id=tokenizer.pad_token_id,
                              num_threads=self._num_threads, seed=self._seed,

@@ -28,7 +28,7 @@ class RolloutConfig:
     engine: str = knob("torch", "inference engine: torch (built in) or vllm (optional extra: "
                        "requirements-vllm.txt / make test-vllm; docs/vllm.md)")
     vllm_tensor_parallel_size: int = knob(
-        1, "vLLM tensor_parallel_size: the tp_degree of the bucket this instance serves")
+        0, "vLLM tensor_parallel_size; 0 takes the tp_degree of this instance's bucket")
     vllm_dtype: str = knob("float32", "vLLM dtype: float32 on CPU; bfloat16 or auto on GPUs")
     vllm_enforce_eager: bool = knob(
         True, "vLLM without CUDA graphs/compilation: faster start; set false on GPUs")

@@ -57,7 +57,8 @@ class Engine(Protocol):
 
 
 class EngineLoader(Protocol):
-    def load(self, model_dir: str, policy: t.PolicyInfo) -> tuple[Engine, agent.Tokenizer]: ...
+    def load(self, model_dir: str, policy: t.PolicyInfo,
+             tp_degree: int) -> tuple[Engine, agent.Tokenizer]: ...
 
 
 class SchedulerApi(Protocol):
@@ -230,9 +231,14 @@ class RolloutCore:
         if spec_json is None or policy is None:
             logger.warning("[job] task for unknown or unpublished job_id=%s dropped", job_id)
             return None
-        engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy)
+        spec = job_spec_from_json(spec_json)
+        # The bucket this instance serves fixes its parallelism (vLLM tensor_parallel_size).
+        tp_degree = next((b.tp_degree for b in spec.layout.buckets
+                          if b.name == self.settings.bucket), 1)
+        engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy,
+                                                    tp_degree)
         await self._load_verified(job_id, engine, policy)
-        self._job = (job_id, _JobContext(job_spec_from_json(spec_json), engine, tokenizer))
+        self._job = (job_id, _JobContext(spec, engine, tokenizer))
         logger.info("[job] serving job_id=%s policy_version=%d", job_id, engine.policy_version)
         return self._job[1]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import struct
@@ -91,8 +92,8 @@ class VllmEngineOptions:
     """How the vLLM engine is built (see docs/vllm.md for the knobs).
 
     Attributes:
-        tensor_parallel_size: vLLM ``tensor_parallel_size``; the ``tp_degree`` of the bucket
-            this instance serves.
+        tensor_parallel_size: vLLM ``tensor_parallel_size``; 0 (default) means the loader
+            uses the ``tp_degree`` of the bucket this instance serves.
         dtype: Weights/activations dtype (``float32`` on CPU keeps log-probs comparable with
             the trainer's fp32 recomputation; ``bfloat16``/``auto`` on GPUs).
         max_num_seqs: Most sequences vLLM batches at once.
@@ -104,7 +105,7 @@ class VllmEngineOptions:
         enable_prefix_caching: Reuse KV of shared prefixes (multi-turn); reset on reload.
     """
 
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 0
     dtype: str = "float32"
     max_num_seqs: int = 16
     max_model_len: int = 0
@@ -353,7 +354,7 @@ async def _build_async_llm(model_dir: str, options: VllmEngineOptions, max_len: 
 
     args = AsyncEngineArgs(
         model=model_dir, tokenizer=model_dir, dtype=options.dtype, seed=options.seed,
-        tensor_parallel_size=options.tensor_parallel_size, max_model_len=max_len,
+        tensor_parallel_size=max(options.tensor_parallel_size, 1), max_model_len=max_len,
         max_num_seqs=options.max_num_seqs, enforce_eager=options.enforce_eager,
         gpu_memory_utilization=options.gpu_memory_utilization,
         enable_prefix_caching=options.enable_prefix_caching,
@@ -438,7 +439,9 @@ class VllmEngineLoader:
         self._options = options or VllmEngineOptions()
         self._engine: VllmEngine | None = None
 
-    def load(self, model_dir: str, policy: Any) -> tuple[VllmEngine, Any]:
+    def load(self, model_dir: str, policy: Any, tp_degree: int = 1) -> tuple[VllmEngine, Any]:
+        """Start (or reuse) the engine; ``tensor_parallel_size`` is the bucket's
+        ``tp_degree`` unless the instance config pins it (``vllm_tensor_parallel_size``)."""
         from libra.models.tiny import load_tokenizer, stop_token_ids  # noqa: PLC0415
         from services.rollout.backend import HfTokenizer  # noqa: PLC0415
 
@@ -450,7 +453,10 @@ class VllmEngineLoader:
             if engine is not None:
                 engine.shutdown()
                 self._engine = None
-            engine = VllmEngine.start(model_dir, self._options)
+            options = self._options
+            if options.tensor_parallel_size <= 0:
+                options = dataclasses.replace(options, tensor_parallel_size=tp_degree)
+            engine = VllmEngine.start(model_dir, options)
             self._engine = engine
         tokenizer = load_tokenizer(model_dir)
         max_ctx = _max_position_embeddings(Path(model_dir))

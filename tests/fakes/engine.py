@@ -105,7 +105,10 @@ class FakeEngineLoader:
 
     engine: FakeEngine
     loads: list[tuple[str, t.PolicyInfo]] = field(default_factory=list)
+    tp_degrees: list[int] = field(default_factory=list)
 
-    def load(self, model_dir: str, policy: t.PolicyInfo) -> tuple[FakeEngine, HfTokenizer]:
+    def load(self, model_dir: str, policy: t.PolicyInfo,
+             tp_degree: int = 1) -> tuple[FakeEngine, HfTokenizer]:
         self.loads.append((model_dir, policy))
+        self.tp_degrees.append(tp_degree)
         return self.engine, self.engine.tokenizer

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import FakeClock
-from libra.jobspec import JobSpec, TaskSpec, ToolsSpec
+from libra.jobspec import BucketSpec, JobSpec, LayoutSpec, TaskSpec, ToolsSpec
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.rollout.core import RolloutCore, RolloutSettings
 from services.rollout.store import RedisRolloutStore
@@ -510,3 +510,16 @@ async def test_drain_releases_the_lease(rig: Rig) -> None:
     await rig.core.drain(0.0)
     await asyncio.wait_for(rig.task, 1.0)
     assert rig.coordinator.released == [(HERE, 1)]
+
+
+async def test_engine_is_loaded_with_the_tp_degree_of_this_instances_bucket(
+        rig: Rig) -> None:
+    spec = JobSpec(layout=LayoutSpec(buckets=[BucketSpec(name="short", max_tokens=96,
+                                                         tp_degree=2),
+                                              BucketSpec(name="long", max_tokens=256,
+                                                         tp_degree=4)]))
+    await rig.r.hset(keys.job(JOB), "spec_json", spec.to_json())
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task())
+    await rig.run_until_published()
+    assert rig.core._loader.tp_degrees == [2]
