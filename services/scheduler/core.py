@@ -298,7 +298,6 @@ class SchedulerCore:
             run.decisions["unknown"] += 1
             return t.PlacementDecision(t.DecisionAction.STAY, reason="unknown_trajectory")
         run.decisions[decision.reason.value] += 1
-        await run.policy_store.flush()
         if not decision.is_move:
             return t.PlacementDecision(
                 t.DecisionAction.STAY,
@@ -320,21 +319,20 @@ class SchedulerCore:
     async def report_finished(
         self, job_id: str, traj_id: str, total_tokens: int, status: t.TrajectoryStatus
     ) -> None:
+        # The slot goes back by assignment (moves keep it current), in one round trip;
+        # the policy learns in memory and its store is flushed with the next tick.
+        instance_id = await self._store.release(job_id, traj_id)
         run = self._jobs.get(job_id)
-        instance_id = await self._store.finish(job_id, traj_id)
-        deltas: tuple[tuple[str, int], ...] = ((instance_id, -1),) if instance_id else ()
-        if run is not None:
-            try:
-                if status is t.TrajectoryStatus.FINISHED:
-                    deltas = run.policy.finish(t.TrajectoryId(traj_id), total_tokens).load_deltas
-                else:
-                    deltas = run.policy.abort(t.TrajectoryId(traj_id)).load_deltas
-            except UnknownTrajectory:
-                pass  # unknown to the policy (state lost): release by assignment
-            await run.policy_store.flush()
-        if instance_id is None:
-            return  # re-queued meanwhile: its load was already given back
-        await self._store.apply_load(job_id, deltas)
+        if run is None or instance_id is None:
+            return  # not scheduled here, or re-queued meanwhile (its slot is given back)
+        try:
+            if status is t.TrajectoryStatus.FINISHED:
+                run.policy.finish(t.TrajectoryId(traj_id), total_tokens)
+            else:
+                run.policy.abort(t.TrajectoryId(traj_id))
+        except UnknownTrajectory:
+            pass  # placed by a previous scheduler process whose policy state was lost
+        _apply_local_load(run.instances, ((instance_id, -1),))
 
     async def stats(self, job_id: str) -> dict[str, Any]:
         run = self._run(job_id)

@@ -53,6 +53,8 @@ class SchedulerStore(Protocol):
 
     async def finish(self, job_id: str, trajectory_id: str) -> str | None: ...
 
+    async def release(self, job_id: str, trajectory_id: str) -> str | None: ...
+
     async def assignments(self, job_id: str) -> dict[str, str]: ...
 
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None: ...
@@ -71,11 +73,25 @@ class SchedulerStore(Protocol):
     async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
 
 
+# KEYS[1] = assignments hash, KEYS[2] = tasks hash, KEYS[3] = load hash
+# ARGV[1] = trajectory id
+# Returns the instance the trajectory was assigned to (its load is decremented), or nil.
+_RELEASE_LUA = """
+local instance = redis.call('HGET', KEYS[1], ARGV[1])
+if not instance then return false end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HINCRBY', KEYS[3], instance, -1)
+return instance
+"""
+
+
 class RedisSchedulerStore(JobRecordReader):
     """``SchedulerStore`` over a bytes-mode ``redis.asyncio`` client."""
 
     def __init__(self, redis: Any) -> None:
         self._r = redis
+        self._release = redis.register_script(_RELEASE_LUA)
 
     async def has_policy(self, job_id: str) -> bool:
         return bool(await self._r.hexists(keys.policy(job_id), "version"))
@@ -192,6 +208,15 @@ class RedisSchedulerStore(JobRecordReader):
             pipe.hdel(keys.tasks(job_id), trajectory_id)
             pipe.hdel(keys.assignments(job_id), trajectory_id)
             instance, _, _ = await pipe.execute()
+        return instance.decode() if instance else None
+
+    async def release(self, job_id: str, trajectory_id: str) -> str | None:
+        """A finished trajectory gives its slot back: forget it and decrement the load of
+        the instance it is assigned to, in one atomic step; None if it was not assigned
+        (re-queued meanwhile, or reported twice)."""
+        instance = await self._release(
+            keys=[keys.assignments(job_id), keys.tasks(job_id), keys.load(job_id)],
+            args=[trajectory_id])
         return instance.decode() if instance else None
 
     async def assignments(self, job_id: str) -> dict[str, str]:
