@@ -23,7 +23,7 @@ from libra.errors import InvalidArgument
 SUPPORTED_MODELS = ("tiny-llama",)
 SUPPORTED_TASKS = ("arith",)
 SUPPORTED_POLICIES = ("least_loaded", "cmlfq", "length_aware", "la_mlfq", "toolcount")
-SUPPORTED_TOOLS = ("calculator",)
+SUPPORTED_TOOLS = ("calculator", "python", "search")
 # Built-in rewards of the tool gateway (plugins registered there are accepted too when
 # listed in the gateway's extra_rewards; the spec names built-ins only for now).
 SUPPORTED_REWARDS = ("exact_match", "numeric", "code_tests", "llm_judge")
@@ -55,6 +55,15 @@ class ToolsSpec:
     enabled: list[str] = field(default_factory=lambda: ["calculator"])
     calculator_transient_failure_rate: float = 0.25
     call_timeout_s: float = 5.0
+    search_corpus: list[str] = field(default_factory=list)
+
+    def options_for(self, tool: str) -> dict[str, Any]:
+        """The job-level settings sent with each call of ``tool`` to the tool gateway."""
+        if tool == "calculator":
+            return {"transient_failure_rate": self.calculator_transient_failure_rate}
+        if tool == "search" and self.search_corpus:
+            return {"corpus_paths": list(self.search_corpus)}
+        return {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +225,11 @@ def _validate_ranges(spec: JobSpec) -> None:
     for tool in spec.tools.enabled:
         _require(tool in SUPPORTED_TOOLS, "tools.enabled", f"unknown tool {tool!r} "
                  f"(known: {', '.join(SUPPORTED_TOOLS)})")
+    # The arith task's agent speaks the calculator protocol; other tools ride along.
+    _require(t.name != "arith" or spec.tools.enabled[0] == "calculator", "tools.enabled",
+             "the arith task calls the calculator: list it first")
+    for i, path in enumerate(spec.tools.search_corpus):
+        _require(bool(path.strip()), f"tools.search_corpus[{i}]", "must be a file path")
     _require(0.0 <= spec.tools.calculator_transient_failure_rate < 1.0,
              "tools.calculator_transient_failure_rate", "must be in [0, 1)")
     for name in ("num_steps", "prompts_per_step", "sync_interval", "sft_batch_size"):

@@ -14,7 +14,8 @@ from libra.wire.common import tool_state_from_proto, tool_status_from_proto
 
 class ToolGatewayApi(Protocol):
     async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],
-                      deadline_ms: int) -> t.ToolResult: ...
+                      deadline_ms: int, options: dict[str, Any] | None = None
+                      ) -> t.ToolResult: ...
 
     async def score(self, trajectory_id: str, reward: str, final_text: str, reference: str,
                     extra: dict[str, Any] | None = None) -> float: ...
@@ -26,11 +27,13 @@ class GrpcToolGatewayClient(GrpcClientBase):
         self._stub = pb_grpc.ToolGatewayServiceStub(self._channel)
 
     async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],
-                      deadline_ms: int) -> t.ToolResult:
+                      deadline_ms: int, options: dict[str, Any] | None = None
+                      ) -> t.ToolResult:
         # Idempotent by call_id: the gateway's outcome is a function of the call id.
         resp = await self._call(self._stub.ExecuteToolCall, pb.ExecuteToolCallRequest(
             trajectory_id=trajectory_id, call_id=call_id, tool=tool,
-            args_json=json.dumps(args), deadline_ms=deadline_ms),
+            args_json=json.dumps(args), deadline_ms=deadline_ms,
+            options_json=json.dumps(options or {})),
             idempotent=True, timeout_s=max(deadline_ms / 1000.0, 0.1) + 1.0)
         return t.ToolResult(tool_status_from_proto(resp.status), resp.output, resp.error,
                             resp.payload_tokens, resp.latency_ms,

@@ -399,9 +399,10 @@ class RolloutCore:
         while True:
             remaining_ms = int((deadline_s - self._clock.now_s()) * 1000)
             try:
+                tool = ctx.spec.tools.enabled[0]
                 return await self._tools.execute(
-                    traj.trajectory_id, call_id, ctx.spec.tools.enabled[0],
-                    agent.tool_args(outcome.action), max(remaining_ms, 1))
+                    traj.trajectory_id, call_id, tool, agent.tool_args(outcome.action),
+                    max(remaining_ms, 1), ctx.spec.tools.options_for(tool))
             except LibraError as exc:
                 if not exc.retryable or self._clock.now_s() + delay_s >= deadline_s:
                     raise

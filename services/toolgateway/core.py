@@ -93,6 +93,8 @@ class ToolCall:
     args: dict[str, Any]
     deadline_ms: int | None = None
     """Caller's remaining budget in ms when the call arrives; None means no deadline."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Job-level settings of the tool (from the job spec), overriding the gateway's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +271,7 @@ class ToolGatewayCore:
 
     async def _run_once(self, tool: Tool, call: ToolCall, timeout_s: float,
                         attempt: int) -> ToolOutput:
-        ctx = ToolContext(call.trajectory_id, call.call_id, timeout_s, attempt)
+        ctx = ToolContext(call.trajectory_id, call.call_id, timeout_s, attempt, call.options)
         backstop_s = timeout_s + self._limits.timeout_grace_ms / 1000
         try:
             # The tool enforces timeout_s itself (the sandbox kills its process group);

@@ -32,7 +32,8 @@ class ToolGatewayServicer(pb_grpc.ToolGatewayServiceServicer):
             deadline_ms = min(deadline_ms or int(remaining * 1000), int(remaining * 1000))
         result = await self._core.execute(ToolCall(
             request.trajectory_id, request.call_id, request.tool,
-            _json_object("args_json", request.args_json), deadline_ms))
+            _json_object("args_json", request.args_json), deadline_ms,
+            _json_object("options_json", request.options_json)))
         return pb.ExecuteToolCallResponse(
             status=tool_status_to_proto(result.status), output=result.output,
             error=result.error, payload_tokens=result.payload_tokens,

@@ -38,9 +38,11 @@ class FakeToolGateway:
     on_execute: Any = None  # optional async callback run inside execute
 
     async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],
-                      deadline_ms: int) -> t.ToolResult:
+                      deadline_ms: int, options: dict[str, Any] | None = None
+                      ) -> t.ToolResult:
         self.calls.append({"trajectory_id": trajectory_id, "call_id": call_id, "tool": tool,
-                           "args": args, "deadline_ms": deadline_ms})
+                           "args": args, "deadline_ms": deadline_ms,
+                           "options": options or {}})
         if self.clock is not None:
             self.clock.advance(self.advance_s_per_call)
         if self.on_execute is not None:

@@ -9,7 +9,8 @@ faults (those are retried for idempotent tools and otherwise become a failure).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -22,6 +23,8 @@ class ToolContext:
     timeout_s: float
     """Effective budget: min(tool timeout, caller deadline)."""
     attempt: int = 1
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Job-level settings of this tool from the job spec (each tool documents its keys)."""
 
 
 @dataclass(frozen=True, slots=True)

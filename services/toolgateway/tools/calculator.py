@@ -134,7 +134,9 @@ class CalculatorTool:
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         """Evaluate ``args["expression"]``."""
         cfg = self._config
-        if is_transient_failure(cfg.seed, ctx.call_id, cfg.transient_failure_rate):
+        # A job may set its own failure rate (job spec tools.calculator_transient_failure_rate).
+        rate = float(ctx.options.get("transient_failure_rate", cfg.transient_failure_rate))
+        if is_transient_failure(cfg.seed, ctx.call_id, rate):
             return ToolOutput(ok=False, error="busy")
         try:
             value = self._evaluator.evaluate(args["expression"])

@@ -40,23 +40,45 @@ def _read_paragraphs(paths: tuple[str, ...]) -> list[str]:
     return docs
 
 
+class _Index:
+    """BM25 over the paragraphs of some text files."""
+
+    def __init__(self, bm25s: Any, paths: tuple[str, ...]) -> None:
+        self._bm25s = bm25s
+        self.docs = _read_paragraphs(paths)
+        self._bm25 = bm25s.BM25()
+        self._bm25.index(bm25s.tokenize(self.docs, stopwords="en", show_progress=False),
+                         show_progress=False)
+
+    def search(self, query: str, top_k: int, max_chars: int) -> list[tuple[float, str]]:
+        tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
+        k = min(top_k, len(self.docs))
+        ids, scores = self._bm25.retrieve(tokens, k=k, show_progress=False)
+        pairs = zip(ids[0], scores[0], strict=True)
+        return [(float(s), self.docs[int(i)][:max_chars]) for i, s in pairs if s > 0]
+
+
 class SearchTool:
-    """Built-in ``search``: ``{"query": "...", "top_k": 3}`` -> numbered snippets."""
+    """Built-in ``search``: ``{"query": "...", "top_k": 3}`` -> numbered snippets.
+
+    The corpus is the gateway's (``SearchConfig.corpus_paths``) unless the job names its
+    own (option ``corpus_paths``, from the job spec's ``tools.search_corpus``); indexes of
+    job corpora are built on first use and kept for the most recent few.
+    """
 
     name = "search"
     description = "Search the local knowledge base; returns the best matching passages."
     idempotent = True
     timeout_s = 5.0
+    max_job_indexes = 4
 
     def __init__(self, config: SearchConfig | None = None) -> None:
         import bm25s  # lazy: heavy optional dependency lives in this adapter only
 
         self._config = config or SearchConfig()
         self._bm25s = bm25s
-        self._docs = _read_paragraphs(self._config.corpus_paths)
-        self._index = bm25s.BM25()
-        self._index.index(bm25s.tokenize(self._docs, stopwords="en", show_progress=False),
-                          show_progress=False)
+        self._default = _Index(bm25s, tuple(self._config.corpus_paths))
+        self._job_indexes: dict[tuple[str, ...], _Index] = {}
         self.args_schema = {
             "type": "object",
             "properties": {
@@ -67,19 +89,28 @@ class SearchTool:
             "additionalProperties": False,
         }
 
-    def search(self, query: str, top_k: int) -> list[tuple[float, str]]:
+    def search(self, query: str, top_k: int,
+               corpus_paths: tuple[str, ...] = ()) -> list[tuple[float, str]]:
         """Return up to ``top_k`` (score, snippet) pairs with a positive score."""
-        tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
-        k = min(top_k, len(self._docs))
-        ids, scores = self._index.retrieve(tokens, k=k, show_progress=False)
-        cut = self._config.max_snippet_chars
-        pairs = zip(ids[0], scores[0], strict=True)
-        return [(float(s), self._docs[int(i)][:cut]) for i, s in pairs if s > 0]
+        return self._index(corpus_paths).search(query, top_k, self._config.max_snippet_chars)
+
+    def _index(self, corpus_paths: tuple[str, ...]) -> _Index:
+        if not corpus_paths:
+            return self._default
+        index = self._job_indexes.pop(corpus_paths, None) or _Index(self._bm25s, corpus_paths)
+        self._job_indexes[corpus_paths] = index  # most recent last
+        while len(self._job_indexes) > self.max_job_indexes:
+            self._job_indexes.pop(next(iter(self._job_indexes)))
+        return index
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         """Search off the event loop (BM25 scoring is CPU work)."""
         top_k = args.get("top_k", self._config.default_top_k)
-        hits = await asyncio.to_thread(self.search, args["query"], top_k)
+        corpus = tuple(ctx.options.get("corpus_paths", ()))
+        try:
+            hits = await asyncio.to_thread(self.search, args["query"], top_k, corpus)
+        except OSError as exc:
+            return ToolOutput(ok=False, error=f"corpus unreadable: {exc.filename}")
         if not hits:
             return ToolOutput(ok=True, output="no results")
         lines = [f"[{n}] {text}" for n, (_, text) in enumerate(hits, 1)]

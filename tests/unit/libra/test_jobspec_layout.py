@@ -81,3 +81,27 @@ def test_demo_config_runs_cmlfq_on_short_and_long() -> None:
     spec = job_spec_from_dict(data)
     assert spec.layout.policy == "cmlfq"
     assert [b.name for b in spec.layout.buckets] == ["short", "long"]
+
+
+def test_tool_options_carry_the_job_level_settings() -> None:
+    from libra.jobspec import ToolsSpec
+
+    tools = ToolsSpec(enabled=["calculator", "search"], calculator_transient_failure_rate=0.1,
+                      search_corpus=["/data/kb.txt"])
+    assert tools.options_for("calculator") == {"transient_failure_rate": 0.1}
+    assert tools.options_for("search") == {"corpus_paths": ["/data/kb.txt"]}
+    assert tools.options_for("python") == {}
+
+
+def test_arith_task_needs_the_calculator_first() -> None:
+    import pytest
+
+    from libra.errors import InvalidArgument
+    from libra.jobspec import job_spec_from_dict
+
+    with pytest.raises(InvalidArgument) as err:
+        job_spec_from_dict({"tools": {"enabled": ["search", "calculator"]}})
+    assert err.value.field == "tools.enabled"
+    with pytest.raises(InvalidArgument) as err:
+        job_spec_from_dict({"tools": {"search_corpus": [" "]}})
+    assert err.value.field == "tools.search_corpus[0]"

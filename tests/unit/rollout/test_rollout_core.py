@@ -523,3 +523,12 @@ async def test_engine_is_loaded_with_the_tp_degree_of_this_instances_bucket(
     await rig.place(make_task())
     await rig.run_until_published()
     assert rig.core._loader.tp_degrees == [2]
+
+
+async def test_tool_calls_carry_the_jobs_tool_settings(rig: Rig) -> None:
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    await rig.run_until_published()
+    call = rig.tools.calls[0]
+    assert (call["tool"], call["args"]) == ("calculator", {"expression": "1+2"})
+    assert call["options"] == {"transient_failure_rate": 0.25}

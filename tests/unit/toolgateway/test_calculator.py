@@ -53,3 +53,14 @@ async def test_busy_reaches_the_model_without_gateway_retry():
 def test_rate_outside_unit_interval_is_rejected():
     with pytest.raises(ValueError, match="transient_failure_rate"):
         CalculatorConfig(transient_failure_rate=1.5)
+
+
+async def test_job_level_failure_rate_overrides_the_gateway_setting():
+    from services.toolgateway.tools.base import ToolContext
+    from services.toolgateway.tools.calculator import CalculatorConfig, CalculatorTool
+
+    tool = CalculatorTool(CalculatorConfig(transient_failure_rate=0.0))
+    always = ToolContext("t", "c1", 1.0, options={"transient_failure_rate": 1.0})
+    never = ToolContext("t", "c1", 1.0, options={"transient_failure_rate": 0.0})
+    assert (await tool.run({"expression": "1+1"}, always)).error == "busy"
+    assert (await tool.run({"expression": "1+1"}, never)).output == "2"

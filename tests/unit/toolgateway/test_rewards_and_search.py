@@ -112,3 +112,21 @@ async def test_search_returns_relevant_snippet(core):
     assert result.output.startswith("[1] Paris")
     empty = await core.execute(ToolCall("t", "s2", "search", {"query": "zzzz"}))
     assert empty.output == "no results"
+
+
+async def test_search_uses_the_corpus_the_job_names(core, tmp_path):
+    kb = tmp_path / "kb.txt"
+    kb.write_text("Zanzibar lies off the coast of Tanzania.\n\nOther text about boats.\n")
+    result = await core.execute(ToolCall("t", "s3", "search", {"query": "Zanzibar coast"},
+                                         options={"corpus_paths": [str(kb)]}))
+    assert result.output.startswith("[1] Zanzibar")
+    default = await core.execute(ToolCall("t", "s4", "search", {"query": "Zanzibar coast"}))
+    assert default.output == "no results"  # the gateway's own corpus knows nothing of it
+
+
+async def test_search_with_an_unreadable_job_corpus_fails_clearly(core, tmp_path):
+    missing = str(tmp_path / "missing.txt")
+    result = await core.execute(ToolCall("t", "s5", "search", {"query": "x"},
+                                         options={"corpus_paths": [missing]}))
+    assert result.status.value == "failure"
+    assert "corpus unreadable" in result.error

@@ -25,27 +25,27 @@ _sym_db = _symbol_database.Default()
 from libra.proto.common.v1 import common_pb2 as libra_dot_proto_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,libra/proto/toolgateway/v1/toolgateway.proto\x12\x1alibra.proto.toolgateway.v1\x1a\"libra/proto/common/v1/common.proto\"v\n\x16\x45xecuteToolCallRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x11\n\targs_json\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x05 \x01(\x03\"\xe1\x01\n\x17\x45xecuteToolCallResponse\x12\x31\n\x06status\x18\x01 \x01(\x0e\x32!.libra.proto.common.v1.ToolStatus\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x16\n\x0epayload_tokens\x18\x04 \x01(\x05\x12\x12\n\nlatency_ms\x18\x05 \x01(\x03\x12\x35\n\x05state\x18\x06 \x01(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x11\n\ttruncated\x18\x07 \x01(\x08\"p\n\x0cScoreRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\t\x12\x12\n\nfinal_text\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\"5\n\rScoreResponse\x12\x0e\n\x06reward\x18\x01 \x01(\x02\x12\x14\n\x0c\x64\x65tails_json\x18\x02 \x01(\t\"\x12\n\x10ListToolsRequest\"[\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x18\n\x10\x61rgs_schema_json\x18\x03 \x01(\t\x12\x12\n\nidempotent\x18\x04 \x01(\x08\"H\n\x11ListToolsResponse\x12\x33\n\x05tools\x18\x01 \x03(\x0b\x32$.libra.proto.toolgateway.v1.ToolSpec2\xd8\x02\n\x12ToolGatewayService\x12z\n\x0f\x45xecuteToolCall\x12\x32.libra.proto.toolgateway.v1.ExecuteToolCallRequest\x1a\x33.libra.proto.toolgateway.v1.ExecuteToolCallResponse\x12\\\n\x05Score\x12(.libra.proto.toolgateway.v1.ScoreRequest\x1a).libra.proto.toolgateway.v1.ScoreResponse\x12h\n\tListTools\x12,.libra.proto.toolgateway.v1.ListToolsRequest\x1a-.libra.proto.toolgateway.v1.ListToolsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,libra/proto/toolgateway/v1/toolgateway.proto\x12\x1alibra.proto.toolgateway.v1\x1a\"libra/proto/common/v1/common.proto\"\x8c\x01\n\x16\x45xecuteToolCallRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x11\n\targs_json\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x05 \x01(\x03\x12\x14\n\x0coptions_json\x18\x06 \x01(\t\"\xe1\x01\n\x17\x45xecuteToolCallResponse\x12\x31\n\x06status\x18\x01 \x01(\x0e\x32!.libra.proto.common.v1.ToolStatus\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x16\n\x0epayload_tokens\x18\x04 \x01(\x05\x12\x12\n\nlatency_ms\x18\x05 \x01(\x03\x12\x35\n\x05state\x18\x06 \x01(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x11\n\ttruncated\x18\x07 \x01(\x08\"p\n\x0cScoreRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\t\x12\x12\n\nfinal_text\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\"5\n\rScoreResponse\x12\x0e\n\x06reward\x18\x01 \x01(\x02\x12\x14\n\x0c\x64\x65tails_json\x18\x02 \x01(\t\"\x12\n\x10ListToolsRequest\"[\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x18\n\x10\x61rgs_schema_json\x18\x03 \x01(\t\x12\x12\n\nidempotent\x18\x04 \x01(\x08\"H\n\x11ListToolsResponse\x12\x33\n\x05tools\x18\x01 \x03(\x0b\x32$.libra.proto.toolgateway.v1.ToolSpec2\xd8\x02\n\x12ToolGatewayService\x12z\n\x0f\x45xecuteToolCall\x12\x32.libra.proto.toolgateway.v1.ExecuteToolCallRequest\x1a\x33.libra.proto.toolgateway.v1.ExecuteToolCallResponse\x12\\\n\x05Score\x12(.libra.proto.toolgateway.v1.ScoreRequest\x1a).libra.proto.toolgateway.v1.ScoreResponse\x12h\n\tListTools\x12,.libra.proto.toolgateway.v1.ListToolsRequest\x1a-.libra.proto.toolgateway.v1.ListToolsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'libra.proto.toolgateway.v1.toolgateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXECUTETOOLCALLREQUEST']._serialized_start=112
-  _globals['_EXECUTETOOLCALLREQUEST']._serialized_end=230
-  _globals['_EXECUTETOOLCALLRESPONSE']._serialized_start=233
-  _globals['_EXECUTETOOLCALLRESPONSE']._serialized_end=458
-  _globals['_SCOREREQUEST']._serialized_start=460
-  _globals['_SCOREREQUEST']._serialized_end=572
-  _globals['_SCORERESPONSE']._serialized_start=574
-  _globals['_SCORERESPONSE']._serialized_end=627
-  _globals['_LISTTOOLSREQUEST']._serialized_start=629
-  _globals['_LISTTOOLSREQUEST']._serialized_end=647
-  _globals['_TOOLSPEC']._serialized_start=649
-  _globals['_TOOLSPEC']._serialized_end=740
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=742
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=814
-  _globals['_TOOLGATEWAYSERVICE']._serialized_start=817
-  _globals['_TOOLGATEWAYSERVICE']._serialized_end=1161
+  _globals['_EXECUTETOOLCALLREQUEST']._serialized_start=113
+  _globals['_EXECUTETOOLCALLREQUEST']._serialized_end=253
+  _globals['_EXECUTETOOLCALLRESPONSE']._serialized_start=256
+  _globals['_EXECUTETOOLCALLRESPONSE']._serialized_end=481
+  _globals['_SCOREREQUEST']._serialized_start=483
+  _globals['_SCOREREQUEST']._serialized_end=595
+  _globals['_SCORERESPONSE']._serialized_start=597
+  _globals['_SCORERESPONSE']._serialized_end=650
+  _globals['_LISTTOOLSREQUEST']._serialized_start=652
+  _globals['_LISTTOOLSREQUEST']._serialized_end=670
+  _globals['_TOOLSPEC']._serialized_start=672
+  _globals['_TOOLSPEC']._serialized_end=763
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=765
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=837
+  _globals['_TOOLGATEWAYSERVICE']._serialized_start=840
+  _globals['_TOOLGATEWAYSERVICE']._serialized_end=1184
 # @@protoc_insertion_point(module_scope)

@@ -28,6 +28,7 @@ class ExecuteToolCallRequest(_message.Message):
     TOOL_FIELD_NUMBER: _builtins.int
     ARGS_JSON_FIELD_NUMBER: _builtins.int
     DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    OPTIONS_JSON_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     call_id: _builtins.str
     tool: _builtins.str
@@ -35,6 +36,10 @@ class ExecuteToolCallRequest(_message.Message):
     """Tool arguments as a JSON object."""
     deadline_ms: _builtins.int
     """Caller's remaining budget; 0 means the tool's own timeout."""
+    options_json: _builtins.str
+    """Job-level settings of this tool from the job spec, as a JSON object
+    (e.g. {"transient_failure_rate": 0.25} or {"corpus_paths": ["/data/kb.txt"]}).
+    """
     def __init__(
         self,
         *,
@@ -43,10 +48,11 @@ class ExecuteToolCallRequest(_message.Message):
         tool: _builtins.str = ...,
         args_json: _builtins.str = ...,
         deadline_ms: _builtins.int = ...,
+        options_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args_json", b"args_json", "call_id", b"call_id", "deadline_ms", b"deadline_ms", "tool", b"tool", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args_json", b"args_json", "call_id", b"call_id", "deadline_ms", b"deadline_ms", "options_json", b"options_json", "tool", b"tool", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
