@@ -24,6 +24,15 @@ class WeightSyncError(RuntimeError):
     """Published weights that must not be loaded; the message names the file."""
 
 
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def write_manifest(weights_path: Path, version: int,
                    chunk_bytes: int = CHUNK_BYTES) -> tuple[Path, str]:
     """Describe ``weights_path`` chunk by chunk; returns the manifest path and its sha256."""

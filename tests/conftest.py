@@ -1,4 +1,4 @@
-"""Shared fixtures. Redis is a real server started once per session (never fakeredis)."""
+"""Shared fixtures. Redis is a real server started once per session (never an imitation)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ async def redis(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
 
 @pytest.fixture
 async def redis_bytes(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
-    """A client that returns bytes (for streams carrying serialised protobufs)."""
+    """A bytes-mode client (the services' stores use one) on a flushed database."""
     client = aioredis.from_url(redis_server.url, decode_responses=False)
+    await client.flushdb()
     yield client
     await client.aclose()

@@ -17,7 +17,6 @@ Pure: the engine, Redis and peers come in as collaborators.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import LeaseLost, LibraError
 from libra.jobspec import JobSpec, job_spec_from_json
-from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified
+from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 
@@ -263,7 +262,7 @@ class RolloutCore:
             await self._load_manifest(job_id, engine, policy)
             return
         try:
-            digest = await asyncio.to_thread(_sha256_file, Path(policy.weights_path))
+            digest = await asyncio.to_thread(sha256_file, Path(policy.weights_path))
         except OSError:  # missing or unreadable: as untrustworthy as a wrong checksum
             digest = ""
         if digest != policy.sha256:
@@ -462,10 +461,3 @@ class RolloutCore:
         except LibraError as exc:
             logger.warning("[trajectory] finish report failed error=%s", exc)
 
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -13,13 +13,14 @@ idempotency set of consumed trajectory ids and the admission counters.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from libra.weight_sync import sha256_file
 
 META = "meta.json"
 _PREFIX = "step_"
@@ -56,7 +57,7 @@ def save(root: Path, step: int, policy_version: int, write: Callable[[str], list
     tmp.mkdir()
     names = write(str(tmp))
     meta = {"step": step, "policy_version": policy_version,
-            "files": {name: _sha256(tmp / name) for name in names}}
+            "files": {name: sha256_file(tmp / name) for name in names}}
     (tmp / META).write_text(json.dumps(meta, indent=1))
     # A step redone after a resume replaces the checkpoint of the same step.
     if final.exists():
@@ -87,7 +88,7 @@ def latest(root: Path) -> Checkpoint | None:
     for name, digest in files.items():
         path = folder / name
         try:
-            actual = _sha256(path)
+            actual = sha256_file(path)
         except OSError as exc:
             raise CheckpointError(f"corrupt checkpoint file {path}: {exc}") from exc
         if actual != digest:
@@ -102,10 +103,3 @@ def _folders(root: Path) -> list[Path]:
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

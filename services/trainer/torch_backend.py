@@ -11,7 +11,6 @@ engine's behaviour log-probs importance-weight tokens sampled by an older policy
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import random
@@ -23,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from libra.weight_sync import sha256_file
 from services.trainer.loss import masked_mean, ppo_clip_loss
 from services.trainer.train_types import SftExample, TrainSample
 
@@ -167,11 +167,7 @@ class TorchTrainerBackend:
         if bad:
             raise ValueError(f"refusing to publish non-finite weights: {bad[:5]}")
         save_file(state_dict, path)
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-        return digest.hexdigest()
+        return sha256_file(Path(path))
 
     def load_weights(self, path: str) -> None:
         """Load a safetensors state dict written by :meth:`save_weights` (optimizer kept)."""

@@ -4,7 +4,6 @@ trainer steps reach ``on_step_end``, moves are accounted, decisions are observab
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -16,7 +15,6 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import FakeClock
 from libra.jobspec import CmlfqSpec, JobSpec, job_spec_from_dict
-from libra.redis_server import EmbeddedRedis
 from services.scheduler import metrics
 from services.scheduler.core import SchedulerCore, build_policy_config
 from services.scheduler.policy.cmlfq import CmlfqConfig, CmlfqPolicy
@@ -36,11 +34,8 @@ def cmlfq_spec(rebuild: int = 50) -> JobSpec:
 
 
 @pytest.fixture
-async def r(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_server.url, decode_responses=False)
-    await client.flushdb()
-    yield client
-    await client.aclose()
+def r(redis_bytes: aioredis.Redis) -> aioredis.Redis:
+    return redis_bytes
 
 
 async def started(r: aioredis.Redis, spec: JobSpec) -> SchedulerCore:

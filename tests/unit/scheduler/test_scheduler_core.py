@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -12,7 +11,6 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import FakeClock
 from libra.jobspec import JobSpec, job_spec_from_dict
-from libra.redis_server import EmbeddedRedis
 from services.scheduler.core import SchedulerCore
 from services.scheduler.store import RedisSchedulerStore
 
@@ -30,11 +28,8 @@ def make_spec(policy: str = "least_loaded", prompts: int = 2, samples: int = 2,
 
 
 @pytest.fixture
-async def r(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_server.url, decode_responses=False)
-    await client.flushdb()
-    yield client
-    await client.aclose()
+def r(redis_bytes: aioredis.Redis) -> aioredis.Redis:
+    return redis_bytes
 
 
 async def add_job(r: aioredis.Redis, spec: JobSpec, published: bool = True) -> None:

@@ -4,7 +4,6 @@ Real Redis through ``RedisTrainerStore``; the rest of the trainer is not involve
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ import redis.asyncio as aioredis
 
 from libra import redis_keys as keys
 from libra.clock import FakeClock
-from libra.redis_server import EmbeddedRedis
 from services.trainer.core import TrainerCore
 from services.trainer.store import RedisTrainerStore
 
@@ -20,11 +18,8 @@ JOB = "job-1"
 
 
 @pytest.fixture
-async def r(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_server.url, decode_responses=False)
-    await client.flushdb()
-    yield client
-    await client.aclose()
+def r(redis_bytes: aioredis.Redis) -> aioredis.Redis:
+    return redis_bytes
 
 
 def make_core(r: aioredis.Redis) -> TrainerCore:
