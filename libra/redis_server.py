@@ -7,6 +7,7 @@ restarted server keeps queues and leases. The server is stopped by its pid.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -15,6 +16,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def find_redis_server() -> str:
@@ -90,7 +93,7 @@ def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True
         "--save", "", "--logfile", str(data_dir / "redis.log"), "--protected-mode", "yes",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_die_with_parent)
     server = EmbeddedRedis(proc, port, data_dir)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -134,6 +137,16 @@ def _serving_pid(port: int) -> int | None:
         if line.startswith("process_id:"):
             return int(line.split(":", 1)[1])
     return None
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the process that started us dies (Linux), so a
+    killed launcher or test run never leaves an orphaned server behind."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux/glibc: stopping by pid still works
+        pass
 
 
 def _ping(port: int) -> bool:
