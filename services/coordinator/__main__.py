@@ -1,4 +1,8 @@
-"""Entry point: ``python -m services.coordinator``."""
+"""Coordinator service: the public job API (gRPC and REST with OpenAPI at /docs) and
+the worker registry with fenced leases. Run: ``python -m services.coordinator``.
+
+Every option can also come from LIBRA_COORDINATOR_<OPTION> (groups joined by __)
+or from a TOML file given with --config."""
 
 from __future__ import annotations
 

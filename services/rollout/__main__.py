@@ -1,4 +1,8 @@
-"""Entry point: ``python -m services.rollout``."""
+"""Rollout service: one inference instance in one bucket running the agent loop of the
+trajectories placed on it (torch or vLLM engine). Run: ``python -m services.rollout``.
+
+Every option can also come from LIBRA_ROLLOUT_<OPTION> (groups joined by __)
+or from a TOML file given with --config."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Entry point: ``python -m services.scheduler``."""
+"""Scheduler service: admission under the staleness budget and placement of
+trajectories on rollout buckets (C-MLFQ and baselines). Run: ``python -m services.scheduler``.
+
+Every option can also come from LIBRA_SCHEDULER_<OPTION> (groups joined by __)
+or from a TOML file given with --config."""
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
-"""Entry point: ``python -m services.toolgateway``.
+"""Tool gateway service: sandboxed tools with limits, the causal signal of each tool
+return, and rewards. Run: ``python -m services.toolgateway``.
 
-gRPC's fork handlers must be off in this process: the sandbox forks a child per python
-call, and with ``GRPC_ENABLE_FORK_SUPPORT`` on (grpcio's default) gRPC's at-fork handlers
-run in that child while the server's threads are busy, and about one child in four died
-with SIGSEGV/SIGABRT before running the code. grpc reads the variable when it is first
-imported, so it is set here, before any import that pulls in grpc.
-"""
+Every option can also come from LIBRA_TOOLGATEWAY_<OPTION> (groups joined by __)
+or from a TOML file given with --config."""
 
 from __future__ import annotations
 
 import os
 
+# The sandbox forks this process; gRPC's fork handlers then crash ~30% of the children
+# (SIGSEGV/SIGABRT). The switch is read when grpc is imported, so it is set first.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import asyncio  # noqa: E402

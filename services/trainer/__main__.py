@@ -1,4 +1,8 @@
-"""Entry point: ``python -m services.trainer``."""
+"""Trainer service: warm start, then async GRPO on complete groups; publishes
+checkpointed, checksummed policy versions. Run: ``python -m services.trainer``.
+
+Every option can also come from LIBRA_TRAINER_<OPTION> (groups joined by __)
+or from a TOML file given with --config."""
 
 from __future__ import annotations
 

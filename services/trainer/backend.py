@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 import time
 
+import torch
+
 from libra.jobspec import JobSpec
 from libra.models.tiny import (
     TinyModelConfig,
@@ -27,7 +29,8 @@ NUM_DEMONSTRATIONS = 4096
 class JobBackend:
     """A job's policy: warm start on demonstrations, then PPO-clip steps."""
 
-    def __init__(self, spec: JobSpec, model_dir: str, num_threads: int) -> None:
+    def __init__(self, spec: JobSpec, model_dir: str, num_threads: int,
+                 write_model_dir: bool = True) -> None:
         self._spec = spec
         m = spec.model
         cfg = TinyModelConfig(hidden_size=m.hidden_size, num_layers=m.num_layers,
@@ -40,7 +43,16 @@ class JobBackend:
             model, pad_token_id=self._tokenizer.pad_token_id, seed=a.seed,
             learning_rate=a.learning_rate, max_grad_norm=a.max_grad_norm,
             num_threads=num_threads)
-        save_model_dir(model, self._tokenizer, model_dir)
+        if write_model_dir:
+            save_model_dir(model, self._tokenizer, model_dir)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._backend.model
+
+    def enable_data_parallel(self) -> None:
+        """Train as one rank of the default process group (see distributed.py)."""
+        self._backend.enable_data_parallel()
 
     def warm_start(self) -> dict[str, float]:
         """Supervised steps on synthetic demonstrations (a deliberate mix of habits)."""

@@ -7,6 +7,17 @@ recomputed with the current weights before the update (the ratio's denominator),
 engine's behaviour log-probs importance-weight tokens sampled by an older policy
 (``loss.behaviour_weights``) and measure drift. :meth:`save_checkpoint` and
 :meth:`load_checkpoint` persist everything a resumed run needs (model, optimizer, RNG).
+
+Data parallel (:meth:`TorchTrainerBackend.enable_data_parallel`, driven by
+``services/trainer/distributed.py``): every rank of the default torch.distributed group
+holds the same backend; each batch (the PPO batch, each SFT batch drawn from the shared
+seeded sampler) is split by stride across ranks, each rank runs forward/backward on its
+shard through ``DistributedDataParallel`` (which all-reduces the gradients), and every rank
+steps its own optimizer, so the weights stay identical. The loss is rescaled so the averaged
+gradient equals the gradient of the *global* token mean (what one rank computes on the
+whole batch); metrics are token-weighted means over the ranks. A non-finite loss on any
+rank skips the step on all ranks (one all-reduced flag); the grad norm is computed after
+the all-reduce, so a non-finite gradient is seen by every rank alike.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
@@ -64,6 +76,23 @@ class TorchTrainerBackend:
             model.parameters(), lr=learning_rate, weight_decay=weight_decay
         )
         self._num_steps = 0
+        # Data parallel (enable_data_parallel): this rank, the group size, the DDP wrapper
+        # that forwards go through (the bare model on a single rank).
+        self._rank = 0
+        self._world = 1
+        self._forward_model: torch.nn.Module = model
+
+    def enable_data_parallel(self) -> None:
+        """Join the (initialised) default process group: shard batches, all-reduce grads.
+
+        Wrapping in DDP broadcasts rank 0's parameters to every rank, so all ranks start
+        from the same weights. On GPU the same contract would be met by FSDP2
+        (``fully_shard`` per decoder layer over an NCCL group); only DDP/gloo is built.
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._rank, self._world = dist.get_rank(), dist.get_world_size()
+        self._forward_model = DistributedDataParallel(self._model, broadcast_buffers=False)
 
     @property
     def model(self) -> PreTrainedModel:
@@ -86,13 +115,15 @@ class TorchTrainerBackend:
         self._model.train()
         for step in range(num_steps):
             batch = self._rng.sample(list(examples), k=min(batch_size, len(examples)))
+            batch, weight = self._shard(batch)
             input_ids, attention_mask, loss_mask = _right_pad(
                 [(example.token_ids, example.loss_mask) for example in batch], self._pad_token_id
             )
             logprobs = self._token_logprobs(input_ids, attention_mask)
             loss = -masked_mean(logprobs, loss_mask)
-            losses.append(float(loss.detach()))
-            self._apply(loss, _sft_learning_rate(step, num_steps, lr))
+            loss, loss_value, finite = self._reduce_loss(loss, float(loss_mask.sum()) * weight)
+            losses.append(loss_value)
+            self._apply(loss, _sft_learning_rate(step, num_steps, lr), finite)
         self._model.eval()
         return losses
 
@@ -121,6 +152,7 @@ class TorchTrainerBackend:
             ``is_skipped`` (1.0 when the loss or the gradient was non-finite and the
             weights were left untouched).
         """
+        samples, weight = self._shard(samples)
         input_ids, attention_mask, loss_mask = _right_pad(
             [(sample.token_ids, sample.loss_mask) for sample in samples], self._pad_token_id
         )
@@ -141,16 +173,22 @@ class TorchTrainerBackend:
             is_cap,
         )
         # 3) Backward, clip, step (or skip on a non-finite loss or gradient).
-        grad_norm = self._apply(loss, self._learning_rate if lr is None else lr)
+        num_tokens = float(loss_mask.sum()) * weight
+        loss, loss_value, finite = self._reduce_loss(loss, num_tokens)
+        grad_norm = self._apply(loss, self._learning_rate if lr is None else lr, finite)
         self._model.eval()
+        metrics = self._reduce_metrics(metrics, num_tokens)
         metrics.update(
-            loss=float(loss.detach()),
+            loss=loss_value,
             grad_norm=grad_norm,
-            num_tokens=float(loss_mask.sum()),
             recompute_s=recompute_s,
             fwd_bwd_s=time.perf_counter() - started,
             is_skipped=float(not math.isfinite(grad_norm)),
         )
+        if self._world > 1:  # the slowest rank's times
+            times = torch.tensor([recompute_s, metrics["fwd_bwd_s"]], dtype=torch.float64)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+            metrics.update(recompute_s=float(times[0]), fwd_bwd_s=float(times[1]))
         return metrics
 
     def save_weights(self, path: str) -> str:
@@ -216,15 +254,62 @@ class TorchTrainerBackend:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
         """``[B, T]`` log-prob of each token given its prefix; column 0 is 0 (no prefix)."""
-        logits = self._model(input_ids=input_ids, attention_mask=attention_mask).logits
+        logits = self._forward_model(input_ids=input_ids, attention_mask=attention_mask).logits
         logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         picked = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
-    def _apply(self, loss: torch.Tensor, lr: float) -> float:
-        """Backward + clip + step; returns the grad norm (non-finite means skipped)."""
+    def _shard(self, items: Sequence) -> tuple[list, float]:
+        """This rank's stride of ``items`` and its weight (0.0: a stand-in, counts nothing).
+
+        A rank left without items runs the first one with weight 0 so that every rank
+        still takes part in the gradient all-reduce.
+        """
+        if self._world == 1:
+            return list(items), 1.0
+        shard = list(items[self._rank::self._world])
+        return (shard, 1.0) if shard else (list(items[:1]), 0.0)
+
+    def _reduce_loss(
+        self, loss: torch.Tensor, num_tokens: float
+    ) -> tuple[torch.Tensor, float, bool]:
+        """(loss to backward, global loss value, finite on every rank).
+
+        This rank's loss is its shard's token mean; scaled by ``world * n_local / n_total``
+        the DDP gradient average equals the gradient of the global token mean.
+        """
+        finite = bool(torch.isfinite(loss))
+        if self._world == 1:
+            return loss, float(loss.detach()), finite
+        stats = torch.tensor([num_tokens, float(loss.detach()) * num_tokens if finite else 0.0,
+                              0.0 if finite else 1.0], dtype=torch.float64)
+        dist.all_reduce(stats)
+        total = float(stats[0])
+        scale = self._world * num_tokens / total if total > 0 else 0.0
+        return loss * scale, float(stats[1]) / max(total, 1.0), float(stats[2]) == 0.0
+
+    def _reduce_metrics(self, metrics: dict[str, float], num_tokens: float) -> dict[str, float]:
+        """Token-weighted mean of per-shard token-mean metrics; ``num_tokens`` summed."""
+        if self._world == 1:
+            return {**metrics, "num_tokens": num_tokens}
+        names = sorted(metrics)
+        values = torch.tensor([metrics[name] * num_tokens for name in names] + [num_tokens],
+                              dtype=torch.float64)
+        dist.all_reduce(values)
+        total = float(values[-1])
+        reduced = {name: float(values[i]) / max(total, 1.0) for i, name in enumerate(names)}
+        return {**reduced, "num_tokens": total}
+
+    def _apply(self, loss: torch.Tensor, lr: float, finite: bool = True) -> float:
+        """Backward + clip + step; returns the grad norm (non-finite means skipped).
+
+        ``finite`` is False when some rank's loss was non-finite (:meth:`_reduce_loss`).
+        """
         self._optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
+        if not (finite and torch.isfinite(loss)):
+            if self._world > 1:  # DDP expects a backward after each forward: run it, drop it
+                (loss * 0.0).backward()
+                self._optimizer.zero_grad(set_to_none=True)
             logger.warning("[train] non-finite loss, step skipped step=%d", self._num_steps)
             return math.nan
         loss.backward()
