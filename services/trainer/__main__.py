@@ -19,7 +19,8 @@ from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
 from services.trainer.backend import TorchBackendFactory
 from services.trainer.config import TrainerConfig
-from services.trainer.core import TrainerCore
+from services.trainer.core import BackendFactory, TrainerCore
+from services.trainer.distributed import DistributedBackendFactory
 from services.trainer.servicer import TrainerServicer
 from services.trainer.store import RedisTrainerStore
 
@@ -28,7 +29,10 @@ logger = logging.getLogger("services.trainer")
 
 async def main(cfg: TrainerConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
-    core = TrainerCore(RedisTrainerStore(redis), TorchBackendFactory(cfg.num_threads),
+    factory: BackendFactory = (
+        TorchBackendFactory(cfg.num_threads) if cfg.num_ranks == 1
+        else DistributedBackendFactory(cfg.num_threads, cfg.num_ranks))
+    core = TrainerCore(RedisTrainerStore(redis), factory,
                        GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s),
                        SystemClock(), consumer=cfg.worker_id)
     name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name

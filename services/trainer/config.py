@@ -16,3 +16,5 @@ class TrainerConfig:
     redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding the trajectory stream")
     worker_id: str = knob("trainer-0", "consumer name in the trajectory stream's group")
     num_threads: int = knob(1, "torch intra-op threads")
+    num_ranks: int = knob(1, "data-parallel training ranks (gloo + DDP on CPU); 1 trains in"
+                             " this process, N > 1 spawns N - 1 worker processes per job")
