@@ -98,22 +98,21 @@ def _worker_main(rank: int, world: int, port: int, spec: JobSpec, model_dir: str
                           timeout=datetime.timedelta(seconds=timeout_s))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    try:
-        backend = JobBackend(spec, model_dir, num_threads, write_model_dir=False)
-        backend.enable_data_parallel()
-        while True:
-            message: list[Any] = [None]
-            dist.broadcast_object_list(message, src=0)
-            name, args = message[0]
-            try:
-                outcome: tuple[bool, Any] = (True, _run(backend, rank, name, args))
-            except Exception as exc:  # reported to rank 0, which raises it
-                outcome = (False, f"{type(exc).__name__}: {exc}")
-            dist.gather_object(outcome, None, dst=0)
-            if name == _STOP:
-                break
-    finally:
-        dist.destroy_process_group()
+    # No destroy_process_group here: in gloo it can wait for rank 0, which is itself
+    # waiting for this process to exit; the process leaves with os._exit instead.
+    backend = JobBackend(spec, model_dir, num_threads, write_model_dir=False)
+    backend.enable_data_parallel()
+    while True:
+        message: list[Any] = [None]
+        dist.broadcast_object_list(message, src=0)
+        name, args = message[0]
+        try:
+            outcome: tuple[bool, Any] = (True, _run(backend, rank, name, args))
+        except Exception as exc:  # reported to rank 0, which raises it
+            outcome = (False, f"{type(exc).__name__}: {exc}")
+        dist.gather_object(outcome, None, dst=0)
+        if name == _STOP:
+            break
 
 
 class DistributedJobBackend:
