@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from libra import types as t
+from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +39,14 @@ def write_stack(path: Path, restart_limit: int, lease_ttl_ms: int | None = None)
                   "max_batch_size = 8", "max_trajectories = 16"]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def stack_up(run_root: Path, restart_limit: int) -> Iterator[dict[str, Any]]:
+    """Generator for module fixtures: `libra up` in ``run_root``, yield the state, down."""
+    state = stack.up(run_root, write_stack(run_root / "stack.toml", restart_limit),
+                     timeout_s=120)
+    yield state
+    stack.down(run_root)
 
 
 async def wait_for_job(client: GrpcCoordinatorClient, job_id: str,

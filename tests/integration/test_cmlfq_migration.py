@@ -22,7 +22,7 @@ from libra import types as t
 from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.wire.common import decode_trajectory
-from tests.integration.stack_helpers import small_job, wait_for_job, write_stack
+from tests.integration.stack_helpers import small_job, stack_up, wait_for_job
 
 pytestmark = pytest.mark.integration
 
@@ -31,11 +31,7 @@ NUM_STEPS = 8
 
 @pytest.fixture(scope="module")
 def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    run_root = tmp_path_factory.mktemp("runs")
-    state = stack.up(run_root, write_stack(run_root / "stack.toml", restart_limit=0),
-                     timeout_s=120)
-    yield state
-    stack.down(run_root)
+    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
 
 
 def cmlfq_job() -> str:

@@ -22,18 +22,14 @@ from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument
 from libra.redis_server import pid_alive
-from tests.integration.stack_helpers import ROOT, small_job, wait_for_job, write_stack
+from tests.integration.stack_helpers import ROOT, small_job, stack_up, wait_for_job
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    run_root = tmp_path_factory.mktemp("runs")
-    stack_file = write_stack(run_root / "stack.toml", restart_limit=0)
-    state = stack.up(run_root, stack_file, timeout_s=120)
-    yield state
-    stack.down(run_root)
+    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
 
 
 async def test_short_job_runs_through_redis_and_advances_policy(running_stack: dict) -> None:

@@ -17,18 +17,14 @@ from libra import types as t
 from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.report import build_report
-from tests.integration.stack_helpers import small_job, wait_for_job, write_stack
+from tests.integration.stack_helpers import small_job, stack_up, wait_for_job
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def restarting_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    run_root = tmp_path_factory.mktemp("runs")
-    stack_file = write_stack(run_root / "stack.toml", restart_limit=1)
-    state = stack.up(run_root, stack_file, timeout_s=120)
-    yield state
-    stack.down(run_root)
+    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=1)
 
 
 async def test_trainer_killed_mid_run_resumes_from_its_checkpoint(restarting_stack: dict) -> None:

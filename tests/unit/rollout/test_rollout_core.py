@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,6 +24,7 @@ from tests.fakes.coordinator import FakeCoordinator
 from tests.fakes.engine import BlockUntilAbort, FakeEngine, FakeEngineLoader, make_tokenizer
 from tests.fakes.scheduler import FakeScheduler
 from tests.fakes.toolgateway import FakeToolGateway, tool_result
+from tests.waiting import wait_until
 
 JOB = "job-1"
 HERE = "ro-1"
@@ -36,19 +36,6 @@ def make_task(index: int = 0, prompt: str = "Q:1+2=", reference: str = "3") -> t
                         t.PromptId("p-0"), prompt, reference)
 
 
-async def wait_until(predicate: Callable[[], Any], timeout_s: float = 5.0) -> None:
-    """Poll ``predicate`` (sync or async) until true; fail after ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 @dataclass

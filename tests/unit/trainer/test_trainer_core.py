@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from services.trainer.core import TrainerCore
 from services.trainer.store import RedisTrainerStore
 from tests.fakes.coordinator import FakeCoordinator
 from tests.fakes.trainer_backend import FakeBackend, FakeBackendFactory
+from tests.waiting import wait_until
 
 JOB = "job-1"
 
@@ -46,18 +47,6 @@ def make_group(group: int, size: int = 2, version: int = 0,
     return [make_trajectory(group, i, version, rewards[i]) for i in range(size)]
 
 
-async def wait_until(predicate: Callable[[], Any], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 @dataclass
