@@ -4,10 +4,11 @@ Starts a real redis-server, the scheduler core with its Redis stores (write-behi
 policy store included) and its admission/placement loop, and a ``libra.grpcx.Server``
 with the scheduler servicer, all in this process. The C-MLFQ tree is seeded with
 synthetic finished trajectories first. A driver in a child process (its own event loop
-and GIL, as a rollout instance would be) sends ``ReportToolReturn`` open-loop at a fixed
+and GIL, as a rollout instance would be) sends tool-return reports open-loop at a fixed
 rate (default 500/s for 10 s) over the trajectories the scheduler placed, and times
-every RPC at the client. Prints p50/p90/p99/max in ms, the achieved rate and the share
-of moves.
+every report at the client (the client batches concurrent reports into one
+``ReportToolReturns`` RPC, as a rollout instance's does). Prints p50/p90/p99/max in ms,
+the achieved rate and the share of moves.
 
 Usage: ``python benchmarks/bench_scheduler_grpc.py [--json] [--rate 500] [--seconds 10]``
 """
@@ -65,7 +66,7 @@ async def main(cfg):
         tokens[tid] += rng.randint(20, 400)
         started = time.perf_counter()
         d = await client.report_tool_return(cfg["job_id"], tid, rng.choice(states),
-                                            tokens[tid], "bench")
+                                            tokens[tid], "bench", 1)
         latencies.append((time.perf_counter() - started) * 1000)
         actions[d.action.value] += 1
     await one(0)  # warm the channel
@@ -106,6 +107,9 @@ async def seed(r: aioredis.Redis, num_finished: int) -> None:
     for instance, bucket in INSTANCES:
         await r.sadd(keys.WORKERS, instance)
         await r.hset(keys.lease(instance), mapping={"role": "core-rollout", "bucket": bucket})
+    # The driver reports as worker "bench" at lease epoch 1 (reports are fenced).
+    await r.sadd(keys.WORKERS, "bench")
+    await r.hset(keys.lease("bench"), mapping={"role": "service", "epoch": 1})
     store = RedisPolicyStore(r, JOB)
     job_spec = job_spec_from_dict(json.loads(spec))
     config = build_policy_config(job_spec)
@@ -185,7 +189,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"ReportToolReturn over gRPC + Redis (loopback), {result['decisions']} decisions "
+    print(f"Tool-return reports over gRPC + Redis (loopback), {result['decisions']} decisions "
           f"at {result['rate_achieved_per_s']}/s (target {args.rate:g}/s)")
     print(f"  latency ms: p50 {result['p50_ms']}  p90 {result['p90_ms']}  "
           f"p99 {result['p99_ms']}  max {result['max_ms']}  mean {result['mean_ms']}")

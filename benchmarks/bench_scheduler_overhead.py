@@ -1,11 +1,21 @@
-"""How much the scheduler service costs a real run, measured side by side in one run.
+"""What the scheduler service costs a real run: an A/B of wall time, side by side in
+one run, plus the scheduler's CPU per trajectory.
 
-Starts the stack (`libra up`), runs a demo-shaped job, and reads each service's CPU time
-from /proc before and after. Prints the scheduler's share of all CPU the stack used, its
-CPU per trajectory, and the job's wall time. The scheduler competes with rollout and
-training for the same two cores, so its CPU share is the wall time it adds at most.
+Arm ``service``: the stack as deployed - the scheduler is its own process; rollout
+instances report tool returns over gRPC (batched) and it learns finishes from the
+trajectory stream. Arm ``inproc``: the same stack and job, but placement is done in
+the rollout process - the scheduler core (same policy, same Redis store) runs on the
+rollout instances' event loop and they call it directly; there is no scheduler process
+and no RPC. In both arms every rollout instance runs in one benchmark host process
+(benchmarks/bench_scheduler_host.py), so the only difference is where placement runs.
 
-Usage: python benchmarks/bench_scheduler_overhead.py [--steps N] [--policy cmlfq] [--json]
+Arms alternate (service, inproc, inproc, service, ...) on fresh stacks; each runs the
+same demo-shaped job (deploy/configs/demo.toml with --steps RL steps). Printed: every
+run's wall time, the mean wall-time ratio service/inproc, CPU seconds per process, and
+the scheduler process's CPU per trajectory (service arm).
+
+Usage: python benchmarks/bench_scheduler_overhead.py [--steps N] [--rounds R]
+       [--policy cmlfq] [--json]
 """
 
 from __future__ import annotations
@@ -14,16 +24,27 @@ import argparse
 import asyncio
 import json
 import os
+import signal
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.healthcheck import check
+from libra.launcher import DEFAULT_STACK, _plan
+from libra.redis_server import EmbeddedRedis, pid_alive, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+       "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": str(ROOT)}
 
 
 def cpu_s(pid: int) -> float:
@@ -39,50 +60,157 @@ def job_spec(steps: int, policy: str) -> str:
     return json.dumps(spec)
 
 
+@dataclass
+class Stack:
+    redis: EmbeddedRedis
+    procs: dict[str, subprocess.Popen]
+    coordinator: str
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=ENV)
+
+
+def _wait_serving(addresses: list[str], timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(check(a, timeout_s=1.0) != "SERVING" for a in addresses):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"services not serving within {timeout_s:.0f}s: {addresses}")
+        time.sleep(0.3)
+
+
+def start_stack(run_root: Path, mode: str) -> Stack:
+    """Redis, the services (no scheduler in ``inproc``) and the rollout host."""
+    (run_root / "logs").mkdir(parents=True)
+    redis = start_redis(run_root / "redis")
+    layout = tomllib.loads(DEFAULT_STACK.read_text())
+    plan = _plan({**layout, "rollout": []}, run_root, redis.url)
+    services = [s for s in plan if not (mode == "inproc" and s.name == "scheduler")]
+    procs = {s.name: _spawn([sys.executable, "-m", s.module, *s.args],
+                            run_root / "logs" / f"{s.name}.log") for s in services}
+    _wait_serving([s.address for s in services])
+    ports = {s.name: s.port for s in plan}
+    host = [sys.executable, str(ROOT / "benchmarks" / "bench_scheduler_host.py"),
+            f"--mode={mode}", f"--redis-url={redis.url}",
+            f"--coordinator=127.0.0.1:{ports['coordinator']}",
+            f"--toolgateway=127.0.0.1:{ports['toolgateway']}",
+            f"--scheduler-port={ports['scheduler']}"]
+    for inst in layout["rollout"]:
+        host.append(f"--rollout={inst['instance_id']}:{inst['bucket']}:"
+                    f"{inst['max_batch_size']}:{inst['max_trajectories']}")
+    procs["rollout-host"] = _spawn(host, run_root / "logs" / "rollout-host.log")
+    _wait_ready(run_root / "logs" / "rollout-host.log", procs["rollout-host"])
+    return Stack(redis, procs, f"127.0.0.1:{ports['coordinator']}")
+
+
+def _wait_ready(log: Path, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Until the host printed READY: its instances hold leases (and, in ``inproc``, the
+    scheduler API serves), so no start-up work falls into the measured job."""
+    deadline = time.monotonic() + timeout_s
+    while b"READY" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"rollout host not ready; see {log}")
+        time.sleep(0.2)
+
+
+def stop_stack(stack: Stack) -> None:
+    """SIGTERM every process by pid (the rollout host first, so it can release its
+    leases), SIGKILL what lingers, then Redis."""
+    deadline = time.monotonic() + 15.0
+    for proc in sorted(stack.procs.values(), key=lambda p: p is not stack.procs["rollout-host"]):
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        if proc is stack.procs["rollout-host"]:
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+    for proc in stack.procs.values():
+        while pid_alive(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stack.redis.stop()
+
+
 async def run_job(address: str, spec: str) -> tuple[float, int]:
     client = GrpcCoordinatorClient(address)
     job = await client.create_job(spec, "json")
     started = time.perf_counter()
     while True:
-        job, steps, counters = await client.get_job(job.job_id)
+        job, _steps, counters = await client.get_job(job.job_id)
         if job.state.is_terminal:
             break
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.2)
     await client.close()
-    produced = counters.get("produced", 0) + counters.get("failed", 0)
-    return time.perf_counter() - started, produced
+    if job.state.value != "succeeded":
+        raise RuntimeError(f"job ended {job.state.value}: {job.message}")
+    return time.perf_counter() - started, counters.get("produced", 0) + counters.get("failed", 0)
+
+
+def run_arm(mode: str, spec: str) -> dict[str, Any]:
+    run_root = Path(tempfile.mkdtemp(prefix=f"libra-bench-{mode}-"))
+    stack = start_stack(run_root, mode)
+    try:
+        before = {name: cpu_s(p.pid) for name, p in stack.procs.items()}
+        wall_s, produced = asyncio.run(run_job(stack.coordinator, spec))
+        used = {name: cpu_s(p.pid) - before[name] for name, p in stack.procs.items()}
+    finally:
+        stop_stack(stack)
+    host_log = (run_root / "logs" / "rollout-host.log").read_text()
+    decisions = next((line for line in host_log.splitlines() if line.startswith("DECISIONS")),
+                     "")
+    out: dict[str, Any] = {"mode": mode, "wall_s": round(wall_s, 2), "trajectories": produced,
+                           "cpu_s": {k: round(v, 2) for k, v in used.items()},
+                           "cpu_total_s": round(sum(used.values()), 2),
+                           "decisions": decisions.removeprefix("DECISIONS ")}
+    if "scheduler" in used:
+        out["scheduler_cpu_ms_per_trajectory"] = round(
+            1000 * used["scheduler"] / max(produced, 1), 3)
+        out["scheduler_cpu_share"] = round(used["scheduler"] / sum(used.values()), 4)
+    return out
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    walls = {m: [r["wall_s"] for r in runs if r["mode"] == m] for m in ("service", "inproc")}
+    per_traj = {m: [r["wall_s"] / max(r["trajectories"], 1) for r in runs if r["mode"] == m]
+                for m in ("service", "inproc")}
+    cpu = [r["scheduler_cpu_ms_per_trajectory"] for r in runs if r["mode"] == "service"]
+    return {
+        "wall_s_mean": {m: round(statistics.mean(w), 2) for m, w in walls.items()},
+        "wall_ratio_service_over_inproc": round(
+            statistics.mean(walls["service"]) / statistics.mean(walls["inproc"]), 4),
+        "wall_per_trajectory_ratio": round(
+            statistics.mean(per_traj["service"]) / statistics.mean(per_traj["inproc"]), 4),
+        "scheduler_cpu_ms_per_trajectory": round(statistics.mean(cpu), 3),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="pairs of runs; arms alternate service, inproc, inproc, ...")
     parser.add_argument("--policy", default="cmlfq")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    run_root = Path(tempfile.mkdtemp(prefix="libra-bench-"))
-    state = stack.up(run_root)
-    try:
-        pids = {s["name"]: s["pid"] for s in state["services"]}
-        before = {name: cpu_s(pid) for name, pid in pids.items()}
-        wall_s, produced = asyncio.run(run_job(stack.coordinator_address(state),
-                                               job_spec(args.steps, args.policy)))
-        used = {name: cpu_s(pid) - before[name] for name, pid in pids.items()}
-    finally:
-        stack.down(run_root)
-    total = sum(used.values())
-    result = {
-        "policy": args.policy, "steps": args.steps, "job_wall_s": round(wall_s, 2),
-        "trajectories": produced, "cpu_s": {k: round(v, 2) for k, v in used.items()},
-        "scheduler_cpu_share": round(used["scheduler"] / total, 4),
-        "scheduler_cpu_ms_per_trajectory": round(1000 * used["scheduler"] / max(produced, 1), 3),
-        "scheduler_cpu_over_wall": round(used["scheduler"] / wall_s, 4),
-    }
+    spec = job_spec(args.steps, args.policy)
+    order = [("service", "inproc") if i % 2 == 0 else ("inproc", "service")
+             for i in range(args.rounds)]
+    runs = []
+    for pair in order:
+        for mode in pair:
+            runs.append(run_arm(mode, spec))
+            if not args.json:
+                print(json.dumps(runs[-1]), flush=True)
+    summary = {"policy": args.policy, "steps": args.steps, "runs": runs, **summarise(runs)}
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(summary))
         return
-    for key, value in result.items():
-        print(f"{key}: {value}")
+    for key, value in summary.items():
+        if key != "runs":
+            print(f"{key}: {value}")
 
 
 if __name__ == "__main__":

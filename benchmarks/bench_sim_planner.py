@@ -5,6 +5,9 @@ history (R2E-like) and 1,280 requests per step, then times ``decide`` on a step 
 interval trigger fires (full search + greedy refinement).
 
 Usage: ``python benchmarks/bench_sim_planner.py [--json] [--repeats N]``
+
+``benchmarks/bench_planner.py`` is the fuller measurement (48 and 1,000 GPUs, a history
+that changes every step, observe + decide, p50/p99).
 """
 
 from __future__ import annotations

@@ -29,13 +29,15 @@ RPC_SECONDS = Histogram("libra_rpc_server_seconds", "RPC latency", ["service", "
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps domain errors to status codes and counts every RPC (unary-unary only)."""
+    """Maps domain errors to status codes and counts every RPC (unary and bidi streams)."""
 
     def __init__(self, service: str) -> None:
         self._service = service
 
     async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
         handler = await continuation(handler_call_details)
+        if handler is not None and handler.stream_stream is not None:
+            return self._wrap_stream(handler, handler_call_details.method.rsplit("/", 1)[-1])
         if handler is None or handler.unary_unary is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
@@ -66,6 +68,32 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 RPC_SECONDS.labels(service, method).observe(time.perf_counter() - start)
 
         return grpc.unary_unary_rpc_method_handler(
+            wrapped, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+    def _wrap_stream(self, handler: Any, method: str) -> Any:
+        inner, service = handler.stream_stream, self._service
+
+        async def wrapped(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            code = "OK"
+            try:
+                async for response in inner(request_iterator, context):
+                    yield response
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except Exception as exc:
+                status_name = getattr(exc, "grpc_status_name", None)
+                if status_name is None:
+                    code = "INTERNAL"
+                    logger.exception("[rpc] unhandled error method=%s", method)
+                    raise
+                code = status_name
+                await context.abort(grpc.StatusCode[status_name], str(exc))
+            finally:
+                RPC_TOTAL.labels(service, method, code).inc()
+
+        return grpc.stream_stream_rpc_method_handler(
             wrapped, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)
 

@@ -131,6 +131,29 @@ class LayoutSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ElasticSpec:
+    """``[elastic]``: the elastic hybrid pool (rollout workers lent to training).
+
+    Defaults follow the reference's knobs scaled to this project (docs/jobspec.md).
+    """
+
+    enabled: bool = False
+    reserve_workers: int = 1
+    borrow_ratio: float = 1.15
+    release_ratio: float = 0.90
+    pressure_threshold: float = 0.80
+    ttl_steps: int = 20
+    plan_interval_steps: int = 5
+    cooldown_steps: int = 1
+    warmup_steps: int = 2
+    transition_cost_s: float = 1.0
+    min_gain_ratio: float = 0.05
+    join_timeout_s: float = 60.0
+    gradient_deadline_s: float = 10.0
+    lockstep_check_interval: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     name: str = "job"
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -139,6 +162,7 @@ class JobSpec:
     reward: RewardSpec = field(default_factory=RewardSpec)
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
     layout: LayoutSpec = field(default_factory=LayoutSpec)
+    elastic: ElasticSpec = field(default_factory=ElasticSpec)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -286,6 +310,30 @@ def _validate_cmlfq(layout: LayoutSpec) -> None:
                  f"must be positive and strictly increasing, got {thresholds}")
 
 
+def _validate_elastic(e: ElasticSpec) -> None:
+    # The executor never lends the last rollout worker, whatever the reserve says.
+    _require(e.reserve_workers >= 1, "elastic.reserve_workers",
+             "must be >= 1 (rollout keeps at least one worker)")
+    for name in ("borrow_ratio", "release_ratio", "transition_cost_s", "min_gain_ratio",
+                 "join_timeout_s", "gradient_deadline_s"):
+        value = getattr(e, name)
+        _require(math.isfinite(value), f"elastic.{name}", "must be a finite number")
+    _require(e.release_ratio > 0, "elastic.release_ratio", "must be > 0")
+    _require(e.release_ratio < e.borrow_ratio, "elastic.release_ratio",
+             f"must be < elastic.borrow_ratio ({e.release_ratio} >= {e.borrow_ratio}); "
+             "the gap is the hysteresis band")
+    _require(0 < e.pressure_threshold <= 1, "elastic.pressure_threshold",
+             "must be in (0, 1]")
+    for name in ("ttl_steps", "plan_interval_steps", "lockstep_check_interval"):
+        _require(getattr(e, name) >= 1, f"elastic.{name}", "must be >= 1")
+    for name in ("cooldown_steps", "warmup_steps"):
+        _require(getattr(e, name) >= 0, f"elastic.{name}", "must be >= 0")
+    _require(e.transition_cost_s >= 0, "elastic.transition_cost_s", "must be >= 0")
+    _require(e.min_gain_ratio >= 0, "elastic.min_gain_ratio", "must be >= 0")
+    for name in ("join_timeout_s", "gradient_deadline_s"):
+        _require(getattr(e, name) > 0, f"elastic.{name}", "must be > 0")
+
+
 def parse_job_spec(text: str, fmt: str = "toml") -> JobSpec:
     """Parse and validate a job spec document; raises InvalidArgument naming the field."""
     return job_spec_from_dict(parse_document(text, fmt))
@@ -295,6 +343,7 @@ def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
     spec = _build(JobSpec, data, "")
     _validate_ranges(spec)
     _validate_layout(spec.layout)
+    _validate_elastic(spec.elastic)
     return spec
 
 

@@ -80,7 +80,8 @@ def _plan(stack: dict[str, Any], run_root: Path, redis_url: str) -> list[Service
         specs.append((inst["instance_id"], "services.rollout", next(pool), [
             f"--instance-id={inst['instance_id']}", f"--bucket={inst['bucket']}",
             f"--max-batch-size={inst.get('max_batch_size', 8)}",
-            f"--max-trajectories={inst.get('max_trajectories', 16)}"]))
+            f"--max-trajectories={inst.get('max_trajectories', 16)}",
+            f"--role={inst.get('role', 'core-rollout')}"]))
     out = []
     for name, module, port, extra in specs:
         metrics = next(pool)

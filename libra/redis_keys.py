@@ -24,6 +24,8 @@ LEASE_TTL_MS_DEFAULT = 3_000
 # Trajectory stream consumer group names.
 TRAINER_GROUP = "trainer"
 ROLLOUT_GROUP = "rollout"
+# The scheduler reads finished trajectories from the same stream to give slots back.
+SCHEDULER_GROUP = "scheduler"
 
 # Terminal jobs keep their keys this long so `libra jobs` and reports still work.
 FINISHED_JOB_TTL_MS = 7 * 24 * 3600 * 1000

@@ -2,11 +2,12 @@
 
 Schema (stable; later versions only add keys)::
 
-    {"schema_version": 1, "job_id", "name", "state", "message",
+    {"schema_version": 2, "job_id", "name", "state", "message",
      "wall_s": float, "spec": {...},
      "steps": [{"step", "wall_s", "reward_mean", "policy_version", "num_trajectories",
-                "rollout_s", "train_s", "migrations",
+                "rollout_s", "train_s", "migrations", "hybrid_workers",
                 "bucket_occupancy": {bucket: int}, ...}],
+     "events": [{"ts_ms", "kind", "step", "worker_id", "epoch", "reason", ...}],
      "trajectories": {"produced", "trained", "dropped_stale", "dropped_failed",
                       "failed", "admitted", "requeued", "in_flight_at_end"},
      "reward": {"first_10pct_mean", "last_10pct_mean", "improvement"},
@@ -21,7 +22,7 @@ from typing import Any
 
 from libra import types as t
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added steps[].hybrid_workers and events
 
 
 def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
@@ -35,7 +36,10 @@ def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, int],
-                 wall_s: float) -> dict[str, Any]:
+                 wall_s: float, events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The report of one job; ``events`` come from the job's events stream."""
+    # Steps recorded without elastic training had no hybrid workers.
+    steps = [{**s, "hybrid_workers": int(s.get("hybrid_workers", 0))} for s in steps]
     first, last = reward_windows(steps)
     produced = counters.get("produced", 0) + counters.get("failed", 0)
     consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
@@ -45,6 +49,7 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
         "schema_version": SCHEMA_VERSION, "job_id": job.job_id, "name": job.name,
         "state": job.state.value, "message": job.message, "wall_s": round(wall_s, 3),
         "spec": json.loads(job.spec_json), "steps": steps,
+        "events": list(events or []),  # stream order: the order they were recorded
         "trajectories": {
             "produced": produced, "trained": trained,
             "dropped_stale": counters.get("dropped_stale", 0),

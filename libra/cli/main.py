@@ -3,7 +3,8 @@
 Examples:
   libra run deploy/configs/demo.toml     start everything, submit, follow, report, stop
   libra up / libra down                  start / stop Redis + the five services
-  libra status --json                    each service: name, pid, address, health
+  libra status --json                    each service: name, pid, address, health, and
+                                         its worker lease: role, epoch, bucket
   libra submit JOB.toml; libra jobs      submit to a running stack; list jobs
   libra tool run python --args '{"code": "print(1)"}' --local    try a tool
 """
@@ -81,7 +82,8 @@ async def _follow(client: GrpcCoordinatorClient, job: t.Job, quiet: bool) -> t.J
 
 async def _report(client: GrpcCoordinatorClient, job_id: str, wall_s: float) -> dict[str, Any]:
     job, steps, counters = await client.get_job(job_id)
-    report = build_report(job, steps, counters, wall_s)
+    events = await client.get_job_events(job_id)
+    report = build_report(job, steps, counters, wall_s, events)
     path, png = write_report(report, Path(job.run_dir))
     report["_paths"] = {"report": str(path), "reward_curve": str(png) if png else ""}
     return report
@@ -150,12 +152,38 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def with_leases(rows: list[dict[str, Any]], leases: list[t.Lease]) -> list[dict[str, Any]]:
+    """Each service row gains its worker lease (worker_id, role, epoch, bucket), matched
+    by worker id or address; rows without a live lease get empty values."""
+    by_key = {**{lease.address: lease for lease in leases},
+              **{lease.worker_id: lease for lease in leases}}
+    out = []
+    for row in rows:
+        lease = by_key.get(row["name"]) or by_key.get(row["address"])
+        out.append({**row, "worker_id": lease.worker_id if lease else "",
+                    "role": lease.role.value if lease else "",
+                    "epoch": lease.epoch if lease else 0,
+                    "bucket": lease.bucket if lease else ""})
+    return out
+
+
+async def _leases(address: str) -> list[t.Lease]:
+    client = GrpcCoordinatorClient(address, timeout_s=3.0)
+    try:
+        return await client.list_workers()
+    except LibraError:
+        return []  # coordinator down: the health column already says so
+    finally:
+        await client.close()
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     state = stack.read_state(args.run_root)
     if state is None:
         _print({"running": False}, args.json)
         return 1
-    _print(stack.status(state), args.json)
+    leases = asyncio.run(_leases(stack.coordinator_address(state)))
+    _print(with_leases(stack.status(state), leases), args.json)
     return 0
 
 
@@ -178,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-up", action="store_true", help="leave the stack running")
     add("up", cmd_up, "start Redis and the five services (bare metal, supervised by pid)")
     add("down", cmd_down, "stop what `libra up` started, by pid")
-    add("status", cmd_status, "name, pid, address and health of each service")
+    add("status", cmd_status, "name, pid, address, health and lease (role, epoch, "
+        "bucket) of each service")
     p = add("submit", cmd_submit, "submit a job spec to the running stack")
     p.add_argument("job", type=Path)
     add("jobs", cmd_jobs, "list jobs")

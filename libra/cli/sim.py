@@ -5,6 +5,7 @@ Examples:
   libra sim --generate r2e --cluster h100x1000 --system sync-lb
   libra sim trace --shape search --steps 20 --out search.jsonl     write a generated trace
   libra bench paper --gpus 48 --seeds 3 --json
+  libra sim validate --json     real CPU demo run vs its replay (predicted/measured rollout time)
 
 ``libra sim`` prints one JSON object (throughput_traj_per_s, tokens_per_s, makespan_s,
 lower_bound_s, p99_traj_latency_s, gpu_busy_fraction, migrations, planner_moves, ...);
@@ -85,6 +86,27 @@ def cmd_paper(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from libra.launcher import ROOT
+    from sim.validation import validate
+
+    run_root = args.run_root or Path(tempfile.mkdtemp(prefix="libra-sim-validate-"))
+    run_root.mkdir(parents=True, exist_ok=True)
+    result = validate(run_root, ROOT, num_steps=args.steps)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(
+            f"rollout time (mean admission->finish over {result['num_trajectories']} "
+            f"trajectories): predicted {result['predicted_rollout_s'] * 1000:.1f} ms, measured "
+            f"{result['measured_rollout_s'] * 1000:.1f} ms, ratio {result['ratio']:.2f} "
+            f"(tolerance +-{result['tolerance']:.0%})"
+        )
+    return 0 if result["within_tolerance"] else 1
+
+
 def register(sub: Any) -> None:
     """Add ``sim`` and ``bench`` to the ``libra`` sub-command parser."""
     p = sub.add_parser(
@@ -119,6 +141,13 @@ def register(sub: Any) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", type=Path, required=True)
     t.set_defaults(func=cmd_trace)
+    v = tsub.add_parser(
+        "validate", help="run the CPU demo for real, replay it, compare rollout times"
+    )
+    v.add_argument("--run-root", type=Path, default=None, help="stack run root (default: temp)")
+    v.add_argument("--steps", type=int, default=12, help="RL steps of the demo job")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_validate)
 
     b = sub.add_parser("bench", help="benchmarks").add_subparsers(
         dest="bench_command", required=True

@@ -21,6 +21,9 @@ class CoordinatorApi(Protocol):
 
     async def release_lease(self, worker_id: str, epoch: int) -> None: ...
 
+    async def change_worker_role(self, worker_id: str, expected_epoch: int,
+                                 role: t.WorkerRole) -> t.Lease: ...
+
     async def report_step(self, job_id: str, record: dict[str, Any]) -> None: ...
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None: ...
@@ -43,6 +46,12 @@ class GrpcCoordinatorClient(GrpcClientBase):
                                 idempotent=True)
         steps = [json.loads(s) for s in resp.steps_json]
         return job_from_proto(resp.job), steps, json.loads(resp.counters_json or "{}")
+
+    async def get_job_events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's events (plans, joins, releases, failures), oldest first."""
+        resp = await self._call(self._stub.GetJob, pb.GetJobRequest(job_id=job_id),
+                                idempotent=True)
+        return [json.loads(e) for e in resp.events_json]
 
     async def list_jobs(self) -> list[t.Job]:
         resp = await self._call(self._stub.ListJobs, pb.ListJobsRequest(), idempotent=True)
@@ -70,6 +79,15 @@ class GrpcCoordinatorClient(GrpcClientBase):
         await self._call(self._stub.ReleaseLease,
                          pb.ReleaseLeaseRequest(worker_id=worker_id, epoch=epoch),
                          idempotent=True)
+
+    async def change_worker_role(self, worker_id: str, expected_epoch: int,
+                                 role: t.WorkerRole) -> t.Lease:
+        """Compare-and-set the lease's role on ``expected_epoch``; returns the lease at its
+        fresh epoch. Safe to retry: a repeat after a lost reply is refused with LeaseLost
+        (the epoch moved on), never applied twice."""
+        resp = await self._call(self._stub.ChangeWorkerRole, pb.ChangeWorkerRoleRequest(
+            worker_id=worker_id, expected_epoch=expected_epoch, role=role_to_proto(role)))
+        return lease_from_proto(resp.lease)
 
     async def list_workers(self) -> list[t.Lease]:
         resp = await self._call(self._stub.ListWorkers, pb.ListWorkersRequest(),

@@ -13,7 +13,10 @@ from pathlib import Path
 import redis.asyncio as aioredis
 import uvicorn
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
+from libra.clients.rollout import GrpcRolloutClient
 from libra.clients.runner import GrpcSchedulerClient, GrpcTrainerClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
@@ -22,21 +25,45 @@ from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.elastic import ElasticWiring
+from services.coordinator.planner.live import live_planner
 from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
 
 logger = logging.getLogger("services.coordinator")
 
+# A stalled Redis surfaces as a timeout after this long instead of hanging the call; the
+# store then retries with backoff (client-level retries are off so that stays bounded).
+REDIS_SOCKET_TIMEOUT_S = 2.0
+
+
+def elastic_wiring(cfg: CoordinatorConfig) -> ElasticWiring:
+    """Rollout clients (one per address, cached) and the planner for elastic jobs."""
+    clients: dict[str, GrpcRolloutClient] = {}
+
+    def rollout_at(address: str) -> GrpcRolloutClient:
+        if address not in clients:
+            clients[address] = GrpcRolloutClient(address, cfg.peers.rpc_timeout_s)
+        return clients[address]
+
+    return ElasticWiring(planner_factory=live_planner, rollouts=rollout_at,
+                         trainer_address=cfg.peers.trainer,
+                         rpc_deadline_s=cfg.peers.rpc_timeout_s)
+
 
 async def main(cfg: CoordinatorConfig) -> None:
-    redis = aioredis.from_url(cfg.redis_url, decode_responses=True)
+    redis = aioredis.from_url(cfg.redis_url, decode_responses=True,
+                              socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+                              socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
+                              retry=Retry(NoBackoff(), 0))
     peers = cfg.peers
     core = CoordinatorCore(
         store=RedisCoordinatorStore(redis, SystemClock()),
         trainer=GrpcTrainerClient(peers.trainer, peers.rpc_timeout_s),
         scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
-        clock=SystemClock(), run_root=Path(cfg.run_root).resolve())
+        clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
+        elastic=elastic_wiring(cfg))
     name = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
     registration = Registration(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
                                 CoordinatorServicer(core), name)

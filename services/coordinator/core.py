@@ -17,13 +17,23 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, InvalidArgument, LibraError
 from libra.ids import new_job_id
-from libra.jobspec import parse_job_spec
+from libra.jobspec import ElasticSpec, job_spec_from_json, parse_job_spec
+from services.coordinator.elastic import ElasticExecutor, ElasticLoop, ElasticWiring
 from services.coordinator.store import CoordinatorStore
 
 logger = logging.getLogger(__name__)
 
 MIN_LEASE_TTL_MS = 200
 MAX_LEASE_TTL_MS = 600_000
+
+# The elastic hybrid pool's role moves: target role -> roles a lease may hold before it.
+# hybrid-rollout -> hybrid-joining (lend), hybrid-joining -> hybrid-training (activate),
+# and back to hybrid-rollout from either (reclaim, failed or cancelled join).
+ROLE_MOVES: dict[t.WorkerRole, tuple[t.WorkerRole, ...]] = {
+    t.WorkerRole.HYBRID_JOINING: (t.WorkerRole.HYBRID_ROLLOUT,),
+    t.WorkerRole.HYBRID_TRAINING: (t.WorkerRole.HYBRID_JOINING,),
+    t.WorkerRole.HYBRID_ROLLOUT: (t.WorkerRole.HYBRID_JOINING, t.WorkerRole.HYBRID_TRAINING),
+}
 
 
 class JobRunner(Protocol):
@@ -38,12 +48,15 @@ class CoordinatorCore:
     """Public job API and worker registry."""
 
     def __init__(self, store: CoordinatorStore, trainer: JobRunner, scheduler: JobRunner,
-                 clock: Clock, run_root: Path) -> None:
+                 clock: Clock, run_root: Path, elastic: ElasticWiring | None = None) -> None:
         self._store = store
         self._trainer = trainer
         self._scheduler = scheduler
         self._clock = clock
         self._run_root = run_root
+        self._elastic = elastic
+        # Per job: its elastic loop, or None when the job is not elastic (cached).
+        self._elastic_loops: dict[str, ElasticLoop | None] = {}
         # Serialises the busy check with the PENDING write: without it, concurrent creates
         # all see "no job" across the store's awaits and all start (one coordinator only).
         self._create_lock = asyncio.Lock()
@@ -116,6 +129,50 @@ class CoordinatorCore:
         job.policy_version = int(record.get("policy_version", job.policy_version))
         job.updated_at_ms = self._clock.now_ms()
         await self._store.put_job(job)
+        await self._feed_elastic(job, record)
+
+    async def job_events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's events (elastic plans, joins, releases, failures, ...), oldest first."""
+        await self._store.get_job(job_id)  # NotFound for an unknown job
+        return await self._store.events(job_id)
+
+    async def _feed_elastic(self, job: t.Job, record: dict[str, Any]) -> None:
+        loop = self._elastic_loop(job)
+        if loop is None:
+            return
+        try:
+            await loop.on_step(record)
+        except Exception:
+            # The planner is advisory: a failure there must not fail the trainer's step
+            # report (the step is already stored); it is logged and the next step retries.
+            logger.exception("[elastic] planning failed job_id=%s", job.job_id)
+
+    def _elastic_loop(self, job: t.Job) -> ElasticLoop | None:
+        if job.job_id in self._elastic_loops:
+            return self._elastic_loops[job.job_id]
+        spec = job_spec_from_json(job.spec_json).elastic
+        loop = None
+        if spec.enabled and self._elastic is None:
+            logger.warning("[elastic] job_id=%s asks for the elastic pool but this "
+                           "coordinator has no planner wired; running without", job.job_id)
+        elif spec.enabled and self._elastic is not None:
+            loop = self._new_elastic_loop(job.job_id, spec, self._elastic)
+        self._elastic_loops[job.job_id] = loop
+        return loop
+
+    def _new_elastic_loop(self, job_id: str, spec: ElasticSpec,
+                          wiring: ElasticWiring) -> ElasticLoop:
+        executor = ElasticExecutor(job_id=job_id, spec=spec, rollouts=wiring.rollouts,
+                                   events=self._store, clock=self._clock,
+                                   trainer_address=wiring.trainer_address,
+                                   rpc_deadline_s=wiring.rpc_deadline_s)
+        return ElasticLoop(job_id=job_id, planner=wiring.planner_factory(spec),
+                           executor=executor, events=self._store,
+                           leases=self._store.live_leases, clock=self._clock)
+
+    def elastic_loop(self, job_id: str) -> ElasticLoop | None:
+        """The job's elastic loop once it saw a step (None otherwise)."""
+        return self._elastic_loops.get(job_id)
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
         if not state.is_terminal:
@@ -133,6 +190,8 @@ class CoordinatorCore:
         await self._finish(job, state, message)
 
     async def _finish(self, job: t.Job, state: t.JobState, message: str) -> t.Job:
+        if (loop := self._elastic_loops.get(job.job_id)) is not None:
+            loop.stop()  # lent instances go back to rollout (in the background)
         job.state = state
         job.message = message
         job.updated_at_ms = self._clock.now_ms()
@@ -161,6 +220,25 @@ class CoordinatorCore:
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         await self._store.release_lease(worker_id, epoch)
+
+    async def change_worker_role(self, worker_id: str, expected_epoch: int,
+                                 role: t.WorkerRole) -> t.Lease:
+        """Compare-and-set of the role on ``expected_epoch`` (elastic hybrid pool).
+
+        Only the moves in ``ROLE_MOVES`` are allowed; the store checks the current role
+        and the epoch atomically, and a success takes a fresh fence (the new epoch).
+        """
+        if not worker_id:
+            raise InvalidArgument("worker_id", "must not be empty")
+        allowed_from = ROLE_MOVES.get(role)
+        if allowed_from is None:
+            targets = ", ".join(r.value for r in ROLE_MOVES)
+            raise InvalidArgument("role", f"{role.value} is not a role a lease can change "
+                                  f"to (one of {targets})")
+        lease = await self._store.change_role(worker_id, expected_epoch, role, allowed_from)
+        logger.info("[lease] role changed worker_id=%s role=%s epoch=%d->%d", worker_id,
+                    role.value, expected_epoch, lease.epoch)
+        return lease
 
     async def list_workers(self) -> list[t.Lease]:
         return await self._store.live_leases()

@@ -61,16 +61,24 @@ def build_app(core: CoordinatorCore) -> FastAPI:
     async def list_jobs() -> list[dict[str, Any]]:
         return [_job_json(j) for j in await core.list_jobs()]
 
-    @app.get("/v1/jobs/{job_id}", summary="A job with its step history and counters")
+    @app.get("/v1/jobs/{job_id}",
+             summary="A job with its step history, counters and events")
     async def get_job(job_id: str) -> dict[str, Any]:
         job, steps, counters = await core.get_job(job_id)
-        return {**_job_json(job), "steps": steps, "counters": counters}
+        return {**_job_json(job), "steps": steps, "counters": counters,
+                "events": await core.job_events(job_id)}
+
+    @app.get("/v1/jobs/{job_id}/events",
+             summary="A job's events (elastic plans, joins, releases, failures), oldest first")
+    async def job_events(job_id: str) -> list[dict[str, Any]]:
+        return await core.job_events(job_id)
 
     @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
     async def cancel_job(job_id: str) -> dict[str, Any]:
         return _job_json(await core.cancel_job(job_id))
 
-    @app.get("/v1/workers", summary="Live worker leases (role, bucket, epoch)")
+    @app.get("/v1/workers", summary="Live worker leases (worker_id, role, bucket, epoch, "
+             "address, expires_at_ms, ttl_ms)")
     async def list_workers() -> list[dict[str, Any]]:
         return [_lease_json(lease) for lease in await core.list_workers()]
 

@@ -21,9 +21,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
 
     async def GetJob(self, request, context):  # noqa: N802, ANN001
         job, steps, counters = await self._core.get_job(request.job_id)
+        events = await self._core.job_events(request.job_id)
         return pb.GetJobResponse(job=job_to_proto(job),
                                  steps_json=[json.dumps(s) for s in steps],
-                                 counters_json=json.dumps(counters))
+                                 counters_json=json.dumps(counters),
+                                 events_json=[json.dumps(e) for e in events])
 
     async def ListJobs(self, request, context):  # noqa: N802, ANN001
         return pb.ListJobsResponse(jobs=[job_to_proto(j) for j in await self._core.list_jobs()])
@@ -43,6 +45,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
     async def ReleaseLease(self, request, context):  # noqa: N802, ANN001
         await self._core.release_lease(request.worker_id, request.epoch)
         return pb.ReleaseLeaseResponse()
+
+    async def ChangeWorkerRole(self, request, context):  # noqa: N802, ANN001
+        lease = await self._core.change_worker_role(
+            request.worker_id, request.expected_epoch, role_from_proto(request.role))
+        return pb.ChangeWorkerRoleResponse(lease=lease_to_proto(lease))
 
     async def ListWorkers(self, request, context):  # noqa: N802, ANN001
         leases = await self._core.list_workers()

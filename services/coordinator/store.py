@@ -7,13 +7,25 @@ production adapter (the only module of this service that imports redis);
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any, Protocol
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Protocol, TypeVar
 
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import LeaseLost, NotFound
+from libra.errors import FailedPrecondition, LeaseLost, NotFound
+
+logger = logging.getLogger(__name__)
+R = TypeVar("R")
+
+# Lease-path calls retry on connection errors: 5 tries, backoff 0.1 s doubling to 0.8 s
+# (1.5 s of waiting in all), so a Redis blip of about a second is ridden out.
+RETRY_ATTEMPTS = 5
+RETRY_FIRST_DELAY_S = 0.1
 
 
 class CoordinatorStore(Protocol):
@@ -38,6 +50,42 @@ class CoordinatorStore(Protocol):
     async def release_lease(self, worker_id: str, epoch: int) -> None: ...
 
     async def live_leases(self) -> list[t.Lease]: ...
+
+    async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,
+                          allowed_from: Collection[t.WorkerRole] = ()) -> t.Lease:
+        """Compare-and-set the role on the epoch; a success takes a fresh fence and keeps
+        the lease's remaining TTL. ``allowed_from`` (when not empty) lists the roles the
+        lease may hold now. Raises LeaseLost (gone or epoch moved on) or
+        FailedPrecondition (role not in ``allowed_from``)."""
+        ...
+
+    async def record_event(self, job_id: str, event: dict[str, Any]) -> None: ...
+
+    async def events(self, job_id: str) -> list[dict[str, Any]]: ...
+
+
+def _lease_lost_gone(worker_id: str) -> LeaseLost:
+    return LeaseLost(f"lease of {worker_id} expired; acquire a new one")
+
+
+def _lease_lost_epoch(worker_id: str, current: int, expected: int) -> LeaseLost:
+    return LeaseLost(f"lease of {worker_id} is at epoch {current}, not the expected "
+                     f"epoch {expected}")
+
+
+def _role_refused(worker_id: str, current: str, role: t.WorkerRole,
+                  allowed_from: Collection[t.WorkerRole]) -> FailedPrecondition:
+    allowed = ", ".join(sorted(r.value for r in allowed_from))
+    return FailedPrecondition(f"worker {worker_id} is {current}; {role.value} can only "
+                              f"follow {allowed}")
+
+
+def _event_from_entry(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
+    """An events-stream entry as a dict: ours carry JSON under ``event``; other services
+    write flat string fields, timed by the entry id."""
+    if "event" in fields:
+        return json.loads(fields["event"])
+    return {"ts_ms": int(entry_id.split("-")[0]), **fields}
 
 
 def _job_to_hash(job: t.Job) -> dict[str, str]:
@@ -88,6 +136,33 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 return tonumber(ttl)
 """
 
+# KEYS[1] = lease key, KEYS[2] = fence counter
+# ARGV[1] = expected epoch, ARGV[2] = new role, ARGV[3] = change token (one per call, the
+#   same on every retry of it), ARGV[4..] = roles the lease may hold now (none = any)
+# Returns {1, pttl, hash} when applied; {0, pttl, hash} when this very change (same token)
+# was applied by an earlier try whose reply was lost: a retry never applies twice;
+# {-1} when the lease is gone; {-2, epoch} when the epoch moved on; {-3, role} when the
+# current role may not change to the new one. HSET keeps the key's TTL.
+_CHANGE_ROLE_LUA = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then return {-1} end
+if epoch ~= ARGV[1] then
+  if redis.call('HGET', KEYS[1], 'change_token') == ARGV[3] then
+    return {0, redis.call('PTTL', KEYS[1]), redis.call('HGETALL', KEYS[1])}
+  end
+  return {-2, tonumber(epoch)}
+end
+if #ARGV > 3 then
+  local role = redis.call('HGET', KEYS[1], 'role')
+  local ok = false
+  for i = 4, #ARGV do if ARGV[i] == role then ok = true end end
+  if not ok then return {-3, role} end
+end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'epoch', fence, 'role', ARGV[2], 'change_token', ARGV[3])
+return {1, redis.call('PTTL', KEYS[1]), redis.call('HGETALL', KEYS[1])}
+"""
+
 # KEYS[1] = lease key; ARGV[1] = epoch. Deletes only the caller's own lease.
 _RELEASE_LUA = """
 if redis.call('HGET', KEYS[1], 'epoch') == ARGV[1] then
@@ -100,14 +175,44 @@ return 0
 class RedisCoordinatorStore:
     """Jobs, history and leases in Redis (keys from ``libra.redis_keys``)."""
 
-    def __init__(self, redis: Any, clock: Clock) -> None:
+    def __init__(self, redis: Any, clock: Clock, retry_attempts: int = RETRY_ATTEMPTS,
+                 retry_first_delay_s: float = RETRY_FIRST_DELAY_S) -> None:
+        from redis import exceptions as redis_errors  # the redis adapter's own import
+
         self._r = redis
         self._clock = clock
+        self._retry_attempts = retry_attempts
+        self._retry_first_delay_s = retry_first_delay_s
+        self._transient = (redis_errors.ConnectionError, redis_errors.TimeoutError)
         self._acquire = redis.register_script(_ACQUIRE_LUA)
         self._renew = redis.register_script(_RENEW_LUA)
         self._release = redis.register_script(_RELEASE_LUA)
+        self._change_role = redis.register_script(_CHANGE_ROLE_LUA)
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[R]]) -> R:
+        """Run ``call`` again with exponential backoff while Redis is unreachable.
+
+        Only for calls that are safe to repeat after an unknown outcome: reads, job
+        writes, renew and release (idempotent), acquire (a repeat grants a newer epoch, which wins),
+        and role changes (compare-and-set with a per-call token, never applied twice).
+        """
+        delay_s = self._retry_first_delay_s
+        for attempt in range(1, self._retry_attempts + 1):
+            try:
+                return await call()
+            except self._transient as exc:
+                if attempt == self._retry_attempts:
+                    raise
+                logger.warning("[redis] %s failed attempt=%d error=%s; retrying in %.2fs",
+                               what, attempt, exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s *= 2
+        raise AssertionError("unreachable")
 
     async def put_job(self, job: t.Job) -> None:
+        await self._retrying("put_job", lambda: self._write_job(job))
+
+    async def _write_job(self, job: t.Job) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.hset(keys.job(job.job_id), mapping=_job_to_hash(job))
             pipe.zadd(keys.JOBS_INDEX, {job.job_id: job.created_at_ms})
@@ -117,7 +222,7 @@ class RedisCoordinatorStore:
             await pipe.execute()
 
     async def get_job(self, job_id: str) -> t.Job:
-        h = await self._r.hgetall(keys.job(job_id))
+        h = await self._retrying("get_job", lambda: self._r.hgetall(keys.job(job_id)))
         if not h:
             raise NotFound(f"job {job_id!r} not found")
         return _job_from_hash(h)
@@ -142,37 +247,43 @@ class RedisCoordinatorStore:
                            maxlen=keys.HISTORY_MAXLEN, approximate=True)
 
     async def steps(self, job_id: str) -> list[dict[str, Any]]:
-        entries = await self._r.xrange(keys.history(job_id))
+        entries = await self._retrying("steps", lambda: self._r.xrange(keys.history(job_id)))
         return [json.loads(fields["record"]) for _id, fields in entries]
 
     async def counters(self, job_id: str) -> dict[str, int]:
-        raw = await self._r.hgetall(keys.counters(job_id))
+        raw = await self._retrying("counters", lambda: self._r.hgetall(keys.counters(job_id)))
         return {k: int(v) for k, v in raw.items()}
 
     async def acquire_lease(self, lease: t.Lease) -> t.Lease:
         fields = _lease_to_hash(lease)
         fields.pop("epoch")
         flat = [x for kv in fields.items() for x in kv]
-        epoch = await self._acquire(keys=[keys.lease(lease.worker_id), keys.FENCE],
-                                    args=[lease.ttl_ms, *flat])
-        await self._r.sadd(keys.WORKERS, lease.worker_id)
+        epoch = await self._retrying("acquire_lease", lambda: self._acquire(
+            keys=[keys.lease(lease.worker_id), keys.FENCE], args=[lease.ttl_ms, *flat]))
+        await self._retrying("acquire_lease", lambda: self._r.sadd(keys.WORKERS,
+                                                                   lease.worker_id))
         now_ms = self._clock.now_ms()
         return t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address, int(epoch),
                        now_ms + lease.ttl_ms, lease.ttl_ms)
 
     async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease:
-        result = await self._renew(keys=[keys.lease(worker_id)], args=[str(epoch)])
+        result = await self._retrying("renew_lease", lambda: self._renew(
+            keys=[keys.lease(worker_id)], args=[str(epoch)]))
         if result == -1:
-            raise LeaseLost(f"lease of {worker_id} expired; acquire a new one")
+            raise _lease_lost_gone(worker_id)
         if result == -2:
             raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
-        h = await self._r.hgetall(keys.lease(worker_id))
+        h = await self._retrying("renew_lease", lambda: self._r.hgetall(keys.lease(worker_id)))
         return _lease_from_hash(h, int(result), now_ms)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
-        await self._release(keys=[keys.lease(worker_id)], args=[str(epoch)])
+        await self._retrying("release_lease", lambda: self._release(
+            keys=[keys.lease(worker_id)], args=[str(epoch)]))
 
     async def live_leases(self) -> list[t.Lease]:
+        return await self._retrying("live_leases", self._read_live_leases)
+
+    async def _read_live_leases(self) -> list[t.Lease]:
         now_ms = self._clock.now_ms()
         leases = []
         for worker_id in sorted(await self._r.smembers(keys.WORKERS)):
@@ -184,6 +295,32 @@ class RedisCoordinatorStore:
                 leases.append(_lease_from_hash(h, pttl, now_ms))
         return leases
 
+    async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,
+                          allowed_from: Collection[t.WorkerRole] = ()) -> t.Lease:
+        token = uuid.uuid4().hex  # one per call: lets a retry recognise its own change
+        args = [str(expected_epoch), role.value, token, *(r.value for r in allowed_from)]
+        reply = await self._retrying("change_role", lambda: self._change_role(
+            keys=[keys.lease(worker_id), keys.FENCE], args=args))
+        code = int(reply[0])
+        if code == -1:
+            raise _lease_lost_gone(worker_id)
+        if code == -2:
+            raise _lease_lost_epoch(worker_id, int(reply[1]), expected_epoch)
+        if code == -3:
+            raise _role_refused(worker_id, str(reply[1]), role, allowed_from)
+        flat = reply[2]
+        h = dict(zip(flat[::2], flat[1::2], strict=True))
+        return _lease_from_hash(h, int(reply[1]), self._clock.now_ms())
+
+    async def record_event(self, job_id: str, event: dict[str, Any]) -> None:
+        await self._r.xadd(keys.events(job_id), {"kind": str(event.get("kind", "")),
+                                                 "event": json.dumps(event)},
+                           maxlen=keys.EVENTS_MAXLEN, approximate=True)
+
+    async def events(self, job_id: str) -> list[dict[str, Any]]:
+        entries = await self._retrying("events", lambda: self._r.xrange(keys.events(job_id)))
+        return [_event_from_entry(entry_id, fields) for entry_id, fields in entries]
+
 
 class InMemoryCoordinatorStore:
     """The same contract in process memory, with a clock for expiry (unit tests)."""
@@ -194,6 +331,7 @@ class InMemoryCoordinatorStore:
         self._steps: dict[str, list[dict[str, Any]]] = {}
         self._counters: dict[str, dict[str, int]] = {}
         self._leases: dict[str, t.Lease] = {}
+        self._events: dict[str, list[dict[str, Any]]] = {}
         self._fence = 0
 
     async def put_job(self, job: t.Job) -> None:
@@ -211,6 +349,7 @@ class InMemoryCoordinatorStore:
         self._jobs.pop(job_id, None)
         self._steps.pop(job_id, None)
         self._counters.pop(job_id, None)
+        self._events.pop(job_id, None)
 
     async def append_step(self, job_id: str, record: dict[str, Any]) -> None:
         self._steps.setdefault(job_id, []).append(record)
@@ -237,7 +376,7 @@ class InMemoryCoordinatorStore:
     async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease:
         lease = self._live(worker_id)
         if lease is None:
-            raise LeaseLost(f"lease of {worker_id} expired; acquire a new one")
+            raise _lease_lost_gone(worker_id)
         if lease.epoch != epoch:
             raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
         renewed = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
@@ -252,3 +391,24 @@ class InMemoryCoordinatorStore:
 
     async def live_leases(self) -> list[t.Lease]:
         return [lease for w in sorted(self._leases) if (lease := self._live(w)) is not None]
+
+    async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,
+                          allowed_from: Collection[t.WorkerRole] = ()) -> t.Lease:
+        lease = self._live(worker_id)
+        if lease is None:
+            raise _lease_lost_gone(worker_id)
+        if lease.epoch != expected_epoch:
+            raise _lease_lost_epoch(worker_id, lease.epoch, expected_epoch)
+        if allowed_from and lease.role not in allowed_from:
+            raise _role_refused(worker_id, lease.role.value, role, allowed_from)
+        self._fence += 1
+        changed = t.Lease(lease.worker_id, role, lease.bucket, lease.address, self._fence,
+                          lease.expires_at_ms, lease.ttl_ms)
+        self._leases[worker_id] = changed
+        return changed
+
+    async def record_event(self, job_id: str, event: dict[str, Any]) -> None:
+        self._events.setdefault(job_id, []).append(dict(event))
+
+    async def events(self, job_id: str) -> list[dict[str, Any]]:
+        return [dict(e) for e in self._events.get(job_id, [])]

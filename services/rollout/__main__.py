@@ -12,7 +12,9 @@ import logging
 
 import redis.asyncio as aioredis
 
+from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.clients.gradient import GrpcGradientChannel
 from libra.clients.runner import GrpcSchedulerClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.clock import SystemClock
@@ -23,6 +25,7 @@ from libra.telemetry import init_logging, init_tracing
 from services.rollout.backend import TorchEngineLoader
 from services.rollout.config import RolloutConfig
 from services.rollout.core import EngineLoader, RolloutCore, RolloutSettings
+from services.rollout.hybrid_backend import TorchHybridTrainer
 from services.rollout.servicer import RolloutServicer
 from services.rollout.store import RedisRolloutStore
 
@@ -49,18 +52,31 @@ def engine_loader(cfg: RolloutConfig) -> EngineLoader:
     raise ValueError(f"config engine: expected torch or vllm, got {cfg.engine!r}")
 
 
+def worker_role(value: str) -> t.WorkerRole:
+    """The lease role a rollout instance may take: core-rollout or hybrid-rollout."""
+    allowed = (t.WorkerRole.CORE_ROLLOUT, t.WorkerRole.HYBRID_ROLLOUT)
+    role = next((r for r in allowed if r.value == value), None)
+    if role is None:
+        raise ValueError(f"config role: expected one of {[r.value for r in allowed]}, "
+                         f"got {value!r}")
+    return role
+
+
 async def main(cfg: RolloutConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
     peers = cfg.peers
     settings = RolloutSettings(
         instance_id=cfg.instance_id, bucket=cfg.bucket, max_batch_size=cfg.max_batch_size,
         max_trajectories=cfg.max_trajectories, lease_ttl_ms=cfg.lease_ttl_ms,
-        tool_deadline_s=cfg.tool_deadline_s, weight_load_deadline_s=cfg.weight_load_deadline_s)
+        tool_deadline_s=cfg.tool_deadline_s, weight_load_deadline_s=cfg.weight_load_deadline_s,
+        role=worker_role(cfg.role))
     core = RolloutCore(
         settings, RedisRolloutStore(redis), engine_loader(cfg),
         GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
         GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
-        GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s), SystemClock())
+        GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s), SystemClock(),
+        opener=GrpcGradientChannel(),
+        load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads))
 
     async def register(server: Server) -> None:
         core.settings = dataclasses.replace(settings,

@@ -16,6 +16,8 @@ class RolloutConfig:
     redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding the inbox and results")
     instance_id: str = knob("rollout-0", "unique id of this instance (its worker id)")
     bucket: str = knob("short", "bucket this instance serves in")
+    role: str = knob("core-rollout", "lease role: core-rollout, or hybrid-rollout to let the "
+                     "elastic pool lend this instance to training (docs/elastic.md)")
     max_batch_size: int = knob(8, "trajectories sampled together in one engine call")
     max_trajectories: int = knob(16, "trajectories pinned here at once (scheduler cap)")
     lease_ttl_ms: int = knob(3000, "lease TTL; the lease is renewed every third of it")

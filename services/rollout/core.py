@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import LeaseLost, LibraError
+from libra.errors import FailedPrecondition, LeaseLost, LibraError
 from libra.jobspec import JobSpec, job_spec_from_json
+from libra.training import channel as ch
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
+from services.rollout.lending import ChannelOpener, HybridJoin, TrainerLoader
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.coordinator import CoordinatorApi
@@ -61,12 +63,12 @@ class EngineLoader(Protocol):
 
 
 class SchedulerApi(Protocol):
+    """Decisions at tool returns (the client batches concurrent reports into one RPC).
+    Finishes need no call: the scheduler reads them from the trajectory stream."""
+
     async def report_tool_return(self, job_id: str, trajectory_id: str,
                                  state: t.ToolReturnState, tokens_so_far: int,
-                                 instance_id: str) -> t.PlacementDecision: ...
-
-    async def report_finished(self, job_id: str, trajectory_id: str, total_tokens: int,
-                              status: t.TrajectoryStatus, instance_id: str) -> None: ...
+                                 instance_id: str, lease_epoch: int) -> t.PlacementDecision: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class RolloutSettings:
     idle_block_ms: int = 200
     policy_poll_s: float = 0.05
     weight_load_deadline_s: float = 30.0
+    role: t.WorkerRole = t.WorkerRole.CORE_ROLLOUT
+    """``HYBRID_ROLLOUT`` lets the elastic pool lend this instance to training."""
 
 
 @dataclass
@@ -105,7 +109,8 @@ class RolloutCore:
 
     def __init__(self, settings: RolloutSettings, store: RolloutStore, loader: EngineLoader,
                  tools: ToolGatewayApi, scheduler: SchedulerApi, coordinator: CoordinatorApi,
-                 clock: Clock) -> None:
+                 clock: Clock, opener: ChannelOpener | None = None,
+                 load_trainer: TrainerLoader | None = None) -> None:
         self.settings = settings
         self._store = store
         self._loader = loader
@@ -122,6 +127,14 @@ class RolloutCore:
         # once, not on every pass of the loop.
         self._rejected: set[tuple[str, int, str]] = set()
         self.tokens_generated = 0
+        # Elastic pool: role changes and renewals never interleave (both move the epoch).
+        self._lease_lock = asyncio.Lock()
+        self._opener = opener
+        self._load_trainer = load_trainer
+        self._generation = 0
+        self._lent: tuple[HybridJoin, asyncio.Task] | None = None
+        self._lending = False  # the loop takes no work and samples nothing
+        self._stepping = False  # an engine call is in flight
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -129,7 +142,7 @@ class RolloutCore:
         s = self.settings
         await self._store.ensure_inbox(s.instance_id)
         self._lease = await self._coordinator.acquire_lease(
-            s.instance_id, t.WorkerRole.CORE_ROLLOUT, s.bucket, s.address, s.lease_ttl_ms)
+            s.instance_id, s.role, s.bucket, s.address, s.lease_ttl_ms)
         return self._lease
 
     async def heartbeat(self) -> None:
@@ -139,13 +152,15 @@ class RolloutCore:
             if self._lease is None:
                 continue
             try:
-                self._lease = await self._coordinator.renew_lease(self._lease.worker_id,
-                                                                  self._lease.epoch)
+                async with self._lease_lock:
+                    self._lease = await self._coordinator.renew_lease(self._lease.worker_id,
+                                                                      self._lease.epoch)
             except LeaseLost:
                 # The scheduler re-placed what we held; finishing it here would duplicate.
                 logger.warning("[lease] lost; dropping %d trajectories", self.num_active)
                 if self._job is not None:
                     self._job[1].active.clear()
+                await self._end_lend("lease lost")
                 await self.register()
             except LibraError as exc:
                 logger.warning("[lease] renew failed error=%s", exc)
@@ -176,6 +191,9 @@ class RolloutCore:
         heartbeat = asyncio.create_task(self.heartbeat())
         try:
             while not self._stopping or self.num_active:
+                if self._lending:  # lent to training: the hybrid join runs meanwhile
+                    await self._wait_for_work()
+                    continue
                 # 1) Pull newly placed trajectories (block only when idle).
                 await self._pull()
                 if self._job is None:
@@ -188,6 +206,139 @@ class RolloutCore:
                     await self._wait_for_work()
         finally:
             heartbeat.cancel()
+
+    # -- elastic pool: lent to training ---------------------------------------------------
+
+    @property
+    def hybrid_phase(self) -> str:
+        return self._lent[0].phase if self._lent else ""
+
+    @property
+    def lease(self) -> t.Lease | None:
+        return self._lease
+
+    async def lend(self, job_id: str, expected_epoch: int, generation: int,
+                   trainer_address: str) -> tuple[t.Lease, int]:
+        """Stop sampling, hand the pinned trajectories back, become hybrid-joining and
+        start the join in the background; returns (the new lease, trajectories handed)."""
+        self._check_lendable(expected_epoch, generation)
+        self._generation = generation
+        self._lending = True
+        try:
+            handed = await self._hand_back()
+            async with self._lease_lock:
+                lease = self._require_lease(expected_epoch)
+                self._lease = await self._coordinator.change_worker_role(
+                    lease.worker_id, lease.epoch, t.WorkerRole.HYBRID_JOINING)
+        except BaseException:
+            self._lending = False
+            raise
+        assert self._opener is not None and self._load_trainer is not None
+        hello = ch.Hello(job_id, self._lease.worker_id, self._lease.epoch, generation)
+        join = HybridJoin(hello, trainer_address, self._opener, self._load_trainer,
+                          self._activate)
+        self._lent = (join, asyncio.create_task(self._run_join(join)))
+        logger.info("[lend] joining training job_id=%s epoch=%d handed_back=%d", job_id,
+                    self._lease.epoch, handed)
+        return self._lease, handed
+
+    def _check_lendable(self, expected_epoch: int, generation: int) -> None:
+        if self.settings.role is not t.WorkerRole.HYBRID_ROLLOUT or self._opener is None:
+            raise FailedPrecondition(f"instance {self.settings.instance_id} is "
+                                     f"{self.settings.role.value}; only hybrid-rollout "
+                                     "instances are lent to training")
+        if generation <= self._generation:
+            raise FailedPrecondition(f"lend generation {generation} is not newer than "
+                                     f"{self._generation}")
+        if self._lent is not None or self._lending:
+            raise FailedPrecondition(f"instance {self.settings.instance_id} is already lent")
+        self._require_lease(expected_epoch)
+
+    def _require_lease(self, expected_epoch: int) -> t.Lease:
+        if self._lease is None or self._lease.epoch != expected_epoch:
+            held = self._lease.epoch if self._lease else None
+            raise FailedPrecondition(f"lease epoch is {held}, not {expected_epoch}")
+        return self._lease
+
+    async def _hand_back(self) -> int:
+        """Give every pinned trajectory back to the scheduler with what it generated.
+
+        The engine call in flight is aborted at a token boundary and tool calls in
+        flight are let finish (bounded by the tool deadline), so each trajectory is
+        handed over between turns, its tokens, masks, log-probs and versions intact.
+        """
+        if self._job is None:
+            return 0
+        job_id, ctx = self._job
+        ctx.engine.abort()
+        deadline_s = self._clock.now_s() + self.settings.tool_deadline_s + 1.0
+        while (self._stepping or self._tasks) and self._clock.now_s() < deadline_s:
+            await asyncio.sleep(0.01)
+        actives = list(ctx.active.values())
+        ctx.active.clear()
+        for act in actives:
+            await self._store.hand_back(act.traj, self.settings.instance_id,
+                                        act.entry.entry_id)
+        await self._store.record_event(job_id, "trajectories_handed_back",
+                                       instance=self.settings.instance_id,
+                                       count=str(len(actives)))
+        return len(actives)
+
+    async def _activate(self) -> int:
+        """The core offered activation: take the hybrid-training epoch (CAS)."""
+        async with self._lease_lock:
+            assert self._lease is not None
+            self._lease = await self._coordinator.change_worker_role(
+                self._lease.worker_id, self._lease.epoch, t.WorkerRole.HYBRID_TRAINING)
+            return self._lease.epoch
+
+    async def _run_join(self, join: HybridJoin) -> None:
+        try:
+            await join.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure returns the worker to rollout
+            join.phase, join.detach_reason = "failed", str(exc)
+            logger.warning("[lend] join failed error=%s", exc)
+        # Detached by the core, failed or the stream ended: serve rollouts again.
+        await self._return_to_rollout(f"{join.phase}: {join.detach_reason}", cancel=False)
+
+    async def reclaim(self, generation: int, reason: str) -> t.Lease:
+        """Back to rollout: cancel a pending join or detach an active one."""
+        if generation < self._generation:
+            raise FailedPrecondition(f"reclaim generation {generation} is older than "
+                                     f"{self._generation}")
+        self._generation = generation
+        await self._return_to_rollout(reason or "reclaimed", cancel=True)
+        assert self._lease is not None
+        return self._lease
+
+    async def _return_to_rollout(self, reason: str, cancel: bool) -> None:
+        lent, self._lent = self._lent, None
+        if lent is not None and cancel:
+            lent[1].cancel()
+            await asyncio.gather(lent[1], return_exceptions=True)
+        async with self._lease_lock:
+            await self._store.clear_inbox(self.settings.instance_id)
+            lease = self._lease
+            if lease is not None and lease.role in (t.WorkerRole.HYBRID_JOINING,
+                                                    t.WorkerRole.HYBRID_TRAINING):
+                self._lease = await self._coordinator.change_worker_role(
+                    lease.worker_id, lease.epoch, t.WorkerRole.HYBRID_ROLLOUT)
+        self._lending = False
+        self._wakeup.set()
+        if lent is not None:
+            logger.info("[lend] back to rollout reason=%s steps_contributed=%d", reason,
+                        lent[0].steps_contributed)
+
+    async def _end_lend(self, reason: str) -> None:
+        """The lease is gone: stop the join without touching roles (re-register next)."""
+        lent, self._lent = self._lent, None
+        if lent is not None:
+            lent[1].cancel()
+            await asyncio.gather(lent[1], return_exceptions=True)
+            logger.warning("[lend] ended reason=%s", reason)
+        self._lending = False
 
     # -- loop steps -----------------------------------------------------------------------
 
@@ -325,7 +476,11 @@ class RolloutCore:
                 batch.append(act)
         if not requests:
             return True
-        results = await self._generate(job_id, ctx, requests)
+        self._stepping = True
+        try:
+            results = await self._generate(job_id, ctx, requests)
+        finally:
+            self._stepping = False
         for act, result in zip(batch, results, strict=True):
             self.tokens_generated += len(result.token_ids)
             self._after_turn(ctx, act, result)
@@ -412,10 +567,11 @@ class RolloutCore:
         try:
             return await self._scheduler.report_tool_return(
                 traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
-                self.settings.instance_id)
+                self.settings.instance_id, self._lease.epoch if self._lease else 0)
         except LibraError as exc:
-            # Placement is an optimisation: without an answer the trajectory stays put.
-            logger.warning("[decision] scheduler unreachable, staying error=%s", exc)
+            # Placement is an optimisation: without an answer the trajectory stays put
+            # (scheduler unreachable, or the report refused, e.g. a stale lease epoch).
+            logger.warning("[decision] no decision, staying error=%s", exc)
             return t.PlacementDecision(t.DecisionAction.STAY, reason="scheduler_unreachable")
 
     async def _handoff(self, ctx: _JobContext, act: _Active,
@@ -453,11 +609,13 @@ class RolloutCore:
         traj.finished_at_ms = self._clock.now_ms()
         if ctx.active.pop(traj.trajectory_id, None) is None:
             return  # dropped meanwhile (lease lost): it was re-placed elsewhere
-        await self._store.publish(traj, self.settings.instance_id, act.entry.entry_id)
-        try:
-            await self._scheduler.report_finished(traj.job_id, traj.trajectory_id,
-                                                  traj.num_generated_tokens, traj.status,
-                                                  self.settings.instance_id)
-        except LibraError as exc:
-            logger.warning("[trajectory] finish report failed error=%s", exc)
+        # Fenced: refused when this instance's lease expired or was granted anew (the
+        # scheduler re-placed the trajectory). The scheduler learns the finish from the
+        # stream, so there is no call to make here.
+        epoch = self._lease.epoch if self._lease else 0
+        if not await self._store.publish(traj, self.settings.instance_id, act.entry.entry_id,
+                                         epoch):
+            logger.warning("[lease] stale epoch=%d: result of trajectory_id=%s not published",
+                           epoch, traj.trajectory_id)
+
 

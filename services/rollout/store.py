@@ -1,8 +1,12 @@
 """Rollout state in Redis: the instance's inbox, job specs, policy pointer, results.
 
 The only module of the rollout service that imports redis. Publishing a finished
-trajectory is one MULTI: append to the job's trajectory stream, acknowledge the inbox
-entry, count it - so a crash can re-deliver (pending entry) but never lose it.
+trajectory is one Lua script (atomic): check that the instance's lease is still held at
+its epoch (fencing: a zombie instance whose lease expired or was granted anew cannot
+publish), append to the job's trajectory stream, acknowledge the inbox entry, count it -
+so a crash can re-deliver (pending entry) but never lose it. The stream entry carries
+``total_tokens`` and ``status`` beside the trajectory: the scheduler reads them (its
+own consumer group) to give the slot back without decoding the trajectory.
 """
 
 from __future__ import annotations
@@ -35,14 +39,33 @@ class RolloutStore(Protocol):
 
     async def policy(self, job_id: str) -> t.PolicyInfo | None: ...
 
-    async def publish(self, traj: t.Trajectory, instance_id: str, entry_id: str) -> None: ...
+    async def publish(self, traj: t.Trajectory, instance_id: str, entry_id: str,
+                      lease_epoch: int) -> bool: ...
 
     async def handoff(self, traj: t.Trajectory, instance_id: str, entry_id: str,
                       target_instance: str) -> None: ...
 
     async def ack(self, instance_id: str, entry_id: str) -> None: ...
 
+    async def hand_back(self, traj: t.Trajectory, instance_id: str, entry_id: str) -> None: ...
+
+    async def clear_inbox(self, instance_id: str) -> None: ...
+
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
+
+
+# KEYS[1] = lease hash, KEYS[2] = trajectory stream, KEYS[3] = inbox, KEYS[4] = counters
+# ARGV[1] = lease epoch, ARGV[2] = inbox group, ARGV[3] = inbox entry id,
+# ARGV[4] = counter field, ARGV[5..] = field/value pairs of the stream entry.
+# Returns 1 when published, 0 when the lease is gone or held at another epoch.
+_PUBLISH_LUA = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5))
+redis.pcall('XACK', KEYS[3], ARGV[2], ARGV[3])
+redis.pcall('XDEL', KEYS[3], ARGV[3])
+redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
+return 1
+"""
 
 
 class RedisRolloutStore(JobRecordReader):
@@ -50,6 +73,7 @@ class RedisRolloutStore(JobRecordReader):
 
     def __init__(self, redis: Any) -> None:
         self._r = redis
+        self._publish = redis.register_script(_PUBLISH_LUA)
 
     async def ensure_inbox(self, instance_id: str) -> None:
         await ensure_consumer_group(self._r, keys.inbox(instance_id), keys.ROLLOUT_GROUP)
@@ -80,15 +104,20 @@ class RedisRolloutStore(JobRecordReader):
         return t.PolicyInfo(int(h["version"]), h["weights_path"], h["sha256"], h["model_dir"],
                             int(h.get("published_at_ms", 0)))
 
-    async def publish(self, traj: t.Trajectory, instance_id: str, entry_id: str) -> None:
+    async def publish(self, traj: t.Trajectory, instance_id: str, entry_id: str,
+                      lease_epoch: int) -> bool:
+        """Publish a finished trajectory if this instance still holds its lease at
+        ``lease_epoch``; False (nothing written) when fenced off."""
         failed = traj.status is t.TrajectoryStatus.FAILED
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.xadd(keys.trajectories(traj.job_id), {"trajectory_id": traj.trajectory_id,
-                                                       "data": encode_trajectory(traj)})
-            pipe.xack(keys.inbox(instance_id), keys.ROLLOUT_GROUP, entry_id)
-            pipe.xdel(keys.inbox(instance_id), entry_id)  # the inbox only holds live work
-            pipe.hincrby(keys.counters(traj.job_id), "failed" if failed else "produced", 1)
-            await pipe.execute()
+        published = await self._publish(
+            keys=[keys.lease(instance_id), keys.trajectories(traj.job_id),
+                  keys.inbox(instance_id), keys.counters(traj.job_id)],
+            args=[str(lease_epoch), keys.ROLLOUT_GROUP, entry_id,
+                  "failed" if failed else "produced",
+                  "trajectory_id", traj.trajectory_id, "data", encode_trajectory(traj),
+                  "total_tokens", str(traj.num_generated_tokens),
+                  "status", traj.status.value, "instance_id", instance_id])
+        return bool(published)
 
     async def handoff(self, traj: t.Trajectory, instance_id: str, entry_id: str,
                       target_instance: str) -> None:
@@ -100,6 +129,26 @@ class RedisRolloutStore(JobRecordReader):
             pipe.xack(keys.inbox(instance_id), keys.ROLLOUT_GROUP, entry_id)
             pipe.xdel(keys.inbox(instance_id), entry_id)
             await pipe.execute()
+
+    async def hand_back(self, traj: t.Trajectory, instance_id: str, entry_id: str) -> None:
+        """Leave a trajectory's latest state for the scheduler (this instance is being
+        lent to training): it re-queues it from there once the lease role changes."""
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.tasks(traj.job_id), traj.trajectory_id, encode_trajectory(traj))
+            pipe.xack(keys.inbox(instance_id), keys.ROLLOUT_GROUP, entry_id)
+            pipe.xdel(keys.inbox(instance_id), entry_id)
+            await pipe.execute()
+
+    async def clear_inbox(self, instance_id: str) -> None:
+        """Drop whatever was placed here before a lend: the scheduler re-queued it."""
+        inbox = keys.inbox(instance_id)
+        entries = await self._r.xrange(inbox)
+        if entries:
+            ids = [entry_id for entry_id, _ in entries]
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.xack(inbox, keys.ROLLOUT_GROUP, *ids)
+                pipe.xdel(inbox, *ids)
+                await pipe.execute()
 
     async def ack(self, instance_id: str, entry_id: str) -> None:
         async with self._r.pipeline(transaction=True) as pipe:

@@ -26,7 +26,9 @@ logger = logging.getLogger("services.scheduler")
 
 async def main(cfg: SchedulerConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
-    core = SchedulerCore(RedisSchedulerStore(redis), SystemClock(), tick_s=cfg.tick_s)
+    # Leases and loads are re-read every 5th tick (loads are tracked in memory between).
+    core = SchedulerCore(RedisSchedulerStore(redis), SystemClock(), tick_s=cfg.tick_s,
+                         lease_snapshot_s=5 * cfg.tick_s)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
     registration = Registration(
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(core), name

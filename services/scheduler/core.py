@@ -15,6 +15,17 @@ flushes it after every call and tick, so a restarted scheduler reloads it at
 ``start_job``. Training steps are observed through the job's ``step`` field (written by
 the coordinator when the trainer reports a step); each advance calls
 ``policy.on_step_end``.
+
+Cost per trajectory is kept to a few batched round trips: tool returns arrive in batches
+(one RPC per rollout instance per burst, one MULTI for the moves it decides), finishes are
+read from the job's trajectory stream once per tick (no RPC per trajectory), and a tick
+reads status, counters and finishes in one pipeline.
+
+Fencing: every report carries the reporting instance's lease epoch, checked against the
+epochs of the last lease snapshot (re-read at most once per tick when a report claims a
+newer epoch than the snapshot knows); a stale one is refused with ``FailedPrecondition``.
+Only instances whose lease role is a rollout role receive placements; what is assigned
+to an instance whose lease is gone or whose role left the rollout roles is re-queued.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import FailedPrecondition, NotFound
+from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.ids import group_id, trajectory_id
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.tasks.arith import ArithDataset, Problem
@@ -37,6 +48,7 @@ from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
 from services.scheduler.policy.layout import BucketLayout
 from services.scheduler.policy.registry import PolicyConfig, make_policy
+from services.scheduler.state import FinishRecord, Move
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store import FlushablePolicyStore, SchedulerStore
@@ -45,6 +57,18 @@ logger = logging.getLogger(__name__)
 
 # Period of the full scan for trajectories pinned to instances that are gone.
 ORPHAN_SCAN_S = 2.0
+# Finished trajectories taken from the job's stream per tick (the rest wait a tick).
+MAX_FINISHES_PER_TICK = 1024
+
+
+@dataclass(frozen=True)
+class ToolReturnReport:
+    """One tool return reported by a rollout instance."""
+
+    job_id: str
+    trajectory_id: str
+    state: t.ToolReturnState
+    tokens_so_far: int
 
 
 @dataclass
@@ -68,6 +92,11 @@ class JobRun:
     instances_at_s: float = -1.0
     last_live: set[str] = field(default_factory=set)
     last_orphan_scan_s: float = float("-inf")
+    # Whether num_pending mirrors Redis (only this process writes the pending queue, so
+    # after one read it is kept in memory and the queue is read only when non-empty).
+    pending_known: bool = False
+    # "0": re-read finishes delivered but not acknowledged (a restart); then ">".
+    finish_cursor: str = "0"
 
 
 def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
@@ -100,12 +129,22 @@ def build_layout(spec: JobSpec) -> BucketLayout:
 class SchedulerCore:
     """Admission control and placement for every running job."""
 
-    def __init__(self, store: SchedulerStore, clock: Clock, tick_s: float = 0.05) -> None:
+    def __init__(self, store: SchedulerStore, clock: Clock, tick_s: float = 0.05,
+                 lease_snapshot_s: float = 0.0) -> None:
+        """``lease_snapshot_s``: how often a tick re-reads leases and loads (0: every
+        tick). Loads are kept in memory between reads - this process is their only
+        writer - so the period only delays noticing a lease that came or went."""
         self._store = store
         self._clock = clock
         self._tick_s = tick_s
+        self._lease_snapshot_s = lease_snapshot_s
+        # A report finding the snapshot older than this re-reads it (the loop is behind).
+        self._snapshot_stale_s = max(4 * tick_s, 2 * lease_snapshot_s)
         self._jobs: dict[str, JobRun] = {}
         self._stopping = False
+        # Lease epoch of every live worker as of the last lease snapshot (fencing).
+        self._epochs: dict[str, int] = {}
+        self._epochs_at_s = float("-inf")
 
     async def start_job(self, job_id: str) -> None:
         spec_json = await self._store.job_spec_json(job_id)
@@ -120,6 +159,7 @@ class SchedulerCore:
         policy = make_policy(spec.layout.policy, build_layout(spec),
                              config=build_policy_config(spec), store=policy_store)
         last_step = await self._store.job_step(job_id)
+        await self._store.ensure_finish_group(job_id)
         if job_id in self._jobs:  # started concurrently meanwhile
             return
         self._jobs[job_id] = JobRun(job_id, spec, policy, policy_store, list(dataset),
@@ -161,22 +201,26 @@ class SchedulerCore:
         self._stopping = True
 
     async def _tick(self, run: JobRun) -> None:
-        state, step, published = await self._store.job_status(run.job_id)
-        if state is None or state in ("succeeded", "failed", "cancelled"):
+        status = await self._store.tick_state(run.job_id, run.finish_cursor,
+                                              MAX_FINISHES_PER_TICK)
+        if status.state is None or status.state in ("succeeded", "failed", "cancelled"):
             await run.policy_store.flush()
             await self.stop_job(run.job_id)
             return
         # 1) A training step ended: rebuild / snapshot the policy's model.
-        self._observe_steps(run, step)
-        # 2) Trajectories on instances whose lease expired go back to the queue.
+        self._observe_steps(run, status.step)
+        # 2) Finished trajectories give their slots back (before the orphan scan, so a
+        #    finished trajectory is never re-queued).
+        await self._apply_finishes(run, status.finishes)
+        # 3) Trajectories on instances whose lease expired go back to the queue.
         await self._requeue_orphans(run)
-        # 3) Place what is queued (re-queued first, then by policy priority).
+        # 4) Place what is queued (re-queued first, then by policy priority).
         await self._place_pending(run)
-        # 4) Admit and place groups while the staleness budget allows and the instances
+        # 5) Admit and place groups while the staleness budget allows and the instances
         #    take them (weights must exist first).
-        if run.num_pending == 0 and published:
-            await self._admit(run)
-        # 5) Persist what the policy changed during this tick.
+        if run.num_pending == 0 and status.published:
+            await self._admit(run, status.counters)
+        # 6) Persist what the policy changed during this tick.
         await run.policy_store.flush()
 
     def _observe_steps(self, run: JobRun, step: int) -> None:
@@ -185,17 +229,20 @@ class SchedulerCore:
             run.policy.on_step_end(run.last_step)
             logger.debug("[step] on_step_end job_id=%s step=%d", run.job_id, run.last_step)
 
-    async def _admit(self, run: JobRun) -> None:
+    async def _admit(self, run: JobRun, counters: dict[str, int]) -> None:
         algo = run.spec.algorithm
         budget_groups = (algo.max_staleness + 1) * algo.prompts_per_step
-        counters = await self._store.counters(run.job_id)
         consumed = counters.get("trained_groups", 0) + counters.get("dropped_groups", 0)
         admitted = counters.get("admitted_groups", 0)
         # Stop once a group does not fit: queue at most one group beyond capacity.
         while admitted - consumed < budget_groups and run.num_pending == 0:
-            await self._store.admit(run.job_id, self._make_group(run, admitted))
+            group = self._make_group(run, admitted)
+            placed = self._assign(run, group, run.instances)
+            queued = [traj for traj in group if not traj.instance_id]
+            # Counting, queueing and placing the group is one transaction.
+            await self._store.admit(run.job_id, queued, placed)
             admitted += 1
-            await self._place_pending(run)
+            run.num_pending = len(queued)
 
     def _make_group(self, run: JobRun, group_index: int) -> list[t.Trajectory]:
         # The group index is the cumulative admission count, so prompts continue where a
@@ -224,13 +271,26 @@ class SchedulerCore:
         return run.problems[index]
 
     async def _place_pending(self, run: JobRun) -> None:
+        if run.pending_known and run.num_pending == 0:
+            return
         pending = await self._store.pending(run.job_id)
+        run.pending_known = True
         run.num_pending = len(pending)
         if not pending:
             return
-        instances = await self._refresh_instances(run)
-        pending.sort(key=lambda tr: (-run.policy.priority(tr.trajectory_id), tr.attempt == 0))
-        for traj in pending:
+        placed = self._assign(run, pending, await self._snapshot(run))
+        await self._store.place_many(run.job_id, placed)
+        run.num_pending -= len(placed)
+
+    def _assign(self, run: JobRun, trajs: list[t.Trajectory],
+                instances: list[t.InstanceLoad]) -> list[t.Trajectory]:
+        """Ask the policy for a place for each (by priority, re-queued first); returns
+        the placed ones with ``instance_id``/``bucket`` set. Loads in ``instances`` are
+        bumped so per-instance caps hold within the pass without re-reading Redis."""
+        order = sorted(trajs, key=lambda tr: (-run.policy.priority(tr.trajectory_id),
+                                              tr.attempt == 0))
+        placed = []
+        for traj in order:
             placement = run.policy.begin(TrajectoryDescriptor(
                 traj.trajectory_id, traj.prompt_id, traj.group_id, len(traj.prompt_text)),
                 instances)
@@ -238,17 +298,27 @@ class SchedulerCore:
                 continue
             traj.instance_id = placement.instance_id
             traj.bucket = placement.bucket or ""
-            await self._store.place(run.job_id, traj, placement.instance_id)
-            run.num_pending -= 1
-            _bump_local_load(instances, placement.instance_id)
+            placed.append(traj)
+            _apply_local_load(instances, ((placement.instance_id, 1),))
+        return placed
+
+    async def _snapshot(self, run: JobRun) -> list[t.InstanceLoad]:
+        """The instances, re-read when the snapshot is older than ``lease_snapshot_s``."""
+        if self._clock.now_s() - run.instances_at_s >= self._lease_snapshot_s:
+            await self._refresh_instances(run)
+        return run.instances
 
     async def _refresh_instances(self, run: JobRun) -> list[t.InstanceLoad]:
-        run.instances = await self._store.live_instances(run.job_id)
-        run.instances_at_s = self._clock.now_s()
+        snapshot = await self._store.lease_snapshot(run.job_id)
+        run.instances = snapshot.instances
+        run.instances_at_s = self._epochs_at_s = self._clock.now_s()
+        self._epochs = snapshot.epochs
         return run.instances
 
     async def _requeue_orphans(self, run: JobRun) -> None:
-        live = {inst.instance_id for inst in await self._refresh_instances(run)}
+        # Gone: no lease, or a lease whose role is no longer a rollout role (lent to
+        # training: the instance hands back its trajectories' state and they re-queue).
+        live = {inst.instance_id for inst in await self._snapshot(run)}
         # Scanning every assignment is the costly part of a tick: do it when the set of
         # live instances changed, and otherwise only every ORPHAN_SCAN_S as a safety net.
         now_s = self._clock.now_s()
@@ -264,7 +334,8 @@ class SchedulerCore:
             for traj_id in traj_ids:
                 await self._requeue(run, traj_id)
             logger.warning(
-                "[requeue] instance lost its lease instance_id=%s trajectories=%d",
+                "[requeue] instance lost its lease or left the rollout roles instance_id=%s "
+                "trajectories=%d",
                 instance_id,
                 len(traj_ids),
             )
@@ -280,51 +351,109 @@ class SchedulerCore:
             return
         traj.attempt += 1
         await self._store.requeue(run.job_id, traj)
+        run.num_pending += 1
+
+    async def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
+        if not finishes:
+            if run.finish_cursor == "0":
+                run.finish_cursor = ">"  # nothing left from before: read new entries
+            return
+        instances = await self._store.release_finished(run.job_id, finishes)
+        for finish, instance_id in zip(finishes, instances, strict=True):
+            if instance_id is None:
+                continue  # re-queued meanwhile (its slot is given back), or read twice
+            self._learn_finish(run, finish.trajectory_id, finish.total_tokens,
+                               finish.status)
+            _apply_local_load(run.instances, ((instance_id, -1),))
 
     # -- RPCs from rollout instances -----------------------------------------------------
+
+    async def check_fence(self, instance_id: str, epoch: int) -> None:
+        """Refuse a report whose epoch is not the instance's current lease epoch."""
+        current = self._epochs.get(instance_id)
+        behind = current is None or epoch > current  # the snapshot may predate a grant
+        if (current != epoch and behind
+                and self._clock.now_s() - self._epochs_at_s >= self._tick_s):
+            snapshot = await self._store.lease_snapshot("")
+            self._epochs, self._epochs_at_s = snapshot.epochs, self._clock.now_s()
+            current = self._epochs.get(instance_id)
+        if current != epoch:
+            held = "no live lease" if current is None else f"current epoch {current}"
+            raise FailedPrecondition(
+                f"stale lease epoch {epoch} of {instance_id!r} ({held}): report refused")
+
+    async def report_tool_returns(
+        self, instance_id: str, epoch: int, reports: list[ToolReturnReport]
+    ) -> list[t.PlacementDecision | LibraError]:
+        """Decide every report of one batch (fenced as a whole); per report a decision,
+        or the error of that report alone (its job is not scheduled here)."""
+        await self.check_fence(instance_id, epoch)
+        out: list[t.PlacementDecision | LibraError] = []
+        moves: dict[str, list[Move]] = {}
+        for report in reports:
+            run = self._jobs.get(report.job_id)
+            if run is None:
+                out.append(FailedPrecondition(f"job {report.job_id!r} is not being scheduled"))
+                continue
+            if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
+                await self._refresh_instances(run)  # the loop is behind: read fresh loads
+            decision, move = self._decide(run, report)
+            out.append(decision)
+            if move is not None:
+                moves.setdefault(run.job_id, []).append(move)
+        for job_id, job_moves in moves.items():
+            await self._store.move_many(job_id, job_moves)
+        return out
 
     async def report_tool_return(
         self, job_id: str, traj_id: str, state: t.ToolReturnState, tokens_so_far: int
     ) -> t.PlacementDecision:
+        """One report, unfenced (callers in this process; the servicer fences first)."""
         run = self._run(job_id)
-        if self._clock.now_s() - run.instances_at_s > 4 * self._tick_s:
-            await self._refresh_instances(run)  # the loop is behind: read fresh loads
-        instances = run.instances
+        if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
+            await self._refresh_instances(run)
+        decision, move = self._decide(run, ToolReturnReport(job_id, traj_id, state,
+                                                            tokens_so_far))
+        if move is not None:
+            await self._store.move_many(job_id, [move])
+        return decision
+
+    def _decide(self, run: JobRun,
+                report: ToolReturnReport) -> tuple[t.PlacementDecision, Move | None]:
+        """The policy's decision (in memory); a move is applied to the local loads."""
         try:
-            decision = run.policy.on_tool_return(
-                t.TrajectoryId(traj_id), state, tokens_so_far, instances
-            )
+            decision = run.policy.on_tool_return(t.TrajectoryId(report.trajectory_id),
+                                                 report.state, report.tokens_so_far,
+                                                 run.instances)
         except UnknownTrajectory:
             run.decisions["unknown"] += 1
-            return t.PlacementDecision(t.DecisionAction.STAY, reason="unknown_trajectory")
+            return t.PlacementDecision(t.DecisionAction.STAY, reason="unknown_trajectory"), None
         run.decisions[decision.reason.value] += 1
+        action = t.DecisionAction.MOVE if decision.is_move else t.DecisionAction.STAY
+        out = t.PlacementDecision(action, decision.to_bucket, decision.to_instance_id,
+                                  decision.reason.value)
         if not decision.is_move:
-            return t.PlacementDecision(
-                t.DecisionAction.STAY,
-                decision.to_bucket,
-                decision.to_instance_id,
-                decision.reason.value,
-            )
-        await self._store.move(job_id, traj_id, decision.to_instance_id, decision.to_bucket,
-                               decision.load_deltas)
-        _apply_local_load(instances, decision.load_deltas)
+            return out, None
+        _apply_local_load(run.instances, decision.load_deltas)
         run.migrations += 1
-        return t.PlacementDecision(
-            t.DecisionAction.MOVE,
-            decision.to_bucket,
-            decision.to_instance_id,
-            decision.reason.value,
-        )
+        return out, Move(report.trajectory_id, decision.to_instance_id, decision.to_bucket,
+                         decision.load_deltas)
 
     async def report_finished(
         self, job_id: str, traj_id: str, total_tokens: int, status: t.TrajectoryStatus
     ) -> None:
-        # The slot goes back by assignment (moves keep it current), in one round trip;
-        # the policy learns in memory and its store is flushed with the next tick.
+        """One finish reported directly (older rollouts; the tick reads the stream).
+        The slot goes back by assignment in one round trip; the policy learns in memory
+        and its store is flushed with the next tick."""
         instance_id = await self._store.release(job_id, traj_id)
         run = self._jobs.get(job_id)
         if run is None or instance_id is None:
             return  # not scheduled here, or re-queued meanwhile (its slot is given back)
+        self._learn_finish(run, traj_id, total_tokens, status)
+        _apply_local_load(run.instances, ((instance_id, -1),))
+
+    def _learn_finish(self, run: JobRun, traj_id: str, total_tokens: int,
+                      status: t.TrajectoryStatus) -> None:
         try:
             if status is t.TrajectoryStatus.FINISHED:
                 run.policy.finish(t.TrajectoryId(traj_id), total_tokens)
@@ -332,7 +461,6 @@ class SchedulerCore:
                 run.policy.abort(t.TrajectoryId(traj_id))
         except UnknownTrajectory:
             pass  # placed by a previous scheduler process whose policy state was lost
-        _apply_local_load(run.instances, ((instance_id, -1),))
 
     async def stats(self, job_id: str) -> dict[str, Any]:
         run = self._run(job_id)
@@ -352,10 +480,3 @@ def _apply_local_load(instances: list[t.InstanceLoad],
         for inst in instances:
             if inst.instance_id == instance_id:
                 inst.active_trajectories += delta
-
-
-def _bump_local_load(instances: list[t.InstanceLoad], instance_id: str) -> None:
-    # Keep the snapshot honest within one pass so caps hold without re-reading Redis.
-    for inst in instances:
-        if inst.instance_id == instance_id:
-            inst.active_trajectories += 1

@@ -1,9 +1,11 @@
 """Observability of placement decisions: a Prometheus counter and span attributes.
 
-Called by the servicer after the core decided, so every ``ReportToolReturn`` leaves
+Called by the servicer after the core decided, so every decision leaves
 ``libra_scheduler_decisions_total{reason,action}`` incremented and the RPC's current
-span (the gRPC server span when tracing is on; a no-op span otherwise) carrying the
-decision as ``libra.decision.*`` attributes.
+span (the gRPC server span when tracing is on; a no-op span otherwise) carrying it:
+``ReportToolReturn`` as ``libra.decision.*`` attributes of the span, and each decision
+of a ``ReportToolReturns`` batch as a ``libra.decision`` span event with those
+attributes (plus ``libra.decision.count`` on the span).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ ATTR_REASON = "libra.decision.reason"
 ATTR_TARGET_BUCKET = "libra.decision.target_bucket"
 ATTR_TARGET_INSTANCE = "libra.decision.target_instance"
 ATTR_TRAJECTORY = "libra.trajectory_id"
+ATTR_COUNT = "libra.decision.count"
+EVENT_DECISION = "libra.decision"
 
 
 def record_decision(trajectory_id: str, decision: t.PlacementDecision) -> None:
@@ -31,10 +35,26 @@ def record_decision(trajectory_id: str, decision: t.PlacementDecision) -> None:
     DECISIONS_TOTAL.labels(reason=decision.reason, action=decision.action.value).inc()
     span = trace.get_current_span()
     if span.is_recording():
-        span.set_attributes({
-            ATTR_TRAJECTORY: trajectory_id,
-            ATTR_ACTION: decision.action.value,
-            ATTR_REASON: decision.reason,
-            ATTR_TARGET_BUCKET: decision.target_bucket,
-            ATTR_TARGET_INSTANCE: decision.target_instance,
-        })
+        span.set_attributes(_attributes(trajectory_id, decision))
+
+
+def record_decisions(decisions: list[tuple[str, t.PlacementDecision]]) -> None:
+    """Count every decision of a batch; each becomes an event on the current span."""
+    for _trajectory_id, decision in decisions:
+        DECISIONS_TOTAL.labels(reason=decision.reason, action=decision.action.value).inc()
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attribute(ATTR_COUNT, len(decisions))
+    for trajectory_id, decision in decisions:
+        span.add_event(EVENT_DECISION, _attributes(trajectory_id, decision))
+
+
+def _attributes(trajectory_id: str, decision: t.PlacementDecision) -> dict[str, str]:
+    return {
+        ATTR_TRAJECTORY: trajectory_id,
+        ATTR_ACTION: decision.action.value,
+        ATTR_REASON: decision.reason,
+        ATTR_TARGET_BUCKET: decision.target_bucket,
+        ATTR_TARGET_INSTANCE: decision.target_instance,
+    }

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 from libra import types as t
+from libra.errors import LibraError
 from libra.proto.scheduler.v1 import scheduler_pb2 as pb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from libra.wire.common import tool_state_from_proto, traj_status_from_proto
-from services.scheduler.core import SchedulerCore
-from services.scheduler.metrics import record_decision
+from services.scheduler.core import SchedulerCore, ToolReturnReport
+from services.scheduler.metrics import record_decision, record_decisions
 
 _ACTION = {
     t.DecisionAction.STAY: pb.DECISION_ACTION_STAY,
@@ -30,12 +31,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         return pb.StopJobResponse()
 
     async def ReportToolReturn(self, request, context):  # noqa: N802, ANN001
-        decision = await self._core.report_tool_return(
-            request.job_id,
-            request.trajectory_id,
-            tool_state_from_proto(request.state),
-            request.tokens_so_far,
-        )
+        report = ToolReturnReport(request.job_id, request.trajectory_id,
+                                  tool_state_from_proto(request.state), request.tokens_so_far)
+        (decision,) = await self._core.report_tool_returns(
+            request.instance_id, request.lease_epoch, [report])
+        if isinstance(decision, LibraError):
+            raise decision
         record_decision(request.trajectory_id, decision)
         return pb.ReportToolReturnResponse(
             action=_ACTION[decision.action],
@@ -44,7 +45,18 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             reason=decision.reason,
         )
 
+    async def ReportToolReturns(self, request, context):  # noqa: N802, ANN001
+        reports = [ToolReturnReport(r.job_id, r.trajectory_id, tool_state_from_proto(r.state),
+                                    r.tokens_so_far) for r in request.reports]
+        results = await self._core.report_tool_returns(request.instance_id,
+                                                       request.lease_epoch, reports)
+        record_decisions([(report.trajectory_id, result) for report, result
+                          in zip(reports, results, strict=True)
+                          if not isinstance(result, LibraError)])
+        return pb.ReportToolReturnsResponse(decisions=[_decision_to_proto(r) for r in results])
+
     async def ReportFinished(self, request, context):  # noqa: N802, ANN001
+        await self._core.check_fence(request.instance_id, request.lease_epoch)
         await self._core.report_finished(
             request.job_id,
             request.trajectory_id,
@@ -56,3 +68,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     async def GetSchedulerStats(self, request, context):  # noqa: N802, ANN001
         stats = await self._core.stats(request.job_id)
         return pb.GetSchedulerStatsResponse(stats_json=json.dumps(stats))
+
+
+def _decision_to_proto(result: t.PlacementDecision | LibraError) -> pb.ToolReturnDecision:
+    if isinstance(result, LibraError):
+        return pb.ToolReturnDecision(action=pb.DECISION_ACTION_STAY,
+                                     error=f"{result.grpc_status_name}: {result}")
+    return pb.ToolReturnDecision(action=_ACTION[result.action],
+                                 target_bucket=result.target_bucket,
+                                 target_instance=result.target_instance, reason=result.reason)

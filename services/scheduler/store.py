@@ -3,21 +3,35 @@ the placement policy's own state (``RedisPolicyStore``).
 
 The only module of the scheduler that talks to redis. A placement is one MULTI
 transaction (task kept for re-placement, assignment, inbox entry, load +1) so a crash
-between steps cannot leave a trajectory counted but not queued.
+between steps cannot leave a trajectory counted but not queued. Round trips are batched:
+a tick reads the job's status, counters and new finishes in one pipeline; the placements
+of a tick (with the admission of a group) are one MULTI; the moves decided for one batch
+of tool returns are one MULTI; the finishes of a tick are released by one Lua call.
+
+Finishes come from the job's trajectory stream (the one the trainer consumes), read
+through the scheduler's own consumer group (``keys.SCHEDULER_GROUP``): a rollout
+instance makes no call per finished trajectory, and a crash of either side between
+publish and release cannot leak a slot (unacknowledged entries are read again).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import json
 from typing import Any, Protocol
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.redis_shared import JobRecordReader
+from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.scheduler.policy.store import PolicyStore
+from services.scheduler.policy_store import RedisPolicyStore
+from services.scheduler.state import FinishRecord, LeaseSnapshot, Move, TickState
+
+__all__ = ["RedisPolicyStore", "RedisSchedulerStore", "SchedulerStore"]
+
+# Lease roles whose instances receive placements; an instance lent to training
+# (hybrid-joining / hybrid-training) keeps its lease but gets nothing new.
+ROLLOUT_ROLES = frozenset({t.WorkerRole.CORE_ROLLOUT.value, t.WorkerRole.HYBRID_ROLLOUT.value})
 
 
 class FlushablePolicyStore(PolicyStore, Protocol):
@@ -35,13 +49,16 @@ class SchedulerStore(Protocol):
 
     async def live_instances(self, job_id: str) -> list[t.InstanceLoad]: ...
 
+    async def lease_snapshot(self, job_id: str) -> LeaseSnapshot: ...
+
     async def counters(self, job_id: str) -> dict[str, int]: ...
 
     async def incr_counters(self, job_id: str, **deltas: int) -> None: ...
 
     async def running_jobs(self) -> list[str]: ...
 
-    async def admit(self, job_id: str, trajs: list[t.Trajectory]) -> None: ...
+    async def admit(self, job_id: str, trajs: list[t.Trajectory],
+                    placed: list[t.Trajectory] | None = None) -> None: ...
 
     async def pending(self, job_id: str) -> list[t.Trajectory]: ...
 
@@ -49,11 +66,21 @@ class SchedulerStore(Protocol):
 
     async def place(self, job_id: str, traj: t.Trajectory, instance_id: str) -> None: ...
 
+    async def place_many(self, job_id: str, trajs: list[t.Trajectory]) -> None: ...
+
     async def apply_load(self, job_id: str, deltas: tuple[tuple[str, int], ...]) -> None: ...
 
     async def finish(self, job_id: str, trajectory_id: str) -> str | None: ...
 
     async def release(self, job_id: str, trajectory_id: str) -> str | None: ...
+
+    async def ensure_finish_group(self, job_id: str) -> None: ...
+
+    async def tick_state(self, job_id: str, finish_cursor: str,
+                         max_finishes: int) -> TickState: ...
+
+    async def release_finished(self, job_id: str,
+                               finishes: list[FinishRecord]) -> list[str | None]: ...
 
     async def assignments(self, job_id: str) -> dict[str, str]: ...
 
@@ -70,6 +97,8 @@ class SchedulerStore(Protocol):
     async def move(self, job_id: str, trajectory_id: str, to_instance: str, to_bucket: str,
                    deltas: tuple[tuple[str, int], ...]) -> None: ...
 
+    async def move_many(self, job_id: str, moves: list[Move]) -> None: ...
+
     async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
 
 
@@ -85,6 +114,31 @@ redis.call('HINCRBY', KEYS[3], instance, -1)
 return instance
 """
 
+# KEYS[1] = assignments hash, KEYS[2] = tasks hash, KEYS[3] = load hash,
+# KEYS[4] = trajectory stream; ARGV[1] = consumer group, then n trajectory ids, then
+# their n stream entry ids. Releases each assigned trajectory as _RELEASE_LUA does and
+# acknowledges every entry. Returns per trajectory its instance, or '' when unassigned.
+_RELEASE_FINISHED_LUA = """
+local n = (#ARGV - 1) / 2
+local out = {}
+for i = 1, n do
+  local traj = ARGV[1 + i]
+  local instance = redis.call('HGET', KEYS[1], traj)
+  if instance then
+    redis.call('HDEL', KEYS[1], traj)
+    redis.call('HDEL', KEYS[2], traj)
+    redis.call('HINCRBY', KEYS[3], instance, -1)
+    out[i] = instance
+  else
+    out[i] = ''
+  end
+end
+if n > 0 then
+  redis.call('XACK', KEYS[4], ARGV[1], unpack(ARGV, 2 + n, 1 + 2 * n))
+end
+return out
+"""
+
 
 class RedisSchedulerStore(JobRecordReader):
     """``SchedulerStore`` over a bytes-mode ``redis.asyncio`` client."""
@@ -92,6 +146,7 @@ class RedisSchedulerStore(JobRecordReader):
     def __init__(self, redis: Any) -> None:
         self._r = redis
         self._release = redis.register_script(_RELEASE_LUA)
+        self._release_finished = redis.register_script(_RELEASE_FINISHED_LUA)
 
     async def has_policy(self, job_id: str) -> bool:
         return bool(await self._r.hexists(keys.policy(job_id), "version"))
@@ -102,12 +157,52 @@ class RedisSchedulerStore(JobRecordReader):
         return int(raw) if raw else 0
 
     async def job_status(self, job_id: str) -> tuple[str | None, int, bool]:
-        """(state, last step, weights published?) in one round trip, once per tick."""
+        """(state, last step, weights published?) in one round trip."""
         async with self._r.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.job(job_id), "state", "step")
             pipe.hexists(keys.policy(job_id), "version")
             (state, step), published = await pipe.execute()
         return (state.decode() if state else None, int(step) if step else 0, bool(published))
+
+    async def tick_state(self, job_id: str, finish_cursor: str,
+                         max_finishes: int) -> TickState:
+        """State, step, published?, counters and up to ``max_finishes`` finishes in one
+        round trip. ``finish_cursor`` is ``0`` (what was delivered but not acknowledged:
+        after a restart) or ``>`` (new entries)."""
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.job(job_id), "state", "step")
+            pipe.hexists(keys.policy(job_id), "version")
+            pipe.hgetall(keys.counters(job_id))
+            pipe.xreadgroup(keys.SCHEDULER_GROUP, keys.SCHEDULER_GROUP,
+                            {keys.trajectories(job_id): finish_cursor}, count=max_finishes)
+            (state, step), published, counters, reply = await pipe.execute(
+                raise_on_error=False)
+        if isinstance(reply, Exception):
+            if "NOGROUP" not in str(reply):
+                raise reply
+            await self.ensure_finish_group(job_id)  # the stream was deleted meanwhile
+            reply = []
+        return TickState(state.decode() if state else None, int(step) if step else 0,
+                         bool(published), {k.decode(): int(v) for k, v in counters.items()},
+                         _finish_records(reply))
+
+    async def ensure_finish_group(self, job_id: str) -> None:
+        """The scheduler's consumer group on the job's trajectory stream, from its start."""
+        await ensure_consumer_group(self._r, keys.trajectories(job_id), keys.SCHEDULER_GROUP)
+
+    async def release_finished(self, job_id: str,
+                               finishes: list[FinishRecord]) -> list[str | None]:
+        """Give back the slots of finished trajectories and acknowledge their stream
+        entries, atomically, in one round trip. Per finish: the instance it was assigned
+        to, or None (re-queued meanwhile, or read twice)."""
+        if not finishes:
+            return []
+        out = await self._release_finished(
+            keys=[keys.assignments(job_id), keys.tasks(job_id), keys.load(job_id),
+                  keys.trajectories(job_id)],
+            args=[keys.SCHEDULER_GROUP, *(f.trajectory_id for f in finishes),
+                  *(f.entry_id for f in finishes)])
+        return [v.decode() if v else None for v in out]
 
     async def open_policy_store(self, job_id: str) -> RedisPolicyStore:
         """The job's policy state, loaded from Redis (empty for a new job)."""
@@ -116,22 +211,30 @@ class RedisSchedulerStore(JobRecordReader):
         return store
 
     async def live_instances(self, job_id: str) -> list[t.InstanceLoad]:
+        return (await self.lease_snapshot(job_id)).instances
+
+    async def lease_snapshot(self, job_id: str) -> LeaseSnapshot:
+        """Every live lease's epoch, and the rollout-role instances with the job's load
+        (no load is read for ``job_id`` ``""``: epochs are all the caller needs)."""
         worker_ids = sorted(w.decode() for w in await self._r.smembers(keys.WORKERS))
         async with self._r.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
-                pipe.hmget(keys.lease(worker_id), "role", "bucket")
-            pipe.hgetall(keys.load(job_id))
-            *leases, load = await pipe.execute()
+                pipe.hmget(keys.lease(worker_id), "role", "bucket", "epoch")
+            if job_id:
+                pipe.hgetall(keys.load(job_id))
+            replies = await pipe.execute()
+        leases, load = (replies[:-1], replies[-1]) if job_id else (replies, {})
         active = {k.decode(): int(v) for k, v in load.items()}
-        out = []
-        for worker_id, (role, bucket) in zip(worker_ids, leases, strict=True):
-            if role is not None and role.decode() == t.WorkerRole.CORE_ROLLOUT.value:
-                out.append(
-                    t.InstanceLoad(
-                        t.InstanceId(worker_id), bucket.decode(), active.get(worker_id, 0)
-                    )
-                )
-        return out
+        instances, epochs = [], {}
+        for worker_id, (role, bucket, epoch) in zip(worker_ids, leases, strict=True):
+            if role is None:
+                continue  # the lease expired: the worker is gone
+            epochs[worker_id] = int(epoch) if epoch else 0
+            if role.decode() in ROLLOUT_ROLES:
+                instances.append(t.InstanceLoad(t.InstanceId(worker_id),
+                                                (bucket or b"").decode(),
+                                                active.get(worker_id, 0)))
+        return LeaseSnapshot(instances, epochs)
 
     async def counters(self, job_id: str) -> dict[str, int]:
         raw = await self._r.hgetall(keys.counters(job_id))
@@ -148,13 +251,18 @@ class RedisSchedulerStore(JobRecordReader):
         states = [await self.job_state(j) for j in ids]
         return [j for j, state in zip(ids, states, strict=True) if state == "running"]
 
-    async def admit(self, job_id: str, trajs: list[t.Trajectory]) -> None:
-        """Queue one group's trajectories and count the group, atomically."""
+    async def admit(self, job_id: str, trajs: list[t.Trajectory],
+                    placed: list[t.Trajectory] | None = None) -> None:
+        """Count one group and queue ``trajs``, atomically; ``placed`` members of the
+        group (``instance_id`` set) are placed in the same transaction instead."""
+        placed = placed or []
         async with self._r.pipeline(transaction=True) as pipe:
-            for traj in trajs:
-                pipe.hset(keys.pending(job_id), traj.trajectory_id, encode_trajectory(traj))
+            if trajs:
+                pipe.hset(keys.pending(job_id), mapping={
+                    traj.trajectory_id: encode_trajectory(traj) for traj in trajs})
+            _place_commands(pipe, job_id, placed)
             pipe.hincrby(keys.counters(job_id), "admitted_groups", 1)
-            pipe.hincrby(keys.counters(job_id), "admitted", len(trajs))
+            pipe.hincrby(keys.counters(job_id), "admitted", len(trajs) + len(placed))
             await pipe.execute()
 
     async def pending(self, job_id: str) -> list[t.Trajectory]:
@@ -171,26 +279,41 @@ class RedisSchedulerStore(JobRecordReader):
             await pipe.execute()
 
     async def place(self, job_id: str, traj: t.Trajectory, instance_id: str) -> None:
-        data = encode_trajectory(traj)
+        traj.instance_id = instance_id
+        await self.place_many(job_id, [traj])
+
+    async def place_many(self, job_id: str, trajs: list[t.Trajectory]) -> None:
+        """Place trajectories (``instance_id`` set) in one MULTI: each leaves the pending
+        queue and gets its task, assignment, inbox entry, load +1 and placement count."""
+        if not trajs:
+            return
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.hdel(keys.pending(job_id), traj.trajectory_id)
-            pipe.hset(keys.tasks(job_id), traj.trajectory_id, data)
-            pipe.hset(keys.assignments(job_id), traj.trajectory_id, instance_id)
-            pipe.xadd(keys.inbox(instance_id), {"job_id": job_id, "task": data})
-            pipe.hincrby(keys.load(job_id), instance_id, 1)
-            pipe.hincrby(keys.counters(job_id), placed_counter(traj.bucket), 1)
+            pipe.hdel(keys.pending(job_id), *(traj.trajectory_id for traj in trajs))
+            _place_commands(pipe, job_id, trajs)
             await pipe.execute()
 
     async def move(self, job_id: str, trajectory_id: str, to_instance: str, to_bucket: str,
                    deltas: tuple[tuple[str, int], ...]) -> None:
-        """Re-pin a trajectory (the rollout instance hands it over): load deltas, its
-        assignment (so re-queueing follows it), and the migration counters, atomically."""
+        await self.move_many(job_id, [Move(trajectory_id, to_instance, to_bucket, deltas)])
+
+    async def move_many(self, job_id: str, moves: list[Move]) -> None:
+        """Re-pin trajectories (their rollout instances hand them over): load deltas,
+        assignments (so re-queueing follows them), migration counters, in one MULTI."""
+        if not moves:
+            return
+        deltas = collections.Counter[str]()
+        for move in moves:
+            for instance_id, delta in move.deltas:
+                deltas[instance_id] += delta
         async with self._r.pipeline(transaction=True) as pipe:
-            for instance_id, delta in deltas:
-                pipe.hincrby(keys.load(job_id), instance_id, delta)
-            pipe.hset(keys.assignments(job_id), trajectory_id, to_instance)
-            pipe.hincrby(keys.counters(job_id), "migrations", 1)
-            pipe.hincrby(keys.counters(job_id), placed_counter(to_bucket), 1)
+            for instance_id, delta in deltas.items():
+                if delta:
+                    pipe.hincrby(keys.load(job_id), instance_id, delta)
+            pipe.hset(keys.assignments(job_id),
+                      mapping={m.trajectory_id: m.to_instance for m in moves})
+            for bucket, count in collections.Counter(m.to_bucket for m in moves).items():
+                pipe.hincrby(keys.counters(job_id), placed_counter(bucket), count)
+            pipe.hincrby(keys.counters(job_id), "migrations", len(moves))
             await pipe.execute()
 
     async def apply_load(self, job_id: str, deltas: tuple[tuple[str, int], ...]) -> None:
@@ -240,162 +363,41 @@ def placed_counter(bucket: str) -> str:
     return f"placed:{bucket}"
 
 
-class RedisPolicyStore:
-    """``PolicyStore`` for one job: an in-memory cache written behind to Redis.
+def _place_commands(pipe: Any, job_id: str, trajs: list[t.Trajectory]) -> None:
+    """Queue the placement of ``trajs`` (``instance_id`` set): one command per hash and
+    per counter for all of them, one inbox entry each."""
+    if not trajs:
+        return
+    data = {traj.trajectory_id: encode_trajectory(traj) for traj in trajs}
+    pipe.hset(keys.tasks(job_id), mapping=data)
+    pipe.hset(keys.assignments(job_id),
+              mapping={traj.trajectory_id: traj.instance_id for traj in trajs})
+    for traj in trajs:
+        pipe.xadd(keys.inbox(traj.instance_id),
+                  {"job_id": job_id, "task": data[traj.trajectory_id]})
+    for instance_id, count in collections.Counter(tr.instance_id for tr in trajs).items():
+        pipe.hincrby(keys.load(job_id), instance_id, count)
+    for bucket, count in collections.Counter(tr.bucket for tr in trajs).items():
+        pipe.hincrby(keys.counters(job_id), placed_counter(bucket), count)
 
-    The policy API is synchronous and sits on the decision path, so it works on process
-    memory; the async scheduler loop calls ``flush`` after every RPC and tick, which
-    writes the entries changed since the last flush in one MULTI pipeline. ``load``
-    fills the cache from Redis when a (possibly restarted) scheduler starts scheduling
-    the job.
 
-    The cache holds values as JSON text, exactly what Redis holds: a value is encoded
-    once on write, a read decodes a fresh copy (never an alias of the policy's objects).
-
-    One scheduler process owns a job's policy state: a second writer would overwrite it.
-    A crash loses at most the changes since the last flush (one call or tick).
-
-    Redis layout (``libra.redis_keys``): per-trajectory records in ``sched_trajectories``,
-    namespaced records in ``sched_records``, the recent ring in ``sched_recent`` (a
-    capped list) and the tree snapshot in ``sched_tree``.
-    """
-
-    def __init__(self, redis: Any, job_id: str) -> None:
-        self._r = redis
-        self._job_id = job_id
-        self._trajectories: dict[str, str] = {}
-        self._records: dict[str, dict[str, str]] = collections.defaultdict(dict)
-        self._recent: collections.deque[str] = collections.deque()
-        self._tree: str | None = None
-        self._init_dirty()
-        # Flushes run one at a time and read values at flush time, so a later flush
-        # always writes newer state than an earlier one whatever the connection order.
-        self._flush_lock = asyncio.Lock()
-
-    def _init_dirty(self) -> None:
-        self._dirty_trajectories: set[str] = set()
-        self._dirty_records: set[tuple[str, str]] = set()
-        self._new_recent: list[str] = []
-        self._recent_max_len = 0
-        self._is_tree_dirty = False
-
-    # -- persistence ----------------------------------------------------------------------
-
-    async def load(self) -> None:
-        """Replace the cache with what Redis holds for the job (drops unflushed changes)."""
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.hgetall(keys.sched_trajectories(self._job_id))
-            pipe.hgetall(keys.sched_records(self._job_id))
-            pipe.lrange(keys.sched_recent(self._job_id), 0, -1)
-            pipe.get(keys.sched_tree(self._job_id))
-            trajectories, records, recent, tree = await pipe.execute()
-        self._trajectories = {_text(k): _text(v) for k, v in trajectories.items()}
-        self._records = collections.defaultdict(dict)
-        for field, value in records.items():
-            namespace, key = json.loads(field)
-            self._records[namespace][key] = _text(value)
-        self._recent = collections.deque(_text(v) for v in recent)
-        self._tree = _text(tree) if tree else None
-        self._init_dirty()
-
-    async def flush(self) -> None:
-        """Write the changes made since the last flush (no round trip when there are none)."""
-        async with self._flush_lock:
-            if not self.is_dirty:
-                return
-            trajectories, records = self._dirty_trajectories, self._dirty_records
-            recent, max_len = self._new_recent, self._recent_max_len
-            is_tree_dirty = self._is_tree_dirty
-            self._init_dirty()
-            async with self._r.pipeline(transaction=True) as pipe:
-                self._write_trajectories(pipe, trajectories)
-                self._write_records(pipe, records)
-                if recent:
-                    pipe.rpush(keys.sched_recent(self._job_id), *recent)
-                    pipe.ltrim(keys.sched_recent(self._job_id), -max_len, -1)
-                if is_tree_dirty and self._tree is not None:
-                    pipe.set(keys.sched_tree(self._job_id), self._tree)
-                await pipe.execute()
-
-    @property
-    def is_dirty(self) -> bool:
-        """Whether some change has not been flushed yet."""
-        return bool(self._dirty_trajectories or self._dirty_records or self._new_recent
-                    or self._is_tree_dirty)
-
-    def _write_trajectories(self, pipe: Any, trajectory_ids: set[str]) -> None:
-        name = keys.sched_trajectories(self._job_id)
-        for trajectory_id in trajectory_ids:
-            value = self._trajectories.get(trajectory_id)
-            if value is None:
-                pipe.hdel(name, trajectory_id)
+def _finish_records(reply: Any) -> list[FinishRecord]:
+    """Stream entries as finish records. The rollout writes ``total_tokens`` and
+    ``status`` beside the trajectory; an entry without them is decoded whole."""
+    out = []
+    for _stream, items in reply or []:
+        for entry_id, fields in items:
+            if not fields:  # deleted after delivery: nothing to learn; still acknowledged
+                out.append(FinishRecord(_text(entry_id), "", 0, t.TrajectoryStatus.FAILED))
+            elif b"total_tokens" in fields and b"status" in fields:
+                out.append(FinishRecord(_text(entry_id), _text(fields[b"trajectory_id"]),
+                                        int(fields[b"total_tokens"]),
+                                        t.TrajectoryStatus(_text(fields[b"status"]))))
             else:
-                pipe.hset(name, trajectory_id, value)
-
-    def _write_records(self, pipe: Any, record_keys: set[tuple[str, str]]) -> None:
-        name = keys.sched_records(self._job_id)
-        for namespace, key in record_keys:
-            field = json.dumps([namespace, key])
-            value = self._records[namespace].get(key)
-            if value is None:
-                pipe.hdel(name, field)
-            else:
-                pipe.hset(name, field, value)
-
-    # -- PolicyStore (synchronous, on the cache) --------------------------------------------
-
-    def get_trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
-        return _decode(self._trajectories.get(trajectory_id))
-
-    def put_trajectory(self, trajectory_id: str, state: dict[str, Any]) -> None:
-        self._trajectories[trajectory_id] = json.dumps(state)
-        self._dirty_trajectories.add(trajectory_id)
-
-    def delete_trajectory(self, trajectory_id: str) -> None:
-        if self._trajectories.pop(trajectory_id, None) is not None:
-            self._dirty_trajectories.add(trajectory_id)
-
-    def get_record(self, namespace: str, key: str) -> dict[str, Any] | None:
-        return _decode(self._records[namespace].get(key))
-
-    def put_record(self, namespace: str, key: str, value: dict[str, Any]) -> None:
-        self._records[namespace][key] = json.dumps(value)
-        self._dirty_records.add((namespace, key))
-
-    def delete_record(self, namespace: str, key: str) -> None:
-        if self._records[namespace].pop(key, None) is not None:
-            self._dirty_records.add((namespace, key))
-
-    def list_records(self, namespace: str) -> dict[str, dict[str, Any]]:
-        return {key: json.loads(value) for key, value in self._records[namespace].items()}
-
-    def append_recent(self, record: dict[str, Any], max_len: int) -> None:
-        encoded = json.dumps(record)
-        self._recent.append(encoded)
-        while len(self._recent) > max_len:
-            self._recent.popleft()
-        self._new_recent.append(encoded)
-        del self._new_recent[:-max_len]
-        self._recent_max_len = max_len
-
-    def recent(self) -> list[dict[str, Any]]:
-        return [json.loads(value) for value in self._recent]
-
-    def load_tree(self) -> dict[str, Any] | None:
-        return _decode(self._tree)
-
-    def save_tree(self, snapshot: dict[str, Any]) -> None:
-        self._tree = json.dumps(snapshot)
-        self._is_tree_dirty = True
-
-    @property
-    def num_trajectories(self) -> int:
-        """Number of trajectories with state (for tests and reporting)."""
-        return len(self._trajectories)
-
-
-def _decode(value: str | None) -> Any:
-    return json.loads(value) if value is not None else None
+                traj = decode_trajectory(fields[b"data"])
+                out.append(FinishRecord(_text(entry_id), traj.trajectory_id,
+                                        traj.num_generated_tokens, traj.status))
+    return out
 
 
 def _text(value: str | bytes) -> str:

@@ -17,11 +17,10 @@ from libra.config import load_config, redact
 from libra.grpcx import Registration, serve
 from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
-from services.trainer.backend import TorchBackendFactory
 from services.trainer.config import TrainerConfig
-from services.trainer.core import BackendFactory, TrainerCore
-from services.trainer.distributed import DistributedBackendFactory
-from services.trainer.servicer import TrainerServicer
+from services.trainer.core import TrainerCore
+from services.trainer.distributed import make_backend_factory
+from services.trainer.servicer import GradientChannelServicer, TrainerServicer
 from services.trainer.store import RedisTrainerStore
 
 logger = logging.getLogger("services.trainer")
@@ -29,18 +28,19 @@ logger = logging.getLogger("services.trainer")
 
 async def main(cfg: TrainerConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
-    factory: BackendFactory = (
-        TorchBackendFactory(cfg.num_threads) if cfg.num_ranks == 1
-        else DistributedBackendFactory(cfg.num_threads, cfg.num_ranks))
+    factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism)
     core = TrainerCore(RedisTrainerStore(redis), factory,
                        GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s),
                        SystemClock(), consumer=cfg.worker_id)
     name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
     registration = Registration(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
                                 TrainerServicer(core), name)
+    channel = Registration(trainer_pb2_grpc.add_GradientChannelServicer_to_server,
+                           GradientChannelServicer(core),
+                           trainer_pb2.DESCRIPTOR.services_by_name["GradientChannel"].full_name)
     # A job still RUNNING lost its trainer (this process was restarted): take it up.
     await core.resume()
-    await serve("trainer", cfg.server, [registration], drain=core.drain)
+    await serve("trainer", cfg.server, [registration, channel], drain=core.drain)
     await redis.aclose()
 
 

@@ -32,10 +32,13 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.jobspec import JobSpec, job_spec_from_json
+from libra.training import channel as ch
+from libra.training.samples import TrainSample
 from libra.weight_sync import write_manifest
 from services.trainer import checkpoint
+from services.trainer.elastic import GradientDomain, HybridSession
+from services.trainer.elastic_step import ElasticTrainer
 from services.trainer.grpo import GroupBuffer, group_advantages, staleness
-from services.trainer.train_types import TrainSample
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.coordinator import CoordinatorApi
@@ -88,6 +91,8 @@ class TrainerCore:
         self._consumer = consumer
         self._block_ms = block_ms
         self._task: asyncio.Task | None = None
+        # Set while a job with elastic.enabled trains: the hybrids' gradient domain.
+        self._elastic: ElasticTrainer | None = None
         self.job_id = ""
         self.phase = "idle"
         self.step = 0
@@ -133,6 +138,25 @@ class TrainerCore:
             logger.error("[job] training task still running %.0fs after cancel job_id=%s "
                          "stack=%s", STOP_TIMEOUT_S, self.job_id, stack)
 
+    def connect_hybrid(self, hello: ch.Hello) -> HybridSession:
+        """A lent rollout worker opened the gradient channel (see elastic.py)."""
+        if self._elastic is None or hello.job_id != self.job_id or self.phase != "training":
+            raise FailedPrecondition(
+                f"no elastic job is training here for job_id={hello.job_id!r} "
+                f"(trainer job {self.job_id!r}, phase {self.phase})")
+        try:
+            return self._elastic.domain.connect(hello)
+        except ValueError as exc:
+            raise FailedPrecondition(str(exc)) from exc
+
+    def elastic_message(self, session: HybridSession, msg: ch.HybridMessage) -> None:
+        if self._elastic is not None:
+            self._elastic.domain.on_message(session, msg)
+
+    def disconnect_hybrid(self, session: HybridSession, reason: str) -> None:
+        if self._elastic is not None:
+            self._elastic.domain.disconnect(session, reason)
+
     async def wait(self) -> None:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
@@ -155,9 +179,14 @@ class TrainerCore:
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
         model_dir = str(run_dir / "model")
         backend = await asyncio.to_thread(self._factory.create, spec, model_dir)
+        if spec.elastic.enabled:
+            self._elastic = self._elastic_trainer(job_id, spec, backend, run_dir)
         try:
             await self._train_with(job_id, spec, resume, backend, run_dir, model_dir)
         finally:
+            if self._elastic is not None:
+                self._elastic.close("job ended")
+                self._elastic = None
             # A data-parallel backend owns worker processes and a process group.
             close = getattr(backend, "close", None)
             if close is not None:
@@ -175,6 +204,8 @@ class TrainerCore:
         a = spec.algorithm
         while self.step < a.num_steps:
             started = time.perf_counter()
+            if self._elastic is not None:  # join states move at step boundaries only
+                await self._elastic.boundary(self.step, self.policy_version)
             # 1) Complete, fresh groups (re-delivered pending entries first).
             batch = await self._collect(job_id, spec, buffer, pending=first)
             first = False
@@ -193,6 +224,20 @@ class TrainerCore:
             record.update(step=self.step, policy_version=self.policy_version,
                           wall_s=round(time.perf_counter() - started, 4))
             await self._coordinator.report_step(job_id, record)
+
+    def _elastic_trainer(self, job_id: str, spec: JobSpec, backend: Backend,
+                         run_dir: Path) -> ElasticTrainer:
+        if getattr(backend, "num_ranks", 1) > 1:
+            # Hybrids merge into rank 0's gradient; with a DDP group the other ranks
+            # would step without them. One rank only, said at start rather than mid-run.
+            raise FailedPrecondition("elastic.enabled needs trainer.num_ranks == 1")
+
+        async def record(kind: str, **fields: str) -> None:
+            await self._store.record_event(job_id, kind, **fields)
+
+        domain = GradientDomain(self._clock, record)
+        return ElasticTrainer(spec, spec.to_json(), backend, run_dir, domain,  # type: ignore[arg-type]
+                              self._coordinator, record)
 
     async def _init_policy(self, job_id: str, backend: Backend, run_dir: Path,
                            resume: bool) -> int:
@@ -305,7 +350,13 @@ class TrainerCore:
         trajs = [tr for _, tr in batch.entries]
         samples = _to_samples(trajs)
         started = time.perf_counter()
-        metrics = await asyncio.to_thread(backend.train_step, samples)
+        hybrids = {"hybrid_workers": 0, "hybrid_joining": 0}
+        if self._elastic is None:
+            metrics = await asyncio.to_thread(backend.train_step, samples)
+        else:
+            hybrids = {"hybrid_workers": len(self._elastic.domain.active()),
+                       "hybrid_joining": len(self._elastic.domain.joining())}
+            metrics = await self._elastic.train(samples, self.step + 1)
         train_s = time.perf_counter() - started
         if metrics.get("is_skipped"):
             # Non-finite loss or gradient: the weights were left untouched.
@@ -322,6 +373,7 @@ class TrainerCore:
                 "dropped_stale": batch.dropped_stale, "dropped_failed": batch.dropped_failed,
                 "turns_mean": sum(tr.num_turns for tr in trajs) / len(trajs),
                 "tokens_mean": sum(tr.num_generated_tokens for tr in trajs) / len(trajs),
+                **hybrids,
                 **{k: round(float(v), 6) for k, v in metrics.items()}}
 
     async def _placement_deltas(self, job_id: str, before: dict[str, int]

@@ -5,30 +5,35 @@ calls); ranks 1..N-1 are daemonic processes spawned (``spawn`` start method) whe
 backend is created and stopped by :meth:`DistributedJobBackend.close`. The group is formed
 over a ``TCPStore`` that rank 0 opens on ``127.0.0.1`` on a free port (port 0, the kernel
 picks). Every rank builds the same :class:`JobBackend` from the job spec (same seed, same
-initial weights); wrapping the model in ``DistributedDataParallel`` broadcasts rank 0's
-parameters anyway, and a checksum round checks that all ranks agree before the first step.
+initial weights); rank 0's parameters are broadcast anyway (by DDP, or before sharding
+under FSDP2), and a checksum round checks that all ranks agree before the first step.
+
+Parallelism (``trainer.parallelism``; ``auto`` picks by device):
+
+- ``ddp`` (auto on CPU): every rank holds the whole model; ``DistributedDataParallel``
+  all-reduces the gradients.
+- ``fsdp2`` (auto on CUDA): ``fully_shard`` on each decoder layer, then the root; each rank
+  holds 1/N of every parameter and of the optimizer state; gradients are reduce-scattered.
+  Also runs on CPU over gloo (tested with 2 ranks).
+
+Device (``auto``): CUDA when available, else CPU. On CPU the group is gloo; on CUDA it is
+``cpu:gloo,cuda:nccl`` (NCCL for the model's tensors, gloo for the command objects and the
+small CPU metric reductions), one rank per GPU on ``cuda:<rank>`` (one machine, so the
+local rank is the rank). The GPU path is wired but is only run where CUDA is present.
 
 Rank 0 drives the workers: each command (name + arguments) goes out with
 ``broadcast_object_list``; every rank runs it on its own backend, which splits the batch by
-stride across ranks, all-reduces gradients through DDP and steps its own optimizer (see
-``torch_backend.py``); then every rank's outcome is gathered on rank 0 (``gather_object``),
-so an error on a worker is raised on rank 0 naming the rank. Metrics come back from rank 0
-(already reduced over the group). Only rank 0 writes weights and checkpoints (the ranks'
-states are identical); every rank loads a checkpoint (from the same folder: one machine).
-
-CPU: gloo + DDP (built and tested, 2 ranks). GPU mapping (not built): the same command
-protocol over an NCCL group, one rank per GPU (``torch.cuda.set_device(rank)``), the model
-sharded with FSDP2 (``torch.distributed.fsdp.fully_shard`` on each decoder layer, then the
-root) instead of DDP; gradients are then reduce-scattered rather than all-reduced, and
-``save_weights``/``save_checkpoint`` must first gather the full state dict
-(``torch.distributed.checkpoint.state_dict.get_model_state_dict`` with
-``full_state_dict=True, cpu_offload=True``) on rank 0.
+stride across ranks and reduces gradients (see ``torch_backend.py``); then every rank's
+outcome is gathered on rank 0 (``gather_object``), so an error on a worker is raised on
+rank 0 naming the rank. Metrics come back from rank 0 (already reduced over the group).
+Saving is a command too: every rank takes part in gathering the full state dict (a
+collective under FSDP2) and only rank 0 writes. Every rank loads a checkpoint from the
+same folder (one machine) and, under FSDP2, keeps its shard.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import logging
 import os
 import sys
@@ -41,8 +46,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from libra.jobspec import JobSpec
-from services.trainer.backend import JobBackend
-from services.trainer.train_types import TrainSample
+from libra.training.backend import JobBackend, TorchBackendFactory
+from libra.training.parallel import PARALLELISMS
+from libra.training.samples import TrainSample
+from libra.training.tensors import state_checksum
+from services.trainer.core import BackendFactory
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +58,35 @@ _HOST = "127.0.0.1"
 _STOP = "stop"
 
 
-def state_checksum(model: torch.nn.Module) -> str:
-    """sha256 over the state dict (names and raw bytes, in name order)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when CUDA is available, else ``cpu``; others pass through."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    return device
+
+
+def resolve_parallelism(parallelism: str, device: str) -> str:
+    """``auto`` -> ``fsdp2`` on CUDA, ``ddp`` on CPU; ``ddp``/``fsdp2`` pass through."""
+    if parallelism == "auto":
+        return "fsdp2" if device == "cuda" else "ddp"
+    if parallelism not in PARALLELISMS:
+        raise ValueError(f"parallelism must be auto, ddp or fsdp2, got {parallelism!r}")
+    return parallelism
+
+
+def process_group_backend(device: str) -> str:
+    """gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo for CPU ones."""
+    return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+
+
+def rank_device(device: str, rank: int) -> str:
+    """This rank's torch device: ``cpu`` or ``cuda:<rank>`` (GPU path: also selects it)."""
+    if device != "cuda":
+        return "cpu"
+    torch.cuda.set_device(rank)
+    return f"cuda:{rank}"
 
 
 def _run(backend: JobBackend, rank: int, name: str, args: tuple) -> Any:
@@ -67,6 +97,10 @@ def _run(backend: JobBackend, rank: int, name: str, args: tuple) -> Any:
         return backend.train_step(*args)
     if name == "load_checkpoint":
         return backend.load_checkpoint(*args)
+    if name == "save_weights":
+        return backend.save_weights(*args)
+    if name == "save_checkpoint":
+        return backend.save_checkpoint(*args)
     if name == "checksum":
         return state_checksum(backend.model)
     if name == _STOP:
@@ -92,16 +126,17 @@ def _worker_entry(*args: Any) -> None:
 
 
 def _worker_main(rank: int, world: int, port: int, spec: JobSpec, model_dir: str,
-                 num_threads: int, timeout_s: float) -> None:
+                 num_threads: int, timeout_s: float, parallelism: str, device: str) -> None:
     """Rank ``rank`` (>= 1): join the group, build the backend, serve commands until stop."""
     store = dist.TCPStore(_HOST, port, world, is_master=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    placement = rank_device(device, rank)
+    dist.init_process_group(process_group_backend(device), store=store, rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
     # No destroy_process_group here: in gloo it can wait for rank 0, which is itself
     # waiting for this process to exit; the process leaves with os._exit instead.
     backend = JobBackend(spec, model_dir, num_threads, write_model_dir=False)
-    backend.enable_data_parallel()
+    backend.enable_data_parallel(parallelism, placement)
     while True:
         message: list[Any] = [None]
         dist.broadcast_object_list(message, src=0)
@@ -126,34 +161,36 @@ class DistributedJobBackend:
         num_threads: torch intra-op threads per rank.
         num_ranks: Group size (>= 2).
         timeout_s: Collective timeout; a dead or stuck rank fails the call after this.
+        parallelism: ``auto``, ``ddp`` or ``fsdp2`` (:func:`resolve_parallelism`).
+        device: ``auto``, ``cpu`` or ``cuda`` (:func:`resolve_device`).
     """
 
     def __init__(self, spec: JobSpec, model_dir: str, num_threads: int, num_ranks: int,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, parallelism: str = "auto",
+                 device: str = "auto") -> None:
         if num_ranks < 2:
             raise ValueError("DistributedJobBackend needs num_ranks >= 2 (use JobBackend)")
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed group is already active in this process")
+        self.device = resolve_device(device)
+        self.parallelism = resolve_parallelism(parallelism, self.device)
+        if self.device == "cuda" and num_ranks > torch.cuda.device_count():
+            raise ValueError(f"{num_ranks} ranks need {num_ranks} GPUs, "
+                             f"{torch.cuda.device_count()} visible")
         self._num_ranks = num_ranks
         self._lock = threading.Lock()
         self._closed = False
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(_HOST, 0, num_ranks, is_master=True, timeout=timeout,
                               wait_for_workers=False)
-        context = mp.get_context("spawn")
-        self._workers = [
-            context.Process(target=_worker_entry, name=f"libra-trainer-rank{rank}", daemon=True,
-                            args=(rank, num_ranks, store.port, spec, model_dir, num_threads,
-                                  timeout_s))
-            for rank in range(1, num_ranks)
-        ]
-        for worker in self._workers:
-            worker.start()
+        self._workers = self._spawn_workers(
+            store.port, spec, model_dir, num_threads, timeout_s)
         try:
-            dist.init_process_group("gloo", store=store, rank=0, world_size=num_ranks,
-                                    timeout=timeout)
+            placement = rank_device(self.device, 0)
+            dist.init_process_group(process_group_backend(self.device), store=store, rank=0,
+                                    world_size=num_ranks, timeout=timeout)
             self._local = JobBackend(spec, model_dir, num_threads)
-            self._local.enable_data_parallel()
+            self._local.enable_data_parallel(self.parallelism, placement)
             sums = self.checksums()
         except BaseException:
             self._kill_workers()
@@ -163,7 +200,22 @@ class DistributedJobBackend:
         if len(set(sums)) != 1:
             self.close()
             raise RuntimeError(f"ranks disagree on the initial weights: {sums}")
-        logger.info("[train] data-parallel group up ranks=%d port=%d", num_ranks, store.port)
+        logger.info("[train] data-parallel group up ranks=%d parallelism=%s device=%s port=%d",
+                    num_ranks, self.parallelism, self.device, store.port)
+
+    def _spawn_workers(self, port: int, spec: JobSpec, model_dir: str, num_threads: int,
+                       timeout_s: float) -> list[Any]:
+        """Start ranks 1..N-1; they join the group over the store on ``port``."""
+        context = mp.get_context("spawn")
+        workers = [
+            context.Process(target=_worker_entry, name=f"libra-trainer-rank{rank}", daemon=True,
+                            args=(rank, self._num_ranks, port, spec, model_dir, num_threads,
+                                  timeout_s, self.parallelism, self.device))
+            for rank in range(1, self._num_ranks)
+        ]
+        for worker in workers:
+            worker.start()
+        return workers
 
     def warm_start(self) -> dict[str, float]:
         return self._call("warm_start")[0]
@@ -172,12 +224,10 @@ class DistributedJobBackend:
         return self._call("train_step", list(samples))[0]
 
     def save_weights(self, path: str) -> str:
-        with self._lock:
-            return self._local.save_weights(path)
+        return self._call("save_weights", path)[0]
 
     def save_checkpoint(self, directory: str) -> list[str]:
-        with self._lock:
-            return self._local.save_checkpoint(directory)
+        return self._call("save_checkpoint", directory)[0]
 
     def load_checkpoint(self, directory: str) -> None:
         self._call("load_checkpoint", directory)
@@ -240,9 +290,20 @@ class DistributedJobBackend:
 class DistributedBackendFactory:
     """Creates a :class:`DistributedJobBackend` of ``num_ranks`` ranks per job."""
 
-    def __init__(self, num_threads: int = 1, num_ranks: int = 2) -> None:
+    def __init__(self, num_threads: int = 1, num_ranks: int = 2,
+                 parallelism: str = "auto") -> None:
         self._num_threads = num_threads
         self._num_ranks = num_ranks
+        self._parallelism = parallelism
 
     def create(self, spec: JobSpec, model_dir: str) -> DistributedJobBackend:
-        return DistributedJobBackend(spec, model_dir, self._num_threads, self._num_ranks)
+        return DistributedJobBackend(spec, model_dir, self._num_threads, self._num_ranks,
+                                     parallelism=self._parallelism)
+
+
+def make_backend_factory(num_threads: int, num_ranks: int,
+                         parallelism: str = "auto") -> BackendFactory:
+    """The trainer's backend factory: in-process for 1 rank, a process group for more."""
+    if num_ranks == 1:
+        return TorchBackendFactory(num_threads)
+    return DistributedBackendFactory(num_threads, num_ranks, parallelism)

@@ -2,7 +2,9 @@
 
 Replaces: the coordinator service behind gRPC (worker registry and job API). Everything
 else is real. Leases are granted with increasing epochs; ``lose_lease_times`` makes
-``renew_lease`` raise ``LeaseLost``; step records and job ends are recorded.
+``renew_lease`` raise ``LeaseLost``; step records and job ends are recorded. Given a
+(bytes-mode) ``redis`` client, the lease hash is mirrored there as the real coordinator
+writes it (role, bucket, epoch), so fenced writes (the rollout's publish) see it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from libra import redis_keys as keys
 from libra import types as t
 from libra.errors import LeaseLost
 
@@ -23,6 +26,18 @@ class FakeCoordinator:
     released: list[tuple[str, int]] = field(default_factory=list)
     steps: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     done: list[tuple[str, t.JobState, str]] = field(default_factory=list)
+    role_changes: list[tuple[str, t.WorkerRole]] = field(default_factory=list)
+    redis: Any = None
+
+    async def _mirror(self, lease: t.Lease | None, worker_id: str) -> None:
+        if self.redis is None:
+            return
+        if lease is None:
+            await self.redis.delete(keys.lease(worker_id))
+            return
+        await self.redis.sadd(keys.WORKERS, worker_id)
+        await self.redis.hset(keys.lease(worker_id), mapping={
+            "role": lease.role.value, "bucket": lease.bucket, "epoch": lease.epoch})
 
     def _lease(self, worker_id: str, role: t.WorkerRole, bucket: str, address: str,
                ttl_ms: int) -> t.Lease:
@@ -33,17 +48,40 @@ class FakeCoordinator:
         self.epoch += 1
         self.acquired.append(worker_id)
         self._last = (role, bucket, address, ttl_ms)
-        return self._lease(worker_id, role, bucket, address, ttl_ms)
+        lease = self._lease(worker_id, role, bucket, address, ttl_ms)
+        await self._mirror(lease, worker_id)
+        return lease
 
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
         self.renewed.append((worker_id, epoch))
         if self.lose_lease_times:
             self.lose_lease_times -= 1
+            await self._mirror(None, worker_id)
             raise LeaseLost(f"lease of {worker_id} expired")
-        return self._lease(worker_id, *self._last)
+        lease = self._lease(worker_id, *self._last)
+        await self._mirror(lease, worker_id)
+        return lease
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         self.released.append((worker_id, epoch))
+        if epoch == self.epoch:
+            await self._mirror(None, worker_id)
+
+    async def change_worker_role(self, worker_id: str, expected_epoch: int,
+                                 role: t.WorkerRole) -> t.Lease:
+        """Compare-and-set on the epoch, like the coordinator: a fresh epoch on success."""
+        if expected_epoch != self.epoch:
+            raise LeaseLost(f"lease of {worker_id} is at epoch {self.epoch}, "
+                            f"not {expected_epoch}")
+        self.epoch += 1
+        self.role_changes.append((worker_id, role))
+        self._last = (role, *self._last[1:])
+        lease = self._lease(worker_id, *self._last)
+        await self._mirror(lease, worker_id)
+        return lease
+
+    async def list_workers(self) -> list[t.Lease]:
+        return []
 
     async def report_step(self, job_id: str, record: dict[str, Any]) -> None:
         self.steps.append((job_id, dict(record)))

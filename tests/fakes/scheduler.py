@@ -1,7 +1,8 @@
 """Fake scheduler client for the rollout core (``services.rollout.core.SchedulerApi``).
 
 Replaces: the scheduler service (placement policy) behind gRPC. Everything else is
-real. Decisions are scripted (default STAY); every call is recorded.
+real. Decisions are scripted (default STAY); every call is recorded, with the lease
+epoch it carried. (Finishes are not reported by call: the scheduler reads the stream.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from libra import types as t
 class FakeScheduler:
     decisions: deque = field(default_factory=deque)
     tool_returns: list[dict[str, Any]] = field(default_factory=list)
-    finished: list[dict[str, Any]] = field(default_factory=list)
 
     def move_to(self, instance_id: str, bucket: str = "long") -> None:
         self.decisions.append(t.PlacementDecision(t.DecisionAction.MOVE, bucket, instance_id,
@@ -25,16 +25,10 @@ class FakeScheduler:
 
     async def report_tool_return(self, job_id: str, trajectory_id: str,
                                  state: t.ToolReturnState, tokens_so_far: int,
-                                 instance_id: str) -> t.PlacementDecision:
+                                 instance_id: str, lease_epoch: int) -> t.PlacementDecision:
         self.tool_returns.append({"job_id": job_id, "trajectory_id": trajectory_id,
                                   "state": state, "tokens_so_far": tokens_so_far,
-                                  "instance_id": instance_id})
+                                  "instance_id": instance_id, "lease_epoch": lease_epoch})
         if self.decisions:
             return self.decisions.popleft()
         return t.PlacementDecision(t.DecisionAction.STAY)
-
-    async def report_finished(self, job_id: str, trajectory_id: str, total_tokens: int,
-                              status: t.TrajectoryStatus, instance_id: str) -> None:
-        self.finished.append({"job_id": job_id, "trajectory_id": trajectory_id,
-                              "total_tokens": total_tokens, "status": status,
-                              "instance_id": instance_id})

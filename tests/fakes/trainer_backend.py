@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libra.jobspec import JobSpec
-from services.trainer.train_types import TrainSample
+from libra.training.samples import TrainSample
 
 
 @dataclass

@@ -32,11 +32,13 @@ def small_job(policy: str = "least_loaded", **algorithm: Any) -> str:
 
 
 def write_stack(path: Path, restart_limit: int, lease_ttl_ms: int | None = None) -> Path:
-    """A stack file: two rollout instances in two buckets, the given restart limit."""
+    """A stack file: two rollout instances in two buckets (the second one lendable to
+    training, as in the shipped stack), the given restart limit."""
     lines = [f"restart_limit = {restart_limit}", "shutdown_grace_s = 5.0"]
-    for instance, bucket in (("rollout-0", "short"), ("rollout-1", "long")):
+    for instance, bucket, role in (("rollout-0", "short", "core-rollout"),
+                                   ("rollout-1", "long", "hybrid-rollout")):
         lines += ["[[rollout]]", f'instance_id = "{instance}"', f'bucket = "{bucket}"',
-                  "max_batch_size = 8", "max_trajectories = 16"]
+                  "max_batch_size = 8", "max_trajectories = 16", f'role = "{role}"']
     path.write_text("\n".join(lines) + "\n")
     return path
 

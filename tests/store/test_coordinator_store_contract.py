@@ -19,7 +19,7 @@ import pytest
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import FakeClock, SystemClock
-from libra.errors import LeaseLost, NotFound
+from libra.errors import FailedPrecondition, LeaseLost, NotFound
 from services.coordinator.store import (
     CoordinatorStore,
     InMemoryCoordinatorStore,
@@ -214,3 +214,75 @@ async def test_live_leases_are_sorted_by_worker_id(sut: StoreUnderTest) -> None:
     for w in ("b", "c", "a"):
         await sut.store.acquire_lease(make_lease(w))
     assert [x.worker_id for x in await sut.store.live_leases()] == ["a", "b", "c"]
+
+
+# -- role changes (elastic hybrid pool) ---------------------------------------------
+
+JOINING, TRAINING = t.WorkerRole.HYBRID_JOINING, t.WorkerRole.HYBRID_TRAINING
+
+
+async def test_change_role_takes_a_fresh_epoch_and_keeps_the_rest(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease())
+    await sut.store.acquire_lease(make_lease("w2"))  # the fence moved on meanwhile
+    changed = await sut.store.change_role("w1", lease.epoch, JOINING)
+    assert changed.role is JOINING and changed.epoch > lease.epoch + 1
+    assert (changed.bucket, changed.address, changed.ttl_ms) == (
+        lease.bucket, lease.address, lease.ttl_ms)
+    (live,) = [x for x in await sut.store.live_leases() if x.worker_id == "w1"]
+    assert (live.role, live.epoch) == (JOINING, changed.epoch)
+
+
+async def test_change_role_keeps_the_lease_ttl(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease(ttl_ms=SHORT_TTL_MS))
+    await sut.store.change_role("w1", lease.epoch, JOINING)
+    await sut.expire(SHORT_TTL_MS + 60)
+    assert await sut.store.live_leases() == []
+
+
+async def test_changed_lease_renews_at_its_new_epoch_only(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease())
+    changed = await sut.store.change_role("w1", lease.epoch, JOINING)
+    assert (await sut.store.renew_lease("w1", changed.epoch, 0)).role is JOINING
+    with pytest.raises(LeaseLost):
+        await sut.store.renew_lease("w1", lease.epoch, 0)
+
+
+async def test_change_role_on_stale_epoch_names_both_epochs(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease())
+    changed = await sut.store.change_role("w1", lease.epoch, JOINING)
+    with pytest.raises(LeaseLost) as err:
+        await sut.store.change_role("w1", lease.epoch, TRAINING)
+    assert f"epoch {changed.epoch}" in str(err.value)
+    assert f"expected epoch {lease.epoch}" in str(err.value)
+
+
+async def test_change_role_of_missing_lease_raises_lease_lost(sut: StoreUnderTest) -> None:
+    with pytest.raises(LeaseLost):
+        await sut.store.change_role("ghost", 1, JOINING)
+
+
+async def test_change_role_refuses_a_move_from_a_role_not_allowed(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease())  # hybrid-rollout
+    with pytest.raises(FailedPrecondition) as err:
+        await sut.store.change_role("w1", lease.epoch, TRAINING, (JOINING,))
+    assert "hybrid-rollout" in str(err.value) and "hybrid-joining" in str(err.value)
+    (live,) = await sut.store.live_leases()
+    assert (live.role, live.epoch) == (t.WorkerRole.HYBRID_ROLLOUT, lease.epoch)
+
+
+async def test_concurrent_changes_on_one_epoch_apply_once(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease())
+    results = await asyncio.gather(
+        *(sut.store.change_role("w1", lease.epoch, JOINING) for _ in range(5)),
+        return_exceptions=True)
+    assert sum(isinstance(r, t.Lease) for r in results) == 1
+    assert sum(isinstance(r, LeaseLost) for r in results) == 4
+
+
+async def test_events_keep_their_order_and_fields(sut: StoreUnderTest) -> None:
+    await sut.store.record_event("job-1", {"ts_ms": 5, "kind": "plan", "inputs": {"a": 1}})
+    await sut.store.record_event("job-1", {"ts_ms": 6, "kind": "released", "epoch": 3})
+    assert await sut.store.events("job-1") == [
+        {"ts_ms": 5, "kind": "plan", "inputs": {"a": 1}},
+        {"ts_ms": 6, "kind": "released", "epoch": 3}]
+    assert await sut.store.events("job-2") == []

@@ -3,7 +3,8 @@
 ``PlanSearch`` scores and searches plans with the analytic ``costmodel``;
 ``GlobalResourcePlanner`` adds triggers, the net-gain rule, calibration against
 measured step times and the elastic hybrid-pool signal. The coordinator service and
-the cluster simulator (``sim/``) both drive it.
+the cluster simulator (``sim/``) both drive it; ``LivePlanner`` (``live``) feeds it a
+running job's step records and leases. See ``docs/planner.md``.
 """
 
 from services.coordinator.planner.calibration import CalibratorConfig, RatioCalibrator
@@ -22,6 +23,7 @@ from services.coordinator.planner.costmodel import (
     weight_bytes_per_gpu,
     weights_read_per_gpu,
 )
+from services.coordinator.planner.live import LiveConfig, LivePlanner
 from services.coordinator.planner.plan import ClusterShape, NodePattern, Plan, PlanError
 from services.coordinator.planner.planner import (
     ElasticSignal,
@@ -40,6 +42,8 @@ __all__ = [
     "GlobalResourcePlanner",
     "HardwareSpec",
     "InstanceProfile",
+    "LiveConfig",
+    "LivePlanner",
     "ModelSpec",
     "NodePattern",
     "Plan",

@@ -132,6 +132,11 @@ def prefill_s(
     return total
 
 
+LayoutCounts = tuple[tuple[tuple[int, int], ...], int, int]
+"""A rollout layout as the fast model sees it: ((TP, instances), ...) in first-seen order,
+total instances, largest TP."""
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceProfile:
     """Steady-state speed of one instance type for a given length history."""
@@ -201,25 +206,49 @@ class RolloutCostModel:
         self._mean_gen = self._sum_gen / len(history)
         self._longest = max(history, key=lambda r: r.prompt_tokens + r.gen_tokens)
         self._profiles: dict[tuple[int, int], InstanceProfile] = {}
+        self._fits: dict[int, bool] = {}
+        self._fast: dict[tuple[int, int], tuple[float, float]] = {}
 
     def profile(self, tp: int, concurrency: float = math.inf) -> InstanceProfile:
         """Cached ``instance_profile`` for ``tp`` at ``concurrency`` requests per instance."""
-        key = (
-            tp,
-            min(MAX_BATCH_SEQS, max(1, int(round(concurrency))))
-            if concurrency < math.inf
-            else MAX_BATCH_SEQS,
-        )
-        if key not in self._profiles:
-            self._profiles[key] = instance_profile(
+        key = (tp, _concurrency_key(concurrency))
+        prof = self._profiles.get(key)
+        if prof is None:
+            prof = instance_profile(
                 self._hw, self._model, tp, self._mean_prompt, self._mean_gen, float(key[1])
             )
-        return self._profiles[key]
+            self._profiles[key] = prof
+        return prof
 
     def fits(self, tps: Sequence[int]) -> bool:
         """Whether the longest request fits in the KV cache of the largest instance."""
-        need = self._longest.prompt_tokens + self._longest.gen_tokens
-        return bool(tps) and self.profile(max(tps)).capacity_tokens >= need
+        if not tps:
+            return False
+        largest = max(tps)
+        fits = self._fits.get(largest)
+        return self._fits_tp(largest) if fits is None else fits
+
+    def _fits_tp(self, tp: int) -> bool:
+        fits = self._fits.get(tp)
+        if fits is None:
+            need = self._longest.prompt_tokens + self._longest.gen_tokens
+            fits = self._fits[tp] = self.profile(tp).capacity_tokens >= need
+        return fits
+
+    def _fast_terms(self, tp: int, concurrency: float) -> tuple[float, float]:
+        """(History work on one instance, longest request's critical path), cached.
+
+        ``work_s`` is linear in (prompt, gen), so the history's work is summed from its
+        totals once per (TP, concurrency bucket) instead of once per layout.
+        """
+        key = (tp, _concurrency_key(concurrency))
+        terms = self._fast.get(key)
+        if terms is None:
+            prof = self.profile(tp, concurrency)
+            work = (self._sum_prompt * prof.prefill_s_per_token
+                    + self._sum_gen * prof.decode_step_s / prof.steady_batch)
+            terms = self._fast[key] = (work, prof.latency_s(self._longest))
+        return terms
 
     def fast_makespan_s(
         self, counts_by_tp: dict[int, int], scale: float = 1.0, pipeline_depth: int = 1
@@ -235,15 +264,45 @@ class RolloutCostModel:
         if not self.fits(tps):
             return math.inf
         conc = len(self.history) * scale * max(1, pipeline_depth) / sum(counts_by_tp.values())
+        key = _concurrency_key(conc)
+        fast = self._fast
         rate = 0.0
+        floor = math.inf
         for tp in tps:
-            prof = self.profile(tp, conc)
-            # work_s is linear in (prompt, gen): sum it from the history totals.
-            work = (self._sum_prompt * prof.prefill_s_per_token
-                    + self._sum_gen * prof.decode_step_s / prof.steady_batch)
-            rate += counts_by_tp[tp] / (work * scale)
-        floor = min(self.profile(tp, conc).latency_s(self._longest) for tp in tps)
+            terms = fast.get((tp, key)) or self._fast_terms(tp, conc)
+            rate += counts_by_tp[tp] / (terms[0] * scale)
+            if terms[1] < floor:
+                floor = terms[1]
         return max(1.0 / rate, floor / max(1, pipeline_depth))
+
+    def best_fast_layout(
+        self, rows: Sequence[LayoutCounts], scale: float = 1.0, pipeline_depth: int = 1
+    ) -> tuple[int, float]:
+        """Index and time of the row with the smallest ``fast_makespan_s`` (first on ties).
+
+        Same arithmetic as ``fast_makespan_s`` row by row, in one loop (the search's hot
+        path: every split scores every layout). ``(-1, inf)`` when no row fits.
+        """
+        depth = max(1, pipeline_depth)
+        base = len(self.history) * scale * depth
+        fast = self._fast
+        best_i, best_t = -1, math.inf
+        for i, (items, total, largest) in enumerate(rows):
+            fits = self._fits.get(largest)
+            if not (self._fits_tp(largest) if fits is None else fits):
+                continue
+            conc = base / total
+            key = _concurrency_key(conc)
+            rate, floor = 0.0, math.inf
+            for tp, n in items:
+                terms = fast.get((tp, key)) or self._fast_terms(tp, conc)
+                rate += n / (terms[0] * scale)
+                if terms[1] < floor:
+                    floor = terms[1]
+            t = max(1.0 / rate, floor / depth)
+            if t < best_t:
+                best_i, best_t = i, t
+        return best_i, best_t
 
     def makespan_s(
         self,
@@ -260,31 +319,55 @@ class RolloutCostModel:
         if not self.fits(tps):
             return math.inf
         conc = len(requests) * max(1, pipeline_depth) / max(1, len(tps))
-        classes = sorted(set(tps))
-        heaps: dict[int, list[tuple[float, int]]] = {
-            tp: [(0.0, i) for i in range(tps.count(tp))] for tp in classes
-        }
-        floors: dict[tuple[int, int], float] = {}
+        classes = [(tp, self.profile(tp, conc)) for tp in sorted(set(tps))]
+        heaps = {tp: [(0.0, i) for i in range(tps.count(tp))] for tp, _ in classes}
+        floor = 0.0
         ordered = sorted(requests, key=lambda r: r.gen_tokens + r.prompt_tokens, reverse=True)
         for req in ordered:
-            best: tuple[float, int, float] | None = None
-            for tp in classes:
-                prof = self.profile(tp, conc)
-                if prof.capacity_tokens < req.prompt_tokens + req.gen_tokens:
-                    continue
-                work, _ = heaps[tp][0]
-                finish = max(work + prof.work_s(req), prof.latency_s(req))
-                if best is None or finish < best[0]:
-                    best = (finish, tp, prof.work_s(req))
+            best = _best_instance(classes, heaps, req)
             if best is None:
                 return math.inf
-            _, tp, w = best
-            work, idx = heapq.heappop(heaps[tp])
-            heapq.heappush(heaps[tp], (work + w, idx))
-            key = (tp, idx)
-            floors[key] = max(floors.get(key, 0.0), self.profile(tp, conc).latency_s(req))
+            _, tp, w, latency = best
+            heap = heaps[tp]
+            heapq.heapreplace(heap, (heap[0][0] + w, heap[0][1]))
+            if latency > floor:
+                floor = latency
         busy = max((w for heap in heaps.values() for w, _ in heap), default=0.0)
-        return max(busy, max(floors.values(), default=0.0) / max(1, pipeline_depth))
+        return max(busy, floor / max(1, pipeline_depth))
+
+
+def _concurrency_key(concurrency: float) -> int:
+    """Profile cache bucket: requests per instance rounded, clamped to [1, 256]."""
+    if concurrency < math.inf:
+        return min(MAX_BATCH_SEQS, max(1, int(round(concurrency))))
+    return MAX_BATCH_SEQS
+
+
+def _best_instance(
+    classes: list[tuple[int, InstanceProfile]],
+    heaps: dict[int, list[tuple[float, int]]],
+    req: RequestStats,
+) -> tuple[float, int, float, float] | None:
+    """(finish, TP, work, critical path) of the earliest-finishing class for ``req``.
+
+    ``InstanceProfile.work_s`` / ``latency_s`` inlined (same arithmetic): this runs once
+    per request and class in the greedy refinement.
+    """
+    prompt, gen = req.prompt_tokens, req.gen_tokens
+    need = prompt + gen
+    best: tuple[float, int, float, float] | None = None
+    for tp, prof in classes:
+        if prof.capacity_tokens < need:
+            continue
+        prefill = prompt * prof.prefill_s_per_token
+        work = prefill + gen * prof.decode_step_s / prof.steady_batch
+        latency = prefill + gen * prof.decode_step_s + req.tool_s
+        finish = heaps[tp][0][0] + work
+        if latency > finish:
+            finish = latency
+        if best is None or finish < best[0]:
+            best = (finish, tp, work, latency)
+    return best
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,13 @@ class ClusterShape:
     num_nodes: int
     gpus_per_node: int
 
+    def __post_init__(self) -> None:
+        if self.num_nodes <= 0 or self.gpus_per_node <= 0:
+            raise PlanError(
+                f"cluster: needs at least one node of at least one device, got "
+                f"num_nodes={self.num_nodes} gpus_per_node={self.gpus_per_node}"
+            )
+
     @property
     def num_gpus(self) -> int:
         """All devices."""

@@ -55,6 +55,15 @@ class PlannerConfig:
     pipeline_depth: int = 1
     """Rollout steps in flight at once (async jobs: staleness bound + 1)."""
     calibrator: CalibratorConfig = field(default_factory=CalibratorConfig)
+    calibrate: bool = True
+    """Scale predictions by measured / predicted (off when the cost model is itself fitted
+    to the job's measurements, as in ``live``)."""
+    core_replan: bool = True
+    """True: an approved candidate replaces the core plan (the simulator re-creates
+    nodes). False: the deployment cannot move core roles; ``current`` is the effective
+    split the caller maintains (core plus lent replicas) and an approved candidate is
+    carried out by the elastic pool (desired = current + the candidate's extra training
+    replicas, which may be negative)."""
 
     def __post_init__(self) -> None:
         if self.plan_interval_steps <= 0:
@@ -66,9 +75,14 @@ class PlannerConfig:
                 "elastic_release_ratio must be below elastic_borrow_ratio (hysteresis band), got "
                 f"{self.elastic_release_ratio} >= {self.elastic_borrow_ratio}"
             )
-        for name in ("cooldown_steps", "warmup_steps", "min_history_size", "elastic_ttl_steps"):
+        for name in (
+            "cooldown_steps", "warmup_steps", "min_history_size", "elastic_ttl_steps",
+            "elastic_reserve_gpus", "transition_cost_s", "min_gain_ratio",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.pipeline_depth < 1:
+            raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,6 +100,9 @@ class StepMetrics:
     requests: tuple[RequestStats, ...] = ()
     """Trajectories finished this step (appended to the length history)."""
     requests_per_step: int = 0
+    elastic_capacity_replicas: int | None = None
+    """Replicas the deployment can lend at most, reserve already deducted (``live``: the
+    hybrid-capable workers); ``None``: ``(plan rollout devices - reserve) // replica``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +171,7 @@ class GlobalResourcePlanner:
         self._last_rejected = 0
         self._requests_per_step = 1
         self._signal: ElasticSignal | None = None
+        self._work: Workload | None = None
 
     @property
     def history_size(self) -> int:
@@ -167,7 +185,9 @@ class GlobalResourcePlanner:
 
     def add_history(self, requests: list[RequestStats] | tuple[RequestStats, ...]) -> None:
         """Append records to the sliding length history."""
-        self._history.extend(requests)
+        if requests:
+            self._history.extend(requests)
+            self._work = None
 
     def preflight(self, requests_per_step: int) -> PlanEvent:
         """Adopt the best plan with gates open, zero transition cost and zero threshold."""
@@ -175,6 +195,7 @@ class GlobalResourcePlanner:
         best = self._search_best()
         if best is None:
             return PlanEvent(-1, True, "preflight", False, "infeasible", inputs=self._inputs())
+        best.plan.validate(self._search.cluster)
         self.current = best.plan
         self._last_applied_step = -1
         return PlanEvent(
@@ -188,12 +209,18 @@ class GlobalResourcePlanner:
             inputs=self._inputs(),
         )
 
+    def rebase(self, plan: Plan) -> None:
+        """Replace the plan in force without a decision (``core_replan=False`` callers
+        report the effective split each step). Raises ``PlanError`` for an invalid plan."""
+        plan.validate(self._search.cluster)
+        self.current = plan
+
     def observe(self, metrics: StepMetrics) -> None:
         """Fold one step's measurements in: history, calibration, pressure counters."""
         self.add_history(metrics.requests)
         if metrics.requests_per_step:
             self._requests_per_step = metrics.requests_per_step
-        if self.current is not None and len(self._history) >= 1:
+        if self._config.calibrate and self.current is not None and len(self._history) >= 1:
             predicted = self._search.score(self.current, self._workload(), greedy=False)
             self._rollout_cal.observe(predicted.rollout_s, metrics.rollout_s)
             extra = metrics.hybrid_active * self.current.train.tp * self.current.train.pp
@@ -282,23 +309,32 @@ class GlobalResourcePlanner:
         event.gain_ratio = (
             1.0 if math.isinf(current.objective_s) else raw / max(current.objective_s, 1e-12)
         )
-        if best.plan.key() == self.current.key():
-            event.reason = "same_plan"
-        elif event.net_gain_s <= 0:
-            event.reason = "net_gain_not_positive"
-        elif event.gain_ratio < cfg.min_gain_ratio:
-            event.reason = "gain_ratio_below_threshold"
-        else:
+        event.reason = self._refusal(best.plan, event)
+        if not event.reason:
             self._apply(best.plan, step)
-            event.applied, event.reason = True, "applied"
+            event.applied = True
+            event.reason = "applied" if cfg.core_replan else "applied_via_elastic"
         return event
 
-    def _apply(self, plan: Plan, step: int) -> None:
+    def _refusal(self, candidate: Plan, event: PlanEvent) -> str:
+        """Why ``candidate`` is not applied ("" when it is): same plan, invalid plan,
+        net gain not positive, or relative gain under the threshold."""
+        assert self.current is not None
+        if candidate.key() == self.current.key():
+            return "same_plan"
         try:
-            plan.validate(self._search.cluster)
-        except PlanError:
-            raise
-        self.current = plan
+            candidate.validate(self._search.cluster)
+        except PlanError as err:
+            return f"invalid_candidate: {err}"
+        if event.net_gain_s <= 0:
+            return "net_gain_not_positive"
+        if event.gain_ratio < self._config.min_gain_ratio:
+            return "gain_ratio_below_threshold"
+        return ""
+
+    def _apply(self, plan: Plan, step: int) -> None:
+        if self._config.core_replan:
+            self.current = plan
         self._last_applied_step = step
 
     def _search_best(self) -> Scored | None:
@@ -308,7 +344,14 @@ class GlobalResourcePlanner:
         return self._search.search(self._workload(), tf, rf)
 
     def _workload(self) -> Workload:
-        return Workload(self._requests_per_step, tuple(self._history), self._config.pipeline_depth)
+        """The current workload; one object until the history or batch size changes, so the
+        search reuses its cost model within a step."""
+        work = self._work
+        if work is None or work.requests_per_step != self._requests_per_step:
+            work = self._work = Workload(
+                self._requests_per_step, tuple(self._history), self._config.pipeline_depth
+            )
+        return work
 
     # Elastic hybrid pool.
 
@@ -316,32 +359,39 @@ class GlobalResourcePlanner:
         cfg, m, plan = self._config, self._last, self.current
         if not cfg.enable_elastic or plan is None or m is None:
             return None
-        replica = plan.train.tp * plan.train.pp
-        capacity = max(0, (plan.rollout_gpus - cfg.elastic_reserve_gpus) // replica)
         current = m.hybrid_active + m.hybrid_joining
-        ratio = m.train_s / m.rollout_s if m.rollout_s > 0 else math.inf
-        if capacity == 0:
-            desired, reason = 0, "no_capacity"
-        elif max(m.queue_pressure, m.active_pressure) >= cfg.elastic_pressure_threshold:
-            desired, reason = 0, "rollout_pressure"
-        elif (
-            event.candidate
-            and event.candidate["train_gpus"] > plan.train_gpus
-            and not event.applied
-        ):
-            extra = (event.candidate["train_gpus"] - plan.train_gpus) // replica
-            desired, reason = min(capacity, extra), "candidate_wants_training"
-        elif ratio >= cfg.elastic_borrow_ratio:
-            desired, reason = capacity, "borrow"
-        elif ratio <= cfg.elastic_release_ratio:
-            desired, reason = 0, "release"
-        else:
-            desired, reason = current, "hold"
+        desired, reason = self._desired_replicas(event, current)
         action = "join" if desired > current else "release" if desired < current else "hold"
         self._signal = ElasticSignal(
             step, action, desired, current, reason, step + cfg.elastic_ttl_steps
         )
         return self._signal
+
+    def _desired_replicas(self, event: PlanEvent, current: int) -> tuple[int, str]:
+        """Digest 5.5, in order: capacity, rollout pressure, candidate, borrow, release, hold."""
+        cfg, m, plan = self._config, self._last, self.current
+        assert m is not None and plan is not None
+        replica = plan.train.tp * plan.train.pp
+        capacity = max(0, (plan.rollout_gpus - cfg.elastic_reserve_gpus) // replica)
+        if m.elastic_capacity_replicas is not None:
+            capacity = max(0, m.elastic_capacity_replicas)
+        ratio = m.train_s / m.rollout_s if m.rollout_s > 0 else math.inf
+        extra = 0
+        if event.candidate:
+            extra = (event.candidate["train_gpus"] - plan.train_gpus) // replica
+        if capacity == 0:
+            return 0, "no_capacity"
+        if max(m.queue_pressure, m.active_pressure) >= cfg.elastic_pressure_threshold:
+            return 0, "rollout_pressure"
+        if cfg.core_replan and extra > 0 and not event.applied:
+            return min(capacity, extra), "candidate_wants_training"
+        if not cfg.core_replan and event.applied:
+            return max(0, min(capacity, current + extra)), "approved_plan"
+        if ratio >= cfg.elastic_borrow_ratio:
+            return capacity, "borrow"
+        if ratio <= cfg.elastic_release_ratio:
+            return 0, "release"
+        return current, "hold"
 
     def _inputs(self) -> dict[str, Any]:
         m = self._last

@@ -144,6 +144,36 @@ async def test_grpc_lease_round_trip_and_fencing(client: GrpcCoordinatorClient) 
         await client.renew_lease("r0", lease.epoch)
 
 
+async def test_grpc_change_worker_role_takes_a_fresh_epoch(
+        client: GrpcCoordinatorClient) -> None:
+    lease = await client.acquire_lease("h1", t.WorkerRole.HYBRID_ROLLOUT, "short", "h:1",
+                                       5_000)
+    joining = await client.change_worker_role("h1", lease.epoch, t.WorkerRole.HYBRID_JOINING)
+    assert joining.role is t.WorkerRole.HYBRID_JOINING and joining.epoch > lease.epoch
+    assert [(w.role, w.epoch) for w in await client.list_workers()] == [
+        (t.WorkerRole.HYBRID_JOINING, joining.epoch)]
+
+
+async def test_grpc_change_worker_role_on_stale_epoch_raises_lease_lost(
+        client: GrpcCoordinatorClient) -> None:
+    lease = await client.acquire_lease("h1", t.WorkerRole.HYBRID_ROLLOUT, "short", "h:1",
+                                       5_000)
+    await client.change_worker_role("h1", lease.epoch, t.WorkerRole.HYBRID_JOINING)
+    with pytest.raises(LeaseLost) as err:
+        await client.change_worker_role("h1", lease.epoch, t.WorkerRole.HYBRID_ROLLOUT)
+    assert f"expected epoch {lease.epoch}" in str(err.value)
+
+
+async def test_grpc_change_worker_role_refuses_a_disallowed_move(
+        client: GrpcCoordinatorClient) -> None:
+    lease = await client.acquire_lease("r0", t.WorkerRole.CORE_ROLLOUT, "short", "h:1", 5_000)
+    with pytest.raises(FailedPrecondition):
+        await client.change_worker_role("r0", lease.epoch, t.WorkerRole.HYBRID_JOINING)
+    with pytest.raises(InvalidArgument) as err:
+        await client.change_worker_role("r0", lease.epoch, t.WorkerRole.CORE_TRAINING)
+    assert err.value.field == "role"
+
+
 async def test_grpc_bad_ttl_raises_invalid_argument_naming_ttl_ms(
         client: GrpcCoordinatorClient) -> None:
     with pytest.raises(InvalidArgument) as info:
@@ -241,6 +271,19 @@ async def test_rest_get_job_returns_job_with_steps(http: httpx.AsyncClient,
     assert resp.json()["step"] == 1
 
 
+async def test_rest_job_events_are_listed_in_order(http: httpx.AsyncClient,
+                                                  core: CoordinatorCore, redis: Any) -> None:
+    job_id = (await http.post("/v1/jobs", json={"spec": VALID_SPEC})).json()["job_id"]
+    store = RedisCoordinatorStore(redis, SystemClock())
+    await store.record_event(job_id, {"ts_ms": 1, "kind": "plan", "desired": 1})
+    await store.record_event(job_id, {"ts_ms": 2, "kind": "join_requested", "epoch": 4})
+    resp = await http.get(f"/v1/jobs/{job_id}/events")
+    assert [e["kind"] for e in resp.json()] == ["plan", "join_requested"]
+    assert [e["kind"] for e in (await http.get(f"/v1/jobs/{job_id}")).json()["events"]] == [
+        "plan", "join_requested"]
+    assert (await http.get("/v1/jobs/nope/events")).status_code == 404
+
+
 async def test_rest_get_unknown_job_returns_404(http: httpx.AsyncClient) -> None:
     resp = await http.get("/v1/jobs/nope")
     assert resp.status_code == 404
@@ -260,6 +303,7 @@ async def test_rest_workers_lists_live_leases(http: httpx.AsyncClient,
     resp = await http.get("/v1/workers")
     assert resp.status_code == 200
     assert [(w["worker_id"], w["role"]) for w in resp.json()] == [("t0", "core-training")]
+    assert {"epoch", "bucket", "address"} <= set(resp.json()[0])
 
 
 async def test_rest_openapi_lists_paths_and_docs_are_served(http: httpx.AsyncClient) -> None:

@@ -29,11 +29,12 @@ SNAPSHOT: dict[type, list[str]] = {
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
         *SHARED, *PEERS, "bucket", "engine", "instance_id", "lease_ttl_ms", "max_batch_size",
-        "max_trajectories", "num_threads", "redis_url", "seed", "tool_deadline_s",
+        "max_trajectories", "num_threads", "redis_url", "role", "seed", "tool_deadline_s",
         "vllm_dtype", "vllm_enforce_eager", "vllm_gpu_memory_utilization",
         "vllm_tensor_parallel_size", "weight_load_deadline_s"]),
     TrainerConfig: sorted([
-        *SHARED, *PEERS, "num_ranks", "num_threads", "redis_url", "worker_id"]),
+        *SHARED, *PEERS, "num_ranks", "num_threads", "parallelism", "redis_url",
+        "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "extra_rewards", "extra_tools",
         "max_concurrency_per_tool", "max_queue_depth_per_tool", "require_network_isolation",

@@ -111,7 +111,7 @@ async def rig(redis_server, tmp_path: Path) -> AsyncIterator[Rig]:
     engine = FakeEngine(make_tokenizer())
     tools = FakeToolGateway(clock=clock)
     scheduler = FakeScheduler()
-    coordinator = FakeCoordinator()
+    coordinator = FakeCoordinator(redis=r)  # mirrors the lease: publishing is fenced
     settings = RolloutSettings(instance_id=HERE, bucket="short", lease_ttl_ms=60_000,
                                tool_deadline_s=5.0, idle_block_ms=5)
     core = RolloutCore(settings, RedisRolloutStore(r), FakeEngineLoader(engine), tools,
@@ -161,14 +161,49 @@ async def test_published_trajectory_counts_produced(rig: Rig) -> None:
     assert await rig.r.hgetall(keys.counters(JOB)) == {b"produced": b"1"}
 
 
-async def test_published_trajectory_is_reported_finished_to_the_scheduler(rig: Rig) -> None:
+async def test_published_entry_carries_what_the_scheduler_reads_to_free_the_slot(
+        rig: Rig) -> None:
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
     (traj,) = await rig.run_until_published()
-    await wait_until(lambda: rig.scheduler.finished)
-    assert rig.scheduler.finished == [{
-        "job_id": JOB, "trajectory_id": "tr-0", "total_tokens": traj.num_generated_tokens,
-        "status": t.TrajectoryStatus.FINISHED, "instance_id": HERE}]
+    ((_, fields),) = await rig.r.xrange(keys.trajectories(JOB))
+    assert (fields[b"trajectory_id"], fields[b"total_tokens"], fields[b"status"],
+            fields[b"instance_id"]) == (b"tr-0", str(traj.num_generated_tokens).encode(),
+                                        b"finished", HERE.encode())
+
+
+async def test_result_of_an_instance_whose_lease_moved_on_is_not_published(
+        rig: Rig) -> None:
+    rig.tools.gate = asyncio.Event()
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.tools.calls)
+    # A newer grant of this instance's lease (this process is now a zombie).
+    await rig.r.hset(keys.lease(HERE), "epoch", rig.coordinator.epoch + 1)
+    rig.tools.gate.set()
+    await wait_until(lambda: rig.core.num_active == 0)
+    assert await rig.num_published() == 0
+    assert await rig.r.hgetall(keys.counters(JOB)) == {}
+    assert await rig.inbox_pending() == 1  # not acknowledged either: it stays re-placeable
+
+
+async def test_result_of_an_instance_whose_lease_expired_is_not_published(rig: Rig) -> None:
+    rig.engine.queue("<ans>3</ans>")
+    await rig.r.delete(keys.lease(HERE))
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.engine.requests)
+    await wait_until(lambda: rig.core.num_active == 0)
+    assert await rig.num_published() == 0
+
+
+async def test_tool_return_reports_carry_the_lease_epoch(rig: Rig) -> None:
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    await rig.run_until_published()
+    (report,) = rig.scheduler.tool_returns
+    assert report["lease_epoch"] == rig.coordinator.epoch == 1
 
 
 async def test_ready_trajectories_share_one_engine_call(rig: Rig) -> None:

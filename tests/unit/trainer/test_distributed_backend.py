@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 from libra.jobspec import AlgorithmSpec, JobSpec, ModelSpec, TaskSpec
 from libra.models.tiny import build_tokenizer, encode_segments
 from libra.tasks.arith import ArithDataset, demonstration
-from services.trainer.backend import JobBackend
+from libra.training.backend import JobBackend
+from libra.training.samples import TrainSample
 from services.trainer.distributed import DistributedJobBackend, state_checksum
-from services.trainer.train_types import TrainSample
 
 SPEC = JobSpec(
     model=ModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from services.trainer.loss import (
+from libra.training.loss import (
     behaviour_weights,
     group_advantages,
     kl_estimate,

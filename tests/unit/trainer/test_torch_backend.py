@@ -8,10 +8,10 @@ import torch
 
 from libra.models import TinyModelConfig, build_model, build_tokenizer, encode_segments
 from libra.tasks.arith import ArithDataset, demonstration
+from libra.training.samples import SftExample, TrainSample
+from libra.training.torch_backend import TorchTrainerBackend
 from services.rollout.engine_types import GenerationRequest
 from services.rollout.torch_engine import TorchEngine
-from services.trainer.torch_backend import TorchTrainerBackend
-from services.trainer.train_types import SftExample, TrainSample
 
 _CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 

@@ -160,6 +160,7 @@ class GetJobResponse(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     STEPS_JSON_FIELD_NUMBER: _builtins.int
     COUNTERS_JSON_FIELD_NUMBER: _builtins.int
+    EVENTS_JSON_FIELD_NUMBER: _builtins.int
     counters_json: _builtins.str
     """Trajectory accounting as a JSON object."""
     @_builtins.property
@@ -168,16 +169,21 @@ class GetJobResponse(_message.Message):
     def steps_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Per-step records as JSON objects (schema: docs/report.md)."""
 
+    @_builtins.property
+    def events_json(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The job's events (plans, joins, releases, failures) as JSON objects, oldest first."""
+
     def __init__(
         self,
         *,
         job: Global___Job | None = ...,
         steps_json: _abc.Iterable[_builtins.str] | None = ...,
         counters_json: _builtins.str = ...,
+        events_json: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters_json", b"counters_json", "job", b"job", "steps_json", b"steps_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters_json", b"counters_json", "events_json", b"events_json", "job", b"job", "steps_json", b"steps_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -386,6 +392,52 @@ class ReleaseLeaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseLeaseResponse: _TypeAlias = ReleaseLeaseResponse  # noqa: Y015
+
+@_typing.final
+class ChangeWorkerRoleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_EPOCH_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    expected_epoch: _builtins.int
+    """The epoch the caller holds; the change is refused when the lease moved on."""
+    role: _common_pb2.WorkerRole.ValueType
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        expected_epoch: _builtins.int = ...,
+        role: _common_pb2.WorkerRole.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_epoch", b"expected_epoch", "role", b"role", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeWorkerRoleRequest: _TypeAlias = ChangeWorkerRoleRequest  # noqa: Y015
+
+@_typing.final
+class ChangeWorkerRoleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> _common_pb2.Lease: ...
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeWorkerRoleResponse: _TypeAlias = ChangeWorkerRoleResponse  # noqa: Y015
 
 @_typing.final
 class ListWorkersRequest(_message.Message):

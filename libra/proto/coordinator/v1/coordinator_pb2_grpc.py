@@ -74,6 +74,11 @@ class CoordinatorServiceStub:
                 request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.ChangeWorkerRole = channel.unary_unary(
+                '/libra.proto.coordinator.v1.CoordinatorService/ChangeWorkerRole',
+                request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ChangeWorkerRoleRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ChangeWorkerRoleResponse.FromString,
+                _registered_method=True)
         self.ReportStep = channel.unary_unary(
                 '/libra.proto.coordinator.v1.CoordinatorService/ReportStep',
                 request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ReportStepRequest.SerializeToString,
@@ -137,6 +142,14 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChangeWorkerRole(self, request, context):
+        """Compare-and-set of a worker's role on its epoch; a success takes a fresh epoch
+        from the global fencing counter (elastic hybrid pool).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportStep(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -191,6 +204,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ListWorkersRequest.FromString,
                     response_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'ChangeWorkerRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeWorkerRole,
+                    request_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ChangeWorkerRoleRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ChangeWorkerRoleResponse.SerializeToString,
             ),
             'ReportStep': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportStep,
@@ -419,6 +437,33 @@ class CoordinatorService:
             '/libra.proto.coordinator.v1.CoordinatorService/ListWorkers',
             libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ListWorkersRequest.SerializeToString,
             libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeWorkerRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.coordinator.v1.CoordinatorService/ChangeWorkerRole',
+            libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ChangeWorkerRoleRequest.SerializeToString,
+            libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ChangeWorkerRoleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,10 @@ class CoordinatorServiceStub:
     RenewLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RenewLeaseRequest, _coordinator_pb2.RenewLeaseResponse]
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReleaseLeaseRequest, _coordinator_pb2.ReleaseLeaseResponse]
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListWorkersRequest, _coordinator_pb2.ListWorkersResponse]
+    ChangeWorkerRole: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ChangeWorkerRoleRequest, _coordinator_pb2.ChangeWorkerRoleResponse]
+    """Compare-and-set of a worker's role on its epoch; a success takes a fresh epoch
+    from the global fencing counter (elastic hybrid pool).
+    """
     ReportStep: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportStepRequest, _coordinator_pb2.ReportStepResponse]
     ReportJobDone: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReportJobDoneRequest, _coordinator_pb2.ReportJobDoneResponse]
 
@@ -53,6 +57,10 @@ class CoordinatorServiceAsyncStub(CoordinatorServiceStub):
     RenewLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RenewLeaseRequest, _coordinator_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReleaseLeaseRequest, _coordinator_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
     ListWorkers: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListWorkersRequest, _coordinator_pb2.ListWorkersResponse]  # type: ignore[assignment]
+    ChangeWorkerRole: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ChangeWorkerRoleRequest, _coordinator_pb2.ChangeWorkerRoleResponse]  # type: ignore[assignment]
+    """Compare-and-set of a worker's role on its epoch; a success takes a fresh epoch
+    from the global fencing counter (elastic hybrid pool).
+    """
     ReportStep: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportStepRequest, _coordinator_pb2.ReportStepResponse]  # type: ignore[assignment]
     ReportJobDone: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReportJobDoneRequest, _coordinator_pb2.ReportJobDoneResponse]  # type: ignore[assignment]
 
@@ -112,6 +120,16 @@ class CoordinatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.ListWorkersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.ListWorkersResponse, _abc.Awaitable[_coordinator_pb2.ListWorkersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ChangeWorkerRole(
+        self,
+        request: _coordinator_pb2.ChangeWorkerRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ChangeWorkerRoleResponse, _abc.Awaitable[_coordinator_pb2.ChangeWorkerRoleResponse]]:
+        """Compare-and-set of a worker's role on its epoch; a success takes a fresh epoch
+        from the global fencing counter (elastic hybrid pool).
+        """
 
     @_abc_1.abstractmethod
     def ReportStep(

@@ -5,6 +5,7 @@ One rollout instance: runs the agent loop for the trajectories placed on it."""
 
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from libra.proto.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -15,6 +16,104 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class LendRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_EPOCH_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    TRAINER_ADDRESS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    expected_epoch: _builtins.int
+    """The lease epoch the caller saw; refused when the instance's lease moved on."""
+    generation: _builtins.int
+    """Join generation: a newer Lend/Reclaim makes an older join stale."""
+    trainer_address: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        expected_epoch: _builtins.int = ...,
+        generation: _builtins.int = ...,
+        trainer_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_epoch", b"expected_epoch", "generation", b"generation", "job_id", b"job_id", "trainer_address", b"trainer_address"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LendRequest: _TypeAlias = LendRequest  # noqa: Y015
+
+@_typing.final
+class LendResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    HANDED_BACK_FIELD_NUMBER: _builtins.int
+    handed_back: _builtins.int
+    """Trajectories handed back to the scheduler."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.Lease:
+        """The lease after the role change to hybrid-joining."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.Lease | None = ...,
+        handed_back: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handed_back", b"handed_back", "lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LendResponse: _TypeAlias = LendResponse  # noqa: Y015
+
+@_typing.final
+class ReclaimRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReclaimRequest: _TypeAlias = ReclaimRequest  # noqa: Y015
+
+@_typing.final
+class ReclaimResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> _common_pb2.Lease: ...
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReclaimResponse: _TypeAlias = ReclaimResponse  # noqa: Y015
 
 @_typing.final
 class GetInstanceStatusRequest(_message.Message):
@@ -41,12 +140,17 @@ class GetInstanceStatusResponse(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     TOKENS_GENERATED_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    HYBRID_PHASE_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     bucket: _builtins.str
     active_trajectories: _builtins.int
     policy_version: _builtins.int
     tokens_generated: _builtins.int
     job_id: _builtins.str
+    role: _builtins.str
+    """The instance's lease role ("core-rollout", "hybrid-joining", ...) and join phase."""
+    hybrid_phase: _builtins.str
     def __init__(
         self,
         *,
@@ -56,10 +160,12 @@ class GetInstanceStatusResponse(_message.Message):
         policy_version: _builtins.int = ...,
         tokens_generated: _builtins.int = ...,
         job_id: _builtins.str = ...,
+        role: _builtins.str = ...,
+        hybrid_phase: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_trajectories", b"active_trajectories", "bucket", b"bucket", "instance_id", b"instance_id", "job_id", b"job_id", "policy_version", b"policy_version", "tokens_generated", b"tokens_generated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_trajectories", b"active_trajectories", "bucket", b"bucket", "hybrid_phase", b"hybrid_phase", "instance_id", b"instance_id", "job_id", b"job_id", "policy_version", b"policy_version", "role", b"role", "tokens_generated", b"tokens_generated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

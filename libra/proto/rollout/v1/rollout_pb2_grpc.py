@@ -39,6 +39,16 @@ class RolloutServiceStub:
                 request_serializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.GetInstanceStatusRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.GetInstanceStatusResponse.FromString,
                 _registered_method=True)
+        self.Lend = channel.unary_unary(
+                '/libra.proto.rollout.v1.RolloutService/Lend',
+                request_serializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.LendRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.LendResponse.FromString,
+                _registered_method=True)
+        self.Reclaim = channel.unary_unary(
+                '/libra.proto.rollout.v1.RolloutService/Reclaim',
+                request_serializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.ReclaimRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.ReclaimResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -50,6 +60,23 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lend(self, request, context):
+        """Lend this (hybrid-rollout) instance to training: it hands its trajectories back to
+        the scheduler, becomes hybrid-joining and joins the trainer's gradient channel.
+        Returns at once; the join runs in the background.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reclaim(self, request, context):
+        """Return a lent instance to rollout: cancels a pending join or detaches an active
+        one, then serves rollouts again on the current weights.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +84,16 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.GetInstanceStatus,
                     request_deserializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.GetInstanceStatusRequest.FromString,
                     response_serializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.GetInstanceStatusResponse.SerializeToString,
+            ),
+            'Lend': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lend,
+                    request_deserializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.LendRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.LendResponse.SerializeToString,
+            ),
+            'Reclaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reclaim,
+                    request_deserializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.ReclaimRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.ReclaimResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +123,60 @@ class RolloutService:
             '/libra.proto.rollout.v1.RolloutService/GetInstanceStatus',
             libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.GetInstanceStatusRequest.SerializeToString,
             libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.GetInstanceStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.rollout.v1.RolloutService/Lend',
+            libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.LendRequest.SerializeToString,
+            libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.LendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reclaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.rollout.v1.RolloutService/Reclaim',
+            libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.ReclaimRequest.SerializeToString,
+            libra_dot_proto_dot_rollout_dot_v1_dot_rollout__pb2.ReclaimResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,11 +32,29 @@ class RolloutServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RolloutServiceAsyncStub: ...
     GetInstanceStatus: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.GetInstanceStatusRequest, _rollout_pb2.GetInstanceStatusResponse]
+    Lend: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.LendRequest, _rollout_pb2.LendResponse]
+    """Lend this (hybrid-rollout) instance to training: it hands its trajectories back to
+    the scheduler, becomes hybrid-joining and joins the trainer's gradient channel.
+    Returns at once; the join runs in the background.
+    """
+    Reclaim: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ReclaimRequest, _rollout_pb2.ReclaimResponse]
+    """Return a lent instance to rollout: cancels a pending join or detaches an active
+    one, then serves rollouts again on the current weights.
+    """
 
 @_typing.type_check_only
 class RolloutServiceAsyncStub(RolloutServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetInstanceStatus: _aio.UnaryUnaryMultiCallable[_rollout_pb2.GetInstanceStatusRequest, _rollout_pb2.GetInstanceStatusResponse]  # type: ignore[assignment]
+    Lend: _aio.UnaryUnaryMultiCallable[_rollout_pb2.LendRequest, _rollout_pb2.LendResponse]  # type: ignore[assignment]
+    """Lend this (hybrid-rollout) instance to training: it hands its trajectories back to
+    the scheduler, becomes hybrid-joining and joins the trainer's gradient channel.
+    Returns at once; the join runs in the background.
+    """
+    Reclaim: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ReclaimRequest, _rollout_pb2.ReclaimResponse]  # type: ignore[assignment]
+    """Return a lent instance to rollout: cancels a pending join or detaches an active
+    one, then serves rollouts again on the current weights.
+    """
 
 class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -45,5 +63,26 @@ class RolloutServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _rollout_pb2.GetInstanceStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_rollout_pb2.GetInstanceStatusResponse, _abc.Awaitable[_rollout_pb2.GetInstanceStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Lend(
+        self,
+        request: _rollout_pb2.LendRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.LendResponse, _abc.Awaitable[_rollout_pb2.LendResponse]]:
+        """Lend this (hybrid-rollout) instance to training: it hands its trajectories back to
+        the scheduler, becomes hybrid-joining and joins the trainer's gradient channel.
+        Returns at once; the join runs in the background.
+        """
+
+    @_abc_1.abstractmethod
+    def Reclaim(
+        self,
+        request: _rollout_pb2.ReclaimRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.ReclaimResponse, _abc.Awaitable[_rollout_pb2.ReclaimResponse]]:
+        """Return a lent instance to rollout: cancels a pending join or detaches an active
+        one, then serves rollouts again on the current weights.
+        """
 
 def add_RolloutServiceServicer_to_server(servicer: RolloutServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3,8 +3,10 @@
 isort:skip_file
 Data-plane router: admission control and trajectory placement."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from libra.proto.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
@@ -112,11 +114,14 @@ class ReportToolReturnRequest(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     TOKENS_SO_FAR_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    LEASE_EPOCH_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     trajectory_id: _builtins.str
     tokens_so_far: _builtins.int
     """Tokens after the prompt so far, tool output included."""
     instance_id: _builtins.str
+    lease_epoch: _builtins.int
+    """The reporting instance's lease epoch (fencing): refused when stale."""
     @_builtins.property
     def state(self) -> _common_pb2.ToolReturnState: ...
     def __init__(
@@ -127,10 +132,11 @@ class ReportToolReturnRequest(_message.Message):
         state: _common_pb2.ToolReturnState | None = ...,
         tokens_so_far: _builtins.int = ...,
         instance_id: _builtins.str = ...,
+        lease_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "job_id", b"job_id", "state", b"state", "tokens_so_far", b"tokens_so_far", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "job_id", b"job_id", "lease_epoch", b"lease_epoch", "state", b"state", "tokens_so_far", b"tokens_so_far", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -173,11 +179,14 @@ class ReportFinishedRequest(_message.Message):
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    LEASE_EPOCH_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     trajectory_id: _builtins.str
     total_tokens: _builtins.int
     status: _common_pb2.TrajectoryStatus.ValueType
     instance_id: _builtins.str
+    lease_epoch: _builtins.int
+    """The reporting instance's lease epoch (fencing): refused when stale."""
     def __init__(
         self,
         *,
@@ -186,10 +195,11 @@ class ReportFinishedRequest(_message.Message):
         total_tokens: _builtins.int = ...,
         status: _common_pb2.TrajectoryStatus.ValueType = ...,
         instance_id: _builtins.str = ...,
+        lease_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "job_id", b"job_id", "status", b"status", "total_tokens", b"total_tokens", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "job_id", b"job_id", "lease_epoch", b"lease_epoch", "status", b"status", "total_tokens", b"total_tokens", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -209,6 +219,119 @@ class ReportFinishedResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportFinishedResponse: _TypeAlias = ReportFinishedResponse  # noqa: Y015
+
+@_typing.final
+class ToolReturnReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TOKENS_SO_FAR_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    trajectory_id: _builtins.str
+    tokens_so_far: _builtins.int
+    """Tokens after the prompt so far, tool output included."""
+    @_builtins.property
+    def state(self) -> _common_pb2.ToolReturnState: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        trajectory_id: _builtins.str = ...,
+        state: _common_pb2.ToolReturnState | None = ...,
+        tokens_so_far: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "state", b"state", "tokens_so_far", b"tokens_so_far", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolReturnReport: _TypeAlias = ToolReturnReport  # noqa: Y015
+
+@_typing.final
+class ReportToolReturnsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    LEASE_EPOCH_FIELD_NUMBER: _builtins.int
+    REPORTS_FIELD_NUMBER: _builtins.int
+    instance_id: _builtins.str
+    lease_epoch: _builtins.int
+    """The reporting instance's lease epoch (fencing): the whole batch is refused when stale."""
+    @_builtins.property
+    def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolReturnReport]: ...
+    def __init__(
+        self,
+        *,
+        instance_id: _builtins.str = ...,
+        lease_epoch: _builtins.int = ...,
+        reports: _abc.Iterable[Global___ToolReturnReport] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "lease_epoch", b"lease_epoch", "reports", b"reports"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportToolReturnsRequest: _TypeAlias = ReportToolReturnsRequest  # noqa: Y015
+
+@_typing.final
+class ToolReturnDecision(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    TARGET_BUCKET_FIELD_NUMBER: _builtins.int
+    TARGET_INSTANCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    action: Global___DecisionAction.ValueType
+    target_bucket: _builtins.str
+    target_instance: _builtins.str
+    reason: _builtins.str
+    error: _builtins.str
+    """Non-empty when this item could not be decided, as "<grpc status name>: <message>"
+    (e.g. "FAILED_PRECONDITION: job 'j' is not being scheduled"); the action is STAY.
+    """
+    def __init__(
+        self,
+        *,
+        action: Global___DecisionAction.ValueType = ...,
+        target_bucket: _builtins.str = ...,
+        target_instance: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "error", b"error", "reason", b"reason", "target_bucket", b"target_bucket", "target_instance", b"target_instance"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolReturnDecision: _TypeAlias = ToolReturnDecision  # noqa: Y015
+
+@_typing.final
+class ReportToolReturnsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolReturnDecision]:
+        """One per report, in request order."""
+
+    def __init__(
+        self,
+        *,
+        decisions: _abc.Iterable[Global___ToolReturnDecision] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportToolReturnsResponse: _TypeAlias = ReportToolReturnsResponse  # noqa: Y015
 
 @_typing.final
 class GetSchedulerStatsRequest(_message.Message):

@@ -49,6 +49,11 @@ class SchedulerServiceStub:
                 request_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnResponse.FromString,
                 _registered_method=True)
+        self.ReportToolReturns = channel.unary_unary(
+                '/libra.proto.scheduler.v1.SchedulerService/ReportToolReturns',
+                request_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsResponse.FromString,
+                _registered_method=True)
         self.ReportFinished = channel.unary_unary(
                 '/libra.proto.scheduler.v1.SchedulerService/ReportFinished',
                 request_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportFinishedRequest.SerializeToString,
@@ -77,13 +82,25 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportToolReturn(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One tool return. Prefer ReportToolReturns: rollout instances batch their reports.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportToolReturns(self, request, context):
+        """Every tool return an instance saw since its last report, one decision per item.
+        Refused whole (FAILED_PRECONDITION) when lease_epoch is not the instance's current
+        lease epoch; a per-item problem (job not scheduled here) fails only that item.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReportFinished(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Kept for older rollouts: the scheduler now learns finishes from the job's
+        trajectory stream (consumer group `scheduler`), so rollouts no longer call it.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -111,6 +128,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ReportToolReturn,
                     request_deserializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnRequest.FromString,
                     response_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnResponse.SerializeToString,
+            ),
+            'ReportToolReturns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportToolReturns,
+                    request_deserializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsResponse.SerializeToString,
             ),
             'ReportFinished': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportFinished,
@@ -204,6 +226,33 @@ class SchedulerService:
             '/libra.proto.scheduler.v1.SchedulerService/ReportToolReturn',
             libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnRequest.SerializeToString,
             libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportToolReturns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.scheduler.v1.SchedulerService/ReportToolReturns',
+            libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsRequest.SerializeToString,
+            libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,7 +34,16 @@ class SchedulerServiceStub:
     StartJob: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.StartJobRequest, _scheduler_pb2.StartJobResponse]
     StopJob: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.StopJobRequest, _scheduler_pb2.StopJobResponse]
     ReportToolReturn: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReportToolReturnRequest, _scheduler_pb2.ReportToolReturnResponse]
+    """One tool return. Prefer ReportToolReturns: rollout instances batch their reports."""
+    ReportToolReturns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReportToolReturnsRequest, _scheduler_pb2.ReportToolReturnsResponse]
+    """Every tool return an instance saw since its last report, one decision per item.
+    Refused whole (FAILED_PRECONDITION) when lease_epoch is not the instance's current
+    lease epoch; a per-item problem (job not scheduled here) fails only that item.
+    """
     ReportFinished: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReportFinishedRequest, _scheduler_pb2.ReportFinishedResponse]
+    """Kept for older rollouts: the scheduler now learns finishes from the job's
+    trajectory stream (consumer group `scheduler`), so rollouts no longer call it.
+    """
     GetSchedulerStats: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetSchedulerStatsRequest, _scheduler_pb2.GetSchedulerStatsResponse]
 
 @_typing.type_check_only
@@ -43,7 +52,16 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     StartJob: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.StartJobRequest, _scheduler_pb2.StartJobResponse]  # type: ignore[assignment]
     StopJob: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.StopJobRequest, _scheduler_pb2.StopJobResponse]  # type: ignore[assignment]
     ReportToolReturn: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReportToolReturnRequest, _scheduler_pb2.ReportToolReturnResponse]  # type: ignore[assignment]
+    """One tool return. Prefer ReportToolReturns: rollout instances batch their reports."""
+    ReportToolReturns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReportToolReturnsRequest, _scheduler_pb2.ReportToolReturnsResponse]  # type: ignore[assignment]
+    """Every tool return an instance saw since its last report, one decision per item.
+    Refused whole (FAILED_PRECONDITION) when lease_epoch is not the instance's current
+    lease epoch; a per-item problem (job not scheduled here) fails only that item.
+    """
     ReportFinished: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReportFinishedRequest, _scheduler_pb2.ReportFinishedResponse]  # type: ignore[assignment]
+    """Kept for older rollouts: the scheduler now learns finishes from the job's
+    trajectory stream (consumer group `scheduler`), so rollouts no longer call it.
+    """
     GetSchedulerStats: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetSchedulerStatsRequest, _scheduler_pb2.GetSchedulerStatsResponse]  # type: ignore[assignment]
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -66,14 +84,29 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _scheduler_pb2.ReportToolReturnRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_scheduler_pb2.ReportToolReturnResponse, _abc.Awaitable[_scheduler_pb2.ReportToolReturnResponse]]: ...
+    ) -> _typing.Union[_scheduler_pb2.ReportToolReturnResponse, _abc.Awaitable[_scheduler_pb2.ReportToolReturnResponse]]:
+        """One tool return. Prefer ReportToolReturns: rollout instances batch their reports."""
+
+    @_abc_1.abstractmethod
+    def ReportToolReturns(
+        self,
+        request: _scheduler_pb2.ReportToolReturnsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ReportToolReturnsResponse, _abc.Awaitable[_scheduler_pb2.ReportToolReturnsResponse]]:
+        """Every tool return an instance saw since its last report, one decision per item.
+        Refused whole (FAILED_PRECONDITION) when lease_epoch is not the instance's current
+        lease epoch; a per-item problem (job not scheduled here) fails only that item.
+        """
 
     @_abc_1.abstractmethod
     def ReportFinished(
         self,
         request: _scheduler_pb2.ReportFinishedRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_scheduler_pb2.ReportFinishedResponse, _abc.Awaitable[_scheduler_pb2.ReportFinishedResponse]]: ...
+    ) -> _typing.Union[_scheduler_pb2.ReportFinishedResponse, _abc.Awaitable[_scheduler_pb2.ReportFinishedResponse]]:
+        """Kept for older rollouts: the scheduler now learns finishes from the job's
+        trajectory stream (consumer group `scheduler`), so rollouts no longer call it.
+        """
 
     @_abc_1.abstractmethod
     def GetSchedulerStats(

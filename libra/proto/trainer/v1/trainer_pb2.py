@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$libra/proto/trainer/v1/trainer.proto\x12\x16libra.proto.trainer.v1\"!\n\x0fStartJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10StartJobResponse\" \n\x0eStopJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fStopJobResponse\"\x19\n\x17GetTrainerStatusRequest\"_\n\x18GetTrainerStatusResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x05\x12\r\n\x05phase\x18\x04 \x01(\t2\xc2\x02\n\x0eTrainerService\x12]\n\x08StartJob\x12\'.libra.proto.trainer.v1.StartJobRequest\x1a(.libra.proto.trainer.v1.StartJobResponse\x12Z\n\x07StopJob\x12&.libra.proto.trainer.v1.StopJobRequest\x1a\'.libra.proto.trainer.v1.StopJobResponse\x12u\n\x10GetTrainerStatus\x12/.libra.proto.trainer.v1.GetTrainerStatusRequest\x1a\x30.libra.proto.trainer.v1.GetTrainerStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$libra/proto/trainer/v1/trainer.proto\x12\x16libra.proto.trainer.v1\"!\n\x0fStartJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10StartJobResponse\" \n\x0eStopJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fStopJobResponse\"\x19\n\x17GetTrainerStatusRequest\"_\n\x18GetTrainerStatusResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x05\x12\r\n\x05phase\x18\x04 \x01(\t\"\xf9\x01\n\rHybridMessage\x12\x34\n\x05hello\x18\x01 \x01(\x0b\x32#.libra.proto.trainer.v1.HybridHelloH\x00\x12\x37\n\x07\x61pplied\x18\x02 \x01(\x0b\x32$.libra.proto.trainer.v1.StateAppliedH\x00\x12\x36\n\tactivated\x18\x03 \x01(\x0b\x32!.libra.proto.trainer.v1.ActivatedH\x00\x12\x39\n\x08gradient\x18\x04 \x01(\x0b\x32%.libra.proto.trainer.v1.GradientChunkH\x00\x42\x06\n\x04\x62ody\"S\n\x0bHybridHello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x12\n\ngeneration\x18\x04 \x01(\x03\".\n\x0cStateApplied\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\"(\n\tActivated\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x05\"\x9c\x01\n\rGradientChunk\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x10\n\x08slice_id\x18\x04 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x14\n\x0cmetrics_json\x18\x07 \x01(\t\x12\x12\n\nnon_finite\x18\x08 \x01(\x08\"\xa4\x02\n\x0b\x43oreMessage\x12\x39\n\x08snapshot\x18\x01 \x01(\x0b\x32%.libra.proto.trainer.v1.StateSnapshotH\x00\x12\x35\n\x06update\x18\x02 \x01(\x0b\x32#.libra.proto.trainer.v1.UpdateChunkH\x00\x12\x36\n\x05offer\x18\x03 \x01(\x0b\x32%.libra.proto.trainer.v1.ActivateOfferH\x00\x12\x31\n\x04task\x18\x04 \x01(\x0b\x32!.libra.proto.trainer.v1.SliceTaskH\x00\x12\x30\n\x06\x64\x65tach\x18\x05 \x01(\x0b\x32\x1e.libra.proto.trainer.v1.DetachH\x00\x42\x06\n\x04\x62ody\"[\n\rStateSnapshot\x12\x11\n\tdirectory\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x05\x12\x11\n\tspec_json\x18\x04 \x01(\t\"T\n\x0bUpdateChunk\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0c\n\x04last\x18\x03 \x01(\x08\x12\x0f\n\x07skipped\x18\x04 \x01(\x08\x12\n\n\x02lr\x18\x05 \x01(\x01\"\x1d\n\rActivateOffer\x12\x0c\n\x04step\x18\x01 \x01(\x05\"\x89\x01\n\x0bTrainSample\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x11\n\tloss_mask\x18\x02 \x03(\x05\x12\x18\n\x10rollout_logprobs\x18\x03 \x03(\x02\x12\x11\n\tadvantage\x18\x04 \x01(\x01\x12\x10\n\x08group_id\x18\x05 \x01(\t\x12\x15\n\rtrajectory_id\x18\x06 \x01(\t\"\x97\x01\n\tSliceTask\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x05\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x10\n\x08slice_id\x18\x04 \x01(\x05\x12\r\n\x05scale\x18\x05 \x01(\x01\x12\x34\n\x07samples\x18\x06 \x03(\x0b\x32#.libra.proto.trainer.v1.TrainSample\"\x18\n\x06\x44\x65tach\x12\x0e\n\x06reason\x18\x01 \x01(\t2\xc2\x02\n\x0eTrainerService\x12]\n\x08StartJob\x12\'.libra.proto.trainer.v1.StartJobRequest\x1a(.libra.proto.trainer.v1.StartJobResponse\x12Z\n\x07StopJob\x12&.libra.proto.trainer.v1.StopJobRequest\x1a\'.libra.proto.trainer.v1.StopJobResponse\x12u\n\x10GetTrainerStatus\x12/.libra.proto.trainer.v1.GetTrainerStatusRequest\x1a\x30.libra.proto.trainer.v1.GetTrainerStatusResponse2m\n\x0fGradientChannel\x12Z\n\x08\x45xchange\x12%.libra.proto.trainer.v1.HybridMessage\x1a#.libra.proto.trainer.v1.CoreMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,6 +43,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETTRAINERSTATUSREQUEST']._serialized_end=197
   _globals['_GETTRAINERSTATUSRESPONSE']._serialized_start=199
   _globals['_GETTRAINERSTATUSRESPONSE']._serialized_end=294
-  _globals['_TRAINERSERVICE']._serialized_start=297
-  _globals['_TRAINERSERVICE']._serialized_end=619
+  _globals['_HYBRIDMESSAGE']._serialized_start=297
+  _globals['_HYBRIDMESSAGE']._serialized_end=546
+  _globals['_HYBRIDHELLO']._serialized_start=548
+  _globals['_HYBRIDHELLO']._serialized_end=631
+  _globals['_STATEAPPLIED']._serialized_start=633
+  _globals['_STATEAPPLIED']._serialized_end=679
+  _globals['_ACTIVATED']._serialized_start=681
+  _globals['_ACTIVATED']._serialized_end=721
+  _globals['_GRADIENTCHUNK']._serialized_start=724
+  _globals['_GRADIENTCHUNK']._serialized_end=880
+  _globals['_COREMESSAGE']._serialized_start=883
+  _globals['_COREMESSAGE']._serialized_end=1175
+  _globals['_STATESNAPSHOT']._serialized_start=1177
+  _globals['_STATESNAPSHOT']._serialized_end=1268
+  _globals['_UPDATECHUNK']._serialized_start=1270
+  _globals['_UPDATECHUNK']._serialized_end=1354
+  _globals['_ACTIVATEOFFER']._serialized_start=1356
+  _globals['_ACTIVATEOFFER']._serialized_end=1385
+  _globals['_TRAINSAMPLE']._serialized_start=1388
+  _globals['_TRAINSAMPLE']._serialized_end=1525
+  _globals['_SLICETASK']._serialized_start=1528
+  _globals['_SLICETASK']._serialized_end=1679
+  _globals['_DETACH']._serialized_start=1681
+  _globals['_DETACH']._serialized_end=1705
+  _globals['_TRAINERSERVICE']._serialized_start=1708
+  _globals['_TRAINERSERVICE']._serialized_end=2030
+  _globals['_GRADIENTCHANNEL']._serialized_start=2032
+  _globals['_GRADIENTCHANNEL']._serialized_end=2141
 # @@protoc_insertion_point(module_scope)

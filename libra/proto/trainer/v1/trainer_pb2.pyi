@@ -3,8 +3,10 @@
 isort:skip_file
 The core training group: async GRPO on complete groups and weight publication."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -127,3 +129,380 @@ class GetTrainerStatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTrainerStatusResponse: _TypeAlias = GetTrainerStatusResponse  # noqa: Y015
+
+@_typing.final
+class HybridMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELLO_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    ACTIVATED_FIELD_NUMBER: _builtins.int
+    GRADIENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hello(self) -> Global___HybridHello: ...
+    @_builtins.property
+    def applied(self) -> Global___StateApplied: ...
+    @_builtins.property
+    def activated(self) -> Global___Activated: ...
+    @_builtins.property
+    def gradient(self) -> Global___GradientChunk: ...
+    def __init__(
+        self,
+        *,
+        hello: Global___HybridHello | None = ...,
+        applied: Global___StateApplied | None = ...,
+        activated: Global___Activated | None = ...,
+        gradient: Global___GradientChunk | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activated", b"activated", "applied", b"applied", "body", b"body", "gradient", b"gradient", "hello", b"hello"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activated", b"activated", "applied", b"applied", "body", b"body", "gradient", b"gradient", "hello", b"hello"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "applied", "activated", "gradient"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___HybridMessage: _TypeAlias = HybridMessage  # noqa: Y015
+
+@_typing.final
+class HybridHello(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    worker_id: _builtins.str
+    epoch: _builtins.int
+    """The worker's lease epoch (role hybrid-joining) and its join generation."""
+    generation: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "generation", b"generation", "job_id", b"job_id", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HybridHello: _TypeAlias = HybridHello  # noqa: Y015
+
+@_typing.final
+class StateApplied(_message.Message):
+    """The hybrid's weights and optimizer now equal the core's after `step`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    CHECKSUM_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    checksum: _builtins.str
+    """sha256 over the weights (lockstep check; empty when not computed this step)."""
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        checksum: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StateApplied: _TypeAlias = StateApplied  # noqa: Y015
+
+@_typing.final
+class Activated(_message.Message):
+    """The hybrid took its hybrid-training epoch (compare-and-set on its lease)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    step: _builtins.int
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        step: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Activated: _TypeAlias = Activated  # noqa: Y015
+
+@_typing.final
+class GradientChunk(_message.Message):
+    """One piece of a gradient payload for a slice (safetensors bytes, split in chunks)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SLICE_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    METRICS_JSON_FIELD_NUMBER: _builtins.int
+    NON_FINITE_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    policy_version: _builtins.int
+    epoch: _builtins.int
+    slice_id: _builtins.int
+    data: _builtins.bytes
+    last: _builtins.bool
+    metrics_json: _builtins.str
+    """On the last chunk: token-weighted slice metrics (JSON) and whether the slice's
+    loss or gradient was non-finite.
+    """
+    non_finite: _builtins.bool
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        policy_version: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        slice_id: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        last: _builtins.bool = ...,
+        metrics_json: _builtins.str = ...,
+        non_finite: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "epoch", b"epoch", "last", b"last", "metrics_json", b"metrics_json", "non_finite", b"non_finite", "policy_version", b"policy_version", "slice_id", b"slice_id", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GradientChunk: _TypeAlias = GradientChunk  # noqa: Y015
+
+@_typing.final
+class CoreMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    UPDATE_FIELD_NUMBER: _builtins.int
+    OFFER_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    DETACH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def snapshot(self) -> Global___StateSnapshot: ...
+    @_builtins.property
+    def update(self) -> Global___UpdateChunk: ...
+    @_builtins.property
+    def offer(self) -> Global___ActivateOffer: ...
+    @_builtins.property
+    def task(self) -> Global___SliceTask: ...
+    @_builtins.property
+    def detach(self) -> Global___Detach: ...
+    def __init__(
+        self,
+        *,
+        snapshot: Global___StateSnapshot | None = ...,
+        update: Global___UpdateChunk | None = ...,
+        offer: Global___ActivateOffer | None = ...,
+        task: Global___SliceTask | None = ...,
+        detach: Global___Detach | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "detach", b"detach", "offer", b"offer", "snapshot", b"snapshot", "task", b"task", "update", b"update"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "detach", b"detach", "offer", b"offer", "snapshot", b"snapshot", "task", b"task", "update", b"update"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["snapshot", "update", "offer", "task", "detach"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___CoreMessage: _TypeAlias = CoreMessage  # noqa: Y015
+
+@_typing.final
+class StateSnapshot(_message.Message):
+    """Where the core wrote its state (model, optimizer, RNG) after `step`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIRECTORY_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    SPEC_JSON_FIELD_NUMBER: _builtins.int
+    directory: _builtins.str
+    step: _builtins.int
+    policy_version: _builtins.int
+    spec_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        directory: _builtins.str = ...,
+        step: _builtins.int = ...,
+        policy_version: _builtins.int = ...,
+        spec_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directory", b"directory", "policy_version", b"policy_version", "spec_json", b"spec_json", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StateSnapshot: _TypeAlias = StateSnapshot  # noqa: Y015
+
+@_typing.final
+class UpdateChunk(_message.Message):
+    """The merged gradient of `step` (chunked); the hybrid applies the same optimizer
+    update, so its weights stay identical to the core's (lockstep).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    LR_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    data: _builtins.bytes
+    last: _builtins.bool
+    skipped: _builtins.bool
+    """The core skipped this step (non-finite); nothing to apply."""
+    lr: _builtins.float
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        last: _builtins.bool = ...,
+        skipped: _builtins.bool = ...,
+        lr: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "last", b"last", "lr", b"lr", "skipped", b"skipped", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateChunk: _TypeAlias = UpdateChunk  # noqa: Y015
+
+@_typing.final
+class ActivateOffer(_message.Message):
+    """The core will count this hybrid from the next step on once it holds a training epoch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActivateOffer: _TypeAlias = ActivateOffer  # noqa: Y015
+
+@_typing.final
+class TrainSample(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LOSS_MASK_FIELD_NUMBER: _builtins.int
+    ROLLOUT_LOGPROBS_FIELD_NUMBER: _builtins.int
+    ADVANTAGE_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    advantage: _builtins.float
+    group_id: _builtins.str
+    trajectory_id: _builtins.str
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def loss_mask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def rollout_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        loss_mask: _abc.Iterable[_builtins.int] | None = ...,
+        rollout_logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        advantage: _builtins.float = ...,
+        group_id: _builtins.str = ...,
+        trajectory_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage", b"advantage", "group_id", b"group_id", "loss_mask", b"loss_mask", "rollout_logprobs", b"rollout_logprobs", "token_ids", b"token_ids", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrainSample: _TypeAlias = TrainSample  # noqa: Y015
+
+@_typing.final
+class SliceTask(_message.Message):
+    """Compute the gradient of this slice: token-mean loss x scale (= slice tokens / batch
+    tokens), so the core's sum over slices is the whole batch's gradient.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SLICE_ID_FIELD_NUMBER: _builtins.int
+    SCALE_FIELD_NUMBER: _builtins.int
+    SAMPLES_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    policy_version: _builtins.int
+    epoch: _builtins.int
+    slice_id: _builtins.int
+    scale: _builtins.float
+    @_builtins.property
+    def samples(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrainSample]: ...
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        policy_version: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        slice_id: _builtins.int = ...,
+        scale: _builtins.float = ...,
+        samples: _abc.Iterable[Global___TrainSample] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "policy_version", b"policy_version", "samples", b"samples", "scale", b"scale", "slice_id", b"slice_id", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SliceTask: _TypeAlias = SliceTask  # noqa: Y015
+
+@_typing.final
+class Detach(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Detach: _TypeAlias = Detach  # noqa: Y015

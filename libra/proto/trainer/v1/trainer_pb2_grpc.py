@@ -181,3 +181,85 @@ class TrainerService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class GradientChannelStub:
+    """The elastic gradient channel between the core trainer and a lent rollout worker (a
+    hybrid). It is a stream of its own, never the core training group's process group:
+    joins and detaches do not touch the core's collectives.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Exchange = channel.stream_stream(
+                '/libra.proto.trainer.v1.GradientChannel/Exchange',
+                request_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.HybridMessage.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.CoreMessage.FromString,
+                _registered_method=True)
+
+
+class GradientChannelServicer:
+    """The elastic gradient channel between the core trainer and a lent rollout worker (a
+    hybrid). It is a stream of its own, never the core training group's process group:
+    joins and detaches do not touch the core's collectives.
+    """
+
+    def Exchange(self, request_iterator, context):
+        """The hybrid opens the stream with a hello and keeps it open while it is lent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_GradientChannelServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Exchange': grpc.stream_stream_rpc_method_handler(
+                    servicer.Exchange,
+                    request_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.HybridMessage.FromString,
+                    response_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.CoreMessage.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'libra.proto.trainer.v1.GradientChannel', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('libra.proto.trainer.v1.GradientChannel', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class GradientChannel:
+    """The elastic gradient channel between the core trainer and a lent rollout worker (a
+    hybrid). It is a stream of its own, never the core training group's process group:
+    joins and detaches do not touch the core's collectives.
+    """
+
+    @staticmethod
+    def Exchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/libra.proto.trainer.v1.GradientChannel/Exchange',
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.HybridMessage.SerializeToString,
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.CoreMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

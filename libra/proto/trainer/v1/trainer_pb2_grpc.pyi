@@ -65,3 +65,43 @@ class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_trainer_pb2.GetTrainerStatusResponse, _abc.Awaitable[_trainer_pb2.GetTrainerStatusResponse]]: ...
 
 def add_TrainerServiceServicer_to_server(servicer: TrainerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class GradientChannelStub:
+    """The elastic gradient channel between the core trainer and a lent rollout worker (a
+    hybrid). It is a stream of its own, never the core training group's process group:
+    joins and detaches do not touch the core's collectives.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> GradientChannelAsyncStub: ...
+    Exchange: _grpc.StreamStreamMultiCallable[_trainer_pb2.HybridMessage, _trainer_pb2.CoreMessage]
+    """The hybrid opens the stream with a hello and keeps it open while it is lent."""
+
+@_typing.type_check_only
+class GradientChannelAsyncStub(GradientChannelStub):
+    """The elastic gradient channel between the core trainer and a lent rollout worker (a
+    hybrid). It is a stream of its own, never the core training group's process group:
+    joins and detaches do not touch the core's collectives.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Exchange: _aio.StreamStreamMultiCallable[_trainer_pb2.HybridMessage, _trainer_pb2.CoreMessage]  # type: ignore[assignment]
+    """The hybrid opens the stream with a hello and keeps it open while it is lent."""
+
+class GradientChannelServicer(metaclass=_abc_1.ABCMeta):
+    """The elastic gradient channel between the core trainer and a lent rollout worker (a
+    hybrid). It is a stream of its own, never the core training group's process group:
+    joins and detaches do not touch the core's collectives.
+    """
+
+    @_abc_1.abstractmethod
+    def Exchange(
+        self,
+        request_iterator: _MaybeAsyncIterator[_trainer_pb2.HybridMessage],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_trainer_pb2.CoreMessage], _abc.AsyncIterator[_trainer_pb2.CoreMessage]]:
+        """The hybrid opens the stream with a hello and keeps it open while it is lent."""
+
+def add_GradientChannelServicer_to_server(servicer: GradientChannelServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

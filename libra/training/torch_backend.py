@@ -12,12 +12,14 @@ Data parallel (:meth:`TorchTrainerBackend.enable_data_parallel`, driven by
 ``services/trainer/distributed.py``): every rank of the default torch.distributed group
 holds the same backend; each batch (the PPO batch, each SFT batch drawn from the shared
 seeded sampler) is split by stride across ranks, each rank runs forward/backward on its
-shard through ``DistributedDataParallel`` (which all-reduces the gradients), and every rank
-steps its own optimizer, so the weights stay identical. The loss is rescaled so the averaged
-gradient equals the gradient of the *global* token mean (what one rank computes on the
-whole batch); metrics are token-weighted means over the ranks. A non-finite loss on any
-rank skips the step on all ranks (one all-reduced flag); the grad norm is computed after
-the all-reduce, so a non-finite gradient is seen by every rank alike.
+shard through ``DistributedDataParallel`` (which all-reduces the gradients) or an FSDP2
+``fully_shard`` model (which reduce-scatters them; each rank holds 1/N of the parameters and
+optimizer state), and every rank steps its own optimizer (shard), so the ranks stay in
+step. The loss is rescaled so the averaged gradient equals the gradient of the *global*
+token mean (what one rank computes on the whole batch); metrics are token-weighted means
+over the ranks. A non-finite loss on any rank skips the step on all ranks (one all-reduced
+flag); the grad norm is computed after the gradient reduction, so a non-finite gradient is
+seen by every rank alike.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,11 +37,34 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from libra.training.loss import masked_mean, ppo_clip_loss
+from libra.training.parallel import (
+    PARALLELISMS,
+    broadcast_from_rank0,
+    full_optimizer_state,
+    full_state_dict,
+    fully_shard_layers,
+    load_full_state_dict,
+    load_optimizer_state,
+    place_on_device,
+    same_optimizer_over,
+)
+from libra.training.samples import SftExample, TrainSample
 from libra.weight_sync import sha256_file
-from services.trainer.loss import masked_mean, ppo_clip_loss
-from services.trainer.train_types import SftExample, TrainSample
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PolicyLoss:
+    """What :meth:`TorchTrainerBackend.policy_loss` computed."""
+
+    loss: torch.Tensor
+    metrics: dict[str, float]
+    num_tokens: float
+    recompute_s: float
+    started: float
+    """``time.perf_counter()`` when the forward with grad began."""
 
 
 class TorchTrainerBackend:
@@ -82,17 +108,32 @@ class TorchTrainerBackend:
         self._world = 1
         self._forward_model: torch.nn.Module = model
 
-    def enable_data_parallel(self) -> None:
-        """Join the (initialised) default process group: shard batches, all-reduce grads.
+    def enable_data_parallel(self, parallelism: str = "ddp", device: str = "cpu") -> None:
+        """Join the (initialised) default process group: shard batches, reduce gradients.
 
-        Wrapping in DDP broadcasts rank 0's parameters to every rank, so all ranks start
-        from the same weights. On GPU the same contract would be met by FSDP2
-        (``fully_shard`` per decoder layer over an NCCL group); only DDP/gloo is built.
+        Args:
+            parallelism: ``ddp`` (every rank holds the whole model; DDP broadcasts rank 0's
+                parameters and all-reduces gradients) or ``fsdp2`` (rank 0's parameters are
+                broadcast, then ``fully_shard`` on each decoder layer and the root: each rank
+                keeps 1/N of every parameter and of the optimizer state; gradients are
+                reduce-scattered). Both average gradients over ranks, so the loss scaling of
+                :meth:`_reduce_loss` holds for either.
+            device: ``cpu``, or ``cuda:<local rank>`` (GPU path: :func:`parallel.place_on_device`).
         """
-        from torch.nn.parallel import DistributedDataParallel
-
+        if parallelism not in PARALLELISMS:
+            raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
-        self._forward_model = DistributedDataParallel(self._model, broadcast_buffers=False)
+        if torch.device(device).type != "cpu":
+            place_on_device(self._model, torch.device(device))
+        if parallelism == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            self._forward_model = DistributedDataParallel(self._model, broadcast_buffers=False)
+            return
+        broadcast_from_rank0(self._model)
+        fully_shard_layers(self._model, torch.device(device).type)
+        # fully_shard swapped in sharded (DTensor) parameters: the optimizer must hold them.
+        self._optimizer = same_optimizer_over(self._optimizer, self._model)
 
     @property
     def model(self) -> PreTrainedModel:
@@ -153,27 +194,10 @@ class TorchTrainerBackend:
             weights were left untouched).
         """
         samples, weight = self._shard(samples)
-        input_ids, attention_mask, loss_mask = _right_pad(
-            [(sample.token_ids, sample.loss_mask) for sample in samples], self._pad_token_id
-        )
-        behaviour = _right_pad_floats([sample.rollout_logprobs for sample in samples])
-        advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
-        # 1) Proximal log-probs from the current weights, without grad.
-        started = time.perf_counter()
-        self._model.eval()
-        with torch.no_grad():
-            old_logprobs = self._token_logprobs(input_ids, attention_mask)
-        recompute_s = time.perf_counter() - started
-        # 2) New log-probs with grad, then the clipped, importance-weighted loss.
-        started = time.perf_counter()
-        self._model.train()
-        new_logprobs = self._token_logprobs(input_ids, attention_mask)
-        loss, metrics = ppo_clip_loss(
-            new_logprobs, old_logprobs, advantages, loss_mask, clip_eps, kl_coef, behaviour,
-            is_cap,
-        )
+        pl = self.policy_loss(samples, clip_eps=clip_eps, kl_coef=kl_coef, is_cap=is_cap)
+        loss, metrics, recompute_s, started = pl.loss, pl.metrics, pl.recompute_s, pl.started
         # 3) Backward, clip, step (or skip on a non-finite loss or gradient).
-        num_tokens = float(loss_mask.sum()) * weight
+        num_tokens = pl.num_tokens * weight
         loss, loss_value, finite = self._reduce_loss(loss, num_tokens)
         grad_norm = self._apply(loss, self._learning_rate if lr is None else lr, finite)
         self._model.eval()
@@ -191,15 +215,78 @@ class TorchTrainerBackend:
             metrics.update(recompute_s=float(times[0]), fwd_bwd_s=float(times[1]))
         return metrics
 
+    def policy_loss(self, samples: Sequence[TrainSample], *, clip_eps: float,
+                    kl_coef: float, is_cap: float | None) -> PolicyLoss:
+        """The decoupled PPO-clip loss of ``samples`` (token mean), with grad, no step.
+
+        Recomputes the proximal log-probs with the current weights first (no grad), then
+        the new log-probs with grad; leaves the model in train mode.
+        """
+        input_ids, attention_mask, loss_mask = _right_pad(
+            [(sample.token_ids, sample.loss_mask) for sample in samples], self._pad_token_id
+        )
+        behaviour = _right_pad_floats([sample.rollout_logprobs for sample in samples])
+        advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
+        started = time.perf_counter()
+        self._model.eval()
+        with torch.no_grad():
+            old_logprobs = self._token_logprobs(input_ids, attention_mask)
+        recompute_s = time.perf_counter() - started
+        started = time.perf_counter()
+        self._model.train()
+        new_logprobs = self._token_logprobs(input_ids, attention_mask)
+        loss, metrics = ppo_clip_loss(
+            new_logprobs, old_logprobs, advantages, loss_mask, clip_eps, kl_coef, behaviour,
+            is_cap,
+        )
+        return PolicyLoss(loss, metrics, float(loss_mask.sum()), recompute_s, started)
+
+    def slice_gradient(self, samples: Sequence[TrainSample], scale: float, *,
+                       clip_eps: float, kl_coef: float, is_cap: float | None
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, float], bool]:
+        """Gradient of ``scale`` x (token-mean loss of this slice); no optimizer step.
+
+        With ``scale`` = slice tokens / batch tokens, the sum of the slices' gradients is
+        the gradient of the whole batch's token mean (elastic hybrid pool, one rank).
+        Returns (gradient by parameter name, token-mean metrics, finite).
+        """
+        pl = self.policy_loss(samples, clip_eps=clip_eps, kl_coef=kl_coef, is_cap=is_cap)
+        self._optimizer.zero_grad(set_to_none=True)
+        finite = bool(torch.isfinite(pl.loss))
+        if finite:
+            (pl.loss * scale).backward()
+        grads = {name: (p.grad.detach().clone() if p.grad is not None and finite
+                        else torch.zeros_like(p)) for name, p in self._model.named_parameters()}
+        self._optimizer.zero_grad(set_to_none=True)
+        self._model.eval()
+        finite = finite and all(bool(torch.isfinite(g).all()) for g in grads.values())
+        metrics = {**pl.metrics, "loss": float(pl.loss.detach()), "num_tokens": pl.num_tokens,
+                   "recompute_s": pl.recompute_s,
+                   "fwd_bwd_s": time.perf_counter() - pl.started}
+        return grads, metrics, finite
+
+    def apply_gradients(self, grads: dict[str, torch.Tensor], lr: float) -> float:
+        """Clip and step with the given (merged) gradient; returns the grad norm.
+
+        Core and hybrids call this with bitwise-equal gradients and optimizer states,
+        so their weights stay bitwise equal (lockstep).
+        """
+        for name, param in self._model.named_parameters():
+            param.grad = grads[name].clone()
+        return self._clip_and_step(lr)
+
     def save_weights(self, path: str) -> str:
         """Write the state dict as safetensors; returns the file's sha256 hex digest.
+
+        Under FSDP2 every rank must call this (the full state dict is gathered); only rank 0
+        writes, the other ranks return ``""``.
 
         Raises:
             ValueError: A tensor holds a non-finite value (never publish NaN weights).
         """
-        state_dict = {
-            name: tensor.detach().contiguous() for name, tensor in self._model.state_dict().items()
-        }
+        state_dict = full_state_dict(self._model)
+        if self._rank != 0:
+            return ""
         bad = [name for name, tensor in state_dict.items()
                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
         if bad:
@@ -213,28 +300,38 @@ class TorchTrainerBackend:
             self._model.load_state_dict(load_file(path), strict=True)
 
     def save_checkpoint(self, directory: str) -> list[str]:
-        """Write model, optimizer and RNG state into ``directory``; returns the file names."""
+        """Write model, optimizer and RNG state into ``directory``; returns the file names.
+
+        Model and optimizer state are saved whole (full state dicts, optimizer state keyed
+        by parameter name), so a checkpoint loads into 1 rank, DDP or FSDP2 alike. With
+        several ranks every rank must call this (FSDP2 gathers); only rank 0 writes, the
+        others return ``[]``.
+        """
+        model_state = full_state_dict(self._model)
+        optimizer_state = full_optimizer_state(self._model, self._optimizer)
+        if self._rank != 0:
+            return []
         folder = Path(directory)
-        save_file({name: tensor.detach().contiguous().clone()
-                   for name, tensor in self._model.state_dict().items()},
+        save_file({name: tensor.clone() for name, tensor in model_state.items()},
                   str(folder / _CKPT_MODEL))
-        torch.save(self._optimizer.state_dict(), folder / _CKPT_OPTIMIZER)
+        torch.save(optimizer_state, folder / _CKPT_OPTIMIZER)
         torch.save({"torch_rng": torch.get_rng_state(), "python_rng": self._rng.getstate(),
                     "num_steps": self._num_steps}, folder / _CKPT_RNG)
         return [_CKPT_MODEL, _CKPT_OPTIMIZER, _CKPT_RNG]
 
     def load_checkpoint(self, directory: str) -> None:
-        """Restore what :meth:`save_checkpoint` wrote.
+        """Restore what :meth:`save_checkpoint` wrote (every rank reads the same files).
+
+        Under FSDP2 each rank keeps only its shard of the full state it read.
 
         Raises:
             ValueError: A file is unreadable or does not fit the model; names the file.
         """
         folder = Path(directory)
         loaders = (
-            (_CKPT_MODEL, lambda path: self._model.load_state_dict(load_file(str(path)),
-                                                                   strict=True)),
-            (_CKPT_OPTIMIZER, lambda path: self._optimizer.load_state_dict(
-                torch.load(path, weights_only=False))),
+            (_CKPT_MODEL, lambda path: load_full_state_dict(self._model, load_file(str(path)))),
+            (_CKPT_OPTIMIZER, lambda path: load_optimizer_state(
+                self._model, self._optimizer, torch.load(path, weights_only=False))),
             (_CKPT_RNG, self._load_rng),
         )
         for name, load in loaders:
@@ -313,6 +410,10 @@ class TorchTrainerBackend:
             logger.warning("[train] non-finite loss, step skipped step=%d", self._num_steps)
             return math.nan
         loss.backward()
+        return self._clip_and_step(lr)
+
+    def _clip_and_step(self, lr: float) -> float:
+        """Clip the gradients in place and step; nan (and no step) when non-finite."""
         parameters = self._model.parameters()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, self._max_grad_norm))
         if not math.isfinite(grad_norm):

@@ -10,6 +10,8 @@ import random
 import time
 
 import torch
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
 
 from libra.jobspec import JobSpec
 from libra.models.tiny import (
@@ -20,8 +22,9 @@ from libra.models.tiny import (
     save_model_dir,
 )
 from libra.tasks.arith import ArithDataset, demonstration
-from services.trainer.torch_backend import TorchTrainerBackend
-from services.trainer.train_types import SftExample, TrainSample
+from libra.training.samples import SftExample, TrainSample
+from libra.training.tensors import state_checksum
+from libra.training.torch_backend import TorchTrainerBackend
 
 NUM_DEMONSTRATIONS = 4096
 
@@ -50,9 +53,9 @@ class JobBackend:
     def model(self) -> torch.nn.Module:
         return self._backend.model
 
-    def enable_data_parallel(self) -> None:
+    def enable_data_parallel(self, parallelism: str = "ddp", device: str = "cpu") -> None:
         """Train as one rank of the default process group (see distributed.py)."""
-        self._backend.enable_data_parallel()
+        self._backend.enable_data_parallel(parallelism, device)
 
     def warm_start(self) -> dict[str, float]:
         """Supervised steps on synthetic demonstrations (a deliberate mix of habits)."""
@@ -88,9 +91,41 @@ class JobBackend:
         self._backend.load_checkpoint(directory)
 
 
+    # -- elastic hybrid pool (one rank; gradients travel as safetensors bytes) ---------
+
+    def slice_gradient(self, samples: list[TrainSample], scale: float
+                       ) -> tuple[bytes, dict[str, float], bool]:
+        """This slice's scaled gradient, its metrics and whether it is finite."""
+        a = self._spec.algorithm
+        grads, metrics, finite = self._backend.slice_gradient(
+            samples, scale, clip_eps=a.clip_eps, kl_coef=a.kl_coef, is_cap=a.is_cap)
+        return save_bytes(grads), metrics, finite
+
+    def apply_slices(self, payloads: list[bytes]) -> tuple[float, bytes]:
+        """Sum the slices' gradients (in order), step; returns (grad norm, the sum).
+
+        The sum goes to the hybrids as is, so they apply bitwise the same update.
+        """
+        merged: dict[str, torch.Tensor] = {}
+        for data in payloads:
+            for name, grad in load_bytes(data).items():
+                merged[name] = merged[name] + grad if name in merged else grad
+        data = save_bytes(merged)
+        return self._backend.apply_gradients(merged, self._spec.algorithm.learning_rate), data
+
+    def apply_update(self, data: bytes, lr: float) -> float:
+        """A hybrid applies the core's merged gradient (lockstep)."""
+        return self._backend.apply_gradients(load_bytes(data), lr)
+
+    def checksum(self) -> str:
+        """sha256 over the weights (lockstep checks)."""
+        return state_checksum(self._backend.model)
+
+
 class TorchBackendFactory:
     def __init__(self, num_threads: int = 1) -> None:
         self._num_threads = num_threads
 
     def create(self, spec: JobSpec, model_dir: str) -> JobBackend:
         return JobBackend(spec, model_dir, self._num_threads)
+

@@ -1,0 +1,87 @@
+"""Typed client of one rollout instance: its status, and lending it to training.
+
+The coordinator's elastic executor uses ``lend`` and ``reclaim`` to move a hybrid-rollout
+instance into the trainer's gradient domain and back (docs/architecture.md, elastic
+hybrid pool). Both carry a join generation: a newer call makes an older join stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from libra import types as t
+from libra.clients.base import GrpcClientBase
+from libra.proto.rollout.v1 import rollout_pb2 as pb
+from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
+from libra.wire.common import lease_from_proto
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    """What a rollout instance reports about itself."""
+
+    instance_id: str
+    bucket: str
+    num_active_trajectories: int
+    policy_version: int
+    num_tokens_generated: int
+    job_id: str
+    role: str
+    hybrid_phase: str
+
+
+@dataclass(frozen=True, slots=True)
+class LendResult:
+    """The lease after the role change to hybrid-joining, and what was handed back."""
+
+    lease: t.Lease
+    num_handed_back: int
+
+
+class RolloutApi(Protocol):
+    """What callers need from a rollout instance."""
+
+    async def lend(self, job_id: str, expected_epoch: int, generation: int,
+                   trainer_address: str, *, timeout_s: float | None = None) -> LendResult: ...
+
+    async def reclaim(self, generation: int, reason: str, *,
+                      timeout_s: float | None = None) -> t.Lease: ...
+
+    async def get_instance_status(self) -> InstanceStatus: ...
+
+
+class GrpcRolloutClient(GrpcClientBase):
+    """One rollout instance over gRPC."""
+
+    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+        super().__init__(address, timeout_s)
+        self._stub = pb_grpc.RolloutServiceStub(self._channel)
+
+    async def lend(self, job_id: str, expected_epoch: int, generation: int,
+                   trainer_address: str, *, timeout_s: float | None = None) -> LendResult:
+        """Start lending the instance (returns once it is hybrid-joining).
+
+        Not retried: the caller cannot know whether a lost reply applied; it rolls back
+        with ``reclaim`` at a newer generation instead.
+        """
+        resp = await self._call(self._stub.Lend, pb.LendRequest(
+            job_id=job_id, expected_epoch=expected_epoch, generation=generation,
+            trainer_address=trainer_address), timeout_s=timeout_s)
+        return LendResult(lease_from_proto(resp.lease), resp.handed_back)
+
+    async def reclaim(self, generation: int, reason: str, *,
+                      timeout_s: float | None = None) -> t.Lease:
+        """Cancel a pending join or detach an active one (idempotent per generation)."""
+        resp = await self._call(self._stub.Reclaim, pb.ReclaimRequest(
+            generation=generation, reason=reason), idempotent=True, timeout_s=timeout_s)
+        return lease_from_proto(resp.lease)
+
+    async def get_instance_status(self) -> InstanceStatus:
+        resp = await self._call(self._stub.GetInstanceStatus, pb.GetInstanceStatusRequest(),
+                                idempotent=True)
+        return InstanceStatus(
+            instance_id=resp.instance_id, bucket=resp.bucket,
+            num_active_trajectories=resp.active_trajectories,
+            policy_version=resp.policy_version, num_tokens_generated=resp.tokens_generated,
+            job_id=resp.job_id, role=resp.role, hybrid_phase=resp.hybrid_phase)

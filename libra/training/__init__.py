@@ -1,0 +1,1 @@
+"""Training code shared by the trainer and the hybrid (lent rollout) workers."""

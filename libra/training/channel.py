@@ -1,0 +1,115 @@
+"""Messages of the elastic gradient channel, as plain data (pure; no grpc, no torch).
+
+The channel is one bidirectional stream between the core trainer and a lent rollout
+worker (a *hybrid*). The hybrid opens it with a :class:`Hello` and then:
+
+1. receives a :class:`Snapshot` (the core's model + optimizer + RNG after some step),
+   loads it, and applies every :class:`Update` (merged gradient of a later step) it is
+   sent, acknowledging each with :class:`Applied` - it contributes nothing meanwhile;
+2. on an :class:`Offer` it takes a hybrid-training epoch (compare-and-set on its lease)
+   and answers :class:`Activated`; the core counts it from the next step boundary;
+3. per step it receives a :class:`SliceTask` and answers a :class:`GradientPayload`;
+   the core merges payloads whose step, policy version and epoch match its own, and
+   sends the merged gradient back as an :class:`Update` (lockstep);
+4. a :class:`Detach` (or the stream's end) ends it.
+
+Gradients travel as safetensors bytes (``data``); the wire layer chunks them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra.training.samples import TrainSample
+
+# -- hybrid -> core ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    job_id: str
+    worker_id: str
+    epoch: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The hybrid's state now equals the core's after ``step``."""
+
+    step: int
+    checksum: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Activated:
+    """The hybrid holds hybrid-training epoch ``epoch``; its state is at ``step``."""
+
+    epoch: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class GradientPayload:
+    step: int
+    policy_version: int
+    epoch: int
+    slice_id: int
+    data: bytes
+    metrics: dict[str, float] = field(default_factory=dict)
+    non_finite: bool = False
+
+
+HybridMessage = Hello | Applied | Activated | GradientPayload
+
+# -- core -> hybrid ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    directory: str
+    step: int
+    policy_version: int
+    spec_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """The merged gradient that took the core from ``step - 1`` to ``step``."""
+
+    step: int
+    data: bytes
+    skipped: bool
+    lr: float
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class SliceTask:
+    step: int
+    policy_version: int
+    epoch: int
+    slice_id: int
+    scale: float
+    samples: list[TrainSample]
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    reason: str
+
+
+CoreMessage = Snapshot | Update | Offer | SliceTask | Detach
+
+
+def describe(message: Any) -> str:
+    """A short log form of a message (never its tensors)."""
+    name = type(message).__name__
+    fields = {k: getattr(message, k) for k in getattr(message, "__slots__", ())
+              if k not in ("data", "samples", "metrics")}
+    return f"{name}{fields}"

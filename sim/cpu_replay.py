@@ -1,0 +1,246 @@
+"""Replay a trace recorded from the real CPU stack on simulated CPU rollout instances.
+
+What is modelled, each piece taken from the services' code (read-only) and each cost
+**measured** (``sim/validation.py`` says how):
+
+- admission: the scheduler's recorded admission times are the arrivals (the trainer's
+  pace, which gates admission, is an input, not a prediction); placement by the job's
+  policy (``make_policy``) under the buckets' per-instance caps; what finds no capacity
+  is retried on the scheduler's tick (``tick_s``);
+- rollout loop (``services/rollout/core.py``): an instance pulls placed trajectories up
+  to ``max_trajectories``; each loop pass costs ``pass_overhead_s`` (its Redis round
+  trips) and samples one turn for up to ``max_batch_size`` ready trajectories in one
+  turn-batched engine call (``CpuEngineCosts.call_s``); while every pinned trajectory
+  waits on a tool it polls the inbox every ``poll_s``; the first job contact loads the
+  model (``first_load_s``); a newly published policy is loaded at the next pass
+  (``reload_s``);
+- a tool call costs its measured latency plus the scheduler RPC that follows it
+  (``tool_report_s``); a trajectory that ends with an answer is scored first
+  (``finish_overhead_s``, measured per trajectory).
+
+CPU sharing between the co-located processes enters only through the measured inputs
+(engine costs scaled by the probe's slowdown, RPC latencies measured under load). Not
+modelled: GIL contention inside a rollout process (its engine thread against its event
+loop's tool/RPC work), the scheduler's own admission->placement latency, the abort and
+re-prefill of an engine call cut by a weight update, trajectories admitted but never
+finished (the job ended under them).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from libra.types import Bucket, GroupId, InstanceId, InstanceLoad, PromptId, TrajectoryId
+from services.scheduler.policy import BucketLayout, TrajectoryDescriptor, make_policy
+from sim.cpu_engine import CpuEngineCosts
+from sim.trace import TraceTrajectory
+
+ARRIVE, LOOP, CALL_DONE, TOOL_DONE, TICK = range(5)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedTrajectory:
+    """A trace record plus what the real run measured around it."""
+
+    rec: TraceTrajectory
+    admitted_s: float
+    finished_s: float
+    """Measured finish (for the comparison only; the replay never reads it)."""
+    finish_overhead_s: float = 0.0
+    """Scoring RPC before the finish is stamped (0 when the trajectory has no answer)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuStack:
+    """The real stack as the replay sees it; every ``*_s`` is a measurement."""
+
+    instances: tuple[tuple[str, str], ...]
+    buckets: tuple[Bucket, ...]
+    policy: str
+    max_batch_size: int
+    max_trajectories: int
+    costs: CpuEngineCosts
+    pass_overhead_s: float
+    tool_report_s: float
+    first_load_s: float
+    reload_s: float
+    publish_times_s: tuple[float, ...] = ()
+    poll_s: float = 0.02
+    tick_s: float = 0.05
+
+
+@dataclass
+class _Traj:
+    rt: RecordedTrajectory
+    turn: int = 0
+    ready: bool = True
+    finished_s: float = -1.0
+
+    @property
+    def tid(self) -> str:
+        return self.rt.rec.trajectory_id
+
+    def context_tokens(self) -> int:
+        rec = self.rt.rec
+        done = rec.turns[: self.turn]
+        return rec.prompt_tokens + sum(
+            t.output_tokens + (t.tool.payload_tokens if t.tool else 0) for t in done
+        )
+
+
+@dataclass
+class _Inst:
+    iid: str
+    inbox: deque = field(default_factory=deque)
+    active: list[_Traj] = field(default_factory=list)
+    busy: bool = False
+    waiting: bool = False
+    loaded: bool = False
+    versions_loaded: int = 0
+    wait_token: int = 0
+    busy_s: float = 0.0
+
+
+class CpuReplay:
+    """One replay of recorded trajectories on a modelled CPU stack."""
+
+    def __init__(self, stack: CpuStack, trajs: list[RecordedTrajectory]) -> None:
+        self.stack = stack
+        layout = BucketLayout(list(stack.buckets))
+        self.policy = make_policy(stack.policy, layout)
+        self.insts = {iid: _Inst(iid) for iid, _ in stack.instances}
+        self.loads = [InstanceLoad(InstanceId(iid), b, 0) for iid, b in stack.instances]
+        self.load_by_id = {ld.instance_id: ld for ld in self.loads}
+        self.trajs = [_Traj(rt) for rt in trajs]
+        self.pending: list[_Traj] = []
+        self.events: list[tuple] = []
+        self.seq = 0
+        self.tick_armed = False
+
+    def _push(self, when: float, kind: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (when, self.seq, kind, payload))
+
+    def _apply(self, deltas: tuple) -> None:
+        for iid, delta in deltas:
+            self.load_by_id[iid].active_trajectories += delta
+
+    # Scheduler side.
+
+    def _place(self, t: _Traj, now: float) -> bool:
+        rec = t.rt.rec
+        desc = TrajectoryDescriptor(
+            TrajectoryId(rec.trajectory_id), PromptId(rec.prompt_id), GroupId(rec.group_id),
+            rec.prompt_tokens,
+        )
+        placement = self.policy.begin(desc, self.loads)
+        if not placement.is_placed:
+            return False
+        self._apply(placement.load_deltas)
+        inst = self.insts[placement.instance_id]
+        inst.inbox.append(t)
+        if not inst.busy and not inst.active:
+            self._push(now, LOOP, (inst.iid, None))  # blocked on its inbox: wakes at once
+        return True
+
+    def _on_arrive(self, t: _Traj, now: float) -> None:
+        if self.pending or not self._place(t, now):
+            self.pending.append(t)
+            self._arm_tick(now)
+
+    def _arm_tick(self, now: float) -> None:
+        if not self.tick_armed:
+            self.tick_armed = True
+            self._push(now + self.stack.tick_s, TICK, None)
+
+    def _on_tick(self, _payload: None, now: float) -> None:
+        self.tick_armed = False
+        while self.pending and self._place(self.pending[0], now):
+            self.pending.pop(0)
+        if self.pending:
+            self._arm_tick(now)
+
+    # Rollout side.
+
+    def _on_loop(self, payload: tuple[str, int | None], now: float) -> None:
+        iid, token = payload
+        inst, s = self.insts[iid], self.stack
+        if inst.busy or (token is not None and token != inst.wait_token):
+            return  # mid-call, or a poll time-out that a wakeup already ended
+        inst.waiting = False
+        while inst.inbox and len(inst.active) < s.max_trajectories:
+            inst.active.append(inst.inbox.popleft())
+        if not inst.active:
+            return  # blocked on the inbox; an arrival wakes it
+        t = now + s.pass_overhead_s
+        if not inst.loaded:
+            inst.loaded, t = True, t + s.first_load_s
+        published = sum(1 for p in s.publish_times_s if p <= t)
+        if published > inst.versions_loaded:
+            inst.versions_loaded, t = published, t + s.reload_s
+        batch = [a for a in inst.active if a.ready][: s.max_batch_size]
+        if not batch:
+            inst.waiting = True
+            inst.wait_token += 1
+            self._push(t + s.poll_s, LOOP, (iid, inst.wait_token))
+            return
+        call_s = s.costs.call_s(
+            [a.context_tokens() for a in batch],
+            [a.rt.rec.turns[a.turn].output_tokens for a in batch],
+        )
+        for a in batch:
+            a.ready = False
+        inst.busy = True
+        inst.busy_s += call_s
+        self._push(t + call_s, CALL_DONE, (iid, batch))
+
+    def _on_call_done(self, payload: tuple[str, list[_Traj]], now: float) -> None:
+        iid, batch = payload
+        inst = self.insts[iid]
+        inst.busy = False
+        for a in batch:
+            tool = a.rt.rec.turns[a.turn].tool
+            if tool is None:
+                self._finish(inst, a, now + a.rt.finish_overhead_s)
+            else:
+                self._push(now + tool.latency_s + self.stack.tool_report_s, TOOL_DONE, (iid, a))
+        self._on_loop((iid, None), now)
+
+    def _finish(self, inst: _Inst, a: _Traj, when: float) -> None:
+        a.finished_s = when
+        inst.active.remove(a)
+        release = self.policy.finish(TrajectoryId(a.tid), 0)
+        self._apply(release.load_deltas)
+        if self.pending:
+            self._arm_tick(when)
+
+    def _on_tool_done(self, payload: tuple[str, _Traj], now: float) -> None:
+        iid, a = payload
+        a.turn += 1
+        a.ready = True
+        inst = self.insts[iid]
+        if inst.waiting and not inst.busy:
+            inst.wait_token += 1  # the wakeup event ends the poll wait early
+            self._push(now, LOOP, (iid, None))
+
+    def run(self) -> list[float]:
+        """Predicted finish time of every trajectory, in input order."""
+        for t in self.trajs:
+            self._push(t.rt.admitted_s, ARRIVE, t)
+        handlers = {
+            ARRIVE: self._on_arrive,
+            LOOP: self._on_loop,
+            CALL_DONE: self._on_call_done,
+            TOOL_DONE: self._on_tool_done,
+            TICK: self._on_tick,
+        }
+        while self.events:
+            now, _, kind, payload = heapq.heappop(self.events)
+            handlers[kind](payload, now)
+        missing = [t.tid for t in self.trajs if t.finished_s < 0]
+        if missing:
+            raise RuntimeError(f"replay stalled: {len(missing)} trajectories never finished")
+        return [t.finished_s for t in self.trajs]

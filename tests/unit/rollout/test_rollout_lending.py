@@ -1,0 +1,208 @@
+"""A hybrid-rollout instance lent to training and given back: RolloutCore.lend/reclaim over
+a real Redis store, with a scripted gradient stream and a fake hybrid trainer (the torch
+side is tested in tests/service/trainer/test_gradient_channel.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from libra import redis_keys as keys
+from libra import types as t
+from libra.clock import FakeClock
+from libra.errors import FailedPrecondition
+from libra.jobspec import JobSpec, TaskSpec, ToolsSpec
+from libra.training import channel as ch
+from libra.wire.common import decode_trajectory
+from services.rollout.core import RolloutCore, RolloutSettings
+from services.rollout.store import RedisRolloutStore
+from tests.fakes.coordinator import FakeCoordinator
+from tests.fakes.engine import BlockUntilAbort, FakeEngine, FakeEngineLoader, make_tokenizer
+from tests.fakes.scheduler import FakeScheduler
+from tests.fakes.toolgateway import FakeToolGateway
+from tests.unit.rollout.test_rollout_core import HERE, JOB, Rig, make_task
+from tests.waiting import wait_until
+
+
+class ScriptedStream:
+    """The trainer's end of the gradient channel, driven by the test."""
+
+    def __init__(self) -> None:
+        self.sent: list[ch.HybridMessage] = []
+        self.incoming: asyncio.Queue = asyncio.Queue()
+        self.closed = False
+
+    async def send(self, msg: ch.HybridMessage) -> None:
+        self.sent.append(msg)
+
+    async def recv(self) -> ch.CoreMessage | None:
+        return await self.incoming.get()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class Opener:
+    def __init__(self) -> None:
+        self.streams: list[ScriptedStream] = []
+        self.addresses: list[str] = []
+
+    async def open(self, address: str, hello: ch.Hello) -> ScriptedStream:
+        stream = ScriptedStream()
+        await stream.send(hello)
+        self.streams.append(stream)
+        self.addresses.append(address)
+        return stream
+
+
+class FakeHybridTrainer:
+    lockstep_check_interval = 1
+
+    def __init__(self, snapshot: ch.Snapshot) -> None:
+        self.snapshot = snapshot
+        self.updates: list[int] = []
+
+    def apply_update(self, data: bytes, lr: float) -> float:
+        self.updates.append(len(data))
+        return 1.0
+
+    def slice_gradient(self, samples, scale):  # noqa: ANN001, ANN201
+        return b"grad", {"loss": 0.5, "num_tokens": 3.0}, True
+
+    def checksum(self) -> str:
+        return f"sum-{len(self.updates)}"
+
+
+@pytest.fixture
+async def lent_rig(redis_server, tmp_path: Path) -> AsyncIterator[tuple[Rig, Opener]]:
+    r = aioredis.from_url(redis_server.url, decode_responses=False)
+    await r.flushdb()
+    spec = JobSpec(task=TaskSpec(max_turns=4), tools=ToolsSpec(call_timeout_s=5.0))
+    await r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
+                                          "run_dir": str(tmp_path)})
+    clock = FakeClock()
+    engine = FakeEngine(make_tokenizer())
+    coordinator = FakeCoordinator(redis=r)
+    settings = RolloutSettings(instance_id=HERE, bucket="long", lease_ttl_ms=60_000,
+                               tool_deadline_s=5.0, idle_block_ms=5,
+                               role=t.WorkerRole.HYBRID_ROLLOUT)
+    opener = Opener()
+    core = RolloutCore(settings, RedisRolloutStore(r), FakeEngineLoader(engine),
+                       FakeToolGateway(clock=clock), FakeScheduler(), coordinator, clock,
+                       opener=opener, load_trainer=FakeHybridTrainer)
+    rig = Rig(r, tmp_path, core, engine, core._tools, core._scheduler, coordinator, clock)
+    await rig.write_weights(0)
+    await core.register()
+    yield rig, opener
+    await rig.stop()
+    await r.aclose()
+
+
+async def test_lend_hands_back_a_trajectory_mid_turn_with_its_tokens(lent_rig) -> None:  # noqa: ANN001
+    rig, opener = lent_rig
+    rig.engine.queue(BlockUntilAbort("<calc>1+2</calc>", keep=2))
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: _generating(rig))
+    lease = rig.core.lease
+    assert lease is not None
+    new_lease, handed = await rig.core.lend(JOB, lease.epoch, 1, "trainer:1")
+    assert handed == 1
+    await wait_until(lambda: _opened(opener))
+    assert new_lease.role is t.WorkerRole.HYBRID_JOINING and new_lease.epoch > lease.epoch
+    # The latest state is where the scheduler re-queues from; the inbox entry is done.
+    saved = decode_trajectory(await rig.r.hget(keys.tasks(JOB), "tr-0"))
+    assert saved.num_generated_tokens == 2 and saved.check_aligned() is None
+    assert await rig.inbox_pending() == 0 and rig.core.num_active == 0
+    (stream,) = opener.streams
+    assert stream.sent[0] == ch.Hello(JOB, HERE, new_lease.epoch, 1)
+    assert opener.addresses == ["trainer:1"]
+
+
+async def _opened(opener: Opener) -> bool:
+    return bool(opener.streams)
+
+
+async def _generating(rig: Rig) -> bool:
+    return bool(rig.engine.calls)
+
+
+async def test_lend_is_refused_for_core_instances_stale_epochs_and_old_generations(
+        lent_rig) -> None:  # noqa: ANN001
+    rig, _ = lent_rig
+    lease = rig.core.lease
+    assert lease is not None
+    with pytest.raises(FailedPrecondition, match="lease epoch"):
+        await rig.core.lend(JOB, lease.epoch - 1, 1, "trainer:1")
+    await rig.core.lend(JOB, lease.epoch, 5, "trainer:1")
+    with pytest.raises(FailedPrecondition, match="generation"):
+        await rig.core.lend(JOB, rig.core.lease.epoch, 4, "trainer:1")
+    rig.core.settings = dataclasses.replace(rig.core.settings, role=t.WorkerRole.CORE_ROLLOUT)
+    with pytest.raises(FailedPrecondition, match="only hybrid-rollout"):
+        await rig.core.lend(JOB, rig.core.lease.epoch, 9, "trainer:1")
+
+
+async def test_join_protocol_then_reclaim_returns_to_rollout(lent_rig) -> None:  # noqa: ANN001
+    rig, opener = lent_rig
+    rig.start()
+    lease = rig.core.lease
+    assert lease is not None
+    await rig.core.lend(JOB, lease.epoch, 1, "trainer:1")
+    await wait_until(lambda: _opened(opener))
+    (stream,) = opener.streams
+    stream.incoming.put_nowait(ch.Snapshot("/snap", 4, 2, "{}"))
+    stream.incoming.put_nowait(ch.Update(5, b"merged", False, 1e-3))
+    stream.incoming.put_nowait(ch.Offer(5))
+    await wait_until(lambda: _sent(stream, ch.Activated))
+    assert rig.core.lease.role is t.WorkerRole.HYBRID_TRAINING
+    activated = next(m for m in stream.sent if isinstance(m, ch.Activated))
+    assert activated == ch.Activated(rig.core.lease.epoch, 5)
+    assert [m for m in stream.sent if isinstance(m, ch.Applied)] == [
+        ch.Applied(4), ch.Applied(5, "sum-1")]
+    sample_task = ch.SliceTask(6, 2, activated.epoch, 1, 0.5, [])
+    stream.incoming.put_nowait(sample_task)
+    await wait_until(lambda: _sent(stream, ch.GradientPayload))
+    payload = next(m for m in stream.sent if isinstance(m, ch.GradientPayload))
+    assert (payload.step, payload.epoch, payload.slice_id, payload.data) == (
+        6, activated.epoch, 1, b"grad")
+    assert rig.core.hybrid_phase == "active"
+
+    back = await rig.core.reclaim(2, "test")
+    assert back.role is t.WorkerRole.HYBRID_ROLLOUT and stream.closed
+    # Serving rollouts again.
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task(1))
+    assert [tr.trajectory_id for tr in await rig.run_until_published()] == ["tr-1"]
+
+
+async def _sent(stream: ScriptedStream, kind: type) -> bool:
+    return any(isinstance(m, kind) for m in stream.sent)
+
+
+async def test_a_lost_update_fails_the_join_and_the_worker_goes_back(lent_rig) -> None:  # noqa: ANN001
+    rig, opener = lent_rig
+    rig.start()
+    await rig.core.lend(JOB, rig.core.lease.epoch, 1, "trainer:1")
+    await wait_until(lambda: _opened(opener))
+    (stream,) = opener.streams
+    stream.incoming.put_nowait(ch.Snapshot("/snap", 4, 2, "{}"))
+    stream.incoming.put_nowait(ch.Update(6, b"merged", False, 1e-3))  # step 5 missing
+    await wait_until(lambda: _role_is(rig, t.WorkerRole.HYBRID_ROLLOUT))
+    assert stream.closed and rig.core.hybrid_phase == ""
+
+
+async def _role_is(rig: Rig, role: t.WorkerRole) -> bool:
+    return rig.core.lease is not None and rig.core.lease.role is role
+
+
+async def test_inbox_leftovers_are_dropped_on_reclaim(lent_rig) -> None:  # noqa: ANN001
+    rig, _ = lent_rig
+    await rig.core.lend(JOB, rig.core.lease.epoch, 1, "trainer:1")
+    await rig.place(make_task(7))  # placed before the scheduler saw the role change
+    await rig.core.reclaim(2, "test")
+    assert await rig.r.xlen(keys.inbox(HERE)) == 0
