@@ -38,7 +38,7 @@ from libra.training import channel as ch
 from libra.training.backend import JobBackend
 from libra.training.samples import TrainSample
 from libra.types import GroupId, TrajectoryId
-from services.trainer.elastic import GradientDomain, HybridSession
+from services.trainer.elastic import GradientDomain
 from services.trainer.elastic_step import ElasticTrainer
 from services.trainer.servicer import GradientChannelServicer
 
@@ -76,20 +76,6 @@ class SessionLeases:
         return leases
 
 
-class Core:
-    def __init__(self, trainer: ElasticTrainer) -> None:
-        self.trainer = trainer
-
-    def connect_hybrid(self, hello: ch.Hello) -> HybridSession:
-        return self.trainer.domain.connect(hello)
-
-    def elastic_message(self, session: HybridSession, msg: ch.HybridMessage) -> None:
-        self.trainer.domain.on_message(session, msg)
-
-    def disconnect_hybrid(self, session: HybridSession, reason: str) -> None:
-        self.trainer.domain.disconnect(session, reason)
-
-
 class Timeline:
     def __init__(self) -> None:
         self.events: dict[str, float] = {}
@@ -121,7 +107,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     hybrid.stdout.readline()  # "ready": torch imported, idle
     rows: list[dict[str, Any]] = []
     async with serving("trainer", trainer_pb2_grpc.add_GradientChannelServicer_to_server,
-                       GradientChannelServicer(Core(trainer)), trainer_pb2.DESCRIPTOR,
+                       GradientChannelServicer(trainer), trainer_pb2.DESCRIPTOR,
                        "GradientChannel") as address:
         step, decided_at = 0, None
         while True:

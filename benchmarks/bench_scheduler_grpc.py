@@ -155,8 +155,6 @@ async def run(args: argparse.Namespace) -> dict:
             await core.drain(0)
             await loop_task
             await server.stop()
-            counters = {k.decode(): int(v) for k, v in
-                        (await r.hgetall(keys.counters(JOB))).items()}
         finally:
             await r.aclose()
             redis_server.stop()
@@ -173,7 +171,6 @@ async def run(args: argparse.Namespace) -> dict:
             "max_ms": round(lat[-1], 3), "mean_ms": round(sum(lat) / n, 3),
             "moves": result["actions"]["move"],
             "move_share": round(result["actions"]["move"] / n, 4),
-            "migrations_counter": counters.get("migrations", 0),
             "seed_trajectories": args.seed_trajectories}
 
 

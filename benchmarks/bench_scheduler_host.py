@@ -62,7 +62,8 @@ class InprocScheduler:
 
 
 class TimedScheduler:
-    """Wraps either arm's ``SchedulerApi`` and records each decision's latency."""
+    """Wraps either arm's ``SchedulerApi`` and records each decision's latency (the
+    report's round trip; the rollout waits on it only while a move is pending)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -122,6 +123,13 @@ async def main(args: argparse.Namespace) -> None:
     print("READY", flush=True)
     await stop.wait()
     print(timed.summary(), flush=True)
+    waits = sum(r.num_decision_waits for r in rollouts)
+    wait_s = sum(r.decision_wait_s for r in rollouts)
+    print(f"MOVES handed_off {sum(r.num_moves_handed_off for r in rollouts)} "
+          f"moot {sum(r.num_moves_moot for r in rollouts)} "
+          f"decision_waits {waits} wait_ms_total {1000 * wait_s:.1f} "
+          f"wait_ms_per_tool_return {1000 * wait_s / max(len(timed.latencies_ms), 1):.3f}",
+          flush=True)
     if isinstance(scheduler, GrpcSchedulerClient):
         print(f"REPORTS {scheduler.num_reports} RPCS {scheduler.num_report_rpcs}", flush=True)
     for rollout in rollouts:

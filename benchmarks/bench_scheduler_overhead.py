@@ -11,8 +11,10 @@ and no RPC. In both arms every rollout instance runs in one benchmark host proce
 
 Arms alternate (service, inproc, inproc, service, ...) on fresh stacks; each runs the
 same demo-shaped job (deploy/configs/demo.toml with --steps RL steps). Printed: every
-run's wall time, the mean wall-time ratio service/inproc, CPU seconds per process, and
-the scheduler process's CPU per trajectory (service arm).
+run's wall time, the wall-time ratio service/inproc of every pair (with mean and
+spread) and of the means, CPU seconds per process, the scheduler process's CPU per
+trajectory (service arm), the decisions' round trip and the time rollouts waited on
+decisions (only while a move is pending), and migrations per RL step.
 
 Usage: python benchmarks/bench_scheduler_overhead.py [--steps N] [--rounds R]
        [--policy cmlfq] [--json]
@@ -133,7 +135,7 @@ def stop_stack(stack: Stack) -> None:
     stack.redis.stop()
 
 
-async def run_job(address: str, spec: str) -> tuple[float, int]:
+async def run_job(address: str, spec: str) -> tuple[float, dict[str, int]]:
     client = GrpcCoordinatorClient(address)
     job = await client.create_job(spec, "json")
     started = time.perf_counter()
@@ -145,7 +147,7 @@ async def run_job(address: str, spec: str) -> tuple[float, int]:
     await client.close()
     if job.state.value != "succeeded":
         raise RuntimeError(f"job ended {job.state.value}: {job.message}")
-    return time.perf_counter() - started, counters.get("produced", 0) + counters.get("failed", 0)
+    return time.perf_counter() - started, counters
 
 
 def run_arm(mode: str, spec: str) -> dict[str, Any]:
@@ -153,17 +155,21 @@ def run_arm(mode: str, spec: str) -> dict[str, Any]:
     stack = start_stack(run_root, mode)
     try:
         before = {name: cpu_s(p.pid) for name, p in stack.procs.items()}
-        wall_s, produced = asyncio.run(run_job(stack.coordinator, spec))
+        wall_s, counters = asyncio.run(run_job(stack.coordinator, spec))
         used = {name: cpu_s(p.pid) - before[name] for name, p in stack.procs.items()}
     finally:
         stop_stack(stack)
     host_log = (run_root / "logs" / "rollout-host.log").read_text()
     decisions = next((line for line in host_log.splitlines() if line.startswith("DECISIONS")),
                      "")
+    moves = next((line for line in host_log.splitlines() if line.startswith("MOVES")), "")
+    produced = counters.get("produced", 0) + counters.get("failed", 0)
     out: dict[str, Any] = {"mode": mode, "wall_s": round(wall_s, 2), "trajectories": produced,
+                           "migrations": counters.get("migrations", 0),
                            "cpu_s": {k: round(v, 2) for k, v in used.items()},
                            "cpu_total_s": round(sum(used.values()), 2),
-                           "decisions": decisions.removeprefix("DECISIONS ")}
+                           "decisions": decisions.removeprefix("DECISIONS "),
+                           "moves": moves.removeprefix("MOVES ")}
     if "scheduler" in used:
         out["scheduler_cpu_ms_per_trajectory"] = round(
             1000 * used["scheduler"] / max(produced, 1), 3)
@@ -171,8 +177,12 @@ def run_arm(mode: str, spec: str) -> dict[str, Any]:
     return out
 
 
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(runs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     walls = {m: [r["wall_s"] for r in runs if r["mode"] == m] for m in ("service", "inproc")}
+    # Runs come in pairs (one of each arm, order alternating): one ratio per pair.
+    pairs = [(a, b) if a["mode"] == "service" else (b, a) for a, b in zip(runs[::2], runs[1::2],
+                                                                          strict=True)]
+    ratios = [s["wall_s"] / i["wall_s"] for s, i in pairs]
     per_traj = {m: [r["wall_s"] / max(r["trajectories"], 1) for r in runs if r["mode"] == m]
                 for m in ("service", "inproc")}
     cpu = [r["scheduler_cpu_ms_per_trajectory"] for r in runs if r["mode"] == "service"]
@@ -182,7 +192,13 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             statistics.mean(walls["service"]) / statistics.mean(walls["inproc"]), 4),
         "wall_per_trajectory_ratio": round(
             statistics.mean(per_traj["service"]) / statistics.mean(per_traj["inproc"]), 4),
+        "pair_ratios": [round(x, 4) for x in ratios],
+        "pair_ratio_mean": round(statistics.mean(ratios), 4),
+        "pair_ratio_stdev": round(statistics.stdev(ratios), 4) if len(ratios) > 1 else 0.0,
         "scheduler_cpu_ms_per_trajectory": round(statistics.mean(cpu), 3),
+        "migrations_per_step_mean": {
+            m: round(statistics.mean(r["migrations"] for r in runs if r["mode"] == m)
+                     / steps, 2) for m in ("service", "inproc")},
     }
 
 
@@ -204,7 +220,8 @@ def main() -> None:
             runs.append(run_arm(mode, spec))
             if not args.json:
                 print(json.dumps(runs[-1]), flush=True)
-    summary = {"policy": args.policy, "steps": args.steps, "runs": runs, **summarise(runs)}
+    summary = {"policy": args.policy, "steps": args.steps, "runs": runs,
+               **summarise(runs, args.steps)}
     if args.json:
         print(json.dumps(summary))
         return

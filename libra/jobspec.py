@@ -145,6 +145,7 @@ class ElasticSpec:
     ttl_steps: int = 20
     plan_interval_steps: int = 5
     cooldown_steps: int = 1
+    min_dwell_steps: int = 5
     warmup_steps: int = 2
     transition_cost_s: float = 1.0
     min_gain_ratio: float = 0.05
@@ -326,7 +327,7 @@ def _validate_elastic(e: ElasticSpec) -> None:
              "must be in (0, 1]")
     for name in ("ttl_steps", "plan_interval_steps", "lockstep_check_interval"):
         _require(getattr(e, name) >= 1, f"elastic.{name}", "must be >= 1")
-    for name in ("cooldown_steps", "warmup_steps"):
+    for name in ("cooldown_steps", "min_dwell_steps", "warmup_steps"):
         _require(getattr(e, name) >= 0, f"elastic.{name}", "must be >= 0")
     _require(e.transition_cost_s >= 0, "elastic.transition_cost_s", "must be >= 0")
     _require(e.min_gain_ratio >= 0, "elastic.min_gain_ratio", "must be >= 0")

@@ -70,6 +70,12 @@ def counters(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:counters"
 
 
+def placed_counter(bucket: str) -> str:
+    """Field of ``counters``: placements into ``bucket`` (by the scheduler, and moves in
+    by the instance that hands a trajectory off)."""
+    return f"placed:{bucket}"
+
+
 def load(job_id: str) -> str:
     """Hash instance_id -> live trajectories pinned there (HINCRBY; shared by replicas)."""
     return f"{PREFIX}:job:{job_id}:load"

@@ -14,16 +14,18 @@ What is modelled, each piece taken from the services' code (read-only) and each 
   waits on a tool it polls the inbox every ``poll_s``; the first job contact loads the
   model (``first_load_s``); a newly published policy is loaded at the next pass
   (``reload_s``);
-- a tool call costs its measured latency plus the scheduler RPC that follows it
-  (``tool_report_s``); a trajectory that ends with an answer is scored first
-  (``finish_overhead_s``, measured per trajectory).
+- after an engine call each row's task runs its RPCs in turn: a tool call (measured
+  latency) then the scheduler report (``tool_report_s``), or the scoring RPC of a
+  trajectory that ends with an answer (``finish_overhead_s``, measured per trajectory);
+  an RPC answer that arrives while the instance's engine thread runs a call resumes one
+  GIL switch interval later (``gil_wait_s``).
 
-CPU sharing between the co-located processes enters only through the measured inputs
-(engine costs scaled by the probe's slowdown, RPC latencies measured under load). Not
-modelled: GIL contention inside a rollout process (its engine thread against its event
-loop's tool/RPC work), the scheduler's own admission->placement latency, the abort and
-re-prefill of an engine call cut by a weight update, trajectories admitted but never
-finished (the job ended under them).
+Engine costs are fitted per instance to its own in-run calls, so the machine's and the
+process's contention enter the engine through them. Not modelled (measured by
+``sim.validation.measured_gaps``, the remaining error): the CPU starvation of the
+rollout's event loop (pass overhead and RPC answers take their idle-stack time here),
+the abort and re-prefill of an engine call cut by a weight update, trajectories
+admitted but never finished (the job ended under them).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from services.scheduler.policy import BucketLayout, TrajectoryDescriptor, make_p
 from sim.cpu_engine import CpuEngineCosts
 from sim.trace import TraceTrajectory
 
-ARRIVE, LOOP, CALL_DONE, TOOL_DONE, TICK = range(5)
+ARRIVE, LOOP, CALL_DONE, RPC_DONE, TICK = range(5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +64,17 @@ class CpuStack:
     policy: str
     max_batch_size: int
     max_trajectories: int
-    costs: CpuEngineCosts
+    costs: dict[str, CpuEngineCosts]
+    """Per instance id: its step costs (fitted to its own in-run engine calls)."""
     pass_overhead_s: float
     tool_report_s: float
-    first_load_s: float
+    first_load_s: dict[str, float]
+    """Per instance id: first admission placed on it -> model and weights loaded."""
     reload_s: float
     publish_times_s: tuple[float, ...] = ()
     poll_s: float = 0.02
     tick_s: float = 0.05
+    gil_wait_s: float = 0.0
 
 
 @dataclass
@@ -102,6 +107,7 @@ class _Inst:
     versions_loaded: int = 0
     wait_token: int = 0
     busy_s: float = 0.0
+    first_arrival_s: float = -1.0
 
 
 class CpuReplay:
@@ -141,6 +147,8 @@ class CpuReplay:
             return False
         self._apply(placement.load_deltas)
         inst = self.insts[placement.instance_id]
+        if inst.first_arrival_s < 0:
+            inst.first_arrival_s = now
         inst.inbox.append(t)
         if not inst.busy and not inst.active:
             self._push(now, LOOP, (inst.iid, None))  # blocked on its inbox: wakes at once
@@ -177,7 +185,8 @@ class CpuReplay:
             return  # blocked on the inbox; an arrival wakes it
         t = now + s.pass_overhead_s
         if not inst.loaded:
-            inst.loaded, t = True, t + s.first_load_s
+            inst.loaded = True
+            t = max(t, inst.first_arrival_s + s.first_load_s.get(iid, 0.0))
         published = sum(1 for p in s.publish_times_s if p <= t)
         if published > inst.versions_loaded:
             inst.versions_loaded, t = published, t + s.reload_s
@@ -187,7 +196,7 @@ class CpuReplay:
             inst.wait_token += 1
             self._push(t + s.poll_s, LOOP, (iid, inst.wait_token))
             return
-        call_s = s.costs.call_s(
+        call_s = s.costs[iid].call_s(
             [a.context_tokens() for a in batch],
             [a.rt.rec.turns[a.turn].output_tokens for a in batch],
         )
@@ -203,11 +212,31 @@ class CpuReplay:
         inst.busy = False
         for a in batch:
             tool = a.rt.rec.turns[a.turn].tool
-            if tool is None:
-                self._finish(inst, a, now + a.rt.finish_overhead_s)
-            else:
-                self._push(now + tool.latency_s + self.stack.tool_report_s, TOOL_DONE, (iid, a))
+            if tool is None:  # scoring (when it has an answer), then the finish stamp
+                rpcs = (a.rt.finish_overhead_s,) if a.rt.finish_overhead_s > 0 else ()
+            else:  # the tool call, then the scheduler report, then ready
+                rpcs = (tool.latency_s, self.stack.tool_report_s)
+            self._after_rpcs(iid, a, rpcs, now)
         self._on_loop((iid, None), now)
+
+    def _after_rpcs(self, iid: str, a: _Traj, rpcs: tuple[float, ...], now: float) -> None:
+        if rpcs:
+            self._push(now + rpcs[0], RPC_DONE, (iid, a, rpcs[1:], False))
+        elif a.rt.rec.turns[a.turn].tool is None:
+            self._finish(self.insts[iid], a, now)
+        else:
+            self._tool_done(iid, a, now)
+
+    def _on_rpc_done(self, payload: tuple[str, _Traj, tuple[float, ...], bool],
+                     now: float) -> None:
+        """An RPC answered: its task resumes once the event loop holds the GIL. While an
+        engine call runs, the engine thread holds it and the loop waits one switch
+        interval before the interpreter forces a hand-over (``gil_wait_s``)."""
+        iid, a, rest, waited = payload
+        if self.insts[iid].busy and not waited and self.stack.gil_wait_s > 0:
+            self._push(now + self.stack.gil_wait_s, RPC_DONE, (iid, a, rest, True))
+            return
+        self._after_rpcs(iid, a, rest, now)
 
     def _finish(self, inst: _Inst, a: _Traj, when: float) -> None:
         a.finished_s = when
@@ -217,8 +246,7 @@ class CpuReplay:
         if self.pending:
             self._arm_tick(when)
 
-    def _on_tool_done(self, payload: tuple[str, _Traj], now: float) -> None:
-        iid, a = payload
+    def _tool_done(self, iid: str, a: _Traj, now: float) -> None:
         a.turn += 1
         a.ready = True
         inst = self.insts[iid]
@@ -234,7 +262,7 @@ class CpuReplay:
             ARRIVE: self._on_arrive,
             LOOP: self._on_loop,
             CALL_DONE: self._on_call_done,
-            TOOL_DONE: self._on_tool_done,
+            RPC_DONE: self._on_rpc_done,
             TICK: self._on_tick,
         }
         while self.events:

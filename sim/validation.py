@@ -6,14 +6,16 @@ Procedure (:func:`validate`), against a running stack (`libra up`):
 2. record its finished trajectories (``sim/record.py``) with their admission
    (``created_at_ms``, stamped by the scheduler) and finish (``finished_at_ms``,
    stamped by the rollout instance) times;
-3. measure every cost the replay needs: *while the job runs*, a :class:`LoadProbe`
-   times a gateway call, a scheduler RPC, a rollout loop pass's Redis round trips and a
-   fixed CPU work unit every 20 ms (what the co-located processes experience on the
-   loaded machine); afterwards, with the stack still up, each recorded tool call is
-   re-issued with the *same call id* (deterministic outcomes; retries and back-off
-   recur) and each answer re-scored; the engine's solo step costs are timed on the
-   job's model (``sim/cpu_engine.py``) and scaled by the probe's CPU slowdown; the model
-   load is timed; weight reloads come from the rollout's own ``weights_loaded`` events;
+3. measure every cost the replay needs *in the run*: each rollout instance's engine
+   calls (shape and wall time, timed by the engine in the serving process and read
+   from ``GetInstanceStatus.engine_profile_json``; ``sim/cpu_engine.py`` fits the
+   instance's step costs to them), the first job contact (first admission on an
+   instance -> its ``weights_loaded`` of version 0) and the weight reloads (the
+   rollout's own ``weights_loaded`` events); afterwards, with the stack still up, each
+   recorded tool call is re-issued with the *same call id* (deterministic outcomes;
+   retries and back-off recur), each answer re-scored and the scheduler RPC and a loop
+   pass's Redis round trips timed; the remaining system delays are read from the code
+   and configuration they model (:func:`system_delays`);
 4. replay the trace on the same instances, batch caps and policy (``sim/cpu_replay.py``)
    and compare.
 
@@ -64,14 +66,12 @@ def write_stack_file(path: Path) -> Path:
     return path
 
 
-async def run_job(coordinator: str, spec_json: str, probe: LoadProbe | None = None,
-                  timeout_s: float = 600.0) -> str:
-    """Create the job, probe the machine's load until it ends; return its id."""
+async def run_job(coordinator: str, spec_json: str, timeout_s: float = 600.0) -> str:
+    """Create the job and wait until it ends; return its id."""
     from libra.clients.coordinator import GrpcCoordinatorClient
 
     client = GrpcCoordinatorClient(coordinator)
     job = await client.create_job(spec_json, "json")
-    probing = asyncio.create_task(probe.run(job.job_id)) if probe else None
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -82,77 +82,10 @@ async def run_job(coordinator: str, spec_json: str, probe: LoadProbe | None = No
                 raise RuntimeError(f"job {job.job_id} not done after {timeout_s}s")
             await asyncio.sleep(0.3)
     finally:
-        if probing is not None:
-            probing.cancel()
         await client.close()
     if job.state is not t.JobState.SUCCEEDED:
         raise RuntimeError(f"job {job.job_id} ended {job.state.value}: {job.message}")
     return job.job_id
-
-
-def _cpu_unit() -> None:
-    """A fixed piece of pure-Python work (about a millisecond on an idle core)."""
-    total = 0
-    for i in range(20_000):
-        total += i * i
-    del total
-
-
-class LoadProbe:
-    """Measures, while the job runs, what the co-located services experience.
-
-    Every ``period_s``: one gateway tool call, one scheduler RPC, three Redis round
-    trips (a rollout loop pass) and one fixed CPU work unit, each timed and stamped
-    with the wall clock. The CPU unit's time over its time on the idle stack (measured
-    by :meth:`baseline` before the job) is the slowdown a CPU-bound engine step sees
-    (processor sharing with the other processes on the machine's cores).
-    """
-
-    def __init__(self, gateway: Any, scheduler: Any, redis: Any, period_s: float = 0.02) -> None:
-        self.gateway, self.scheduler, self.redis = gateway, scheduler, redis
-        self.period_s = period_s
-        self.samples: list[tuple[float, str, float]] = []
-        self.solo_cpu_s = 0.0
-
-    def baseline(self, n: int = 200) -> None:
-        times = []
-        for _ in range(n):
-            started = time.perf_counter()
-            _cpu_unit()
-            times.append(time.perf_counter() - started)
-        self.solo_cpu_s = statistics.median(times)
-
-    async def run(self, job_id: str) -> None:
-        from libra import redis_keys
-
-        n = 0
-        while True:
-            n += 1
-            now = time.time()
-            tool = _timed(self.gateway.execute(
-                "probe", f"probe:{n}", "calculator", {"expression": "1+1"}, 1000, {}))
-            self.samples.append((now, "tool_rpc_s", await tool))
-            self.samples.append((now, "sched_rpc_s", await _timed(self.scheduler.stats(job_id))))
-            started = time.perf_counter()
-            await self.redis.hget(redis_keys.job(job_id), "state")
-            await self.redis.hgetall(redis_keys.policy(job_id))
-            await self.redis.xlen(redis_keys.trajectories(job_id))
-            self.samples.append((now, "pass_s", time.perf_counter() - started))
-            started = time.perf_counter()
-            _cpu_unit()
-            self.samples.append((now, "cpu_unit_s", time.perf_counter() - started))
-            await asyncio.sleep(self.period_s)
-
-    def summary(self, start_s: float, end_s: float) -> dict[str, float]:
-        """Medians over the rollout window [start_s, end_s] (wall clock)."""
-        kinds: dict[str, list[float]] = {}
-        for at, kind, value in self.samples:
-            if start_s <= at <= end_s:
-                kinds.setdefault(kind, []).append(value)
-        out = {k: statistics.median(v) for k, v in kinds.items()}
-        out["num_probes"] = float(len(kinds.get("cpu_unit_s", [])))
-        out["cpu_slowdown"] = max(1.0, out.get("cpu_unit_s", 0.0) / self.solo_cpu_s)
-        return out
 
 
 async def read_run(redis: Any, job_id: str) -> tuple[list[t.Trajectory], list[dict], dict]:
@@ -229,15 +162,6 @@ async def measure_round_trips(redis: Any, scheduler: Any, job_id: str, n: int = 
     return {"tool_report_s": statistics.median(sched), "pass_overhead_s": statistics.median(passes)}
 
 
-def measure_model_load(model_dir: str) -> float:
-    """A rollout's first job contact: load the model directory."""
-    from libra.models.tiny import load_model_dir
-
-    started = time.perf_counter()
-    load_model_dir(model_dir)
-    return time.perf_counter() - started
-
-
 def reload_schedule(events: list[dict], t0_ms: int) -> tuple[tuple[float, ...], float]:
     """Publish times (s after ``t0_ms``) and median reload time, from ``weights_loaded``.
 
@@ -300,9 +224,27 @@ def compare(recs: list, predicted_finish_s: list[float]) -> dict[str, Any]:
     }
 
 
+async def engine_profiles(state: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every rollout instance's engine calls, as it timed them during the run."""
+    import grpc
+
+    from libra.proto.rollout.v1 import rollout_pb2 as pb
+    from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
+
+    out = {}
+    for svc in state["services"]:
+        if svc["name"] not in dict(STACK_INSTANCES):
+            continue
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{svc['port']}") as channel:
+            resp = await pb_grpc.RolloutServiceStub(channel).GetInstanceStatus(
+                pb.GetInstanceStatusRequest(), timeout=10.0)
+        out[svc["name"]] = json.loads(resp.engine_profile_json or "[]")
+    return out
+
+
 async def _run_and_measure(state: dict[str, Any], spec_json: str) -> dict[str, Any]:
-    """Steps 1-3 against the live stack: the job (probed while it runs), then the idle
-    re-issue of its tool calls and scoring."""
+    """Steps 1-3 against the live stack: the job, the instances' engine profiles, then the
+    idle re-issue of its tool calls and scoring."""
     import redis.asyncio as aioredis
 
     from libra.cli import stack
@@ -315,9 +257,8 @@ async def _run_and_measure(state: dict[str, Any], spec_json: str) -> dict[str, A
     gateway = GrpcToolGatewayClient(f"127.0.0.1:{port['toolgateway']}")
     scheduler = GrpcSchedulerClient(f"127.0.0.1:{port['scheduler']}")
     try:
-        probe = LoadProbe(gateway, scheduler, redis)
-        probe.baseline()
-        job_id = await run_job(stack.coordinator_address(state), spec_json, probe)
+        job_id = await run_job(stack.coordinator_address(state), spec_json)
+        profiles = await engine_profiles(state)
         trajs, events, job = await read_run(redis, job_id)
         spec = job_spec_from_json(job["spec_json"])
         tool_s = await measure_tool_calls(gateway, spec, trajs)
@@ -327,59 +268,113 @@ async def _run_and_measure(state: dict[str, Any], spec_json: str) -> dict[str, A
         await gateway.close()
         await scheduler.close()
         await redis.aclose()
-    window = (min(tr.created_at_ms for tr in trajs) / 1000,
-              max(tr.finished_at_ms for tr in trajs) / 1000)
     return {"job_id": job_id, "trajs": trajs, "events": events, "spec": spec,
-            "model_dir": str(Path(job["run_dir"]) / "model"), "tool_s": tool_s,
-            "score_s": score_s, "idle": idle, "loaded": probe.summary(*window)}
+            "profiles": profiles, "tool_s": tool_s, "score_s": score_s, "idle": idle}
 
 
-def under_load(m: dict[str, Any]) -> tuple[dict, dict, dict[str, float]]:
-    """Per-call latencies and round trips as the loaded machine served them.
+def first_contact_s(trajs: list[t.Trajectory], events: list[dict]) -> dict[str, float]:
+    """Per instance: first admission placed on it -> its ``weights_loaded`` of version 0.
 
-    A re-issued call's time beyond the idle median (retries, back-off: wall time, not
-    CPU) is kept; the RPC itself takes the probe's loaded median.
+    The first job contact (``RolloutCore._context``: spec and policy reads, the model
+    load in a thread, the verified weight load) measured in the run itself: it runs
+    under the job's start-up contention (both instances and the trainer load at once),
+    which a load timed afterwards would not see.
     """
-    idle, loaded = m["idle"], m["loaded"]
-    calls = [x for lat in m["tool_s"].values() for x in lat] or [0.0]
-    idle_rpc = statistics.median(calls)
-    tool_s = {k: [loaded["tool_rpc_s"] + max(0.0, x - idle_rpc) for x in lat]
-              for k, lat in m["tool_s"].items()}
-    score_s = {k: (loaded["tool_rpc_s"] if v > 0 else 0.0) for k, v in m["score_s"].items()}
-    rtt = {"tool_report_s": loaded.get("sched_rpc_s", idle["tool_report_s"]),
-           "pass_overhead_s": loaded.get("pass_s", idle["pass_overhead_s"])}
-    return tool_s, score_s, rtt
+    first: dict[str, int] = {}
+    for tr in trajs:
+        first[tr.instance_id] = min(first.get(tr.instance_id, tr.created_at_ms),
+                                    tr.created_at_ms)
+    out = {}
+    for ev in events:
+        iid = ev.get("instance", "")
+        if ev.get("kind") == "weights_loaded" and ev.get("version") == "0" and iid in first:
+            out[iid] = max(0.0, (ev["at_ms"] - first[iid]) / 1000.0)
+    return out
 
 
-def replay_measured(m: dict[str, Any], costs: Any = None) -> dict[str, Any]:
-    """Calibrate the engine (unless ``costs`` is given), build the stack model, replay."""
-    from sim.cpu_engine import calibrate
+def engine_costs(profiles: dict[str, list[dict]]) -> tuple[dict, dict]:
+    """Each instance's step costs fitted to its own in-run engine calls, and the fit's
+    report (total measured vs fitted time, per-call error)."""
+    from sim.cpu_engine import fit, fit_report
+
+    costs, report = {}, {}
+    for iid, calls in profiles.items():
+        costs[iid] = fit(calls)
+        report[iid] = {**fit_report(costs[iid], calls), "costs": costs[iid].to_dict()}
+    return costs, report
+
+
+def measured_gaps(m: dict[str, Any]) -> dict[str, float]:
+    """Diagnostics (not replay inputs): where the measured time goes after the first wave.
+
+    From the instances' engine-call timelines and the trajectories' stamps: a
+    single-turn trajectory's finish minus the end of its instance's last engine call
+    before it (the post-call path: parse, scoring RPC, stamp), and an admission to the
+    start of its instance's next engine call (pick-up: inbox, pass, weight reload, and
+    any call in flight).
+    """
+    calls = {iid: sorted((c["at_s"] - c["wall_s"], c["at_s"]) for c in cs)
+             for iid, cs in m["profiles"].items()}
+    t0_s = min(tr.created_at_ms for tr in m["trajs"]) / 1000.0
+    post, pickup = [], []
+    for tr in m["trajs"]:
+        admitted, finished = tr.created_at_ms / 1000.0, tr.finished_at_ms / 1000.0
+        spans = calls.get(tr.instance_id, [])
+        if admitted - t0_s < 0.1 or not spans:
+            continue  # the first wave waits for the first contact instead
+        ends = [end for _, end in spans if end <= finished + 5e-4]
+        if tr.num_turns == 1 and ends:
+            post.append(finished - ends[-1])
+        pickup += [start - admitted for start, _ in spans if start >= admitted][:1]
+    return {"post_call_finish_s": statistics.fmean(post) if post else 0.0,
+            "admission_to_call_s": statistics.fmean(pickup) if pickup else 0.0}
+
+
+def system_delays() -> dict[str, float]:
+    """The modelled system delays, each read from the code or configuration it models.
+
+    - ``poll_s``: while every pinned trajectory waits on a tool, the rollout loop looks
+      at its inbox again after ``WAIT_FOR_TOOLS_S`` (``services/rollout/core.py``); an
+      idle instance blocks on its inbox and wakes at once on an arrival;
+    - ``tick_s``: what finds no capacity waits for the scheduler's next admission /
+      placement tick (``SchedulerConfig.tick_s``, the stack's default);
+    - ``gil_wait_s``: an RPC answer that arrives while the engine thread runs a call
+      resumes its task only after the interpreter forces a GIL hand-over, one switch
+      interval later (``sys.getswitchinterval()``, 5 ms by default).
+    """
+    import sys
+
+    from services.rollout.core import WAIT_FOR_TOOLS_S
+    from services.scheduler.config import SchedulerConfig
+
+    return {"poll_s": WAIT_FOR_TOOLS_S, "tick_s": SchedulerConfig().tick_s,
+            "gil_wait_s": sys.getswitchinterval()}
+
+
+def replay_measured(m: dict[str, Any]) -> dict[str, Any]:
+    """Build the stack model from the measurements, replay, compare."""
     from sim.cpu_replay import CpuReplay, CpuStack
 
-    fit_info: dict[str, Any] = {}
-    if costs is None:
-        costs, fit_info = calibrate(m["model_dir"])
-    slowdown = m["loaded"]["cpu_slowdown"]
-    tool_s, score_s, rtt = under_load(m)
-    recs = recorded(m["trajs"], tool_s, score_s)
+    recs = recorded(m["trajs"], m["tool_s"], m["score_s"])
     t0_ms = min(tr.created_at_ms for tr in m["trajs"])
     publish, reload_s = reload_schedule(m["events"], t0_ms)
+    costs, fit_info = engine_costs(m["profiles"])
+    first_load = first_contact_s(m["trajs"], m["events"])
     spec = m["spec"]
     cpu = CpuStack(
         instances=STACK_INSTANCES, buckets=tuple(spec.layout.buckets),
         policy=spec.layout.policy, max_batch_size=MAX_BATCH_SIZE,
-        max_trajectories=MAX_TRAJECTORIES, costs=costs.scaled(slowdown),
-        pass_overhead_s=rtt["pass_overhead_s"], tool_report_s=rtt["tool_report_s"],
-        first_load_s=measure_model_load(m["model_dir"]) * slowdown + reload_s,
-        reload_s=reload_s, publish_times_s=publish,
+        max_trajectories=MAX_TRAJECTORIES, costs=costs,
+        pass_overhead_s=m["idle"]["pass_overhead_s"], tool_report_s=m["idle"]["tool_report_s"],
+        first_load_s=first_load, reload_s=reload_s, publish_times_s=publish,
+        **system_delays(),
     )
     result = compare(recs, CpuReplay(cpu, recs).run())
     result["measured_inputs"] = {
-        "engine_solo": costs.to_dict(), "engine_fit": fit_info, "cpu_slowdown": slowdown,
-        "loaded_probe": m["loaded"], "idle_round_trips": m["idle"],
-        "first_load_s": cpu.first_load_s, "reload_s": reload_s,
-        "num_weight_versions": len(publish),
-        "num_tool_calls": sum(len(v) for v in tool_s.values()),
+        "engine_fit": fit_info, "idle_round_trips": m["idle"], "first_load_s": first_load,
+        "reload_s": reload_s, "num_weight_versions": len(publish),
+        "num_tool_calls": sum(len(v) for v in m["tool_s"].values()),
+        "system_delays": system_delays(), "measured_gaps": measured_gaps(m),
     }
     return result
 

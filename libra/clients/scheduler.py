@@ -4,7 +4,9 @@ Every ``report_tool_return`` call joins a queue; one sender task sends what is q
 one ``ReportToolReturns`` RPC per (instance, lease epoch), with at most one RPC in
 flight: reports that arrive while it runs go out together in the next one. A lone
 report is sent at once (no timer), so batching adds no latency; under the turn-level
-batching of a rollout instance, a whole engine step's tool returns share one RPC.
+batching of a rollout instance, a whole engine step's tool returns share one RPC. The
+rollout core awaits the decisions in background tasks: a trajectory goes on with its next
+turn meanwhile, so the round trip is off its critical path.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from libra.telemetry import init_logging, init_tracing
 from services.rollout.backend import TorchEngineLoader
 from services.rollout.config import RolloutConfig
 from services.rollout.core import EngineLoader, RolloutCore, RolloutSettings
+from services.rollout.engine_types import EngineCallLog
 from services.rollout.hybrid_backend import TorchHybridTrainer
 from services.rollout.servicer import RolloutServicer
 from services.rollout.store import RedisRolloutStore
@@ -52,6 +53,11 @@ def engine_loader(cfg: RolloutConfig) -> EngineLoader:
     raise ValueError(f"config engine: expected torch or vllm, got {cfg.engine!r}")
 
 
+def engine_calls(loader: EngineLoader) -> EngineCallLog | None:
+    """The torch engines' call log (vLLM batches continuously: its calls are not logged)."""
+    return loader.calls if isinstance(loader, TorchEngineLoader) else None
+
+
 def worker_role(value: str) -> t.WorkerRole:
     """The lease role a rollout instance may take: core-rollout or hybrid-rollout."""
     allowed = (t.WorkerRole.CORE_ROLLOUT, t.WorkerRole.HYBRID_ROLLOUT)
@@ -65,13 +71,14 @@ def worker_role(value: str) -> t.WorkerRole:
 async def main(cfg: RolloutConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
     peers = cfg.peers
+    loader = engine_loader(cfg)
     settings = RolloutSettings(
         instance_id=cfg.instance_id, bucket=cfg.bucket, max_batch_size=cfg.max_batch_size,
         max_trajectories=cfg.max_trajectories, lease_ttl_ms=cfg.lease_ttl_ms,
         tool_deadline_s=cfg.tool_deadline_s, weight_load_deadline_s=cfg.weight_load_deadline_s,
         role=worker_role(cfg.role))
     core = RolloutCore(
-        settings, RedisRolloutStore(redis), engine_loader(cfg),
+        settings, RedisRolloutStore(redis), loader,
         GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
         GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
         GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s), SystemClock(),
@@ -85,7 +92,7 @@ async def main(cfg: RolloutConfig) -> None:
 
     name = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
     registration = Registration(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
-                                RolloutServicer(core), name)
+                                RolloutServicer(core, engine_calls(loader)), name)
     await serve("rollout", cfg.server, [registration], run=core.run, drain=core.drain,
                 on_started=register)
     await redis.aclose()

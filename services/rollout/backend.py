@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from libra import types as t
 from libra.models.tiny import load_model_dir, stop_token_ids
+from services.rollout.engine_types import EngineCallLog
 from services.rollout.torch_engine import TorchEngine
 
 logger = logging.getLogger(__name__)
@@ -35,11 +36,13 @@ class HfTokenizer:
 
 
 class TorchEngineLoader:
-    """Loads the job's model directory into a ``TorchEngine`` (CPU or CUDA)."""
+    """Loads the job's model directory into a ``TorchEngine`` (CPU or CUDA); every
+    engine it builds records its calls in ``calls`` (reported by ``GetInstanceStatus``)."""
 
     def __init__(self, num_threads: int = 1, seed: int = 0) -> None:
         self._num_threads = num_threads
         self._seed = seed
+        self.calls = EngineCallLog()
 
     def load(self, model_dir: str, policy: t.PolicyInfo,
              tp_degree: int = 1) -> tuple[TorchEngine, HfTokenizer]:
@@ -51,6 +54,6 @@ class TorchEngineLoader:
         model, tokenizer = load_model_dir(model_dir)
         engine = TorchEngine(model, pad_token_id=tokenizer.pad_token_id,
                              num_threads=self._num_threads, seed=self._seed,
-                             policy_version=-1)
+                             policy_version=-1, call_log=self.calls)
         max_ctx = int(model.config.max_position_embeddings)
         return engine, HfTokenizer(tokenizer, stop_token_ids(tokenizer), max_ctx)

@@ -11,6 +11,18 @@ keep their tokens (with the old version), the new weights are loaded before the 
 pass, and those turns resume with the rest of their token budget: nothing in flight is
 thrown away, and a turn is parsed only once it is complete.
 
+Placement decisions are off the critical path: after a tool return the trajectory is
+ready for its next turn at once (staying is the default) and the report goes to the
+scheduler in the background. A MOVE that comes back is handed off at the trajectory's
+next turn boundary: at once if it is waiting for its next turn, otherwise when the turn
+in flight has run its tool call (that tool return's own decision is awaited first, so
+the handoff goes where the scheduler wants it now). A move whose trajectory finished or
+was dropped meanwhile is moot. The scheduler commits nothing for a move: the handoff
+itself re-pins the assignment and load in Redis (fenced on the lease epoch and on the
+assignment), so Redis never points at an instance that does not hold the trajectory.
+
+Lending to training (elastic pool) lives in :mod:`services.rollout.lend`.
+
 Pure: the engine, Redis and peers come in as collaborators.
 """
 
@@ -19,19 +31,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import FailedPrecondition, LeaseLost, LibraError
+from libra.errors import LeaseLost, LibraError
 from libra.jobspec import JobSpec, job_spec_from_json
-from libra.training import channel as ch
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
-from services.rollout.lending import ChannelOpener, HybridJoin, TrainerLoader
+from services.rollout.lend import LendingMixin
+from services.rollout.lending import ChannelOpener, TrainerLoader
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.coordinator import CoordinatorApi
@@ -91,9 +104,12 @@ class RolloutSettings:
 class _Active:
     entry: InboxEntry
     traj: t.Trajectory
+    # Waiting for its next turn (not in an engine call, a tool call or its finish).
     ready: bool = True
     # Tokens of the current turn sampled before an interruption (a weight update).
     turn_prefix: list[int] = field(default_factory=list)
+    # A MOVE decided for it and not yet handed off (at the next turn boundary).
+    move: t.PlacementDecision | None = None
 
 
 @dataclass
@@ -104,7 +120,7 @@ class _JobContext:
     active: dict[str, _Active] = field(default_factory=dict)
 
 
-class RolloutCore:
+class RolloutCore(LendingMixin):
     """The busy loop of one rollout instance."""
 
     def __init__(self, settings: RolloutSettings, store: RolloutStore, loader: EngineLoader,
@@ -123,17 +139,22 @@ class RolloutCore:
         self._stopping = False
         self._wakeup = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        # Tool-return reports awaiting their decision (nobody waits on them).
+        self._reports: set[asyncio.Task] = set()
         # (job, version, sha256) whose weights failed verification: checked and reported
         # once, not on every pass of the loop.
         self._rejected: set[tuple[str, int, str]] = set()
         self.tokens_generated = 0
+        # Moves handed off, and moves that came back after their trajectory was gone.
+        self.num_moves_handed_off = 0
+        self.num_moves_moot = 0
+        # Tool returns at which a trajectory waited for its decision (a move was pending)
+        # and the time they waited: the decision's cost on the critical path.
+        self.num_decision_waits = 0
+        self.decision_wait_s = 0.0
         # Elastic pool: role changes and renewals never interleave (both move the epoch).
         self._lease_lock = asyncio.Lock()
-        self._opener = opener
-        self._load_trainer = load_trainer
-        self._generation = 0
-        self._lent: tuple[HybridJoin, asyncio.Task] | None = None
-        self._lending = False  # the loop takes no work and samples nothing
+        self._init_lending(opener, load_trainer)
         self._stepping = False  # an engine call is in flight
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -207,138 +228,9 @@ class RolloutCore:
         finally:
             heartbeat.cancel()
 
-    # -- elastic pool: lent to training ---------------------------------------------------
-
-    @property
-    def hybrid_phase(self) -> str:
-        return self._lent[0].phase if self._lent else ""
-
     @property
     def lease(self) -> t.Lease | None:
         return self._lease
-
-    async def lend(self, job_id: str, expected_epoch: int, generation: int,
-                   trainer_address: str) -> tuple[t.Lease, int]:
-        """Stop sampling, hand the pinned trajectories back, become hybrid-joining and
-        start the join in the background; returns (the new lease, trajectories handed)."""
-        self._check_lendable(expected_epoch, generation)
-        self._generation = generation
-        self._lending = True
-        try:
-            handed = await self._hand_back()
-            async with self._lease_lock:
-                lease = self._require_lease(expected_epoch)
-                self._lease = await self._coordinator.change_worker_role(
-                    lease.worker_id, lease.epoch, t.WorkerRole.HYBRID_JOINING)
-        except BaseException:
-            self._lending = False
-            raise
-        assert self._opener is not None and self._load_trainer is not None
-        hello = ch.Hello(job_id, self._lease.worker_id, self._lease.epoch, generation)
-        join = HybridJoin(hello, trainer_address, self._opener, self._load_trainer,
-                          self._activate)
-        self._lent = (join, asyncio.create_task(self._run_join(join)))
-        logger.info("[lend] joining training job_id=%s epoch=%d handed_back=%d", job_id,
-                    self._lease.epoch, handed)
-        return self._lease, handed
-
-    def _check_lendable(self, expected_epoch: int, generation: int) -> None:
-        if self.settings.role is not t.WorkerRole.HYBRID_ROLLOUT or self._opener is None:
-            raise FailedPrecondition(f"instance {self.settings.instance_id} is "
-                                     f"{self.settings.role.value}; only hybrid-rollout "
-                                     "instances are lent to training")
-        if generation <= self._generation:
-            raise FailedPrecondition(f"lend generation {generation} is not newer than "
-                                     f"{self._generation}")
-        if self._lent is not None or self._lending:
-            raise FailedPrecondition(f"instance {self.settings.instance_id} is already lent")
-        self._require_lease(expected_epoch)
-
-    def _require_lease(self, expected_epoch: int) -> t.Lease:
-        if self._lease is None or self._lease.epoch != expected_epoch:
-            held = self._lease.epoch if self._lease else None
-            raise FailedPrecondition(f"lease epoch is {held}, not {expected_epoch}")
-        return self._lease
-
-    async def _hand_back(self) -> int:
-        """Give every pinned trajectory back to the scheduler with what it generated.
-
-        The engine call in flight is aborted at a token boundary and tool calls in
-        flight are let finish (bounded by the tool deadline), so each trajectory is
-        handed over between turns, its tokens, masks, log-probs and versions intact.
-        """
-        if self._job is None:
-            return 0
-        job_id, ctx = self._job
-        ctx.engine.abort()
-        deadline_s = self._clock.now_s() + self.settings.tool_deadline_s + 1.0
-        while (self._stepping or self._tasks) and self._clock.now_s() < deadline_s:
-            await asyncio.sleep(0.01)
-        actives = list(ctx.active.values())
-        ctx.active.clear()
-        for act in actives:
-            await self._store.hand_back(act.traj, self.settings.instance_id,
-                                        act.entry.entry_id)
-        await self._store.record_event(job_id, "trajectories_handed_back",
-                                       instance=self.settings.instance_id,
-                                       count=str(len(actives)))
-        return len(actives)
-
-    async def _activate(self) -> int:
-        """The core offered activation: take the hybrid-training epoch (CAS)."""
-        async with self._lease_lock:
-            assert self._lease is not None
-            self._lease = await self._coordinator.change_worker_role(
-                self._lease.worker_id, self._lease.epoch, t.WorkerRole.HYBRID_TRAINING)
-            return self._lease.epoch
-
-    async def _run_join(self, join: HybridJoin) -> None:
-        try:
-            await join.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure returns the worker to rollout
-            join.phase, join.detach_reason = "failed", str(exc)
-            logger.warning("[lend] join failed error=%s", exc)
-        # Detached by the core, failed or the stream ended: serve rollouts again.
-        await self._return_to_rollout(f"{join.phase}: {join.detach_reason}", cancel=False)
-
-    async def reclaim(self, generation: int, reason: str) -> t.Lease:
-        """Back to rollout: cancel a pending join or detach an active one."""
-        if generation < self._generation:
-            raise FailedPrecondition(f"reclaim generation {generation} is older than "
-                                     f"{self._generation}")
-        self._generation = generation
-        await self._return_to_rollout(reason or "reclaimed", cancel=True)
-        assert self._lease is not None
-        return self._lease
-
-    async def _return_to_rollout(self, reason: str, cancel: bool) -> None:
-        lent, self._lent = self._lent, None
-        if lent is not None and cancel:
-            lent[1].cancel()
-            await asyncio.gather(lent[1], return_exceptions=True)
-        async with self._lease_lock:
-            await self._store.clear_inbox(self.settings.instance_id)
-            lease = self._lease
-            if lease is not None and lease.role in (t.WorkerRole.HYBRID_JOINING,
-                                                    t.WorkerRole.HYBRID_TRAINING):
-                self._lease = await self._coordinator.change_worker_role(
-                    lease.worker_id, lease.epoch, t.WorkerRole.HYBRID_ROLLOUT)
-        self._lending = False
-        self._wakeup.set()
-        if lent is not None:
-            logger.info("[lend] back to rollout reason=%s steps_contributed=%d", reason,
-                        lent[0].steps_contributed)
-
-    async def _end_lend(self, reason: str) -> None:
-        """The lease is gone: stop the join without touching roles (re-register next)."""
-        lent, self._lent = self._lent, None
-        if lent is not None:
-            lent[1].cancel()
-            await asyncio.gather(lent[1], return_exceptions=True)
-            logger.warning("[lend] ended reason=%s", reason)
-        self._lending = False
 
     # -- loop steps -----------------------------------------------------------------------
 
@@ -462,6 +354,9 @@ class RolloutCore:
             return False
         requests, batch = [], []
         for act in ready:
+            act.ready = False  # in this engine call (or leaving) until its turn is done
+            if self._hand_off_if_due(ctx, act):
+                continue
             request = agent.next_request(act.traj, ctx.spec, ctx.tokenizer, seed=None,
                                          num_turn_tokens=len(act.turn_prefix))
             if request is None and act.turn_prefix:
@@ -507,14 +402,15 @@ class RolloutCore:
 
     def _after_turn(self, ctx: _JobContext, act: _Active, result: GenerationResult) -> None:
         if result.finish_reason == "aborted":
-            # Not a finished turn: keep the tokens, resume on the new weights next pass.
+            # Not a finished turn: keep the tokens, resume on the new weights next pass
+            # (a pending move waits too: only a turn boundary is handed off).
             agent.apply_partial(act.traj, result)
             act.turn_prefix.extend(result.token_ids)
+            act.ready = True
             return
         outcome = agent.apply_generation(act.traj, result, ctx.spec, ctx.tokenizer,
                                          act.turn_prefix)
         act.turn_prefix = []
-        act.ready = False
         if outcome.finished:
             self._spawn(self._finish(ctx, act, outcome.final_answer))
         else:
@@ -535,13 +431,30 @@ class RolloutCore:
             await self._fail(ctx, act, f"tool gateway: {exc}")
             return
         agent.apply_tool_result(traj, result, ctx.tokenizer)
-        decision = await self._decide(traj, result.state)
-        if decision.action is t.DecisionAction.MOVE and decision.target_instance not in (
-                "", self.settings.instance_id):
-            await self._handoff(ctx, act, decision)
+        if act.move is None:
+            # The common case: go on here at once; the decision comes in the background.
+            report = self._report(traj, result.state)
+            self._spawn_report(self._apply_decision_later(ctx, act, report))
+            self._become_ready(act)
             return
+        # A move is pending: the trajectory leaves at this boundary anyway, so take this
+        # return's decision first (the policy may now want it elsewhere, or back here).
+        started_s = self._clock.now_s()
+        self._note_decision(act, await self._decide(self._report(traj, result.state)))
+        self.num_decision_waits += 1
+        self.decision_wait_s += self._clock.now_s() - started_s
+        if not self._hand_off_if_due(ctx, act):
+            self._become_ready(act)
+
+    def _become_ready(self, act: _Active) -> None:
         act.ready = True
         self._wakeup.set()
+
+    def _spawn_report(self, coro: Any) -> None:
+        # Kept apart from self._tasks: a lend does not wait for decisions.
+        task = asyncio.create_task(coro)
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     async def _execute_tool(self, ctx: _JobContext, traj: t.Trajectory,
                             outcome: agent.TurnOutcome) -> t.ToolResult:
@@ -563,24 +476,70 @@ class RolloutCore:
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 1.0)
 
-    async def _decide(self, traj: t.Trajectory, state: t.ToolReturnState) -> t.PlacementDecision:
+    def _report(self, traj: t.Trajectory,
+                state: t.ToolReturnState) -> Awaitable[t.PlacementDecision]:
+        """The report of a tool return, its arguments (token count, lease epoch) taken
+        now, before the trajectory moves on; awaited by ``_decide``."""
+        return self._scheduler.report_tool_return(
+            traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
+            self.settings.instance_id, self._lease.epoch if self._lease else 0)
+
+    async def _decide(self, report: Awaitable[t.PlacementDecision]) -> t.PlacementDecision:
         try:
-            return await self._scheduler.report_tool_return(
-                traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
-                self.settings.instance_id, self._lease.epoch if self._lease else 0)
+            return await report
         except LibraError as exc:
             # Placement is an optimisation: without an answer the trajectory stays put
             # (scheduler unreachable, or the report refused, e.g. a stale lease epoch).
             logger.warning("[decision] no decision, staying error=%s", exc)
             return t.PlacementDecision(t.DecisionAction.STAY, reason="scheduler_unreachable")
 
+    async def _apply_decision_later(self, ctx: _JobContext, act: _Active,
+                                    report: Awaitable[t.PlacementDecision]) -> None:
+        decision = await self._decide(report)
+        if ctx.active.get(act.traj.trajectory_id) is not act:
+            # Finished, handed back or dropped meanwhile: the decision is moot. Nothing
+            # was committed for it, so assignment and load still say where it was.
+            if decision.action is t.DecisionAction.MOVE:
+                self.num_moves_moot += 1
+            return
+        self._note_decision(act, decision)
+        # Waiting for its next turn: leave now rather than at the next pass. Otherwise it
+        # is in an engine or tool call, and leaves when that turn has had its tool return.
+        if act.ready and self._hand_off_if_due(ctx, act):
+            act.ready = False
+
+    def _note_decision(self, act: _Active, decision: t.PlacementDecision) -> None:
+        """The latest decision says where the trajectory belongs: a MOVE elsewhere
+        replaces any pending move, one back here cancels it. A STAY names the instance
+        the scheduler already has it pinned to, so it leaves a pending move as it is."""
+        target = decision.target_instance
+        if target == self.settings.instance_id:
+            act.move = None
+        elif target and decision.action is t.DecisionAction.MOVE:
+            act.move = decision
+
+    def _hand_off_if_due(self, ctx: _JobContext, act: _Active) -> bool:
+        """Start the handoff of a trajectory with a pending move that is between turns
+        (an interrupted turn finishes here first); True if it is leaving."""
+        if act.move is None or act.turn_prefix:
+            return False
+        self._spawn(self._handoff(ctx, act, act.move))
+        return True
+
     async def _handoff(self, ctx: _JobContext, act: _Active,
                        decision: t.PlacementDecision) -> None:
         if ctx.active.pop(act.traj.trajectory_id, None) is None:
             return  # dropped meanwhile (lease lost, job ended): must not be re-injected
         act.traj.num_migrations += 1
-        await self._store.handoff(act.traj, self.settings.instance_id, act.entry.entry_id,
-                                  decision.target_instance)
+        epoch = self._lease.epoch if self._lease else 0
+        if not await self._store.handoff(act.traj, self.settings.instance_id,
+                                         act.entry.entry_id, decision.target_instance,
+                                         decision.target_bucket, epoch):
+            # Fenced: this lease moved on, or the scheduler re-queued the trajectory.
+            logger.warning("[move] refused (stale epoch=%d or re-queued) trajectory_id=%s",
+                           epoch, act.traj.trajectory_id)
+            return
+        self.num_moves_handed_off += 1
         logger.debug("[move] trajectory_id=%s to=%s reason=%s", act.traj.trajectory_id,
                      decision.target_instance, decision.reason)
 

@@ -6,7 +6,9 @@ trajectories and hands them to an engine adapter (``TorchEngine`` on CPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from collections import deque
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "aborted"]
@@ -60,3 +62,50 @@ class GenerationResult:
     logprobs: list[float]
     finish_reason: FinishReason
     policy_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCall:
+    """One timed ``generate`` call of a turn-batched engine.
+
+    Attributes:
+        at_s: Wall clock (Unix seconds) when the call returned.
+        batch: Requests in the call.
+        prompt_len: Padded prompt length (the longest context in the batch).
+        prompt_tokens: Context tokens over all requests (unpadded).
+        decode_steps: Decode forwards after the prefill (the longest row's tokens - 1).
+        new_tokens: Tokens sampled over all requests.
+        wall_s: Wall time of the call, as the serving process experienced it.
+        aborted: Cut short by ``abort`` (a weight update).
+    """
+
+    at_s: float
+    batch: int
+    prompt_len: int
+    prompt_tokens: int
+    decode_steps: int
+    new_tokens: int
+    wall_s: float
+    aborted: bool
+
+
+class EngineCallLog:
+    """The last ``maxlen`` engine calls (a ring buffer; thread-safe appends).
+
+    The rollout service reports it in ``GetInstanceStatus.engine_profile_json`` so that a
+    measurement of the instance's speed is taken in the run itself, under its real
+    contention (``sim/validation.py`` fits its step-cost model to it).
+    """
+
+    def __init__(self, maxlen: int = 2048) -> None:
+        self._calls: deque[EngineCall] = deque(maxlen=maxlen)
+
+    def record(self, call: EngineCall) -> None:
+        self._calls.append(call)
+
+    def calls(self) -> list[EngineCall]:
+        return list(self._calls)
+
+    def to_json(self) -> str:
+        """``[{at_s, batch, prompt_len, ...}, ...]``, oldest first."""
+        return json.dumps([asdict(c) for c in self.calls()], separators=(",", ":"))

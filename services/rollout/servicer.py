@@ -6,11 +6,13 @@ from libra.proto.rollout.v1 import rollout_pb2 as pb
 from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from libra.wire.common import lease_to_proto
 from services.rollout.core import RolloutCore
+from services.rollout.engine_types import EngineCallLog
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
-    def __init__(self, core: RolloutCore) -> None:
+    def __init__(self, core: RolloutCore, engine_calls: EngineCallLog | None = None) -> None:
         self._core = core
+        self._engine_calls = engine_calls
 
     async def GetInstanceStatus(self, request, context):  # noqa: N802, ANN001
         core = self._core
@@ -19,7 +21,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             instance_id=core.settings.instance_id, bucket=core.settings.bucket,
             active_trajectories=core.num_active, policy_version=core.policy_version,
             tokens_generated=core.tokens_generated, job_id=core.job_id,
-            role=lease.role.value if lease else "", hybrid_phase=core.hybrid_phase)
+            role=lease.role.value if lease else "", hybrid_phase=core.hybrid_phase,
+            engine_profile_json=self._engine_calls.to_json() if self._engine_calls else "")
 
     async def Lend(self, request, context):  # noqa: N802, ANN001
         lease, handed = await self._core.lend(request.job_id, request.expected_epoch,

@@ -7,6 +7,14 @@ publish), append to the job's trajectory stream, acknowledge the inbox entry, co
 so a crash can re-deliver (pending entry) but never lose it. The stream entry carries
 ``total_tokens`` and ``status`` beside the trajectory: the scheduler reads them (its
 own consumer group) to give the slot back without decoding the trajectory.
+
+Handing a trajectory off to another instance (a MOVE) is one Lua script too, and it is
+what commits the move: the scheduler only decides. Fenced like a publish, and only while
+the trajectory is still assigned here, it writes the latest state, the entry in the
+target's inbox, the ack of this entry, the new assignment, the load change (-1 here,
++1 there) and the migration counters, so assignment and load always say which instance
+holds the trajectory, even when a decided move never happens (the trajectory finished
+first).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ class RolloutStore(Protocol):
                       lease_epoch: int) -> bool: ...
 
     async def handoff(self, traj: t.Trajectory, instance_id: str, entry_id: str,
-                      target_instance: str) -> None: ...
+                      target_instance: str, target_bucket: str, lease_epoch: int) -> bool: ...
 
     async def ack(self, instance_id: str, entry_id: str) -> None: ...
 
@@ -68,12 +76,37 @@ return 1
 """
 
 
+# KEYS[1] = lease hash of this instance, KEYS[2] = assignments, KEYS[3] = tasks,
+# KEYS[4] = load, KEYS[5] = counters, KEYS[6] = this inbox, KEYS[7] = target inbox
+# ARGV[1] = lease epoch, ARGV[2] = trajectory id, ARGV[3] = this instance,
+# ARGV[4] = target instance, ARGV[5] = inbox group, ARGV[6] = this inbox entry id,
+# ARGV[7] = job id, ARGV[8] = task (serialised trajectory), ARGV[9] = placement counter
+# field of the target bucket.
+# Returns 1 when handed off, 0 when the lease is gone or held at another epoch, or the
+# trajectory is no longer assigned here (re-queued): then nothing is written.
+_HANDOFF_LUA = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[2]) ~= ARGV[3] then return 0 end
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[8])
+redis.call('XADD', KEYS[7], '*', 'job_id', ARGV[7], 'task', ARGV[8])
+redis.pcall('XACK', KEYS[6], ARGV[5], ARGV[6])
+redis.pcall('XDEL', KEYS[6], ARGV[6])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[4])
+redis.call('HINCRBY', KEYS[4], ARGV[3], -1)
+redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
+redis.call('HINCRBY', KEYS[5], 'migrations', 1)
+redis.call('HINCRBY', KEYS[5], ARGV[9], 1)
+return 1
+"""
+
+
 class RedisRolloutStore(JobRecordReader):
     """``RolloutStore`` over a bytes-mode ``redis.asyncio`` client."""
 
     def __init__(self, redis: Any) -> None:
         self._r = redis
         self._publish = redis.register_script(_PUBLISH_LUA)
+        self._handoff = redis.register_script(_HANDOFF_LUA)
 
     async def ensure_inbox(self, instance_id: str) -> None:
         await ensure_consumer_group(self._r, keys.inbox(instance_id), keys.ROLLOUT_GROUP)
@@ -120,15 +153,19 @@ class RedisRolloutStore(JobRecordReader):
         return bool(published)
 
     async def handoff(self, traj: t.Trajectory, instance_id: str, entry_id: str,
-                      target_instance: str) -> None:
-        data = encode_trajectory(traj)
-        async with self._r.pipeline(transaction=True) as pipe:
-            # Keep the latest state for re-placement should the target die too.
-            pipe.hset(keys.tasks(traj.job_id), traj.trajectory_id, data)
-            pipe.xadd(keys.inbox(target_instance), {"job_id": traj.job_id, "task": data})
-            pipe.xack(keys.inbox(instance_id), keys.ROLLOUT_GROUP, entry_id)
-            pipe.xdel(keys.inbox(instance_id), entry_id)
-            await pipe.execute()
+                      target_instance: str, target_bucket: str, lease_epoch: int) -> bool:
+        """Hand a trajectory to ``target_instance`` and commit the move (assignment,
+        load, counters); False (nothing written) when fenced off or re-queued. The task
+        keeps the latest state for re-placement should the target die too."""
+        job_id = traj.job_id
+        handed = await self._handoff(
+            keys=[keys.lease(instance_id), keys.assignments(job_id), keys.tasks(job_id),
+                  keys.load(job_id), keys.counters(job_id), keys.inbox(instance_id),
+                  keys.inbox(target_instance)],
+            args=[str(lease_epoch), traj.trajectory_id, instance_id, target_instance,
+                  keys.ROLLOUT_GROUP, entry_id, job_id, encode_trajectory(traj),
+                  keys.placed_counter(target_bucket)])
+        return bool(handed)
 
     async def hand_back(self, traj: t.Trajectory, instance_id: str, entry_id: str) -> None:
         """Leave a trajectory's latest state for the scheduler (this instance is being

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,13 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel
 
-from services.rollout.engine_types import FinishReason, GenerationRequest, GenerationResult
+from services.rollout.engine_types import (
+    EngineCall,
+    EngineCallLog,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +53,8 @@ class TorchEngine:
         num_threads: ``torch.set_num_threads`` value; 1 keeps a worker on one core.
         seed: Seeds the RNG used by requests that carry no seed of their own.
         policy_version: Version of the weights the model starts with.
+        call_log: Where every ``generate`` call is recorded (shape and wall time); a
+            fresh one when not given. Shared by the engines a loader builds.
     """
 
     def __init__(
@@ -56,12 +65,14 @@ class TorchEngine:
         num_threads: int = 1,
         seed: int = 0,
         policy_version: int = 0,
+        call_log: EngineCallLog | None = None,
     ) -> None:
         self._model = model.eval()
         self._pad_token_id = pad_token_id
         self._policy_version = policy_version
         self._abort_event = threading.Event()
         self._default_generator = torch.Generator().manual_seed(seed)
+        self.call_log = call_log if call_log is not None else EngineCallLog()
         torch.set_num_threads(num_threads)
 
     @property
@@ -106,9 +117,11 @@ class TorchEngine:
         self._abort_event.clear()
         if not requests:
             return []
+        started = time.perf_counter()
         rows = [self._new_row(request) for request in requests]
         with torch.inference_mode():
-            self._decode(rows)
+            decode_steps = self._decode(rows)
+        self._record(rows, decode_steps, time.perf_counter() - started)
         return [
             GenerationResult(
                 token_ids=row.token_ids,
@@ -119,6 +132,14 @@ class TorchEngine:
             for row in rows
         ]
 
+    def _record(self, rows: list[_RowState], decode_steps: int, wall_s: float) -> None:
+        prompts = [len(row.request.prompt_token_ids) for row in rows]
+        self.call_log.record(EngineCall(
+            at_s=time.time(), batch=len(rows), prompt_len=max(prompts),
+            prompt_tokens=sum(prompts), decode_steps=decode_steps,
+            new_tokens=sum(len(row.token_ids) for row in rows), wall_s=wall_s,
+            aborted=any(row.finish_reason is None for row in rows)))
+
     def _new_row(self, request: GenerationRequest) -> _RowState:
         generator = None
         if request.seed is not None:
@@ -128,26 +149,29 @@ class TorchEngine:
             row.finish_reason = "length"
         return row
 
-    def _decode(self, rows: list[_RowState]) -> None:
+    def _decode(self, rows: list[_RowState]) -> int:
+        """Prefill, then decode until every row ended; returns the decode forwards."""
         input_ids, attention_mask, position_ids = _left_pad(
             [row.request.prompt_token_ids for row in rows], self._pad_token_id
         )
         cache = DynamicCache()
         logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        steps = 0
         while True:
             # 1) Honour an abort before sampling, so aborted rows keep whole tokens only.
             if self._abort_event.is_set():
-                return
+                return steps
             # 2) Sample one token for every live row and update finish reasons.
             next_ids = self._sample_step(rows, logits)
             if all(row.finish_reason is not None for row in rows):
-                return
+                return steps
             # 3) Feed the sampled tokens (pad for finished rows) one position further.
             attention_mask = torch.cat(
                 [attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1
             )
             position_ids = position_ids[:, -1:] + 1
             logits = self._forward(next_ids.unsqueeze(1), attention_mask, position_ids, cache)
+            steps += 1
 
     def _forward(
         self,

@@ -17,9 +17,18 @@ the coordinator when the trainer reports a step); each advance calls
 ``policy.on_step_end``.
 
 Cost per trajectory is kept to a few batched round trips: tool returns arrive in batches
-(one RPC per rollout instance per burst, one MULTI for the moves it decides), finishes are
-read from the job's trajectory stream once per tick (no RPC per trajectory), and a tick
-reads status, counters and finishes in one pipeline.
+(one RPC per rollout instance per burst, decided in memory), finishes are read from the
+job's trajectory stream once per tick (no RPC per trajectory), and a tick reads status,
+counters and finishes in one pipeline.
+
+Moves: a MOVE is decided here but committed by the rollout instance when it hands the
+trajectory off (one fenced Lua step re-pins assignment and load and counts the
+migration; ``services/rollout/store.py``). The instance does not wait for the decision,
+so a move can come too late (the trajectory finished first) and then never happens:
+Redis, which only the handoff changes, stays right. The decision's load change is
+applied at once to this process's snapshot of loads (a reservation on the target, so
+caps hold between ticks); for a move that never happens it is off until the next lease
+snapshot re-reads the loads.
 
 Fencing: every report carries the reporting instance's lease epoch, checked against the
 epochs of the last lease snapshot (re-read at most once per tick when a report claims a
@@ -48,7 +57,7 @@ from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
 from services.scheduler.policy.layout import BucketLayout
 from services.scheduler.policy.registry import PolicyConfig, make_policy
-from services.scheduler.state import FinishRecord, Move
+from services.scheduler.state import FinishRecord
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store import FlushablePolicyStore, SchedulerStore
@@ -389,7 +398,6 @@ class SchedulerCore:
         or the error of that report alone (its job is not scheduled here)."""
         await self.check_fence(instance_id, epoch)
         out: list[t.PlacementDecision | LibraError] = []
-        moves: dict[str, list[Move]] = {}
         for report in reports:
             run = self._jobs.get(report.job_id)
             if run is None:
@@ -397,12 +405,7 @@ class SchedulerCore:
                 continue
             if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
                 await self._refresh_instances(run)  # the loop is behind: read fresh loads
-            decision, move = self._decide(run, report)
-            out.append(decision)
-            if move is not None:
-                moves.setdefault(run.job_id, []).append(move)
-        for job_id, job_moves in moves.items():
-            await self._store.move_many(job_id, job_moves)
+            out.append(self._decide(run, report))
         return out
 
     async def report_tool_return(
@@ -412,32 +415,26 @@ class SchedulerCore:
         run = self._run(job_id)
         if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
             await self._refresh_instances(run)
-        decision, move = self._decide(run, ToolReturnReport(job_id, traj_id, state,
-                                                            tokens_so_far))
-        if move is not None:
-            await self._store.move_many(job_id, [move])
-        return decision
+        return self._decide(run, ToolReturnReport(job_id, traj_id, state, tokens_so_far))
 
-    def _decide(self, run: JobRun,
-                report: ToolReturnReport) -> tuple[t.PlacementDecision, Move | None]:
-        """The policy's decision (in memory); a move is applied to the local loads."""
+    def _decide(self, run: JobRun, report: ToolReturnReport) -> t.PlacementDecision:
+        """The policy's decision, in memory: nothing is written (the instance commits a
+        move when it hands the trajectory off); a move's load change is applied to the
+        local snapshot of loads."""
         try:
             decision = run.policy.on_tool_return(t.TrajectoryId(report.trajectory_id),
                                                  report.state, report.tokens_so_far,
                                                  run.instances)
         except UnknownTrajectory:
             run.decisions["unknown"] += 1
-            return t.PlacementDecision(t.DecisionAction.STAY, reason="unknown_trajectory"), None
+            return t.PlacementDecision(t.DecisionAction.STAY, reason="unknown_trajectory")
         run.decisions[decision.reason.value] += 1
         action = t.DecisionAction.MOVE if decision.is_move else t.DecisionAction.STAY
-        out = t.PlacementDecision(action, decision.to_bucket, decision.to_instance_id,
-                                  decision.reason.value)
-        if not decision.is_move:
-            return out, None
-        _apply_local_load(run.instances, decision.load_deltas)
-        run.migrations += 1
-        return out, Move(report.trajectory_id, decision.to_instance_id, decision.to_bucket,
-                         decision.load_deltas)
+        if decision.is_move:
+            _apply_local_load(run.instances, decision.load_deltas)
+            run.migrations += 1  # decided; the job's ``migrations`` counter counts handoffs
+        return t.PlacementDecision(action, decision.to_bucket, decision.to_instance_id,
+                                   decision.reason.value)
 
     async def report_finished(
         self, job_id: str, traj_id: str, total_tokens: int, status: t.TrajectoryStatus

@@ -34,13 +34,3 @@ class TickState:
     published: bool
     counters: dict[str, int] = field(default_factory=dict)
     finishes: list[FinishRecord] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Move:
-    """A trajectory re-pinned at a tool return: load deltas and its new assignment."""
-
-    trajectory_id: str
-    to_instance: str
-    to_bucket: str
-    deltas: tuple[tuple[str, int], ...]

@@ -5,8 +5,9 @@ The only module of the scheduler that talks to redis. A placement is one MULTI
 transaction (task kept for re-placement, assignment, inbox entry, load +1) so a crash
 between steps cannot leave a trajectory counted but not queued. Round trips are batched:
 a tick reads the job's status, counters and new finishes in one pipeline; the placements
-of a tick (with the admission of a group) are one MULTI; the moves decided for one batch
-of tool returns are one MULTI; the finishes of a tick are released by one Lua call.
+of a tick (with the admission of a group) are one MULTI; the finishes of a tick are
+released by one Lua call. Moves are not written here: the rollout instance commits a
+move (assignment, load, counters) when it hands the trajectory off.
 
 Finishes come from the job's trajectory stream (the one the trainer consumes), read
 through the scheduler's own consumer group (``keys.SCHEDULER_GROUP``): a rollout
@@ -25,7 +26,7 @@ from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.scheduler.policy.store import PolicyStore
 from services.scheduler.policy_store import RedisPolicyStore
-from services.scheduler.state import FinishRecord, LeaseSnapshot, Move, TickState
+from services.scheduler.state import FinishRecord, LeaseSnapshot, TickState
 
 __all__ = ["RedisPolicyStore", "RedisSchedulerStore", "SchedulerStore"]
 
@@ -93,11 +94,6 @@ class SchedulerStore(Protocol):
     async def job_step(self, job_id: str) -> int: ...
 
     async def job_status(self, job_id: str) -> tuple[str | None, int, bool]: ...
-
-    async def move(self, job_id: str, trajectory_id: str, to_instance: str, to_bucket: str,
-                   deltas: tuple[tuple[str, int], ...]) -> None: ...
-
-    async def move_many(self, job_id: str, moves: list[Move]) -> None: ...
 
     async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
 
@@ -292,30 +288,6 @@ class RedisSchedulerStore(JobRecordReader):
             _place_commands(pipe, job_id, trajs)
             await pipe.execute()
 
-    async def move(self, job_id: str, trajectory_id: str, to_instance: str, to_bucket: str,
-                   deltas: tuple[tuple[str, int], ...]) -> None:
-        await self.move_many(job_id, [Move(trajectory_id, to_instance, to_bucket, deltas)])
-
-    async def move_many(self, job_id: str, moves: list[Move]) -> None:
-        """Re-pin trajectories (their rollout instances hand them over): load deltas,
-        assignments (so re-queueing follows them), migration counters, in one MULTI."""
-        if not moves:
-            return
-        deltas = collections.Counter[str]()
-        for move in moves:
-            for instance_id, delta in move.deltas:
-                deltas[instance_id] += delta
-        async with self._r.pipeline(transaction=True) as pipe:
-            for instance_id, delta in deltas.items():
-                if delta:
-                    pipe.hincrby(keys.load(job_id), instance_id, delta)
-            pipe.hset(keys.assignments(job_id),
-                      mapping={m.trajectory_id: m.to_instance for m in moves})
-            for bucket, count in collections.Counter(m.to_bucket for m in moves).items():
-                pipe.hincrby(keys.counters(job_id), placed_counter(bucket), count)
-            pipe.hincrby(keys.counters(job_id), "migrations", len(moves))
-            await pipe.execute()
-
     async def apply_load(self, job_id: str, deltas: tuple[tuple[str, int], ...]) -> None:
         if not deltas:
             return
@@ -358,11 +330,6 @@ class RedisSchedulerStore(JobRecordReader):
             await pipe.execute()
 
 
-def placed_counter(bucket: str) -> str:
-    """Counter field of placements into ``bucket`` (moves in included)."""
-    return f"placed:{bucket}"
-
-
 def _place_commands(pipe: Any, job_id: str, trajs: list[t.Trajectory]) -> None:
     """Queue the placement of ``trajs`` (``instance_id`` set): one command per hash and
     per counter for all of them, one inbox entry each."""
@@ -378,7 +345,7 @@ def _place_commands(pipe: Any, job_id: str, trajs: list[t.Trajectory]) -> None:
     for instance_id, count in collections.Counter(tr.instance_id for tr in trajs).items():
         pipe.hincrby(keys.load(job_id), instance_id, count)
     for bucket, count in collections.Counter(tr.bucket for tr in trajs).items():
-        pipe.hincrby(keys.counters(job_id), placed_counter(bucket), count)
+        pipe.hincrby(keys.counters(job_id), keys.placed_counter(bucket), count)
 
 
 def _finish_records(reply: Any) -> list[FinishRecord]:

@@ -145,17 +145,17 @@ class TrainerCore:
                 f"no elastic job is training here for job_id={hello.job_id!r} "
                 f"(trainer job {self.job_id!r}, phase {self.phase})")
         try:
-            return self._elastic.domain.connect(hello)
+            return self._elastic.connect_hybrid(hello)
         except ValueError as exc:
             raise FailedPrecondition(str(exc)) from exc
 
     def elastic_message(self, session: HybridSession, msg: ch.HybridMessage) -> None:
         if self._elastic is not None:
-            self._elastic.domain.on_message(session, msg)
+            self._elastic.elastic_message(session, msg)
 
     def disconnect_hybrid(self, session: HybridSession, reason: str) -> None:
         if self._elastic is not None:
-            self._elastic.domain.disconnect(session, reason)
+            self._elastic.disconnect_hybrid(session, reason)
 
     async def wait(self) -> None:
         if self._task is not None:

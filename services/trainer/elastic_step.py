@@ -73,6 +73,17 @@ class ElasticTrainer:
         self._snapshots: dict[int, ch.Snapshot] = {}
         self.policy_version = -1
 
+    # -- the gradient channel's view (the servicer calls these through the trainer core) --
+
+    def connect_hybrid(self, hello: ch.Hello) -> HybridSession:
+        return self.domain.connect(hello)
+
+    def elastic_message(self, session: HybridSession, msg: ch.HybridMessage) -> None:
+        self.domain.on_message(session, msg)
+
+    def disconnect_hybrid(self, session: HybridSession, reason: str) -> None:
+        self.domain.disconnect(session, reason)
+
     # -- boundaries -----------------------------------------------------------------------
 
     async def boundary(self, step: int, policy_version: int) -> None:

@@ -11,6 +11,7 @@ from libra.training import channel as ch
 from libra.wire.gradient import HybridAssembler, core_to_pb
 from services.trainer.core import TrainerCore
 from services.trainer.elastic import HybridSession
+from services.trainer.elastic_step import ElasticTrainer
 
 
 class TrainerServicer(pb_grpc.TrainerServiceServicer):
@@ -39,7 +40,9 @@ class GradientChannelServicer(pb_grpc.GradientChannelServicer):
     re-assigns the slice without waiting out the deadline.
     """
 
-    def __init__(self, core: TrainerCore) -> None:
+    def __init__(self, core: TrainerCore | ElasticTrainer) -> None:
+        # The trainer core checks the job first; a bare ElasticTrainer (benchmarks,
+        # channel tests) takes every hello.
         self._core = core
 
     async def Exchange(self, request_iterator, context):  # noqa: N802, ANN001

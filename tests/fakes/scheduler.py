@@ -2,11 +2,14 @@
 
 Replaces: the scheduler service (placement policy) behind gRPC. Everything else is
 real. Decisions are scripted (default STAY); every call is recorded, with the lease
-epoch it carried. (Finishes are not reported by call: the scheduler reads the stream.)
+epoch it carried. Given a ``gate``, answers wait for it (a slow scheduler: the rollout
+must not wait with them); ``num_answered`` counts answers given. (Finishes are not
+reported by call: the scheduler reads the stream.)
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +21,17 @@ from libra import types as t
 class FakeScheduler:
     decisions: deque = field(default_factory=deque)
     tool_returns: list[dict[str, Any]] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+    num_answered: int = 0
 
     def move_to(self, instance_id: str, bucket: str = "long") -> None:
         self.decisions.append(t.PlacementDecision(t.DecisionAction.MOVE, bucket, instance_id,
                                                   "test"))
+
+    def stay_at(self, instance_id: str, bucket: str = "long") -> None:
+        """A STAY naming where the scheduler has the trajectory pinned."""
+        self.decisions.append(t.PlacementDecision(t.DecisionAction.STAY, bucket, instance_id,
+                                                  "already_in_target"))
 
     async def report_tool_return(self, job_id: str, trajectory_id: str,
                                  state: t.ToolReturnState, tokens_so_far: int,
@@ -29,6 +39,9 @@ class FakeScheduler:
         self.tool_returns.append({"job_id": job_id, "trajectory_id": trajectory_id,
                                   "state": state, "tokens_so_far": tokens_so_far,
                                   "instance_id": instance_id, "lease_epoch": lease_epoch})
+        if self.gate is not None:
+            await self.gate.wait()
+        self.num_answered += 1
         if self.decisions:
             return self.decisions.popleft()
         return t.PlacementDecision(t.DecisionAction.STAY)

@@ -9,9 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import redis as redis_sync
+
+from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.report import build_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,3 +67,19 @@ async def wait_for_job(client: GrpcCoordinatorClient, job_id: str,
             raise AssertionError(f"job {job_id} still {job.state.value} at step {job.step} "
                                  f"after {timeout_s}s; counters={counters}")
         await asyncio.sleep(0.3)
+
+
+def assert_exact_accounting(redis_url: str, job: t.Job, steps: list[dict],
+                            counters: dict) -> dict[str, Any]:
+    """Nothing trained or dropped twice, and produced = trained + dropped + in flight.
+
+    Returns the report's trajectory accounting.
+    """
+    r = redis_sync.from_url(redis_url)
+    consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
+    assert r.scard(keys.trained_ids(job.job_id)) == consumed
+    report = build_report(job, steps, counters, 0.0)["trajectories"]
+    assert report["in_flight_at_end"] >= 0
+    assert report["produced"] == (report["trained"] + report["dropped_stale"]
+                                  + report["dropped_failed"] + report["in_flight_at_end"])
+    return report

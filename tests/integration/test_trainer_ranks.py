@@ -11,14 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis as redis_sync
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
-from libra.report import build_report
-from tests.integration.stack_helpers import small_job, stack_up, wait_for_job
+from tests.integration.stack_helpers import (
+    assert_exact_accounting,
+    small_job,
+    stack_up,
+    wait_for_job,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -67,13 +69,7 @@ async def test_two_rank_trainer_runs_a_job_with_exact_accounting(two_rank_stack:
         assert record["num_tokens"] > 0  # summed over both ranks' shards
         assert "publish_s" in record and "checkpoint_s" in record  # both ranks gathered
     assert counters["trained"] == 3 * 2 * 2
-    r = redis_sync.from_url(two_rank_stack["redis_url"])
-    consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
-    assert r.scard(keys.trained_ids(job.job_id)) == consumed
-    report = build_report(job, steps, counters, 0.0)["trajectories"]
-    assert report["in_flight_at_end"] >= 0
-    assert report["produced"] == (report["trained"] + report["dropped_stale"]
-                                  + report["dropped_failed"] + report["in_flight_at_end"])
+    assert_exact_accounting(two_rank_stack["redis_url"], job, steps, counters)
 
     trainer = next(row for row in stack.status(two_rank_stack) if row["name"] == "trainer")
     log = Path(trainer["log"]).read_text()

@@ -16,8 +16,12 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
-from libra.report import build_report
-from tests.integration.stack_helpers import small_job, stack_up, wait_for_job
+from tests.integration.stack_helpers import (
+    assert_exact_accounting,
+    small_job,
+    stack_up,
+    wait_for_job,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +50,7 @@ async def test_trainer_killed_mid_run_resumes_from_its_checkpoint(restarting_sta
     kinds = [e[b"kind"] for _, e in r.xrange(keys.events(job.job_id))]
     assert b"trainer_resumed" in kinds
     # Nothing trained or dropped twice: each consumed id is in the set exactly once.
-    consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
-    assert r.scard(keys.trained_ids(job.job_id)) == consumed
-    report = build_report(job, steps, counters, 0.0)["trajectories"]
-    assert report["in_flight_at_end"] >= 0
-    assert report["produced"] == (report["trained"] + report["dropped_stale"]
-                                  + report["dropped_failed"] + report["in_flight_at_end"])
+    assert_exact_accounting(restarting_stack["redis_url"], job, steps, counters)
     # The versions keep increasing across the restart (none reused).
     versions = [s["policy_version"] for s in steps]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)

@@ -97,12 +97,18 @@ class LiveConfig:
     min_core_training: int = 0
     """Core-training workers counted when the leases show fewer (a trainer that holds no
     lease; the services' trainer is one: ``live_planner`` sets 1)."""
+    min_dwell_steps: int = 5
+    """Steps a move must stand before the next one (forced releases excepted): a lent or
+    returned worker changes the very ratio the signal reads, so without it the pool
+    swings back and forth every step."""
 
     def __post_init__(self) -> None:
         if not 0 < self.ema_alpha <= 1:
             raise ValueError(f"ema_alpha must be in (0, 1], got {self.ema_alpha}")
         if self.min_core_training < 0:
             raise ValueError(f"min_core_training must be >= 0, got {self.min_core_training}")
+        if self.min_dwell_steps < 0:
+            raise ValueError(f"min_dwell_steps must be >= 0, got {self.min_dwell_steps}")
 
     def planner_config(self) -> PlannerConfig:
         """The core's config (also validates the knobs; ``ValueError`` names the field)."""
@@ -269,6 +275,8 @@ class LivePlanner:
         self._planner = GlobalResourcePlanner(
             self._search, self.config.planner_config()  # type: ignore[arg-type]
         )
+        self._last_move_step: int | None = None
+        self._last_target: int | None = None  # hybrids the last move asked for
 
     def on_step(
         self,
@@ -307,8 +315,42 @@ class LivePlanner:
         return {
             "step": step,
             "decision": self._decision_dict(event, pool),
-            "elastic": _signal_dict(event.elastic),
+            "elastic": _signal_dict(self._damp(event.elastic, step, pool)),
         }
+
+    def _damp(self, signal: ElasticSignal | None, step: int, pool: Pool
+              ) -> ElasticSignal | None:
+        """Temper the ratio rule with the fitted model: move to the hybrid count between
+        the current and the desired one that the model predicts fastest, only when it
+        beats the current split by ``min_gain_ratio`` and the last move has stood
+        ``min_dwell_steps``; otherwise hold. Forced releases always pass."""
+        if signal is None or signal.action == "hold":
+            return signal
+        if signal.reason in FORCED_REASONS:
+            self._last_move_step, self._last_target = step, signal.desired_replicas
+            return signal
+        held = signal.current_replicas
+        # A hold keeps the last move's target: its joins may not show in the leases yet.
+        target = held if self._last_target is None else self._last_target
+        since = self._last_move_step
+        if since is not None and step - since < self.config.min_dwell_steps:
+            return replace(signal, action="hold", desired_replicas=target,
+                           reason=f"dwell:{signal.reason}")
+        lo, hi = sorted((held, signal.desired_replicas))
+        best = min(range(lo, hi + 1),
+                   key=lambda n: (self._objective_s(pool, n), abs(n - held)))
+        if not self._objective_s(pool, best) < (
+                self._objective_s(pool, held) * (1 - self.config.min_gain_ratio)):
+            return replace(signal, action="hold", desired_replicas=target,
+                           reason=f"no_predicted_gain:{signal.reason}")
+        self._last_move_step, self._last_target = step, best
+        return replace(signal, action="join" if best > held else "release",
+                       desired_replicas=best)
+
+    def _objective_s(self, pool: Pool, hybrids: int) -> float:
+        """Predicted step time (max of train and rollout) with ``hybrids`` lent."""
+        rollout_side = pool.core_rollout + pool.hybrid_rollout + pool.lent
+        return max(self.model.times_s(pool.core_training + hybrids, rollout_side - hybrids))
 
     def _pool(self, leases: Iterable[Any]) -> Pool:
         """Leases by role, with at least ``min_core_training`` core-training workers."""
@@ -424,6 +466,10 @@ def _signal_dict(signal: ElasticSignal | None) -> dict[str, Any] | None:
     }
 
 
+# Releases the planner must make whatever the model says.
+FORCED_REASONS = frozenset({"no_capacity", "rollout_pressure", "expired"})
+
+
 def live_planner(spec: ElasticSpec) -> LivePlanner:
     """The planner for a job's ``[elastic]`` section (``ElasticWiring.planner_factory``).
 
@@ -447,5 +493,6 @@ def live_planner(spec: ElasticSpec) -> LivePlanner:
         min_gain_ratio=spec.min_gain_ratio,
         pressure_cap=spec.pressure_threshold,
         min_core_training=1,
+        min_dwell_steps=spec.min_dwell_steps,
     )
     return LivePlanner(config)

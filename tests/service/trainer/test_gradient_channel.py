@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,10 @@ from libra.training.samples import TrainSample
 from libra.types import GroupId, TrajectoryId
 from services.rollout.hybrid_backend import TorchHybridTrainer
 from services.rollout.lending import HybridJoin
-from services.trainer.elastic import GradientDomain, HybridSession
+from services.trainer.elastic import GradientDomain
 from services.trainer.elastic_step import ElasticTrainer
 from services.trainer.servicer import GradientChannelServicer
+from tests.fakes.events import EventRecorder
 from tests.service.grpc_harness import serving
 
 JOB = "job-e"
@@ -72,38 +74,11 @@ class Leases:
         return self.lease.epoch
 
 
-class Core:
-    """What the servicer needs from the trainer core, over one ElasticTrainer."""
-
-    def __init__(self, trainer: ElasticTrainer) -> None:
-        self.trainer = trainer
-
-    def connect_hybrid(self, hello: ch.Hello) -> HybridSession:
-        return self.trainer.domain.connect(hello)
-
-    def elastic_message(self, session: HybridSession, msg: ch.HybridMessage) -> None:
-        self.trainer.domain.on_message(session, msg)
-
-    def disconnect_hybrid(self, session: HybridSession, reason: str) -> None:
-        self.trainer.domain.disconnect(session, reason)
-
-
-class Events:
-    def __init__(self) -> None:
-        self.items: list[tuple[str, dict[str, Any]]] = []
-
-    async def __call__(self, kind: str, **fields: Any) -> None:
-        self.items.append((kind, fields))
-
-    def kinds(self) -> list[str]:
-        return [kind for kind, _ in self.items]
-
-
 @pytest.fixture
-def setup(tmp_path: Path) -> tuple[ElasticTrainer, JobBackend, Leases, Events]:
+def setup(tmp_path: Path) -> tuple[ElasticTrainer, JobBackend, Leases, EventRecorder]:
     spec = spec_for_test()
     backend = JobBackend(spec, str(tmp_path / "model"), 1)
-    events, leases = Events(), Leases()
+    events, leases = EventRecorder(), Leases()
     domain = GradientDomain(SystemClock(), events)
     trainer = ElasticTrainer(spec, spec.to_json(), backend, tmp_path, domain, leases, events)
     return trainer, backend, leases, events
@@ -125,9 +100,26 @@ async def start_hybrid(address: str, leases: Leases,
     return join, asyncio.create_task(join.run())
 
 
+class Injected:
+    """The hybrid's trainer with its slice computation replaced (fault injection)."""
+
+    def __init__(self, real: Any, slice_gradient: Any) -> None:
+        self._real = real
+        self.slice_gradient = slice_gradient
+        self.lockstep_check_interval = real.lockstep_check_interval
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def inject(join: HybridJoin, slice_gradient: Any) -> None:
+    assert join._trainer is not None
+    join._trainer = Injected(join._trainer, slice_gradient)  # type: ignore[assignment]
+
+
 def channel_server(trainer: ElasticTrainer):
     return serving("trainer", trainer_pb2_grpc.add_GradientChannelServicer_to_server,
-                   GradientChannelServicer(Core(trainer)), trainer_pb2.DESCRIPTOR,
+                   GradientChannelServicer(trainer), trainer_pb2.DESCRIPTOR,
                    "GradientChannel")
 
 
@@ -161,23 +153,14 @@ async def test_a_hybrid_that_dies_mid_step_loses_no_slice(setup) -> None:  # noq
         assert join.phase == "active"
 
         # The hybrid's process dies while it computes its slice: its stream breaks.
-        real = join._trainer
-        assert real is not None
-
-        class Dying:
-            lockstep_check_interval = 1
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-            def slice_gradient(self, samples: Any, scale: float) -> Any:
-                loop.call_soon_threadsafe(task.cancel)
-                import time
-                time.sleep(0.2)
-                raise RuntimeError("killed")
-
         loop = asyncio.get_running_loop()
-        join._trainer = Dying()  # type: ignore[assignment]
+
+        def die(samples: Any, scale: float) -> Any:
+            loop.call_soon_threadsafe(task.cancel)
+            time.sleep(0.2)
+            raise RuntimeError("killed")
+
+        inject(join, die)
         await run_steps(trainer, 11, 11, records)
     record = records[-1]
     assert record["reassigned_slices"] == 1.0 and record["hybrid_slices"] == 0.0
@@ -189,7 +172,7 @@ async def test_a_hybrid_that_dies_mid_step_loses_no_slice(setup) -> None:  # noq
 async def test_a_hung_hybrid_is_dropped_at_the_deadline(tmp_path: Path) -> None:
     spec = spec_for_test(deadline_s=0.5)
     backend = JobBackend(spec, str(tmp_path / "model"), 1)
-    events, leases = Events(), Leases()
+    events, leases = EventRecorder(), Leases()
     trainer = ElasticTrainer(spec, spec.to_json(), backend, tmp_path,
                              GradientDomain(SystemClock(), events), leases, events)
     records: list[dict[str, float]] = []
@@ -199,27 +182,17 @@ async def test_a_hung_hybrid_is_dropped_at_the_deadline(tmp_path: Path) -> None:
         assert join.phase == "active"
         real = join._trainer
         assert real is not None
-        slow = asyncio.Event()
 
-        class Hung:
-            lockstep_check_interval = 1
+        def hang(samples: Any, scale: float) -> Any:
+            time.sleep(1.5)
+            return real.slice_gradient(samples, scale)
 
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-            def slice_gradient(self, samples: Any, scale: float) -> Any:
-                import time
-                time.sleep(1.5)
-                return real.slice_gradient(samples, scale)
-
-        join._trainer = Hung()  # type: ignore[assignment]
+        inject(join, hang)
         await run_steps(trainer, 11, 11, records)
-        slow.set()
         task.cancel()
     assert records[-1]["reassigned_slices"] == 1.0
     assert math.isfinite(records[-1]["loss"])
-    reasons = [f.get("reason", "") for k, f in events.items if k == "slice_reassigned"]
-    assert reasons == ["deadline passed"]
+    assert [f["reason"] for f in events.of("slice_reassigned")] == ["deadline passed"]
 
 
 async def test_fencing_detaches_a_hybrid_whose_lease_moved_on(setup) -> None:  # noqa: ANN001
@@ -236,5 +209,5 @@ async def test_fencing_detaches_a_hybrid_whose_lease_moved_on(setup) -> None:  #
         await asyncio.wait_for(task, 10)
     assert not trainer.domain.active()
     assert records[-1]["hybrid_slices"] == 0.0 if "hybrid_slices" in records[-1] else True
-    detached = [f for k, f in events.items if k == "hybrid_detached"]
+    detached = events.of("hybrid_detached")
     assert detached and "hybrid-rollout" in detached[0]["reason"]

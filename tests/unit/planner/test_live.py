@@ -42,24 +42,46 @@ def _live(**kw) -> LivePlanner:
 
 
 def test_sequence_joins_when_training_bound_then_releases_when_rollout_bound() -> None:
-    live = _live()
-    # Trainer waits 1 s for data, trains 10 s: train/rollout = 10 >= 1.15 -> borrow all.
+    live = _live(min_dwell_steps=0)
+    # Trainer waits 1 s for data (4 rollout workers: w_rollout = 4), trains 10 s
+    # (w_train = 10): train/rollout = 10 >= 1.15 -> borrow. The model picks 2 of the 3:
+    # max(10 / 3, 4 / 2) = 3.3 s beats 1 lent (5 s), 3 lent (4 s) and none (10 s).
     out = live.on_step(_record(1, 1.0, 10.0), _leases())
     assert out["elastic"]["action"] == "join"
-    assert (out["elastic"]["desired_hybrids"], out["elastic"]["reason"]) == (3, "borrow")
+    assert (out["elastic"]["desired_hybrids"], out["elastic"]["reason"]) == (2, "borrow")
     # The joins are in flight; ratio 1.0 sits in the band (0.90, 1.15): hold.
-    out = live.on_step(_record(2, 5.0, 5.0), _leases(joining=3, hybrid_rollout=0))
-    assert (out["elastic"]["action"], out["elastic"]["current_hybrids"]) == ("hold", 3)
-    # The trainer now waits more than it trains: 5 / 5.8 <= 0.90 -> release everything
-    # (5.8 / 5 < 1.25: no replanning trigger, the hysteresis alone decides).
-    out = live.on_step(_record(3, 5.8, 5.0), _leases(training=3, hybrid_rollout=0))
-    assert out["decision"]["fired"] is False
+    out = live.on_step(_record(2, 5.0, 5.0), _leases(joining=2, hybrid_rollout=1))
+    assert (out["elastic"]["action"], out["elastic"]["current_hybrids"]) == ("hold", 2)
+    # Now rollout-bound (waits 20 s, trains 2 s): the ratio trigger plans on the fitted
+    # w_train = 7.75, w_rollout = 16.06: 1 lent -> max(3.9, 5.4) beats 2 lent (8.0).
+    out = live.on_step(_record(3, 20.0, 2.0), _leases(training=2, hybrid_rollout=1))
+    assert out["decision"]["fired"] is True
+    assert (out["elastic"]["action"], out["elastic"]["desired_hybrids"]) == ("release", 1)
+
+
+def test_a_move_stands_min_dwell_steps_before_the_next_one() -> None:
+    live = _live(min_dwell_steps=5)
+    assert live.on_step(_record(1, 1.0, 10.0), _leases())["elastic"]["desired_hybrids"] == 2
+    for step in (2, 3, 4, 5):  # rollout-bound at once: the swing back waits
+        out = live.on_step(_record(step, 20.0, 2.0), _leases(training=2, hybrid_rollout=1))
+        elastic = out["elastic"]
+        assert (elastic["action"], elastic["desired_hybrids"]) == ("hold", 2)
+        assert elastic["reason"].startswith("dwell:")
+    out = live.on_step(_record(6, 20.0, 2.0), _leases(training=2, hybrid_rollout=1))
     assert out["elastic"]["action"] == "release"
-    assert (out["elastic"]["desired_hybrids"], out["elastic"]["reason"]) == (0, "release")
+
+
+def test_no_move_when_the_model_predicts_no_gain() -> None:
+    live = _live(min_dwell_steps=0)
+    # Train/rollout = 6 / 5 = 1.2 >= 1.15 says borrow, but with w_rollout = 5 s x 4 = 20
+    # lending one gives max(6 / 2, 20 / 3) = 6.7 s, worse than max(6, 20 / 4) = 6 s: hold.
+    out = live.on_step(_record(1, 5.0, 6.0), _leases())
+    assert out["elastic"]["action"] == "hold"
+    assert out["elastic"]["reason"] == "no_predicted_gain:borrow"
 
 
 def test_approved_plan_can_return_part_of_the_lent_workers() -> None:
-    live = _live()
+    live = _live(min_dwell_steps=0)
     live.on_step(_record(1, 1.0, 10.0), _leases())
     # 3 lent, 1 rollout worker left; the trainer waits 8 s (ratio trigger, 8 / 2 >= 1.25).
     # Fitted: w_train = 10 then 2 s x 4 workers, w_rollout = 4 then 8 s x 1 worker (EMA 0.3).
@@ -193,9 +215,9 @@ def test_cost_model_scales_with_workers_and_fits_by_ema() -> None:
 def test_observe_matches_the_coordinator_planner_protocol() -> None:
     decision, signal = _live().observe(_record(1, 1.0, 10.0), _leases(), {})
     assert (signal.action, signal.desired, signal.current, signal.reason, signal.ttl_step) == (
-        "join", 3, 0, "borrow", 4
+        "join", 2, 0, "borrow", 4
     )
-    assert decision["elastic"]["desired_hybrids"] == 3 and "raw_gain_s" in decision
+    assert decision["elastic"]["desired_hybrids"] == 2 and "raw_gain_s" in decision
 
 
 # Spec knobs named differently in LiveConfig; knobs of the executor and the trainer.

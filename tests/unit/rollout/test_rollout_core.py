@@ -60,9 +60,19 @@ class Rig:
             "model_dir": str(self.tmp / "model"), "published_at_ms": 0})
         return str(path)
 
-    async def place(self, traj: t.Trajectory, instance: str = HERE) -> None:
-        await self.r.xadd(keys.inbox(instance), {"job_id": traj.job_id,
-                                                 "task": encode_trajectory(traj)})
+    async def place(self, traj: t.Trajectory, instance: str = HERE,
+                    assign: bool = True) -> None:
+        """As the scheduler places: inbox entry, task, and (``assign``) the assignment
+        and load a handoff checks and moves."""
+        data = encode_trajectory(traj)
+        await self.r.xadd(keys.inbox(instance), {"job_id": traj.job_id, "task": data})
+        await self.r.hset(keys.tasks(JOB), traj.trajectory_id, data)
+        if assign:
+            await self.r.hset(keys.assignments(JOB), traj.trajectory_id, instance)
+            await self.r.hincrby(keys.load(JOB), instance, 1)
+
+    async def load(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in (await self.r.hgetall(keys.load(JOB))).items()}
 
     async def published(self) -> list[t.Trajectory]:
         return [decode_trajectory(f[b"data"]) for _, f in await self.r.xrange(
@@ -341,6 +351,113 @@ async def test_handed_over_trajectory_continues_from_its_tokens(rig: Rig) -> Non
     assert traj.num_turns == 2 and rig.engine.requests[-1].prompt_token_ids == moved.token_ids
 
 
+async def test_handoff_commits_the_move_in_assignment_load_and_counters(rig: Rig) -> None:
+    rig.scheduler.move_to(THERE, bucket="long")
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == THERE.encode()
+    assert await rig.load() == {HERE: 0, THERE: 1}
+    assert await rig.r.hgetall(keys.counters(JOB)) == {b"migrations": b"1",
+                                                       b"placed:long": b"1"}
+    assert rig.core.num_moves_handed_off == 1
+
+
+async def test_tool_return_does_not_wait_for_the_decision(rig: Rig) -> None:
+    rig.scheduler.gate = asyncio.Event()  # the scheduler has not answered yet
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    (traj,) = await rig.run_until_published()
+    assert traj.num_turns == 2 and len(rig.scheduler.tool_returns) == 1
+    assert rig.scheduler.num_answered == 0
+
+
+async def test_move_decided_after_the_trajectory_finished_is_moot(rig: Rig) -> None:
+    rig.scheduler.gate = asyncio.Event()
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    await rig.run_until_published()
+    rig.scheduler.gate.set()
+    await wait_until(lambda: rig.core.num_moves_moot == 1)
+    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+    # Never committed: the assignment and load still say where it ran.
+    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == HERE.encode()
+    assert await rig.load() == {HERE: 1}
+    assert await rig.r.hgetall(keys.counters(JOB)) == {b"produced": b"1"}
+
+
+async def test_move_decided_during_the_next_turn_hands_off_at_its_tool_return(
+        rig: Rig) -> None:
+    """The decision of tool return 1 comes while the trajectory is in its tool call 2:
+    it leaves after tool return 2, whose own decision (a STAY pinned there) is awaited."""
+    tok = make_tokenizer()
+    rig.scheduler.gate = asyncio.Event()
+    rig.scheduler.move_to(THERE)
+    rig.scheduler.stay_at(THERE)
+
+    async def release_decision_in_second_call() -> None:
+        if len(rig.tools.calls) == 2:
+            rig.scheduler.gate.set()
+            await wait_until(lambda: rig.scheduler.num_answered == 1)
+
+    rig.tools.on_execute = release_decision_in_second_call
+    rig.engine.queue("<calc>1+2</calc>", "<calc>2+3</calc>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
+    moved = decode_trajectory(fields[b"task"])
+    calc1, calc2, res = (tok.encode("<calc>1+2</calc>"), tok.encode("<calc>2+3</calc>"),
+                         tok.encode("<res>3</res>"))
+    assert moved.token_ids == tok.encode_prompt("Q:1+2=") + calc1 + res + calc2 + res
+    assert (moved.num_turns, moved.num_migrations, len(rig.scheduler.tool_returns)) == (2, 1, 2)
+    assert await rig.load() == {HERE: 0, THERE: 1}
+
+
+async def test_move_back_here_cancels_a_pending_move(rig: Rig) -> None:
+    rig.scheduler.gate = asyncio.Event()
+    rig.scheduler.move_to(THERE)
+    rig.scheduler.move_to(HERE)
+
+    async def release_decision_in_second_call() -> None:
+        if len(rig.tools.calls) == 2:
+            rig.scheduler.gate.set()
+            await wait_until(lambda: rig.scheduler.num_answered == 1)
+
+    rig.tools.on_execute = release_decision_in_second_call
+    rig.engine.queue("<calc>1+2</calc>", "<calc>2+3</calc>", "<ans>5</ans>")
+    await rig.place(make_task())
+    (traj,) = await rig.run_until_published()
+    assert (traj.num_turns, traj.num_migrations) == (3, 0)
+    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+
+
+async def test_handoff_of_a_trajectory_no_longer_assigned_here_is_refused(rig: Rig) -> None:
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.place(make_task(), assign=False)  # re-queued by the scheduler meanwhile
+    rig.start()
+    await wait_until(lambda: rig.scheduler.num_answered == 1)
+    await wait_until(lambda: rig.core.num_active == 0)
+    assert await rig.r.xlen(keys.inbox(THERE)) == 0 and await rig.num_published() == 0
+    assert rig.core.num_moves_handed_off == 0
+    assert await rig.r.hgetall(keys.counters(JOB)) == {}
+
+
+async def test_handoff_from_a_stale_lease_epoch_is_refused(rig: Rig) -> None:
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.r.hset(keys.lease(HERE), "epoch", rig.coordinator.epoch + 1)
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.scheduler.num_answered == 1)
+    await wait_until(lambda: rig.core.num_active == 0)
+    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == HERE.encode()
+
+
 # -- weights -------------------------------------------------------------------------------
 
 async def test_weights_are_loaded_on_first_task_after_checksum(rig: Rig) -> None:
@@ -514,11 +631,12 @@ async def test_tool_return_after_cancel_is_neither_published_nor_handed_off(rig:
 async def test_lost_lease_drops_work_and_registers_again(rig: Rig) -> None:
     rig.core.settings = RolloutSettings(instance_id=HERE, bucket="short", lease_ttl_ms=30,
                                         idle_block_ms=5)
-    rig.coordinator.lose_lease_times = 1
     rig.tools.gate = asyncio.Event()
     rig.engine.queue("<calc>1+2</calc>")
     await rig.place(make_task())
     rig.start()
+    await wait_until(lambda: rig.tools.calls)  # pinned here, in its tool call
+    rig.coordinator.lose_lease_times = 1
     await wait_until(lambda: len(rig.coordinator.acquired) == 2)
     assert rig.core.num_active == 0
     rig.tools.gate.set()

@@ -1,5 +1,6 @@
 """Unit tests for the batched KV-cache decode loop of the CPU engine."""
 
+import json
 import threading
 
 import pytest
@@ -172,3 +173,25 @@ def test_turn_interrupted_by_a_weight_update_resumes_on_the_new_weights(tokenize
     end = len(traj.token_ids)
     expected = [float(logprobs[i - 1, traj.token_ids[i]]) for i in range(end - 8, end)]
     assert traj.logprobs[-8:] == pytest.approx(expected, abs=1e-4)
+
+
+def test_every_call_is_recorded_with_its_shape_and_wall_time(tokenizer):
+    from services.rollout.engine_types import EngineCallLog
+
+    log = EngineCallLog(maxlen=2)
+    engine = TorchEngine(build_model(_CFG, seed=0), pad_token_id=0, call_log=log)
+    short, long_ = _request(tokenizer, "Q:1="), _request(tokenizer, "Q:12*34-5=<calc>")
+    results = engine.generate([short, long_])
+    (call,) = log.calls()
+    assert (call.batch, call.prompt_len) == (2, len(long_.prompt_token_ids))
+    assert call.prompt_tokens == len(short.prompt_token_ids) + len(long_.prompt_token_ids)
+    assert call.new_tokens == sum(len(r.token_ids) for r in results)
+    # One prefill forward, then one decode forward per token of the longest row after
+    # its first.
+    assert call.decode_steps == max(len(r.token_ids) for r in results) - 1
+    assert call.wall_s > 0 and not call.aborted
+    for _ in range(3):
+        engine.generate([short])
+    assert len(log.calls()) == 2  # a ring buffer: the oldest calls go
+    rows = json.loads(log.to_json())
+    assert rows[0]["batch"] == 1 and set(rows[0]) >= {"at_s", "wall_s", "decode_steps"}

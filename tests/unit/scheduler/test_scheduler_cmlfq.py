@@ -1,5 +1,6 @@
 """SchedulerCore with C-MLFQ against a real Redis: policy state survives a restart,
-trainer steps reach ``on_step_end``, moves are accounted, decisions are observable."""
+trainer steps reach ``on_step_end``, moves are decided here and committed by the
+handoff, decisions are observable."""
 
 from __future__ import annotations
 
@@ -115,20 +116,59 @@ async def test_trainer_step_advance_calls_on_step_end(r: aioredis.Redis) -> None
     assert await r.exists(keys.sched_tree(JOB))
 
 
-async def test_move_repins_assignment_load_and_counts_migration(r: aioredis.Redis) -> None:
+async def load(r: aioredis.Redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in (await r.hgetall(keys.load(JOB))).items()}
+
+
+async def decided_move(r: aioredis.Redis) -> tuple[SchedulerCore, str, dict[str, int]]:
+    """A C-MLFQ MOVE to rollout-1 decided for a trajectory running on rollout-0; returns
+    the core, the trajectory and the counters as they were before the decision."""
     core = await started(r, cmlfq_spec())
     await teach_one_group(core, 200)
     await core._tick(core._jobs[JOB])
     traj_id = sorted(await core._store.assignments(JOB))[0]
     before = await counters(r)
     decision = await core.report_tool_return(JOB, traj_id, FAIL, 10)
-    assert decision.target_instance == "rollout-1"
+    assert (decision.action, decision.target_instance) == (t.DecisionAction.MOVE, "rollout-1")
+    return core, traj_id, before
+
+
+async def test_move_is_decided_in_memory_and_reserves_the_target_locally(
+        r: aioredis.Redis) -> None:
+    core, traj_id, before = await decided_move(r)
+    # Nothing is written: the rollout instance commits the move when it hands off.
+    assert (await core._store.assignments(JOB))[traj_id] == "rollout-0"
+    assert await load(r) == {"rollout-0": 4} and await counters(r) == before
+    local = {i.instance_id: i.active_trajectories for i in core._jobs[JOB].instances}
+    assert local == {"rollout-0": 3, "rollout-1": 1}
+
+
+async def test_handoff_commits_the_decided_move(r: aioredis.Redis) -> None:
+    from services.rollout.store import RedisRolloutStore
+
+    core, traj_id, before = await decided_move(r)
+    await r.hset(keys.lease("rollout-0"), "epoch", 1)
+    traj = await core._store.task(JOB, traj_id)
+    assert traj is not None
+    assert await RedisRolloutStore(r).handoff(traj, "rollout-0", "0-1", "rollout-1", "long", 1)
     assert (await core._store.assignments(JOB))[traj_id] == "rollout-1"
-    load = {k.decode(): int(v) for k, v in (await r.hgetall(keys.load(JOB))).items()}
-    assert load == {"rollout-0": 3, "rollout-1": 1}
+    assert await load(r) == {"rollout-0": 3, "rollout-1": 1}
     after = await counters(r)
     assert {k: after[k] - before.get(k, 0) for k in after} == {
         **{k: 0 for k in after}, "migrations": 1, "placed:long": 1}
+
+
+async def test_move_that_never_happens_leaves_assignment_and_load_consistent(
+        r: aioredis.Redis) -> None:
+    core, traj_id, before = await decided_move(r)
+    # The trajectory finished on rollout-0 before the decision reached it.
+    await core.report_finished(JOB, traj_id, 50, t.TrajectoryStatus.FINISHED)
+    assert await load(r) == {"rollout-0": 3}
+    assert traj_id not in await core._store.assignments(JOB)
+    assert await counters(r) == before
+    await core._refresh_instances(core._jobs[JOB])  # the local reservation is re-read
+    local = {i.instance_id: i.active_trajectories for i in core._jobs[JOB].instances}
+    assert local == {"rollout-0": 3, "rollout-1": 0}
 
 
 async def test_decision_is_counted_and_set_on_the_current_span() -> None:

@@ -12,17 +12,7 @@ from libra.training import channel as ch
 from libra.training.samples import TrainSample
 from libra.types import GroupId, TrajectoryId
 from services.trainer.elastic import GradientDomain, split_slices
-
-
-class Events:
-    def __init__(self) -> None:
-        self.items: list[tuple[str, dict[str, Any]]] = []
-
-    async def __call__(self, kind: str, **fields: Any) -> None:
-        self.items.append((kind, fields))
-
-    def kinds(self) -> list[str]:
-        return [kind for kind, _ in self.items]
+from tests.fakes.events import EventRecorder
 
 
 def sample(group: int, index: int, trained_tokens: int) -> TrainSample:
@@ -76,7 +66,7 @@ def test_split_gives_fewer_slices_than_asked_when_groups_run_out() -> None:
 
 
 async def test_join_states_advance_at_boundaries_only() -> None:
-    events = Events()
+    events = EventRecorder()
     domain = GradientDomain(SystemClock(), events)
     session = domain.connect(ch.Hello("job", "r1", 5, 1))
     assert session.state == "connected"
@@ -106,21 +96,21 @@ async def test_join_states_advance_at_boundaries_only() -> None:
     (ch.GradientPayload(11, 2, 6, 1, b""), "policy version 2 != 3"),
 ])
 async def test_stale_payloads_are_refused(payload: ch.GradientPayload, reason: str) -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     session = await active_session(domain)
     assert domain.accept(session, payload, 11, 3) == reason
     assert domain.accept(session, ch.GradientPayload(11, 3, 6, 1, b""), 11, 3) is None
 
 
 async def test_payload_of_a_joining_worker_does_not_count() -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     session = domain.connect(ch.Hello("job", "r1", 5, 1))
     reason = domain.accept(session, ch.GradientPayload(1, 0, 5, 1, b""), 1, 0)
     assert reason == "worker is connected, not active"
 
 
 async def test_gather_refuses_a_stale_payload_and_detaches_its_sender() -> None:
-    events = Events()
+    events = EventRecorder()
     domain = GradientDomain(SystemClock(), events)
     session = await active_session(domain)
     domain.on_message(session, ch.GradientPayload(11, 3, 5, 1, b"x"))  # old epoch
@@ -131,7 +121,7 @@ async def test_gather_refuses_a_stale_payload_and_detaches_its_sender() -> None:
 
 
 async def test_gather_gives_up_at_the_deadline() -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     session = await active_session(domain)
     accepted, missing = await domain.gather({1: session}, 11, 3, deadline_s=0.05)
     assert accepted == {} and missing == {1: "deadline passed"}
@@ -139,7 +129,7 @@ async def test_gather_gives_up_at_the_deadline() -> None:
 
 
 async def test_gather_returns_at_once_when_the_hybrid_disconnects() -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     session = await active_session(domain)
     loop = asyncio.get_running_loop()
     loop.call_later(0.02, domain.disconnect, session, "stream closed")
@@ -148,7 +138,7 @@ async def test_gather_returns_at_once_when_the_hybrid_disconnects() -> None:
 
 
 async def test_a_matching_payload_is_accepted() -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     session = await active_session(domain)
     payload = ch.GradientPayload(11, 3, 6, 1, b"grad", {"loss": 1.0})
     asyncio.get_running_loop().call_later(0.01, domain.on_message, session, payload)
@@ -158,7 +148,7 @@ async def test_a_matching_payload_is_accepted() -> None:
 
 
 async def test_lockstep_mismatch_detaches() -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     session = await active_session(domain)
     domain.remember_checksum(11, "aaa")
     domain.on_message(session, ch.Applied(11, "aaa"))
@@ -169,7 +159,7 @@ async def test_lockstep_mismatch_detaches() -> None:
 
 
 async def test_a_newer_epoch_replaces_the_old_session_and_an_older_one_is_refused() -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     old = domain.connect(ch.Hello("job", "r1", 5, 1))
     with pytest.raises(ValueError, match="already connected"):
         domain.connect(ch.Hello("job", "r1", 4, 1))
@@ -179,14 +169,14 @@ async def test_a_newer_epoch_replaces_the_old_session_and_an_older_one_is_refuse
 
 
 async def test_activation_with_an_epoch_not_newer_than_the_join_detaches() -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     session = domain.connect(ch.Hello("job", "r1", 5, 1))
     domain.on_message(session, ch.Activated(5, 0))
     assert session.detached
 
 
 async def test_updates_go_to_joining_and_active_hybrids_past_their_snapshot() -> None:
-    domain = GradientDomain(SystemClock(), Events())
+    domain = GradientDomain(SystemClock(), EventRecorder())
     session = await active_session(domain, at_step=10)
     fresh = domain.connect(ch.Hello("job", "r2", 8, 1))  # no snapshot yet
     update = ch.Update(11, b"g", False, 1e-3)

@@ -142,6 +142,7 @@ class GetInstanceStatusResponse(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     HYBRID_PHASE_FIELD_NUMBER: _builtins.int
+    ENGINE_PROFILE_JSON_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     bucket: _builtins.str
     active_trajectories: _builtins.int
@@ -151,6 +152,12 @@ class GetInstanceStatusResponse(_message.Message):
     role: _builtins.str
     """The instance's lease role ("core-rollout", "hybrid-joining", ...) and join phase."""
     hybrid_phase: _builtins.str
+    engine_profile_json: _builtins.str
+    """The engine's recent calls, oldest first, as a JSON list of objects {at_s, batch,
+    prompt_len, prompt_tokens, decode_steps, new_tokens, wall_s, aborted} (a bounded ring
+    buffer; empty for engines that do not log calls). Timed in the serving process, so
+    it measures the instance's speed under the run's real contention.
+    """
     def __init__(
         self,
         *,
@@ -162,10 +169,11 @@ class GetInstanceStatusResponse(_message.Message):
         job_id: _builtins.str = ...,
         role: _builtins.str = ...,
         hybrid_phase: _builtins.str = ...,
+        engine_profile_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_trajectories", b"active_trajectories", "bucket", b"bucket", "hybrid_phase", b"hybrid_phase", "instance_id", b"instance_id", "job_id", b"job_id", "policy_version", b"policy_version", "role", b"role", "tokens_generated", b"tokens_generated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_trajectories", b"active_trajectories", "bucket", b"bucket", "engine_profile_json", b"engine_profile_json", "hybrid_phase", b"hybrid_phase", "instance_id", b"instance_id", "job_id", b"job_id", "policy_version", b"policy_version", "role", b"role", "tokens_generated", b"tokens_generated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
