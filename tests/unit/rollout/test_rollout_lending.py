@@ -10,22 +10,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.clock import FakeClock
 from libra.errors import FailedPrecondition
-from libra.jobspec import JobSpec, TaskSpec, ToolsSpec
 from libra.training import channel as ch
 from libra.wire.common import decode_trajectory
-from services.rollout.core import RolloutCore, RolloutSettings
-from services.rollout.store import RedisRolloutStore
-from tests.fakes.coordinator import FakeCoordinator
-from tests.fakes.engine import BlockUntilAbort, FakeEngine, FakeEngineLoader, make_tokenizer
-from tests.fakes.scheduler import FakeScheduler
-from tests.fakes.toolgateway import FakeToolGateway
-from tests.unit.rollout.test_rollout_core import HERE, JOB, Rig, make_task
+from tests.fakes.engine import BlockUntilAbort
+from tests.unit.rollout.rig import HERE, JOB, Rig, make_task, started_rig
 from tests.waiting import wait_until
 
 
@@ -80,27 +72,11 @@ class FakeHybridTrainer:
 
 @pytest.fixture
 async def lent_rig(redis_server, tmp_path: Path) -> AsyncIterator[tuple[Rig, Opener]]:
-    r = aioredis.from_url(redis_server.url, decode_responses=False)
-    await r.flushdb()
-    spec = JobSpec(task=TaskSpec(max_turns=4), tools=ToolsSpec(call_timeout_s=5.0))
-    await r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
-                                          "run_dir": str(tmp_path)})
-    clock = FakeClock()
-    engine = FakeEngine(make_tokenizer())
-    coordinator = FakeCoordinator(redis=r)
-    settings = RolloutSettings(instance_id=HERE, bucket="long", lease_ttl_ms=60_000,
-                               tool_deadline_s=5.0, idle_block_ms=5,
-                               role=t.WorkerRole.HYBRID_ROLLOUT)
     opener = Opener()
-    core = RolloutCore(settings, RedisRolloutStore(r), FakeEngineLoader(engine),
-                       FakeToolGateway(clock=clock), FakeScheduler(), coordinator, clock,
-                       opener=opener, load_trainer=FakeHybridTrainer)
-    rig = Rig(r, tmp_path, core, engine, core._tools, core._scheduler, coordinator, clock)
-    await rig.write_weights(0)
-    await core.register()
-    yield rig, opener
-    await rig.stop()
-    await r.aclose()
+    async with started_rig(redis_server.url, tmp_path, bucket="long",
+                           role=t.WorkerRole.HYBRID_ROLLOUT, opener=opener,
+                           load_trainer=FakeHybridTrainer) as rig:
+        yield rig, opener
 
 
 async def test_lend_hands_back_a_trajectory_mid_turn_with_its_tokens(lent_rig) -> None:  # noqa: ANN001

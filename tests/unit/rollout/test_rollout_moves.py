@@ -1,0 +1,173 @@
+"""RolloutCore: placement decisions at tool returns and handoffs to other instances."""
+
+from __future__ import annotations
+
+import asyncio
+
+from libra import redis_keys as keys
+from libra.wire.common import decode_trajectory
+from tests.fakes.engine import make_tokenizer
+from tests.unit.rollout.rig import HERE, JOB, THERE, Rig, make_task
+from tests.waiting import wait_until
+
+# -- placement decisions -------------------------------------------------------------------
+
+async def test_move_decision_hands_the_trajectory_to_the_target_inbox_intact(rig: Rig) -> None:
+    tok = make_tokenizer()
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
+    moved = decode_trajectory(fields[b"task"])
+    prompt, calc, res = (tok.encode_prompt("Q:1+2="), tok.encode("<calc>1+2</calc>"),
+                         tok.encode("<res>3</res>"))
+    assert moved.token_ids == prompt + calc + res
+    assert moved.loss_mask == [0] * len(prompt) + [1] * len(calc) + [0] * len(res)
+    assert moved.logprobs == [0.0] * len(prompt) + [-0.5] * len(calc) + [0.0] * len(res)
+    assert moved.token_versions == [-1] * len(prompt) + [0] * len(calc) + [-1] * len(res)
+    assert (moved.num_migrations, moved.num_turns, fields[b"job_id"]) == (1, 1, JOB.encode())
+
+
+async def test_move_decision_acks_the_entry_here_and_frees_the_slot(rig: Rig) -> None:
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    await wait_until(lambda: rig.core.num_active == 0)
+    assert await rig.inbox_pending() == 0 and await rig.r.xlen(keys.inbox(HERE)) == 0
+    assert await rig.num_published() == 0
+    assert await rig.r.hexists(keys.tasks(JOB), "tr-0")
+
+
+async def test_move_to_this_instance_keeps_the_trajectory_here(rig: Rig) -> None:
+    rig.scheduler.move_to(HERE)
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    (traj,) = await rig.run_until_published()
+    assert traj.num_migrations == 0 and await rig.r.xlen(keys.inbox(THERE)) == 0
+
+
+async def test_handed_over_trajectory_continues_from_its_tokens(rig: Rig) -> None:
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
+    moved = decode_trajectory(fields[b"task"])
+    # Back on this instance (e.g. re-placed): the agent keeps its tokens, one more turn.
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(moved)
+    (traj,) = await rig.run_until_published()
+    assert traj.token_ids[:len(moved.token_ids)] == moved.token_ids
+    assert traj.num_turns == 2 and rig.engine.requests[-1].prompt_token_ids == moved.token_ids
+
+
+async def test_handoff_commits_the_move_in_assignment_load_and_counters(rig: Rig) -> None:
+    rig.scheduler.move_to(THERE, bucket="long")
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == THERE.encode()
+    assert await rig.load() == {HERE: 0, THERE: 1}
+    assert await rig.r.hgetall(keys.counters(JOB)) == {b"migrations": b"1",
+                                                       b"placed:long": b"1"}
+    assert rig.core.num_moves_handed_off == 1
+
+
+async def test_tool_return_does_not_wait_for_the_decision(rig: Rig) -> None:
+    rig.scheduler.gate = asyncio.Event()  # the scheduler has not answered yet
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    (traj,) = await rig.run_until_published()
+    assert traj.num_turns == 2 and len(rig.scheduler.tool_returns) == 1
+    assert rig.scheduler.num_answered == 0
+
+
+async def test_move_decided_after_the_trajectory_finished_is_moot(rig: Rig) -> None:
+    rig.scheduler.gate = asyncio.Event()
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    await rig.run_until_published()
+    rig.scheduler.gate.set()
+    await wait_until(lambda: rig.core.num_moves_moot == 1)
+    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+    # Never committed: the assignment and load still say where it ran.
+    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == HERE.encode()
+    assert await rig.load() == {HERE: 1}
+    assert await rig.r.hgetall(keys.counters(JOB)) == {b"produced": b"1"}
+
+
+async def test_move_decided_during_the_next_turn_hands_off_at_its_tool_return(
+        rig: Rig) -> None:
+    """The decision of tool return 1 comes while the trajectory is in its tool call 2:
+    it leaves after tool return 2, whose own decision (a STAY pinned there) is awaited."""
+    tok = make_tokenizer()
+    rig.scheduler.gate = asyncio.Event()
+    rig.scheduler.move_to(THERE)
+    rig.scheduler.stay_at(THERE)
+
+    async def release_decision_in_second_call() -> None:
+        if len(rig.tools.calls) == 2:
+            rig.scheduler.gate.set()
+            await wait_until(lambda: rig.scheduler.num_answered == 1)
+
+    rig.tools.on_execute = release_decision_in_second_call
+    rig.engine.queue("<calc>1+2</calc>", "<calc>2+3</calc>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
+    moved = decode_trajectory(fields[b"task"])
+    calc1, calc2, res = (tok.encode("<calc>1+2</calc>"), tok.encode("<calc>2+3</calc>"),
+                         tok.encode("<res>3</res>"))
+    assert moved.token_ids == tok.encode_prompt("Q:1+2=") + calc1 + res + calc2 + res
+    assert (moved.num_turns, moved.num_migrations, len(rig.scheduler.tool_returns)) == (2, 1, 2)
+    assert await rig.load() == {HERE: 0, THERE: 1}
+
+
+async def test_move_back_here_cancels_a_pending_move(rig: Rig) -> None:
+    rig.scheduler.gate = asyncio.Event()
+    rig.scheduler.move_to(THERE)
+    rig.scheduler.move_to(HERE)
+
+    async def release_decision_in_second_call() -> None:
+        if len(rig.tools.calls) == 2:
+            rig.scheduler.gate.set()
+            await wait_until(lambda: rig.scheduler.num_answered == 1)
+
+    rig.tools.on_execute = release_decision_in_second_call
+    rig.engine.queue("<calc>1+2</calc>", "<calc>2+3</calc>", "<ans>5</ans>")
+    await rig.place(make_task())
+    (traj,) = await rig.run_until_published()
+    assert (traj.num_turns, traj.num_migrations) == (3, 0)
+    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+
+
+async def test_handoff_of_a_trajectory_no_longer_assigned_here_is_refused(rig: Rig) -> None:
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.place(make_task(), assign=False)  # re-queued by the scheduler meanwhile
+    rig.start()
+    await wait_until(lambda: rig.scheduler.num_answered == 1)
+    await wait_until(lambda: rig.core.num_active == 0)
+    assert await rig.r.xlen(keys.inbox(THERE)) == 0 and await rig.num_published() == 0
+    assert rig.core.num_moves_handed_off == 0
+    assert await rig.r.hgetall(keys.counters(JOB)) == {}
+
+
+async def test_handoff_from_a_stale_lease_epoch_is_refused(rig: Rig) -> None:
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.r.hset(keys.lease(HERE), "epoch", rig.coordinator.epoch + 1)
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.scheduler.num_answered == 1)
+    await wait_until(lambda: rig.core.num_active == 0)
+    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == HERE.encode()

@@ -1,0 +1,156 @@
+"""RolloutCore: checksummed weight loads, manifests, partial rollout across versions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from libra import redis_keys as keys
+from libra import types as t
+from tests.fakes.engine import BlockUntilAbort
+from tests.unit.rollout.rig import HERE, JOB, Rig, make_task
+from tests.waiting import wait_until
+
+# -- weights -------------------------------------------------------------------------------
+
+async def test_weights_are_loaded_on_first_task_after_checksum(rig: Rig) -> None:
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task())
+    await rig.run_until_published()
+    assert rig.engine.loaded == [(str(rig.tmp / "v0.safetensors"), 0)]
+    assert rig.core.policy_version == 0
+
+
+async def test_bad_checksum_is_not_loaded_and_reported_once(rig: Rig) -> None:
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task(0))
+    await rig.run_until_published(1)
+    await rig.write_weights(1, sha256="0" * 64)
+    await wait_until(lambda: rig.events("weights_checksum_mismatch"))
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task(1))
+    await rig.run_until_published(2)  # many loop passes later
+    (event,) = await rig.events("weights_checksum_mismatch")
+    assert (event[b"version"], event[b"instance"]) == (b"1", HERE.encode())
+    assert rig.engine.policy_version == 0 and [v for _, v in rig.engine.loaded] == [0]
+
+
+async def test_missing_weights_file_is_reported_and_the_core_keeps_serving(rig: Rig) -> None:
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task(0))
+    await rig.run_until_published(1)
+    await rig.r.hset(keys.policy(JOB), mapping={"version": 1, "sha256": "ab" * 32,
+                                                 "weights_path": str(rig.tmp / "gone")})
+    await wait_until(lambda: rig.events("weights_checksum_mismatch"))
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task(1))
+    await rig.run_until_published(2)
+    assert rig.engine.policy_version == 0 and not rig.task.done()
+
+
+async def test_newer_policy_is_loaded_between_engine_calls(rig: Rig) -> None:
+    async def publish_v1() -> None:
+        await rig.write_weights(1)
+
+    rig.tools.on_execute = publish_v1
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    (traj,) = await rig.run_until_published()
+    assert rig.engine.calls == [("load", 0), ("generate", 0), ("load", 1), ("generate", 1)]
+    pairs = zip(traj.token_versions, traj.loss_mask, strict=True)
+    assert sorted({v for v, m in pairs if m}) == [0, 1]
+    assert traj.min_version == 0
+
+
+async def _interrupted_answer(rig: Rig) -> t.Trajectory:
+    """``<ans>3</ans>``: its first 2 tokens sampled on v0, interrupted by v1, the rest
+    (``</ans>``) on v1."""
+    rig.engine.queue(BlockUntilAbort("<ans>3</ans>", keep=2), "</ans>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.engine.requests)
+    await rig.write_weights(1)  # the watcher aborts the engine call in flight
+    (traj,) = await rig.run_until_published()
+    return traj
+
+
+async def test_new_policy_interrupts_the_engine_call_in_flight(rig: Rig) -> None:
+    await _interrupted_answer(rig)
+    assert rig.engine.num_aborts == 1
+    assert rig.engine.calls == [("load", 0), ("generate", 0), ("load", 1), ("generate", 1)]
+
+
+async def test_interrupted_turn_resumes_on_new_weights_with_the_rest_of_its_budget(
+        rig: Rig) -> None:
+    await _interrupted_answer(rig)
+    first, second = rig.engine.requests
+    assert second.prompt_token_ids[len(first.prompt_token_ids):] == (
+        rig.engine.tokenizer.encode("<ans>3</ans>")[:2])
+    assert second.max_new_tokens == first.max_new_tokens - 2
+
+
+async def test_interrupted_turn_counts_once_keeps_both_versions_and_parses_whole(
+        rig: Rig) -> None:
+    traj = await _interrupted_answer(rig)
+    assert (traj.num_turns, traj.final_text, traj.status) == (1, "3", t.TrajectoryStatus.FINISHED)
+    model_versions = [v for v, m in zip(traj.token_versions, traj.loss_mask, strict=True) if m]
+    assert model_versions[:2] == [0, 0] and set(model_versions[2:]) == {1}
+    assert traj.check_aligned() is None
+
+
+async def _publish_manifest(rig: Rig, version: int, data: bytes) -> Path:
+    from libra.weight_sync import write_manifest
+
+    weights = rig.tmp / f"v{version:06d}.safetensors"
+    weights.write_bytes(data)
+    manifest, digest = write_manifest(weights, version, chunk_bytes=4)
+    await rig.r.hset(keys.policy(JOB), mapping={
+        "version": version, "weights_path": str(manifest), "sha256": digest,
+        "model_dir": str(rig.tmp / "model"), "published_at_ms": 0})
+    return weights
+
+
+async def test_manifest_version_is_loaded_whole_and_its_reload_time_recorded(rig: Rig) -> None:
+    await _publish_manifest(rig, 1, b"weights v1 bytes")
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task())
+    await rig.run_until_published()
+    assert rig.engine.loaded == [("weights v1 bytes", 1)]
+    (event,) = await rig.events("weights_loaded")
+    assert event[b"version"] == b"1" and float(event[b"reload_s"]) >= 0.0
+
+
+async def test_corrupt_chunk_is_an_error_event_and_the_old_weights_keep_serving(
+        rig: Rig) -> None:
+    rig.tools.gate = asyncio.Event()  # hold the trajectory in its tool call
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: rig.tools.calls)
+    weights = await _publish_manifest(rig, 1, b"weights v1 bytes")
+    weights.write_bytes(b"weights v1 bytez")  # corrupted after the manifest was written
+    await wait_until(lambda: rig.events("weights_checksum_mismatch"))
+    rig.tools.gate.set()
+    (traj,) = await rig.run_until_published()
+    (event,) = await rig.events("weights_checksum_mismatch")
+    assert b"chunk 3" in event[b"error"]
+    assert rig.engine.policy_version == 0 and set(traj.token_versions) == {-1, 0}
+
+
+async def test_fetch_past_the_deadline_is_an_error_event_not_a_hang(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import time
+
+    import services.rollout.core as rollout_core
+
+    monkeypatch.setattr(rollout_core, "read_verified", lambda *_: time.sleep(1.0) or b"")
+    rig.core.settings = dataclasses.replace(rig.core.settings, weight_load_deadline_s=0.05)
+    await _publish_manifest(rig, 1, b"weights v1 bytes")
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(make_task())
+    await rig.run_until_published()
+    (event,) = await rig.events("weights_load_timeout")
+    assert event[b"version"] == b"1"
