@@ -1,8 +1,9 @@
 """Issue 6 item 5: predicted vs measured rollout time of a real CPU demo run.
 
-Starts a stack in a temporary run root, runs the demo job (12 RL steps after the SFT
-warm-up, ~90 s on 2 cores), reads the instances' in-run engine calls, measures the round
-trips and the tool calls, replays the recorded trace and prints predicted, measured and
+Starts a stack in a temporary run root, runs the demo job (12 RL steps after a short SFT
+warm-up, ~1 minute on 2 cores), reads the instances' in-run engine calls and loop
+profiles (pass phases, task start lags, tool and scoring RPCs as the rollout saw them),
+replays the recorded trace and prints predicted, measured and
 their ratio (procedure and definitions: sim/validation.py, docs/simulator.md).
 
     python benchmarks/bench_sim_validation.py [--steps 12] [--json]
@@ -36,8 +37,13 @@ def main() -> int:
         print(f"predicted rollout time  {result['predicted_rollout_s'] * 1000:8.1f} ms")
         print(f"measured rollout time   {result['measured_rollout_s'] * 1000:8.1f} ms")
         print(f"ratio                   {result['ratio']:8.2f}  (tolerance +-20%)")
-        for name, value in result["measured_inputs"]["measured_gaps"].items():
-            print(f"{name:<24}{value * 1000:8.1f} ms  (measured; not modelled)")
+        inputs = result["measured_inputs"]
+        for iid, loop in inputs["loop_costs"].items():
+            print(f"{iid}: " + "  ".join(f"{k} {v * 1000:.2f} ms" for k, v in loop.items()
+                                        if k.endswith("_s")) + "  (in-run loop costs)")
+        print(f"rpc latency sources     {inputs['rpc_latency_sources']}")
+        for name, value in inputs["measured_gaps"].items():
+            print(f"{name:<24}{value * 1000:8.1f} ms  (diagnostic)")
     return 0 if result["within_tolerance"] else 1
 
 

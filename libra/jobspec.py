@@ -146,6 +146,7 @@ class ElasticSpec:
     plan_interval_steps: int = 5
     cooldown_steps: int = 1
     min_dwell_steps: int = 5
+    force_hybrids: int = -1
     warmup_steps: int = 2
     transition_cost_s: float = 1.0
     min_gain_ratio: float = 0.05
@@ -327,6 +328,8 @@ def _validate_elastic(e: ElasticSpec) -> None:
              "must be in (0, 1]")
     for name in ("ttl_steps", "plan_interval_steps", "lockstep_check_interval"):
         _require(getattr(e, name) >= 1, f"elastic.{name}", "must be >= 1")
+    _require(e.force_hybrids >= -1, "elastic.force_hybrids",
+             "must be -1 (the planner decides) or a number of hybrids >= 0")
     for name in ("cooldown_steps", "min_dwell_steps", "warmup_steps"):
         _require(getattr(e, name) >= 0, f"elastic.{name}", "must be >= 0")
     _require(e.transition_cost_s >= 0, "elastic.transition_cost_s", "must be >= 0")

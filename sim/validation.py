@@ -9,13 +9,16 @@ Procedure (:func:`validate`), against a running stack (`libra up`):
 3. measure every cost the replay needs *in the run*: each rollout instance's engine
    calls (shape and wall time, timed by the engine in the serving process and read
    from ``GetInstanceStatus.engine_profile_json``; ``sim/cpu_engine.py`` fits the
-   instance's step costs to them), the first job contact (first admission on an
-   instance -> its ``weights_loaded`` of version 0) and the weight reloads (the
-   rollout's own ``weights_loaded`` events); afterwards, with the stack still up, each
-   recorded tool call is re-issued with the *same call id* (deterministic outcomes;
-   retries and back-off recur), each answer re-scored and the scheduler RPC and a loop
-   pass's Redis round trips timed; the remaining system delays are read from the code
-   and configuration they model (:func:`system_delays`);
+   instance's step costs to them), its event loop's own costs (``loop_profile_json``:
+   each pass's phases, each task's start lag, and every tool call and scoring RPC as
+   the rollout's task saw it; ``sim/loop_costs.py``), the first job contact (first
+   admission on an instance -> its ``weights_loaded`` of version 0) and the weight
+   reloads (the rollout's own ``weights_loaded`` events). Fallbacks, used only where
+   the run has no measurement (a ring buffer overflowed, an engine that logs nothing):
+   afterwards, with the stack still up, each recorded tool call is re-issued with the
+   *same call id* (deterministic outcomes; retries and back-off recur), each answer
+   re-scored and a loop pass's Redis round trips timed. The delays nothing measures
+   are read from the code and configuration they model (:func:`system_delays`);
 4. replay the trace on the same instances, batch caps and policy (``sim/cpu_replay.py``)
    and compare.
 
@@ -37,8 +40,11 @@ from typing import Any
 
 from libra import types as t
 
-SPEC_OVERRIDES = {"num_steps": 12, "prompts_per_step": 4, "samples_per_prompt": 4}
-"""The demo spec with fewer steps (~1 minute on 2 cores, most of it the SFT warm-up)."""
+SPEC_OVERRIDES = {"num_steps": 12, "prompts_per_step": 4, "samples_per_prompt": 4,
+                  "sft_steps": 500}
+"""The demo spec with fewer steps (~20-40 s on 2 cores). The SFT warm-up (2600 steps in
+the demo) only shapes the trajectories; 500 steps still give a policy that calls the
+tool and answers (about a third of the trajectories take 2+ turns)."""
 STACK_INSTANCES = (("rollout-0", "short"), ("rollout-1", "long"))
 MAX_BATCH_SIZE = 8
 MAX_TRAJECTORIES = 16
@@ -147,19 +153,18 @@ async def measure_scoring(gateway: Any, spec: Any, trajs: list[t.Trajectory]) ->
     return out
 
 
-async def measure_round_trips(redis: Any, scheduler: Any, job_id: str, n: int = 50) -> dict:
-    """Median scheduler RPC and median 3-Redis-round-trip loop pass."""
+async def measure_round_trips(redis: Any, job_id: str, n: int = 50) -> dict:
+    """Median 3-Redis-round-trip loop pass (idle stack; the fallback pass overhead)."""
     from libra import redis_keys
 
-    sched, passes = [], []
+    passes = []
     for _ in range(n):
-        sched.append(await _timed(scheduler.stats(job_id)))
         started = time.perf_counter()
         await redis.hget(redis_keys.job(job_id), "state")
         await redis.hgetall(redis_keys.policy(job_id))
         await redis.xlen(redis_keys.trajectories(job_id))
         passes.append(time.perf_counter() - started)
-    return {"tool_report_s": statistics.median(sched), "pass_overhead_s": statistics.median(passes)}
+    return {"pass_overhead_s": statistics.median(passes)}
 
 
 def reload_schedule(events: list[dict], t0_ms: int) -> tuple[tuple[float, ...], float]:
@@ -179,6 +184,26 @@ def reload_schedule(events: list[dict], t0_ms: int) -> tuple[tuple[float, ...], 
         starts[version] = min(starts.get(version, start), start)
     publish = tuple(sorted(s for v, s in starts.items() if v > 0))
     return publish, (statistics.median(reloads) if reloads else 0.0)
+
+
+def in_run_latencies(trajs: list[t.Trajectory], loop: dict[str, dict], tool_s: dict,
+                     score_s: dict) -> tuple[dict, dict, dict[str, int]]:
+    """Per trajectory: its tool-call and scoring latencies as its task saw them in the
+    run, where the loop profiles hold them all; else the re-issued (idle) ones."""
+    from sim.loop_costs import op_latencies
+
+    run_tool, run_score = op_latencies(loop, "tool"), op_latencies(loop, "score")
+    tools, scores, n = {}, {}, {"tool_in_run": 0, "tool_reissued": 0,
+                                "score_in_run": 0, "score_reissued": 0}
+    for tr in trajs:
+        tid = tr.trajectory_id
+        in_run = len(run_tool.get(tid, [])) == len(tool_s[tid])
+        tools[tid] = run_tool[tid] if in_run and tool_s[tid] else tool_s[tid]
+        n["tool_in_run" if in_run else "tool_reissued"] += len(tool_s[tid])
+        has = score_s[tid] > 0 and len(run_score.get(tid, [])) == 1
+        scores[tid] = run_score[tid][0] if has else score_s[tid]
+        n["score_in_run" if has else "score_reissued"] += 1 if score_s[tid] > 0 else 0
+    return tools, scores, n
 
 
 def recorded(trajs: list[t.Trajectory], tool_s: dict, score_s: dict) -> list:
@@ -224,52 +249,52 @@ def compare(recs: list, predicted_finish_s: list[float]) -> dict[str, Any]:
     }
 
 
-async def engine_profiles(state: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Every rollout instance's engine calls, as it timed them during the run."""
+async def instance_profiles(state: dict[str, Any]) -> tuple[dict[str, list], dict[str, dict]]:
+    """Every rollout instance's engine calls and loop profile, as it timed them during
+    the run."""
     import grpc
 
     from libra.proto.rollout.v1 import rollout_pb2 as pb
     from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 
-    out = {}
+    engine, loop = {}, {}
     for svc in state["services"]:
         if svc["name"] not in dict(STACK_INSTANCES):
             continue
         async with grpc.aio.insecure_channel(f"127.0.0.1:{svc['port']}") as channel:
             resp = await pb_grpc.RolloutServiceStub(channel).GetInstanceStatus(
                 pb.GetInstanceStatusRequest(), timeout=10.0)
-        out[svc["name"]] = json.loads(resp.engine_profile_json or "[]")
-    return out
+        engine[svc["name"]] = json.loads(resp.engine_profile_json or "[]")
+        loop[svc["name"]] = json.loads(resp.loop_profile_json or "{}")
+    return engine, loop
 
 
 async def _run_and_measure(state: dict[str, Any], spec_json: str) -> dict[str, Any]:
-    """Steps 1-3 against the live stack: the job, the instances' engine profiles, then the
-    idle re-issue of its tool calls and scoring."""
+    """Steps 1-3 against the live stack: the job, the instances' engine and loop
+    profiles, then the idle re-issue of its tool calls and scoring (fallbacks)."""
     import redis.asyncio as aioredis
 
     from libra.cli import stack
-    from libra.clients.runner import GrpcSchedulerClient
     from libra.clients.toolgateway import GrpcToolGatewayClient
     from libra.jobspec import job_spec_from_json
 
     redis = aioredis.from_url(state["redis_url"], decode_responses=False)
     port = {svc["name"]: svc["port"] for svc in state["services"]}
     gateway = GrpcToolGatewayClient(f"127.0.0.1:{port['toolgateway']}")
-    scheduler = GrpcSchedulerClient(f"127.0.0.1:{port['scheduler']}")
     try:
         job_id = await run_job(stack.coordinator_address(state), spec_json)
-        profiles = await engine_profiles(state)
+        profiles, loop = await instance_profiles(state)
         trajs, events, job = await read_run(redis, job_id)
         spec = job_spec_from_json(job["spec_json"])
         tool_s = await measure_tool_calls(gateway, spec, trajs)
         score_s = await measure_scoring(gateway, spec, trajs)
-        idle = await measure_round_trips(redis, scheduler, job_id)
+        idle = await measure_round_trips(redis, job_id)
     finally:
         await gateway.close()
-        await scheduler.close()
         await redis.aclose()
     return {"job_id": job_id, "trajs": trajs, "events": events, "spec": spec,
-            "profiles": profiles, "tool_s": tool_s, "score_s": score_s, "idle": idle}
+            "profiles": profiles, "loop": loop, "tool_s": tool_s, "score_s": score_s,
+            "idle": idle}
 
 
 def first_contact_s(trajs: list[t.Trajectory], events: list[dict]) -> dict[str, float]:
@@ -338,9 +363,10 @@ def system_delays() -> dict[str, float]:
       idle instance blocks on its inbox and wakes at once on an arrival;
     - ``tick_s``: what finds no capacity waits for the scheduler's next admission /
       placement tick (``SchedulerConfig.tick_s``, the stack's default);
-    - ``gil_wait_s``: an RPC answer that arrives while the engine thread runs a call
-      resumes its task only after the interpreter forces a GIL hand-over, one switch
-      interval later (``sys.getswitchinterval()``, 5 ms by default).
+    - ``gil_wait_s`` (only for an instance without a loop profile; a measured RPC
+      latency has its GIL wait in it): an RPC answer that arrives while the engine
+      thread runs a call resumes its task only after the interpreter forces a GIL
+      hand-over, one switch interval later (``sys.getswitchinterval()``, 5 ms).
     """
     import sys
 
@@ -354,8 +380,13 @@ def system_delays() -> dict[str, float]:
 def replay_measured(m: dict[str, Any]) -> dict[str, Any]:
     """Build the stack model from the measurements, replay, compare."""
     from sim.cpu_replay import CpuReplay, CpuStack
+    from sim.loop_costs import loop_costs, phase_means
 
-    recs = recorded(m["trajs"], m["tool_s"], m["score_s"])
+    tool_s, score_s, sources = in_run_latencies(m["trajs"], m.get("loop", {}), m["tool_s"],
+                                                m["score_s"])
+    recs = recorded(m["trajs"], tool_s, score_s)
+    loop = {iid: c for iid, prof in m.get("loop", {}).items()
+            if (c := loop_costs(prof)) is not None}
     t0_ms = min(tr.created_at_ms for tr in m["trajs"])
     publish, reload_s = reload_schedule(m["events"], t0_ms)
     costs, fit_info = engine_costs(m["profiles"])
@@ -365,13 +396,16 @@ def replay_measured(m: dict[str, Any]) -> dict[str, Any]:
         instances=STACK_INSTANCES, buckets=tuple(spec.layout.buckets),
         policy=spec.layout.policy, max_batch_size=MAX_BATCH_SIZE,
         max_trajectories=MAX_TRAJECTORIES, costs=costs,
-        pass_overhead_s=m["idle"]["pass_overhead_s"], tool_report_s=m["idle"]["tool_report_s"],
+        pass_overhead_s=m["idle"]["pass_overhead_s"], loop=loop,
         first_load_s=first_load, reload_s=reload_s, publish_times_s=publish,
         **system_delays(),
     )
     result = compare(recs, CpuReplay(cpu, recs).run())
     result["measured_inputs"] = {
         "engine_fit": fit_info, "idle_round_trips": m["idle"], "first_load_s": first_load,
+        "loop_costs": {iid: c.to_dict() for iid, c in loop.items()},
+        "loop_phase_means": {iid: phase_means(p) for iid, p in m.get("loop", {}).items()},
+        "rpc_latency_sources": sources,
         "reload_s": reload_s, "num_weight_versions": len(publish),
         "num_tool_calls": sum(len(v) for v in m["tool_s"].values()),
         "system_delays": system_delays(), "measured_gaps": measured_gaps(m),

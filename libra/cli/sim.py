@@ -92,7 +92,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from libra.launcher import ROOT
     from sim.validation import validate
 
-    run_root = args.run_root or Path(tempfile.mkdtemp(prefix="libra-sim-validate-"))
+    run_root = args.validate_root or Path(tempfile.mkdtemp(prefix="libra-sim-validate-"))
     run_root.mkdir(parents=True, exist_ok=True)
     result = validate(run_root, ROOT, num_steps=args.steps)
     if args.json:
@@ -144,7 +144,9 @@ def register(sub: Any) -> None:
     v = tsub.add_parser(
         "validate", help="run the CPU demo for real, replay it, compare rollout times"
     )
-    v.add_argument("--run-root", type=Path, default=None, help="stack run root (default: temp)")
+    # Its own dest: a sub-parser default for ``run_root`` would replace the global one.
+    v.add_argument("--run-root", dest="validate_root", type=Path, default=None,
+                   help="stack run root (default: temp)")
     v.add_argument("--steps", type=int, default=12, help="RL steps of the demo job")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_validate)

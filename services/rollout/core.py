@@ -45,6 +45,7 @@ from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.lend import LendingMixin
 from services.rollout.lending import ChannelOpener, TrainerLoader
+from services.rollout.profile import LoopProfile
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.coordinator import CoordinatorApi
@@ -98,6 +99,8 @@ class RolloutSettings:
     weight_load_deadline_s: float = 30.0
     role: t.WorkerRole = t.WorkerRole.CORE_ROLLOUT
     """``HYBRID_ROLLOUT`` lets the elastic pool lend this instance to training."""
+    decision_wait_s: float = 0.02
+    """How long a tool return waits for its placement decision before going on here."""
 
 
 @dataclass
@@ -156,6 +159,7 @@ class RolloutCore(LendingMixin):
         self._lease_lock = asyncio.Lock()
         self._init_lending(opener, load_trainer)
         self._stepping = False  # an engine call is in flight
+        self.profile = LoopProfile()  # the loop's own costs (GetInstanceStatus)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -216,12 +220,15 @@ class RolloutCore(LendingMixin):
                     await self._wait_for_work()
                     continue
                 # 1) Pull newly placed trajectories (block only when idle).
+                self.profile.start_pass(self.num_active)
                 await self._pull()
+                self.profile.mark("pull")
                 if self._job is None:
                     continue
                 job_id, ctx = self._job
                 # 2) Load a newer policy version between engine calls (never during one).
                 await self._refresh_weights(job_id, ctx)
+                self.profile.mark("refresh")
                 # 3) One turn for every ready trajectory.
                 if not await self._step(job_id, ctx):
                     await self._wait_for_work()
@@ -379,6 +386,7 @@ class RolloutCore(LendingMixin):
         for act, result in zip(batch, results, strict=True):
             self.tokens_generated += len(result.token_ids)
             self._after_turn(ctx, act, result)
+        self.profile.end_pass()
         return True
 
     async def _generate(self, job_id: str, ctx: _JobContext,
@@ -386,7 +394,7 @@ class RolloutCore(LendingMixin):
         """One engine call, aborted at a token boundary if a newer policy is published."""
         watcher = asyncio.create_task(self._abort_on_new_policy(job_id, ctx))
         try:
-            return await asyncio.to_thread(ctx.engine.generate, requests)
+            return await self.profile.engine_call(ctx.engine, requests)
         finally:
             watcher.cancel()
 
@@ -417,7 +425,7 @@ class RolloutCore(LendingMixin):
             self._spawn(self._call_tool(ctx, act, outcome))
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
+        task = asyncio.create_task(self.profile.task(coro))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -426,16 +434,25 @@ class RolloutCore(LendingMixin):
     async def _call_tool(self, ctx: _JobContext, act: _Active, outcome: agent.TurnOutcome) -> None:
         traj = act.traj
         try:
-            result = await self._execute_tool(ctx, traj, outcome)
+            result = await self.profile.timed("tool", self._execute_tool(ctx, traj, outcome),
+                                              traj.trajectory_id)
         except LibraError as exc:
             await self._fail(ctx, act, f"tool gateway: {exc}")
             return
         agent.apply_tool_result(traj, result, ctx.tokenizer)
         if act.move is None:
-            # The common case: go on here at once; the decision comes in the background.
-            report = self._report(traj, result.state)
-            self._spawn_report(self._apply_decision_later(ctx, act, report))
-            self._become_ready(act)
+            # Usually the decision is back within a few ms and a move happens at this
+            # boundary; a late one must not hold the trajectory: it goes on here and the
+            # decision applies when it comes.
+            decision = asyncio.ensure_future(self._decide(self._report(traj, result.state)))
+            done, _ = await asyncio.wait({decision}, timeout=self.settings.decision_wait_s)
+            if not done:
+                self._spawn_report(self._apply_decision_later(ctx, act, decision))
+                self._become_ready(act)
+                return
+            self._note_decision(act, decision.result())
+            if not self._hand_off_if_due(ctx, act):
+                self._become_ready(act)
             return
         # A move is pending: the trajectory leaves at this boundary anyway, so take this
         # return's decision first (the policy may now want it elsewhere, or back here).
@@ -480,9 +497,9 @@ class RolloutCore(LendingMixin):
                 state: t.ToolReturnState) -> Awaitable[t.PlacementDecision]:
         """The report of a tool return, its arguments (token count, lease epoch) taken
         now, before the trajectory moves on; awaited by ``_decide``."""
-        return self._scheduler.report_tool_return(
+        return self.profile.timed("report", self._scheduler.report_tool_return(
             traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
-            self.settings.instance_id, self._lease.epoch if self._lease else 0)
+            self.settings.instance_id, self._lease.epoch if self._lease else 0))
 
     async def _decide(self, report: Awaitable[t.PlacementDecision]) -> t.PlacementDecision:
         try:
@@ -547,8 +564,9 @@ class RolloutCore(LendingMixin):
         traj = act.traj
         if final_answer is not None:
             try:
-                traj.reward = await self._tools.score(traj.trajectory_id, ctx.spec.reward.name,
-                                                      final_answer, traj.reference)
+                traj.reward = await self.profile.timed("score", self._tools.score(
+                    traj.trajectory_id, ctx.spec.reward.name, final_answer, traj.reference),
+                    traj.trajectory_id)
             except LibraError as exc:
                 await self._fail(ctx, act, f"scoring: {exc}")
                 return
@@ -572,8 +590,8 @@ class RolloutCore(LendingMixin):
         # scheduler re-placed the trajectory). The scheduler learns the finish from the
         # stream, so there is no call to make here.
         epoch = self._lease.epoch if self._lease else 0
-        if not await self._store.publish(traj, self.settings.instance_id, act.entry.entry_id,
-                                         epoch):
+        if not await self.profile.timed("publish", self._store.publish(
+                traj, self.settings.instance_id, act.entry.entry_id, epoch), traj.trajectory_id):
             logger.warning("[lease] stale epoch=%d: result of trajectory_id=%s not published",
                            epoch, traj.trajectory_id)
 

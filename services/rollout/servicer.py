@@ -22,7 +22,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             active_trajectories=core.num_active, policy_version=core.policy_version,
             tokens_generated=core.tokens_generated, job_id=core.job_id,
             role=lease.role.value if lease else "", hybrid_phase=core.hybrid_phase,
-            engine_profile_json=self._engine_calls.to_json() if self._engine_calls else "")
+            engine_profile_json=self._engine_calls.to_json() if self._engine_calls else "",
+            loop_profile_json=core.profile.to_json())
 
     async def Lend(self, request, context):  # noqa: N802, ANN001
         lease, handed = await self._core.lend(request.job_id, request.expected_epoch,

@@ -28,8 +28,8 @@ from tests.integration.stack_helpers import (
 
 pytestmark = pytest.mark.integration
 
-# Borrow whenever training takes any time at all: the test needs a join, not a judgement.
-ELASTIC = {"enabled": True, "borrow_ratio": 0.001, "release_ratio": 0.0005,
+# One worker pinned in training: the test needs a join, not the planner's judgement.
+ELASTIC = {"enabled": True, "force_hybrids": 1,
            "warmup_steps": 1, "plan_interval_steps": 1, "cooldown_steps": 1,
            "ttl_steps": 1000, "gradient_deadline_s": 5.0, "join_timeout_s": 60.0,
            "lockstep_check_interval": 1}

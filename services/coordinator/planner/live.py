@@ -97,6 +97,9 @@ class LiveConfig:
     min_core_training: int = 0
     """Core-training workers counted when the leases show fewer (a trainer that holds no
     lease; the services' trainer is one: ``live_planner`` sets 1)."""
+    force_hybrids: int = -1
+    """Operator override: keep exactly this many hybrids lent (capped by the capacity);
+    -1 lets the planner decide. Decisions are still evaluated and recorded."""
     min_dwell_steps: int = 5
     """Steps a move must stand before the next one (forced releases excepted): a lent or
     returned worker changes the very ratio the signal reads, so without it the pool
@@ -107,6 +110,8 @@ class LiveConfig:
             raise ValueError(f"ema_alpha must be in (0, 1], got {self.ema_alpha}")
         if self.min_core_training < 0:
             raise ValueError(f"min_core_training must be >= 0, got {self.min_core_training}")
+        if self.force_hybrids < -1:
+            raise ValueError(f"force_hybrids must be >= -1, got {self.force_hybrids}")
         if self.min_dwell_steps < 0:
             raise ValueError(f"min_dwell_steps must be >= 0, got {self.min_dwell_steps}")
 
@@ -324,6 +329,11 @@ class LivePlanner:
         the current and the desired one that the model predicts fastest, only when it
         beats the current split by ``min_gain_ratio`` and the last move has stood
         ``min_dwell_steps``; otherwise hold. Forced releases always pass."""
+        if signal is not None and self.config.force_hybrids >= 0:
+            want = min(self.config.force_hybrids, pool.capacity(self.config.reserve_workers))
+            held = signal.current_replicas
+            action = "join" if want > held else "release" if want < held else "hold"
+            return replace(signal, action=action, desired_replicas=want, reason="forced")
         if signal is None or signal.action == "hold":
             return signal
         if signal.reason in FORCED_REASONS:
@@ -494,5 +504,6 @@ def live_planner(spec: ElasticSpec) -> LivePlanner:
         pressure_cap=spec.pressure_threshold,
         min_core_training=1,
         min_dwell_steps=spec.min_dwell_steps,
+        force_hybrids=spec.force_hybrids,
     )
     return LivePlanner(config)

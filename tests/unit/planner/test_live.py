@@ -275,3 +275,18 @@ def test_hybrids_that_trained_come_from_the_trainer_record() -> None:
     assert live.model.w_train == pytest.approx(12.0)
     with pytest.raises(PlanError, match="record.hybrid_workers"):
         _live().on_step(_record(1, 1.0, 4.0, hybrid_workers="two"), _leases())
+
+
+def test_force_hybrids_pins_the_pool_whatever_the_ratio() -> None:
+    live = _live(force_hybrids=1)
+    # Rollout-bound (the planner alone would not lend), yet one worker is kept lent.
+    out = live.on_step(_record(1, 20.0, 1.0), _leases())
+    assert (out["elastic"]["action"], out["elastic"]["desired_hybrids"],
+            out["elastic"]["reason"]) == ("join", 1, "forced")
+    out = live.on_step(_record(2, 20.0, 1.0), _leases(training=1, hybrid_rollout=2))
+    assert (out["elastic"]["action"], out["elastic"]["desired_hybrids"]) == ("hold", 1)
+
+
+def test_force_hybrids_is_capped_by_the_capacity() -> None:
+    out = _live(force_hybrids=9).on_step(_record(1, 1.0, 10.0), _leases())
+    assert out["elastic"]["desired_hybrids"] == 3

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from libra.proto.common.v1 import common_pb2 as libra_dot_proto_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$libra/proto/rollout/v1/rollout.proto\x12\x16libra.proto.rollout.v1\x1a\"libra/proto/common/v1/common.proto\"b\n\x0bLendRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65xpected_epoch\x18\x02 \x01(\x03\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x17\n\x0ftrainer_address\x18\x04 \x01(\t\"P\n\x0cLendResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\x12\x13\n\x0bhanded_back\x18\x02 \x01(\x05\"4\n\x0eReclaimRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\">\n\x0fReclaimResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"\x1a\n\x18GetInstanceStatusRequest\"\xe0\x01\n\x19GetInstanceStatusResponse\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x02 \x01(\t\x12\x1b\n\x13\x61\x63tive_trajectories\x18\x03 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x05\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x03\x12\x0e\n\x06job_id\x18\x06 \x01(\t\x12\x0c\n\x04role\x18\x07 \x01(\t\x12\x14\n\x0chybrid_phase\x18\x08 \x01(\t\x12\x1b\n\x13\x65ngine_profile_json\x18\t \x01(\t2\xb9\x02\n\x0eRolloutService\x12x\n\x11GetInstanceStatus\x12\x30.libra.proto.rollout.v1.GetInstanceStatusRequest\x1a\x31.libra.proto.rollout.v1.GetInstanceStatusResponse\x12Q\n\x04Lend\x12#.libra.proto.rollout.v1.LendRequest\x1a$.libra.proto.rollout.v1.LendResponse\x12Z\n\x07Reclaim\x12&.libra.proto.rollout.v1.ReclaimRequest\x1a\'.libra.proto.rollout.v1.ReclaimResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$libra/proto/rollout/v1/rollout.proto\x12\x16libra.proto.rollout.v1\x1a\"libra/proto/common/v1/common.proto\"b\n\x0bLendRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65xpected_epoch\x18\x02 \x01(\x03\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x17\n\x0ftrainer_address\x18\x04 \x01(\t\"P\n\x0cLendResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\x12\x13\n\x0bhanded_back\x18\x02 \x01(\x05\"4\n\x0eReclaimRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\">\n\x0fReclaimResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"\x1a\n\x18GetInstanceStatusRequest\"\xfb\x01\n\x19GetInstanceStatusResponse\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x02 \x01(\t\x12\x1b\n\x13\x61\x63tive_trajectories\x18\x03 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x05\x12\x18\n\x10tokens_generated\x18\x05 \x01(\x03\x12\x0e\n\x06job_id\x18\x06 \x01(\t\x12\x0c\n\x04role\x18\x07 \x01(\t\x12\x14\n\x0chybrid_phase\x18\x08 \x01(\t\x12\x1b\n\x13\x65ngine_profile_json\x18\t \x01(\t\x12\x19\n\x11loop_profile_json\x18\n \x01(\t2\xb9\x02\n\x0eRolloutService\x12x\n\x11GetInstanceStatus\x12\x30.libra.proto.rollout.v1.GetInstanceStatusRequest\x1a\x31.libra.proto.rollout.v1.GetInstanceStatusResponse\x12Q\n\x04Lend\x12#.libra.proto.rollout.v1.LendRequest\x1a$.libra.proto.rollout.v1.LendResponse\x12Z\n\x07Reclaim\x12&.libra.proto.rollout.v1.ReclaimRequest\x1a\'.libra.proto.rollout.v1.ReclaimResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,7 +43,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETINSTANCESTATUSREQUEST']._serialized_start=400
   _globals['_GETINSTANCESTATUSREQUEST']._serialized_end=426
   _globals['_GETINSTANCESTATUSRESPONSE']._serialized_start=429
-  _globals['_GETINSTANCESTATUSRESPONSE']._serialized_end=653
-  _globals['_ROLLOUTSERVICE']._serialized_start=656
-  _globals['_ROLLOUTSERVICE']._serialized_end=969
+  _globals['_GETINSTANCESTATUSRESPONSE']._serialized_end=680
+  _globals['_ROLLOUTSERVICE']._serialized_start=683
+  _globals['_ROLLOUTSERVICE']._serialized_end=996
 # @@protoc_insertion_point(module_scope)

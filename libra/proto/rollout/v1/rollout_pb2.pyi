@@ -143,6 +143,7 @@ class GetInstanceStatusResponse(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     HYBRID_PHASE_FIELD_NUMBER: _builtins.int
     ENGINE_PROFILE_JSON_FIELD_NUMBER: _builtins.int
+    LOOP_PROFILE_JSON_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     bucket: _builtins.str
     active_trajectories: _builtins.int
@@ -158,6 +159,13 @@ class GetInstanceStatusResponse(_message.Message):
     buffer; empty for engines that do not log calls). Timed in the serving process, so
     it measures the instance's speed under the run's real contention.
     """
+    loop_profile_json: _builtins.str
+    """The rollout loop's own costs (services/rollout/profile.py): {"passes": [...],
+    "ops": [...], "idle_passes": n}. A pass (one that ran an engine call) is split into
+    pull_s, refresh_s, prep_s, dispatch_s, engine_s, resume_s and after_s (seconds); an
+    op is an RPC or Redis operation as a trajectory's task saw it ({op, at_s, wall_s,
+    key}; op: tool, score, publish, report, task_start). Bounded ring buffers.
+    """
     def __init__(
         self,
         *,
@@ -170,10 +178,11 @@ class GetInstanceStatusResponse(_message.Message):
         role: _builtins.str = ...,
         hybrid_phase: _builtins.str = ...,
         engine_profile_json: _builtins.str = ...,
+        loop_profile_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_trajectories", b"active_trajectories", "bucket", b"bucket", "engine_profile_json", b"engine_profile_json", "hybrid_phase", b"hybrid_phase", "instance_id", b"instance_id", "job_id", b"job_id", "policy_version", b"policy_version", "role", b"role", "tokens_generated", b"tokens_generated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_trajectories", b"active_trajectories", "bucket", b"bucket", "engine_profile_json", b"engine_profile_json", "hybrid_phase", b"hybrid_phase", "instance_id", b"instance_id", "job_id", b"job_id", "loop_profile_json", b"loop_profile_json", "policy_version", b"policy_version", "role", b"role", "tokens_generated", b"tokens_generated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
