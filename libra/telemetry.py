@@ -1,8 +1,10 @@
 """One telemetry setup for every service: logs, traces and Prometheus metrics.
 
-Traces: a tracer provider is always installed so context propagates across services
-(the gRPC instrumentation carries it in metadata); spans are exported over OTLP when an
-endpoint is configured, to the console when asked, and otherwise dropped.
+Traces: a tracer provider is always installed; spans are exported over OTLP when an
+endpoint is configured, or to the console when asked. gRPC and Redis are instrumented
+(context carried in gRPC metadata across services) only when this service exports spans:
+otherwise every RPC would pay for spans nobody reads. Configure the exporter on every
+service together, or the trace breaks at a service that does not export.
 """
 
 from __future__ import annotations
@@ -69,17 +71,14 @@ def init_tracing(service: str, cfg: TelemetryConfig,
     if extra_processor is not None:
         provider.add_span_processor(extra_processor)
     trace.set_tracer_provider(provider)
-    exporting = bool(cfg.otlp_endpoint or cfg.trace_console or extra_processor)
-    instrument_libraries(with_redis=exporting)
+    if cfg.otlp_endpoint or cfg.trace_console or extra_processor:
+        instrument_libraries()
     return provider
 
 
 def instrument_libraries(with_redis: bool = True) -> None:
-    """Patch grpc.aio (always: it carries the trace context between services) and redis.
-
-    Redis commands get spans only when spans go somewhere: a scheduler tick issues a few
-    commands every 50 ms, and creating spans nobody reads costs real CPU.
-    """
+    """Patch grpc.aio (client and server: carries the trace context) and, with
+    ``with_redis``, redis (a span per command)."""
     global _instrumented
     if _instrumented:
         return
