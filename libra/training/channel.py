@@ -19,7 +19,6 @@ Gradients travel as safetensors bytes (``data``); the wire layer chunks them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from libra.training.samples import TrainSample
 
@@ -106,10 +105,3 @@ class Detach:
 
 CoreMessage = Snapshot | Update | Offer | SliceTask | Detach
 
-
-def describe(message: Any) -> str:
-    """A short log form of a message (never its tensors)."""
-    name = type(message).__name__
-    fields = {k: getattr(message, k) for k in getattr(message, "__slots__", ())
-              if k not in ("data", "samples", "metrics")}
-    return f"{name}{fields}"

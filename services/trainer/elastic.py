@@ -131,7 +131,8 @@ class GradientDomain:
         logger.info("[elastic] detached worker_id=%s reason=%s", session.worker_id, reason)
         self._pending_events.append(("hybrid_detached", {
             "worker_id": session.worker_id, "reason": reason,
-            "was_active": str(was_active)}))
+            "was_active": str(was_active),
+            "steps_contributed": str(session.steps_contributed)}))
 
     def active(self) -> list[HybridSession]:
         return [s for s in self.sessions.values() if s.state == "active"]

@@ -152,7 +152,9 @@ class ElasticTrainer:
                 self._backend.slice_gradient, slices[slice_id], scales[slice_id])
         ordered = [results[i] for i in range(len(slices))]
         metrics = await self._apply(ordered, step)
-        metrics.update(hybrid_slices=float(len(accepted)), reassigned_slices=float(len(missing)))
+        metrics.update(hybrid_slices=float(len(accepted)), reassigned_slices=float(len(missing)),
+                       lockstep_verified=float(self.domain.lockstep_verified),
+                       rejected_payloads=float(self.domain.rejected_payloads))
         return metrics
 
     def _assign(self, slices: list[list[TrainSample]], scales: list[float], step: int
