@@ -103,6 +103,17 @@ async def test_move_decided_after_the_trajectory_finished_is_moot(rig: Rig) -> N
     assert await rig.r.hgetall(keys.counters(JOB)) == {b"produced": b"1"}
 
 
+def release_first_decision_at_second_tool_call(rig: Rig) -> None:
+    """Hold the scheduler's answers until the trajectory is in its second tool call."""
+
+    async def release() -> None:
+        if len(rig.tools.calls) == 2:
+            rig.scheduler.gate.set()
+            await wait_until(lambda: rig.scheduler.num_answered == 1)
+
+    rig.tools.on_execute = release
+
+
 async def test_move_decided_during_the_next_turn_hands_off_at_its_tool_return(
         rig: Rig) -> None:
     """The decision of tool return 1 comes while the trajectory is in its tool call 2:
@@ -111,13 +122,7 @@ async def test_move_decided_during_the_next_turn_hands_off_at_its_tool_return(
     rig.scheduler.gate = asyncio.Event()
     rig.scheduler.move_to(THERE)
     rig.scheduler.stay_at(THERE)
-
-    async def release_decision_in_second_call() -> None:
-        if len(rig.tools.calls) == 2:
-            rig.scheduler.gate.set()
-            await wait_until(lambda: rig.scheduler.num_answered == 1)
-
-    rig.tools.on_execute = release_decision_in_second_call
+    release_first_decision_at_second_tool_call(rig)
     rig.engine.queue("<calc>1+2</calc>", "<calc>2+3</calc>")
     await rig.place(make_task())
     rig.start()
@@ -135,13 +140,7 @@ async def test_move_back_here_cancels_a_pending_move(rig: Rig) -> None:
     rig.scheduler.gate = asyncio.Event()
     rig.scheduler.move_to(THERE)
     rig.scheduler.move_to(HERE)
-
-    async def release_decision_in_second_call() -> None:
-        if len(rig.tools.calls) == 2:
-            rig.scheduler.gate.set()
-            await wait_until(lambda: rig.scheduler.num_answered == 1)
-
-    rig.tools.on_execute = release_decision_in_second_call
+    release_first_decision_at_second_tool_call(rig)
     rig.engine.queue("<calc>1+2</calc>", "<calc>2+3</calc>", "<ans>5</ans>")
     await rig.place(make_task())
     (traj,) = await rig.run_until_published()
