@@ -18,6 +18,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections import Counter
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -68,19 +69,23 @@ class TimedScheduler:
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.latencies_ms: list[float] = []
+        self.reasons: Counter[str] = Counter()  # "action/reason" -> decisions
 
     async def report_tool_return(self, *args: Any) -> t.PlacementDecision:
         started = time.perf_counter()
         try:
-            return await self._inner.report_tool_return(*args)
+            decision = await self._inner.report_tool_return(*args)
         finally:
             self.latencies_ms.append(1000 * (time.perf_counter() - started))
+        self.reasons[f"{decision.action.value}/{decision.reason}"] += 1
+        return decision
 
     def summary(self) -> str:
         lat = sorted(self.latencies_ms) or [0.0]
         pick = [lat[min(len(lat) - 1, int(q * len(lat)))] for q in (0.5, 0.9, 0.99)]
         return (f"DECISIONS {len(self.latencies_ms)} latency_ms p50 {pick[0]:.2f} "
-                f"p90 {pick[1]:.2f} p99 {pick[2]:.2f} mean {sum(lat) / len(lat):.2f}")
+                f"p90 {pick[1]:.2f} p99 {pick[2]:.2f} mean {sum(lat) / len(lat):.2f} "
+                f"by_reason {dict(sorted(self.reasons.items()))}")
 
 
 async def serve_inproc_scheduler(redis: Any, port: int) -> tuple[SchedulerCore, Server]:

@@ -163,6 +163,7 @@ def run_arm(mode: str, spec: str) -> dict[str, Any]:
     decisions = next((line for line in host_log.splitlines() if line.startswith("DECISIONS")),
                      "")
     moves = next((line for line in host_log.splitlines() if line.startswith("MOVES")), "")
+    rpcs = next((line for line in host_log.splitlines() if line.startswith("REPORTS")), "")
     produced = counters.get("produced", 0) + counters.get("failed", 0)
     out: dict[str, Any] = {"mode": mode, "wall_s": round(wall_s, 2), "trajectories": produced,
                            "migrations": counters.get("migrations", 0),
@@ -170,6 +171,8 @@ def run_arm(mode: str, spec: str) -> dict[str, Any]:
                            "cpu_total_s": round(sum(used.values()), 2),
                            "decisions": decisions.removeprefix("DECISIONS "),
                            "moves": moves.removeprefix("MOVES ")}
+    if rpcs:  # service arm: tool-return reports and the RPCs that carried them
+        out["reports"] = rpcs.removeprefix("REPORTS ")
     if "scheduler" in used:
         out["scheduler_cpu_ms_per_trajectory"] = round(
             1000 * used["scheduler"] / max(produced, 1), 3)

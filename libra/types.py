@@ -139,6 +139,9 @@ class Trajectory:
     finished_at_ms: int = 0
     final_text: str = ""
     attempt: int = 0
+    # The last ``partial_turn_tokens`` of ``token_ids`` are a turn interrupted on the
+    # instance that handed the trajectory over; the next instance resumes that turn.
+    partial_turn_tokens: int = 0
 
     @property
     def num_generated_tokens(self) -> int:
@@ -159,6 +162,9 @@ class Trajectory:
                 return f"{name} has {len(getattr(self, name))} entries, token_ids has {n}"
         if not 0 <= self.num_prompt_tokens <= n:
             return f"num_prompt_tokens {self.num_prompt_tokens} outside [0, {n}]"
+        if not 0 <= self.partial_turn_tokens <= n - self.num_prompt_tokens:
+            return (f"partial_turn_tokens {self.partial_turn_tokens} outside "
+                    f"[0, {n - self.num_prompt_tokens}]")
         return None
 
 

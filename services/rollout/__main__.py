@@ -76,7 +76,7 @@ async def main(cfg: RolloutConfig) -> None:
         instance_id=cfg.instance_id, bucket=cfg.bucket, max_batch_size=cfg.max_batch_size,
         max_trajectories=cfg.max_trajectories, lease_ttl_ms=cfg.lease_ttl_ms,
         tool_deadline_s=cfg.tool_deadline_s, weight_load_deadline_s=cfg.weight_load_deadline_s,
-        role=worker_role(cfg.role), decision_wait_s=cfg.decision_wait_ms / 1000)
+        role=worker_role(cfg.role))
     core = RolloutCore(
         settings, RedisRolloutStore(redis), loader,
         GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),

@@ -22,9 +22,6 @@ class RolloutConfig:
     max_trajectories: int = knob(16, "trajectories pinned here at once (scheduler cap)")
     lease_ttl_ms: int = knob(3000, "lease TTL; the lease is renewed every third of it")
     tool_deadline_s: float = knob(5.0, "deadline of one tool call, retries included")
-    decision_wait_ms: int = knob(
-        20, "how long a tool return waits for its placement decision; a later decision "
-        "moves the trajectory at its next turn boundary")
     weight_load_deadline_s: float = knob(
         30.0, "deadline to fetch and verify a published policy version; past it the "
         "version is refused (error event) and the old weights keep serving")

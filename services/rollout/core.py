@@ -13,13 +13,15 @@ thrown away, and a turn is parsed only once it is complete.
 
 Placement decisions are off the critical path: after a tool return the trajectory is
 ready for its next turn at once (staying is the default) and the report goes to the
-scheduler in the background. A MOVE that comes back is handed off at the trajectory's
-next turn boundary: at once if it is waiting for its next turn, otherwise when the turn
-in flight has run its tool call (that tool return's own decision is awaited first, so
-the handoff goes where the scheduler wants it now). A move whose trajectory finished or
-was dropped meanwhile is moot. The scheduler commits nothing for a move: the handoff
-itself re-pins the assignment and load in Redis (fenced on the lease epoch and on the
-assignment), so Redis never points at an instance that does not hold the trajectory.
+scheduler in the background. A MOVE that comes back is handed off as soon as it lands:
+at once if the trajectory waits for its next turn; if it is in the engine call, only its
+row is stopped at a token boundary (the batch goes on) and it leaves with its partial
+turn, which the target resumes; if it is in a tool call, at that tool return (whose own
+decision is awaited first, so the handoff goes where the scheduler wants it now). A move
+whose trajectory finished or was dropped meanwhile is moot. The scheduler commits
+nothing for a move: the handoff itself re-pins the assignment and load in Redis (fenced
+on the lease epoch and on the assignment), so Redis never points at an instance that
+does not hold the trajectory.
 
 Lending to training (elastic pool) lives in :mod:`services.rollout.lend`.
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -68,6 +70,8 @@ class Engine(Protocol):
 
     def abort(self) -> None: ...
 
+    def abort_rows(self, rows: Iterable[int]) -> None: ...
+
     def load_weights_bytes(self, data: bytes, version: int) -> None: ...
 
 
@@ -99,8 +103,6 @@ class RolloutSettings:
     weight_load_deadline_s: float = 30.0
     role: t.WorkerRole = t.WorkerRole.CORE_ROLLOUT
     """``HYBRID_ROLLOUT`` lets the elastic pool lend this instance to training."""
-    decision_wait_s: float = 0.02
-    """How long a tool return waits for its placement decision before going on here."""
 
 
 @dataclass
@@ -111,8 +113,15 @@ class _Active:
     ready: bool = True
     # Tokens of the current turn sampled before an interruption (a weight update).
     turn_prefix: list[int] = field(default_factory=list)
-    # A MOVE decided for it and not yet handed off (at the next turn boundary).
+    # A MOVE decided for it and not yet handed off.
     move: t.PlacementDecision | None = None
+    # Its index in the engine call in flight (None outside one): a late MOVE stops it.
+    row: int | None = None
+
+    def state_to_hand_over(self) -> t.Trajectory:
+        """The trajectory as another instance continues it (with its partial turn)."""
+        self.traj.partial_turn_tokens = len(self.turn_prefix)
+        return self.traj
 
 
 @dataclass
@@ -148,8 +157,10 @@ class RolloutCore(LendingMixin):
         # once, not on every pass of the loop.
         self._rejected: set[tuple[str, int, str]] = set()
         self.tokens_generated = 0
-        # Moves handed off, and moves that came back after their trajectory was gone.
+        # Moves handed off (of which mid-turn: its engine row stopped), and moves that
+        # came back after their trajectory was gone.
         self.num_moves_handed_off = 0
+        self.num_moves_mid_turn = 0
         self.num_moves_moot = 0
         # Tool returns at which a trajectory waited for its decision (a move was pending)
         # and the time they waited: the decision's cost on the critical path.
@@ -270,7 +281,11 @@ class RolloutCore(LendingMixin):
         traj.instance_id = self.settings.instance_id
         traj.bucket = self.settings.bucket
         agent.start(traj, ctx.tokenizer)
-        ctx.active[traj.trajectory_id] = _Active(entry, traj)
+        act = _Active(entry, traj)
+        if traj.partial_turn_tokens:  # interrupted where it was handed over: resume it
+            act.turn_prefix = traj.token_ids[-traj.partial_turn_tokens:]
+            traj.partial_turn_tokens = 0
+        ctx.active[traj.trajectory_id] = act
 
     async def _context(self, job_id: str) -> _JobContext | None:
         if self._job is not None and self._job[0] == job_id:
@@ -378,11 +393,15 @@ class RolloutCore(LendingMixin):
                 batch.append(act)
         if not requests:
             return True
+        for row, act in enumerate(batch):
+            act.row = row
         self._stepping = True
         try:
             results = await self._generate(job_id, ctx, requests)
         finally:
             self._stepping = False
+            for act in batch:
+                act.row = None
         for act, result in zip(batch, results, strict=True):
             self.tokens_generated += len(result.token_ids)
             self._after_turn(ctx, act, result)
@@ -410,11 +429,14 @@ class RolloutCore(LendingMixin):
 
     def _after_turn(self, ctx: _JobContext, act: _Active, result: GenerationResult) -> None:
         if result.finish_reason == "aborted":
-            # Not a finished turn: keep the tokens, resume on the new weights next pass
-            # (a pending move waits too: only a turn boundary is handed off).
+            # Not a finished turn: keep the tokens and resume it on the new weights next
+            # pass, or on the target instance when it was stopped for a move.
             agent.apply_partial(act.traj, result)
             act.turn_prefix.extend(result.token_ids)
-            act.ready = True
+            if self._hand_off_if_due(ctx, act):
+                self.num_moves_mid_turn += 1
+            else:
+                act.ready = True
             return
         outcome = agent.apply_generation(act.traj, result, ctx.spec, ctx.tokenizer,
                                          act.turn_prefix)
@@ -441,18 +463,12 @@ class RolloutCore(LendingMixin):
             return
         agent.apply_tool_result(traj, result, ctx.tokenizer)
         if act.move is None:
-            # Usually the decision is back within a few ms and a move happens at this
-            # boundary; a late one must not hold the trajectory: it goes on here and the
-            # decision applies when it comes.
-            decision = asyncio.ensure_future(self._decide(self._report(traj, result.state)))
-            done, _ = await asyncio.wait({decision}, timeout=self.settings.decision_wait_s)
-            if not done:
-                self._spawn_report(self._apply_decision_later(ctx, act, decision))
-                self._become_ready(act)
-                return
-            self._note_decision(act, decision.result())
-            if not self._hand_off_if_due(ctx, act):
-                self._become_ready(act)
+            # Staying is the default: the trajectory goes on here at once, and a MOVE
+            # applies when it comes back (mid-turn if need be), so a decision's round
+            # trip never holds a trajectory nor the engine.
+            self._spawn_report(self._apply_decision_later(ctx, act,
+                                                          self._report(traj, result.state)))
+            self._become_ready(act)
             return
         # A move is pending: the trajectory leaves at this boundary anyway, so take this
         # return's decision first (the policy may now want it elsewhere, or back here).
@@ -520,10 +536,14 @@ class RolloutCore(LendingMixin):
                 self.num_moves_moot += 1
             return
         self._note_decision(act, decision)
-        # Waiting for its next turn: leave now rather than at the next pass. Otherwise it
-        # is in an engine or tool call, and leaves when that turn has had its tool return.
-        if act.ready and self._hand_off_if_due(ctx, act):
-            act.ready = False
+        if act.move is None:
+            return
+        if act.ready:  # waiting for its next turn: leave now rather than at the next pass
+            act.ready = not self._hand_off_if_due(ctx, act)
+        elif act.row is not None:
+            # In the engine call: stop just its row; it leaves from ``_after_turn`` with
+            # the partial turn. (In a tool call, it leaves at that tool return.)
+            ctx.engine.abort_rows([act.row])
 
     def _note_decision(self, act: _Active, decision: t.PlacementDecision) -> None:
         """The latest decision says where the trajectory belongs: a MOVE elsewhere
@@ -536,9 +556,9 @@ class RolloutCore(LendingMixin):
             act.move = decision
 
     def _hand_off_if_due(self, ctx: _JobContext, act: _Active) -> bool:
-        """Start the handoff of a trajectory with a pending move that is between turns
-        (an interrupted turn finishes here first); True if it is leaving."""
-        if act.move is None or act.turn_prefix:
+        """Start the handoff of a trajectory with a pending move that is not in an
+        engine or tool call (an interrupted turn goes along); True if it is leaving."""
+        if act.move is None:
             return False
         self._spawn(self._handoff(ctx, act, act.move))
         return True
@@ -549,7 +569,7 @@ class RolloutCore(LendingMixin):
             return  # dropped meanwhile (lease lost, job ended): must not be re-injected
         act.traj.num_migrations += 1
         epoch = self._lease.epoch if self._lease else 0
-        if not await self._store.handoff(act.traj, self.settings.instance_id,
+        if not await self._store.handoff(act.state_to_hand_over(), self.settings.instance_id,
                                          act.entry.entry_id, decision.target_instance,
                                          decision.target_bucket, epoch):
             # Fenced: this lease moved on, or the scheduler re-queued the trajectory.

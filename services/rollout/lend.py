@@ -109,7 +109,8 @@ class LendingMixin:
 
         The engine call in flight is aborted at a token boundary and tool calls in
         flight are let finish (bounded by the tool deadline), so each trajectory is
-        handed over between turns, its tokens, masks, log-probs and versions intact.
+        handed over with its tokens, masks, log-probs and versions intact (an
+        interrupted turn goes along and is resumed where the trajectory lands).
         A move decided but not yet handed off is dropped: moves are committed only by
         the handoff, so the scheduler still has the trajectory assigned here and
         re-queues it from the state written now.
@@ -124,7 +125,7 @@ class LendingMixin:
         actives = list(ctx.active.values())
         ctx.active.clear()
         for act in actives:
-            await self._store.hand_back(act.traj, self.settings.instance_id,
+            await self._store.hand_back(act.state_to_hand_over(), self.settings.instance_id,
                                         act.entry.entry_id)
         await self._store.record_event(job_id, "trajectories_handed_back",
                                        instance=self.settings.instance_id,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,9 @@ class TorchEngine:
         self._pad_token_id = pad_token_id
         self._policy_version = policy_version
         self._abort_event = threading.Event()
+        # Rows of the call in flight to stop at their next token boundary (the others go
+        # on); a set swapped whole, so reading it from the decode thread needs no lock.
+        self._aborted_rows: frozenset[int] = frozenset()
         self._default_generator = torch.Generator().manual_seed(seed)
         self.call_log = call_log if call_log is not None else EngineCallLog()
         torch.set_num_threads(num_threads)
@@ -87,6 +91,14 @@ class TorchEngine:
         ``generate`` clears the flag when it starts.
         """
         self._abort_event.set()
+
+    def abort_rows(self, rows: Iterable[int]) -> None:
+        """Interrupt only these requests (indices into the ``generate`` call in flight)
+        at their next token boundary; they come back ``aborted`` with the tokens sampled
+        so far while the other rows carry on. Safe from another thread; like
+        :meth:`abort`, it affects only the call in flight.
+        """
+        self._aborted_rows = self._aborted_rows | frozenset(rows)
 
     def load_weights(self, path: str, version: int) -> None:
         """Replace the weights in place from a safetensors state dict.
@@ -115,6 +127,7 @@ class TorchEngine:
             One result per request, in request order.
         """
         self._abort_event.clear()
+        self._aborted_rows = frozenset()
         if not requests:
             return []
         started = time.perf_counter()
@@ -193,8 +206,12 @@ class TorchEngine:
     def _sample_step(self, rows: list[_RowState], logits: torch.Tensor) -> torch.Tensor:
         policy_logprobs = torch.log_softmax(logits, dim=-1)
         next_ids = torch.full((len(rows),), self._pad_token_id, dtype=torch.long)
+        aborted_rows = self._aborted_rows
         for index, row in enumerate(rows):
             if row.finish_reason is not None:
+                continue
+            if index in aborted_rows:
+                row.finish_reason = "aborted"
                 continue
             token_id = _sample_token(logits[index], row.request, self._generator_for(row))
             next_ids[index] = token_id

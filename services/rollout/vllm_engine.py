@@ -17,7 +17,8 @@ Design:
   recomputes), exactly as ``GenerationResult.logprobs`` defines it.
 * :meth:`VllmEngine.abort` cancels the streams in flight; vLLM aborts those requests and the
   tokens streamed so far are kept (``finish_reason="aborted"``), so an abort lands on a
-  token boundary just as with the torch engine.
+  token boundary just as with the torch engine; :meth:`VllmEngine.abort_rows` does the
+  same for chosen requests only (a trajectory the scheduler moves away mid-turn).
 * Weight reload without a restart: a worker extension (``_LibraWorkerExtension``) is mixed
   into every vLLM worker; ``collective_rpc`` makes each worker read the published safetensors
   and reload them in place (vLLM's layerwise ``reload_weights``: the model's own
@@ -38,6 +39,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,9 @@ class VllmEngine:
         self._policy_version = policy_version
         self._abort_event = threading.Event()
         self._inflight: set[asyncio.Task] = set()
+        # Per-row stops of the call in flight (``abort_rows``): row index -> its task.
+        self._aborted_rows: frozenset[int] = frozenset()
+        self._row_tasks: dict[int, asyncio.Task] = {}
         self.start_s = 0.0
         self.last_reload_s = 0.0
 
@@ -236,9 +241,16 @@ class VllmEngine:
         self._abort_event.set()
         self._loop.call_soon_threadsafe(self._cancel_inflight)
 
+    def abort_rows(self, rows: Iterable[int]) -> None:
+        """Interrupt only these requests of the call in flight (indices into its list);
+        vLLM aborts them, their tokens so far are kept and the other rows carry on."""
+        self._aborted_rows = self._aborted_rows | frozenset(rows)
+        self._loop.call_soon_threadsafe(self._cancel_rows)
+
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Sample continuations for all requests (vLLM batches them); request order kept."""
         self._abort_event.clear()
+        self._aborted_rows = frozenset()
         if not requests:
             return []
         version = self._policy_version
@@ -291,19 +303,29 @@ class VllmEngine:
         for task in list(self._inflight):
             task.cancel()
 
+    def _cancel_rows(self) -> None:
+        for index in self._aborted_rows:
+            task = self._row_tasks.get(index)
+            if task is not None:
+                task.cancel()
+
     async def _generate_async(self, requests: list[GenerationRequest]) -> list[_Stream]:
         streams = [_Stream(request) for request in requests]
         tasks = []
-        for stream in streams:
+        self._row_tasks = {}
+        for index, stream in enumerate(streams):
             if stream.request.max_new_tokens == 0:  # vLLM needs max_tokens >= 1
                 stream.finish_reason = "length"
                 continue
             task = asyncio.ensure_future(self._run_one(stream))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
+            self._row_tasks[index] = task
             tasks.append(task)
-        if self._abort_event.is_set():  # abort() ran before the tasks existed
+        # abort() / abort_rows() may have run before the tasks existed.
+        if self._abort_event.is_set():
             self._cancel_inflight()
+        self._cancel_rows()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         errors = [o for o in outcomes
                   if isinstance(o, BaseException) and not isinstance(o, asyncio.CancelledError)]

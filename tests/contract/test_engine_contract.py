@@ -163,6 +163,7 @@ def test_logprobs_equal_a_full_forward_pass(engine, reference, temperature, top_
 # -- abort ----------------------------------------------------------------------------------
 def test_abort_keeps_the_tokens_so_far_as_a_prefix(engine) -> None:
     request = _request("Q:5=", max_new_tokens=200, seed=3)
+    engine.generate([request])  # warm (a first call of this shape may compile)
     started = time.perf_counter()
     full = engine.generate([request])[0]
     full_s = time.perf_counter() - started
@@ -179,6 +180,24 @@ def test_abort_keeps_the_tokens_so_far_as_a_prefix(engine) -> None:
     assert result.token_ids == full.token_ids[:len(result.token_ids)]
     assert result.logprobs == pytest.approx(full.logprobs[:len(result.logprobs)],
                                             abs=_TOLERANCE[engine.kind])
+
+
+def test_abort_rows_stops_only_those_requests(engine) -> None:
+    requests = [_request("Q:5=", max_new_tokens=200, seed=3),
+                _request("Q:12+7=", max_new_tokens=200, seed=5)]
+    started = time.perf_counter()
+    full = engine.generate(requests[:1])[0]
+    full_s = time.perf_counter() - started
+
+    timer = threading.Timer(max(0.3 * full_s, 0.005), engine.abort_rows, args=([0],))
+    timer.start()
+    stopped, carried_on = engine.generate(requests)
+    timer.join()
+    assert stopped.finish_reason == "aborted" and 0 < len(stopped.token_ids) < 200
+    assert stopped.token_ids == full.token_ids[:len(stopped.token_ids)]
+    assert carried_on.finish_reason == "length" and len(carried_on.token_ids) == 200
+    # A row stop is for the call in flight only.
+    assert engine.generate(requests[:1])[0].finish_reason == "length"
 
 
 def test_an_abort_between_calls_does_not_affect_the_next_call(engine) -> None:

@@ -9,7 +9,9 @@ core, the agent loop, the tokenizer (the tiny model's real character tokenizer v
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +33,9 @@ def make_tokenizer(max_context_tokens: int = 384) -> HfTokenizer:
 
 @dataclass(frozen=True)
 class BlockUntilAbort:
-    """Script item: ``generate`` blocks until ``abort()`` (or 5 s), then returns the first
-    ``keep`` tokens of ``text`` with finish reason ``aborted``."""
+    """Script item: ``generate`` blocks until ``abort()`` or ``abort_rows`` names its row
+    (or 5 s), then returns the first ``keep`` tokens of ``text`` with finish reason
+    ``aborted``."""
 
     text: str
     keep: int
@@ -56,11 +59,18 @@ class FakeEngine:
     loaded: list[tuple[str, int]] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     num_aborts: int = 0
+    aborted_rows: list[int] = field(default_factory=list)
     _abort: threading.Event = field(default_factory=threading.Event)
+    _rows: set[int] = field(default_factory=set)
 
     def abort(self) -> None:
         self.num_aborts += 1
         self._abort.set()
+
+    def abort_rows(self, rows: Iterable[int]) -> None:
+        rows = list(rows)
+        self.aborted_rows.extend(rows)
+        self._rows.update(rows)
 
     def queue(self, *turns: str | GenerationResult) -> None:
         self.script.extend(turns)
@@ -68,7 +78,8 @@ class FakeEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         out = []
         self.batch_sizes.append(len(requests))
-        for request in requests:
+        self._rows.clear()
+        for row, request in enumerate(requests):
             self.requests.append(request)
             self.calls.append(("generate", self.policy_version))
             item = self.script.popleft() if self.script else "<ans>0</ans>"
@@ -76,8 +87,7 @@ class FakeEngine:
                 out.append(item)
                 continue
             if isinstance(item, BlockUntilAbort):
-                self._abort.wait(5.0)
-                self._abort.clear()
+                self._block_until_aborted(row)
                 ids = self.tokenizer.encode(item.text)[: item.keep]
                 out.append(GenerationResult(token_ids=ids, logprobs=[self.logprob] * len(ids),
                                             finish_reason="aborted",
@@ -87,6 +97,13 @@ class FakeEngine:
             out.append(GenerationResult(token_ids=ids, logprobs=[self.logprob] * len(ids),
                                         finish_reason="stop", policy_version=self.policy_version))
         return out
+
+    def _block_until_aborted(self, row: int) -> None:
+        deadline_s = time.monotonic() + 5.0
+        while time.monotonic() < deadline_s and row not in self._rows:
+            if self._abort.wait(0.01):
+                self._abort.clear()
+                return
 
     def load_weights(self, path: str, version: int) -> None:
         self.calls.append(("load", version))

@@ -28,7 +28,7 @@ SNAPSHOT: dict[type, list[str]] = {
     CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "redis_url", "run_root"]),
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
-        *SHARED, *PEERS, "bucket", "decision_wait_ms", "engine", "instance_id",
+        *SHARED, *PEERS, "bucket", "engine", "instance_id",
         "lease_ttl_ms", "max_batch_size",
         "max_trajectories", "num_threads", "redis_url", "role", "seed", "tool_deadline_s",
         "vllm_dtype", "vllm_enforce_eager", "vllm_gpu_memory_utilization",

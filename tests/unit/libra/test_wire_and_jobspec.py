@@ -38,7 +38,8 @@ def make_trajectory(num_turns: int = 2, reward: float = 1.0) -> t.Trajectory:
                      t.ToolReturnState("search", t.SizeClass.LARGE, t.ToolStatus.TIMEOUT),
                      t.ToolReturnState("code", t.SizeClass.MEDIUM, t.ToolStatus.FAILURE)],
         tool_return_positions=[4, 6], instance_id="rollout-1", bucket="long",
-        num_migrations=1, created_at_ms=111, finished_at_ms=222, final_text="4", attempt=2)
+        num_migrations=1, created_at_ms=111, finished_at_ms=222, final_text="4", attempt=2,
+        partial_turn_tokens=1)
 
 
 # -- wire -----------------------------------------------------------------------------
@@ -141,6 +142,13 @@ def test_prompt_longer_than_tokens_is_reported() -> None:
     traj = make_trajectory()
     traj.num_prompt_tokens = len(traj.token_ids) + 1
     assert "num_prompt_tokens" in (traj.check_aligned() or "")
+
+
+@pytest.mark.parametrize("partial", [-1, 5])
+def test_partial_turn_outside_the_generated_tokens_is_reported(partial: int) -> None:
+    traj = make_trajectory()  # 4 tokens after the prompt
+    traj.partial_turn_tokens = partial
+    assert "partial_turn_tokens" in (traj.check_aligned() or "")
 
 
 def test_min_version_counts_only_model_tokens() -> None:

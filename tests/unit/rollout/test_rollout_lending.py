@@ -94,6 +94,7 @@ async def test_lend_hands_back_a_trajectory_mid_turn_with_its_tokens(lent_rig) -
     # The latest state is where the scheduler re-queues from; the inbox entry is done.
     saved = decode_trajectory(await rig.r.hget(keys.tasks(JOB), "tr-0"))
     assert saved.num_generated_tokens == 2 and saved.check_aligned() is None
+    assert saved.partial_turn_tokens == 2  # resumed as the same turn where it lands
     assert await rig.inbox_pending() == 0 and rig.core.num_active == 0
     (stream,) = opener.streams
     assert stream.sent[0] == ch.Hello(JOB, HERE, new_lease.epoch, 1)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from libra import redis_keys as keys
+from libra.jobspec import TaskSpec
 from libra.wire.common import decode_trajectory
-from tests.fakes.engine import make_tokenizer
+from tests.fakes.engine import BlockUntilAbort, make_tokenizer
 from tests.unit.rollout.rig import HERE, JOB, THERE, Rig, make_task
 from tests.waiting import wait_until
 
@@ -64,6 +65,52 @@ async def test_handed_over_trajectory_continues_from_its_tokens(rig: Rig) -> Non
     (traj,) = await rig.run_until_published()
     assert traj.token_ids[:len(moved.token_ids)] == moved.token_ids
     assert traj.num_turns == 2 and rig.engine.requests[-1].prompt_token_ids == moved.token_ids
+
+
+async def test_move_decided_during_the_next_engine_call_stops_just_that_row(
+        rig: Rig) -> None:
+    """The decision of tool return 1 comes while the trajectory samples turn 2: its row
+    is stopped at a token boundary and it leaves with the partial turn (the call itself
+    is not aborted)."""
+    tok = make_tokenizer()
+    rig.scheduler.gate = asyncio.Event()
+    rig.scheduler.move_to(THERE)
+    rig.engine.queue("<calc>1+2</calc>", BlockUntilAbort("<calc>2+3</calc>", keep=3))
+    await rig.place(make_task())
+    rig.start()
+    await wait_until(lambda: len(rig.engine.requests) == 2)  # blocked in turn 2
+    rig.scheduler.gate.set()
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
+    moved = decode_trajectory(fields[b"task"])
+    calc1, res, part = (tok.encode("<calc>1+2</calc>"), tok.encode("<res>3</res>"),
+                        tok.encode("<calc>2+3</calc>")[:3])
+    assert moved.token_ids == tok.encode_prompt("Q:1+2=") + calc1 + res + part
+    assert moved.loss_mask[-3:] == [1, 1, 1] and moved.check_aligned() is None
+    assert (moved.partial_turn_tokens, moved.num_turns, moved.num_migrations) == (3, 1, 1)
+    assert rig.engine.aborted_rows == [0] and rig.engine.num_aborts == 0
+    assert (rig.core.num_moves_mid_turn, rig.core.num_moves_handed_off) == (1, 1)
+    assert await rig.load() == {HERE: 0, THERE: 1}
+
+
+async def test_handed_over_partial_turn_is_resumed_and_parsed_whole(rig: Rig) -> None:
+    tok = make_tokenizer()
+    arrived = make_task()
+    part = tok.encode("<calc>2+3</calc>")[:3]
+    prompt = tok.encode_prompt(arrived.prompt_text)
+    arrived.token_ids, arrived.num_prompt_tokens = prompt + part, len(prompt)
+    arrived.loss_mask = [0] * len(prompt) + [1] * 3
+    arrived.logprobs = [0.0] * len(prompt) + [-0.5] * 3
+    arrived.token_versions = [-1] * len(prompt) + [0] * 3
+    arrived.partial_turn_tokens = 3
+    rig.engine.queue(tok.decode(tok.encode("<calc>2+3</calc>")[3:]), "<ans>5</ans>")
+    await rig.place(arrived)
+    (traj,) = await rig.run_until_published()
+    first = rig.engine.requests[0]
+    assert first.prompt_token_ids == prompt + part
+    assert first.max_new_tokens == TaskSpec().max_new_tokens_per_turn - 3
+    assert rig.tools.calls[0]["args"] == {"expression": "2+3"}
+    assert (traj.num_turns, traj.partial_turn_tokens) == (2, 0)
 
 
 async def test_handoff_commits_the_move_in_assignment_load_and_counters(rig: Rig) -> None:

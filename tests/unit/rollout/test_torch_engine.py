@@ -91,6 +91,29 @@ def test_abort_keeps_tokens_generated_so_far(tokenizer):
     assert engine.generate([_request(tokenizer, "Q:5=")])[0].finish_reason == "length"
 
 
+def test_abort_rows_stops_only_those_rows_and_the_rest_carry_on(tokenizer):
+    engine = _engine()
+    requests = [_request(tokenizer, "Q:5=", max_new_tokens=20),
+                _request(tokenizer, "Q:12*34-5=<calc>", seed=3)]
+    alone = engine.generate([requests[1]])[0]
+    original_forward = engine._forward
+    calls = []
+
+    def forward_then_abort_row(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            engine.abort_rows([0])
+        return original_forward(*args)
+
+    engine._forward = forward_then_abort_row
+    stopped, carried_on = engine.generate(requests)
+    assert stopped.finish_reason == "aborted" and len(stopped.token_ids) == 2
+    assert carried_on.finish_reason == "length" and carried_on.token_ids == alone.token_ids
+    # The stop is for the call in flight only.
+    engine._forward = original_forward
+    assert engine.generate(requests[:1])[0].finish_reason == "length"
+
+
 def test_abort_from_another_thread_interrupts_generation(tokenizer):
     engine = _engine()
     timer = threading.Timer(0.05, engine.abort)

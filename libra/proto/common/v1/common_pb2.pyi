@@ -166,6 +166,7 @@ class Trajectory(_message.Message):
     FINISHED_AT_MS_FIELD_NUMBER: _builtins.int
     FINAL_TEXT_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    PARTIAL_TURN_TOKENS_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     job_id: _builtins.str
     group_id: _builtins.str
@@ -186,6 +187,11 @@ class Trajectory(_message.Message):
     final_text: _builtins.str
     attempt: _builtins.int
     """Incremented each time the trajectory is handed to a new instance."""
+    partial_turn_tokens: _builtins.int
+    """Tokens of the current turn sampled before it was interrupted (a move, a weight
+    update or a hand-back): the last partial_turn_tokens of token_ids. The instance
+    that continues the trajectory resumes that turn instead of starting a new one.
+    """
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Prompt plus every generated and tool token so far."""
@@ -235,10 +241,11 @@ class Trajectory(_message.Message):
         finished_at_ms: _builtins.int = ...,
         final_text: _builtins.str = ...,
         attempt: _builtins.int = ...,
+        partial_turn_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bucket", b"bucket", "created_at_ms", b"created_at_ms", "failure_reason", b"failure_reason", "final_text", b"final_text", "finished_at_ms", b"finished_at_ms", "group_id", b"group_id", "instance_id", b"instance_id", "job_id", b"job_id", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "num_migrations", b"num_migrations", "num_prompt_tokens", b"num_prompt_tokens", "num_turns", b"num_turns", "prompt_id", b"prompt_id", "prompt_text", b"prompt_text", "reference", b"reference", "reward", b"reward", "status", b"status", "token_ids", b"token_ids", "token_versions", b"token_versions", "tool_return_positions", b"tool_return_positions", "tool_states", b"tool_states", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bucket", b"bucket", "created_at_ms", b"created_at_ms", "failure_reason", b"failure_reason", "final_text", b"final_text", "finished_at_ms", b"finished_at_ms", "group_id", b"group_id", "instance_id", b"instance_id", "job_id", b"job_id", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "num_migrations", b"num_migrations", "num_prompt_tokens", b"num_prompt_tokens", "num_turns", b"num_turns", "partial_turn_tokens", b"partial_turn_tokens", "prompt_id", b"prompt_id", "prompt_text", b"prompt_text", "reference", b"reference", "reward", b"reward", "status", b"status", "token_ids", b"token_ids", "token_versions", b"token_versions", "tool_return_positions", b"tool_return_positions", "tool_states", b"tool_states", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
