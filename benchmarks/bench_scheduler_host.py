@@ -33,6 +33,7 @@ from libra.grpcx import Registration, Server
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from libra.service_config import ServerConfig
 from services.rollout.backend import TorchEngineLoader
+from services.rollout.config import RolloutConfig
 from services.rollout.core import RolloutCore, RolloutSettings
 from services.rollout.store import RedisRolloutStore
 from services.scheduler.core import SchedulerCore, ToolReturnReport
@@ -108,7 +109,8 @@ async def main(args: argparse.Namespace) -> None:
         tasks.append(asyncio.create_task(core.run()))
         scheduler: Any = InprocScheduler(core)
     else:
-        scheduler = GrpcSchedulerClient(f"127.0.0.1:{args.scheduler_port}")
+        scheduler = GrpcSchedulerClient(f"127.0.0.1:{args.scheduler_port}",
+                                        linger_s=args.report_linger_ms / 1000)
     timed = TimedScheduler(scheduler)
     rollouts = []
     for spec in args.rollout:
@@ -156,6 +158,9 @@ if __name__ == "__main__":
     parser.add_argument("--coordinator", required=True)
     parser.add_argument("--toolgateway", required=True)
     parser.add_argument("--scheduler-port", type=int, required=True)
+    parser.add_argument("--report-linger-ms", type=int,
+                        default=RolloutConfig().report_linger_ms,
+                        help="service mode: the rollout's report batching (its default)")
     parser.add_argument("--rollout", action="append", required=True,
                         help="INSTANCE:BUCKET:MAX_BATCH:MAX_TRAJECTORIES (repeatable)")
     logging.basicConfig(level=logging.WARNING)

@@ -135,19 +135,19 @@ def stop_stack(stack: Stack) -> None:
     stack.redis.stop()
 
 
-async def run_job(address: str, spec: str) -> tuple[float, dict[str, int]]:
+async def run_job(address: str, spec: str) -> tuple[float, dict[str, int], list[dict]]:
     client = GrpcCoordinatorClient(address)
     job = await client.create_job(spec, "json")
     started = time.perf_counter()
     while True:
-        job, _steps, counters = await client.get_job(job.job_id)
+        job, steps, counters = await client.get_job(job.job_id)
         if job.state.is_terminal:
             break
         await asyncio.sleep(0.2)
     await client.close()
     if job.state.value != "succeeded":
         raise RuntimeError(f"job ended {job.state.value}: {job.message}")
-    return time.perf_counter() - started, counters
+    return time.perf_counter() - started, counters, steps
 
 
 def run_arm(mode: str, spec: str) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def run_arm(mode: str, spec: str) -> dict[str, Any]:
     stack = start_stack(run_root, mode)
     try:
         before = {name: cpu_s(p.pid) for name, p in stack.procs.items()}
-        wall_s, counters = asyncio.run(run_job(stack.coordinator, spec))
+        wall_s, counters, steps = asyncio.run(run_job(stack.coordinator, spec))
         used = {name: cpu_s(p.pid) - before[name] for name, p in stack.procs.items()}
     finally:
         stop_stack(stack)
@@ -170,7 +170,10 @@ def run_arm(mode: str, spec: str) -> dict[str, Any]:
                            "cpu_s": {k: round(v, 2) for k, v in used.items()},
                            "cpu_total_s": round(sum(used.values()), 2),
                            "decisions": decisions.removeprefix("DECISIONS "),
-                           "moves": moves.removeprefix("MOVES ")}
+                           "moves": moves.removeprefix("MOVES "),
+                           # Where the trainer's steps went: waiting for data vs training.
+                           "step_rollout_s": round(sum(s["rollout_s"] for s in steps), 3),
+                           "step_train_s": round(sum(s["train_s"] for s in steps), 3)}
     if rpcs:  # service arm: tool-return reports and the RPCs that carried them
         out["reports"] = rpcs.removeprefix("REPORTS ")
     if "scheduler" in used:
@@ -199,6 +202,10 @@ def summarise(runs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "pair_ratio_mean": round(statistics.mean(ratios), 4),
         "pair_ratio_stdev": round(statistics.stdev(ratios), 4) if len(ratios) > 1 else 0.0,
         "scheduler_cpu_ms_per_trajectory": round(statistics.mean(cpu), 3),
+        "step_rollout_s_mean": {m: round(statistics.mean(
+            r["step_rollout_s"] for r in runs if r["mode"] == m), 3) for m in walls},
+        "step_train_s_mean": {m: round(statistics.mean(
+            r["step_train_s"] for r in runs if r["mode"] == m), 3) for m in walls},
         "migrations_per_step_mean": {
             m: round(statistics.mean(r["migrations"] for r in runs if r["mode"] == m)
                      / steps, 2) for m in ("service", "inproc")},

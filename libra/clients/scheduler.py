@@ -2,11 +2,11 @@
 
 Every ``report_tool_return`` call joins a queue; one sender task sends what is queued as
 one ``ReportToolReturns`` RPC per (instance, lease epoch), with at most one RPC in
-flight: reports that arrive while it runs go out together in the next one. A lone
-report is sent at once (no timer), so batching adds no latency; under the turn-level
-batching of a rollout instance, a whole engine step's tool returns share one RPC. The
-rollout core awaits the decisions in background tasks: a trajectory goes on with its next
-turn meanwhile, so the round trip is off its critical path.
+flight: reports that arrive while it runs go out together in the next one. With
+``linger_s`` > 0 the sender first waits that long for more reports to join (as a Kafka
+producer's ``linger.ms``): fewer, larger RPCs for a little latency. The rollout core
+awaits the decisions in background tasks and applies a late MOVE mid-turn, so a
+trajectory never waits for one and the latency costs it nothing but a later move.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ class _Queued:
 
 
 class GrpcSchedulerClient(GrpcClientBase):
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 10.0, linger_s: float = 0.0) -> None:
         super().__init__(address, timeout_s)
+        self._linger_s = linger_s
         self._stub = spb_grpc.SchedulerServiceStub(self._channel)
         self._queue: dict[tuple[str, int], list[_Queued]] = {}
         self._sender: asyncio.Task[None] | None = None
@@ -70,7 +71,8 @@ class GrpcSchedulerClient(GrpcClientBase):
         return await future
 
     async def _send_queued(self) -> None:
-        await asyncio.sleep(0)  # let reports raised in the same loop iteration join
+        # Let reports raised in the same loop iteration (or within the linger) join.
+        await asyncio.sleep(self._linger_s)
         while self._queue:
             (instance_id, epoch), items = next(iter(self._queue.items()))
             batch, rest = items[:MAX_REPORTS_PER_RPC], items[MAX_REPORTS_PER_RPC:]

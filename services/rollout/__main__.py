@@ -80,7 +80,8 @@ async def main(cfg: RolloutConfig) -> None:
     core = RolloutCore(
         settings, RedisRolloutStore(redis), loader,
         GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
-        GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
+        GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s,
+                            linger_s=cfg.report_linger_ms / 1000),
         GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s), SystemClock(),
         opener=GrpcGradientChannel(),
         load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads))

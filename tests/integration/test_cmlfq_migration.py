@@ -35,7 +35,10 @@ def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def cmlfq_job() -> str:
-    spec = json.loads(small_job(policy="cmlfq", num_steps=NUM_STEPS, sft_steps=300))
+    # Four groups a step: enough tool returns in `short` that some decision comes back
+    # while its trajectory still runs (a move decided after its last turn is moot).
+    spec = json.loads(small_job(policy="cmlfq", num_steps=NUM_STEPS, sft_steps=300,
+                                prompts_per_step=4))
     spec["layout"]["buckets"][0]["max_tokens"] = 1
     spec["layout"]["cmlfq"] = {"rebuild_interval_steps": 1}
     return json.dumps(spec)

@@ -78,6 +78,21 @@ async def test_concurrent_reports_share_one_rpc(client: GrpcSchedulerClient) -> 
     assert client.num_report_rpcs == 1
 
 
+async def test_reports_within_the_linger_share_one_rpc(client: GrpcSchedulerClient) -> None:
+    await client.start_job("j1")
+    lingering = GrpcSchedulerClient(client.address, linger_s=0.2)
+
+    async def report_later(index: int) -> t.PlacementDecision:
+        await asyncio.sleep(0.02 * index)  # apart in time, within the linger
+        return await lingering.report_tool_return("j1", f"traj-{index}", STATE, 3,
+                                                  "rollout-0", EPOCH)
+
+    decisions = await asyncio.gather(*(report_later(i) for i in range(3)))
+    await lingering.close()
+    assert [d.reason for d in decisions] == ["unknown_trajectory"] * 3
+    assert (lingering.num_reports, lingering.num_report_rpcs) == (3, 1)
+
+
 async def test_an_item_of_a_job_not_scheduled_fails_alone(client: GrpcSchedulerClient) -> None:
     await client.start_job("j1")
     ok, bad = await asyncio.gather(
