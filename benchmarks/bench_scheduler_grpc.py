@@ -190,8 +190,8 @@ def main() -> None:
           f"at {result['rate_achieved_per_s']}/s (target {args.rate:g}/s)")
     print(f"  latency ms: p50 {result['p50_ms']}  p90 {result['p90_ms']}  "
           f"p99 {result['p99_ms']}  max {result['max_ms']}  mean {result['mean_ms']}")
-    print(f"  moves: {result['moves']} ({result['move_share']:.1%}); migrations counter "
-          f"{result['migrations_counter']}")
+    # Decisions only: a move is committed by the rollout's handoff, and no rollout runs here.
+    print(f"  moves decided: {result['moves']} ({result['move_share']:.1%})")
 
 
 if __name__ == "__main__":
