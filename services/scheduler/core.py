@@ -243,15 +243,19 @@ class SchedulerCore:
         budget_groups = (algo.max_staleness + 1) * algo.prompts_per_step
         consumed = counters.get("trained_groups", 0) + counters.get("dropped_groups", 0)
         admitted = counters.get("admitted_groups", 0)
+        num_groups, placed, queued = 0, [], []
         # Stop once a group does not fit: queue at most one group beyond capacity.
         while admitted - consumed < budget_groups and run.num_pending == 0:
             group = self._make_group(run, admitted)
-            placed = self._assign(run, group, run.instances)
-            queued = [traj for traj in group if not traj.instance_id]
-            # Counting, queueing and placing the group is one transaction.
-            await self._store.admit(run.job_id, queued, placed)
+            placed += self._assign(run, group, run.instances)
+            unplaced = [traj for traj in group if not traj.instance_id]
+            queued += unplaced
             admitted += 1
-            run.num_pending = len(queued)
+            num_groups += 1
+            run.num_pending = len(unplaced)
+        if num_groups:
+            # Counting, queueing and placing this tick's groups is one transaction.
+            await self._store.admit(run.job_id, queued, placed, num_groups)
 
     def _make_group(self, run: JobRun, group_index: int) -> list[t.Trajectory]:
         # The group index is the cumulative admission count, so prompts continue where a

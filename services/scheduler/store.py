@@ -59,7 +59,7 @@ class SchedulerStore(Protocol):
     async def running_jobs(self) -> list[str]: ...
 
     async def admit(self, job_id: str, trajs: list[t.Trajectory],
-                    placed: list[t.Trajectory] | None = None) -> None: ...
+                    placed: list[t.Trajectory] | None = None, num_groups: int = 1) -> None: ...
 
     async def pending(self, job_id: str) -> list[t.Trajectory]: ...
 
@@ -248,16 +248,16 @@ class RedisSchedulerStore(JobRecordReader):
         return [j for j, state in zip(ids, states, strict=True) if state == "running"]
 
     async def admit(self, job_id: str, trajs: list[t.Trajectory],
-                    placed: list[t.Trajectory] | None = None) -> None:
-        """Count one group and queue ``trajs``, atomically; ``placed`` members of the
-        group (``instance_id`` set) are placed in the same transaction instead."""
+                    placed: list[t.Trajectory] | None = None, num_groups: int = 1) -> None:
+        """Count ``num_groups`` groups and queue ``trajs``, atomically; ``placed``
+        members (``instance_id`` set) are placed in the same transaction instead."""
         placed = placed or []
         async with self._r.pipeline(transaction=True) as pipe:
             if trajs:
                 pipe.hset(keys.pending(job_id), mapping={
                     traj.trajectory_id: encode_trajectory(traj) for traj in trajs})
             _place_commands(pipe, job_id, placed)
-            pipe.hincrby(keys.counters(job_id), "admitted_groups", 1)
+            pipe.hincrby(keys.counters(job_id), "admitted_groups", num_groups)
             pipe.hincrby(keys.counters(job_id), "admitted", len(trajs) + len(placed))
             await pipe.execute()
 
