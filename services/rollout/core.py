@@ -111,7 +111,8 @@ class _Active:
     traj: t.Trajectory
     # Waiting for its next turn (not in an engine call, a tool call or its finish).
     ready: bool = True
-    # Tokens of the current turn sampled before an interruption (a weight update).
+    # Tokens of the current turn sampled before an interruption (a weight update; or
+    # where it was handed over from, when a move or a hand-back interrupted it).
     turn_prefix: list[int] = field(default_factory=list)
     # A MOVE decided for it and not yet handed off.
     move: t.PlacementDecision | None = None
