@@ -23,7 +23,8 @@ nothing for a move: the handoff itself re-pins the assignment and load in Redis 
 on the lease epoch and on the assignment), so Redis never points at an instance that
 does not hold the trajectory.
 
-Lending to training (elastic pool) lives in :mod:`services.rollout.lend`.
+Reports and handoffs live in :mod:`services.rollout.moves`, lending to training (elastic
+pool) in :mod:`services.rollout.lend`.
 
 Pure: the engine, Redis and peers come in as collaborators.
 """
@@ -33,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,6 +48,7 @@ from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.lend import LendingMixin
 from services.rollout.lending import ChannelOpener, TrainerLoader
+from services.rollout.moves import MovesMixin
 from services.rollout.profile import LoopProfile
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -133,7 +135,7 @@ class _JobContext:
     active: dict[str, _Active] = field(default_factory=dict)
 
 
-class RolloutCore(LendingMixin):
+class RolloutCore(MovesMixin, LendingMixin):
     """The busy loop of one rollout instance."""
 
     def __init__(self, settings: RolloutSettings, store: RolloutStore, loader: EngineLoader,
@@ -484,12 +486,6 @@ class RolloutCore(LendingMixin):
         act.ready = True
         self._wakeup.set()
 
-    def _spawn_report(self, coro: Any) -> None:
-        # Kept apart from self._tasks: a lend does not wait for decisions.
-        task = asyncio.create_task(coro)
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
-
     async def _execute_tool(self, ctx: _JobContext, traj: t.Trajectory,
                             outcome: agent.TurnOutcome) -> t.ToolResult:
         """Call the tool, retrying retryable errors (gateway down) until the deadline."""
@@ -509,77 +505,6 @@ class RolloutCore(LendingMixin):
                     raise
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 1.0)
-
-    def _report(self, traj: t.Trajectory,
-                state: t.ToolReturnState) -> Awaitable[t.PlacementDecision]:
-        """The report of a tool return, its arguments (token count, lease epoch) taken
-        now, before the trajectory moves on; awaited by ``_decide``."""
-        return self.profile.timed("report", self._scheduler.report_tool_return(
-            traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
-            self.settings.instance_id, self._lease.epoch if self._lease else 0))
-
-    async def _decide(self, report: Awaitable[t.PlacementDecision]) -> t.PlacementDecision:
-        try:
-            return await report
-        except LibraError as exc:
-            # Placement is an optimisation: without an answer the trajectory stays put
-            # (scheduler unreachable, or the report refused, e.g. a stale lease epoch).
-            logger.warning("[decision] no decision, staying error=%s", exc)
-            return t.PlacementDecision(t.DecisionAction.STAY, reason="scheduler_unreachable")
-
-    async def _apply_decision_later(self, ctx: _JobContext, act: _Active,
-                                    report: Awaitable[t.PlacementDecision]) -> None:
-        decision = await self._decide(report)
-        if ctx.active.get(act.traj.trajectory_id) is not act:
-            # Finished, handed back or dropped meanwhile: the decision is moot. Nothing
-            # was committed for it, so assignment and load still say where it was.
-            if decision.action is t.DecisionAction.MOVE:
-                self.num_moves_moot += 1
-            return
-        self._note_decision(act, decision)
-        if act.move is None:
-            return
-        if act.ready:  # waiting for its next turn: leave now rather than at the next pass
-            act.ready = not self._hand_off_if_due(ctx, act)
-        elif act.row is not None:
-            # In the engine call: stop just its row; it leaves from ``_after_turn`` with
-            # the partial turn. (In a tool call, it leaves at that tool return.)
-            ctx.engine.abort_rows([act.row])
-
-    def _note_decision(self, act: _Active, decision: t.PlacementDecision) -> None:
-        """The latest decision says where the trajectory belongs: a MOVE elsewhere
-        replaces any pending move, one back here cancels it. A STAY names the instance
-        the scheduler already has it pinned to, so it leaves a pending move as it is."""
-        target = decision.target_instance
-        if target == self.settings.instance_id:
-            act.move = None
-        elif target and decision.action is t.DecisionAction.MOVE:
-            act.move = decision
-
-    def _hand_off_if_due(self, ctx: _JobContext, act: _Active) -> bool:
-        """Start the handoff of a trajectory with a pending move that is not in an
-        engine or tool call (an interrupted turn goes along); True if it is leaving."""
-        if act.move is None:
-            return False
-        self._spawn(self._handoff(ctx, act, act.move))
-        return True
-
-    async def _handoff(self, ctx: _JobContext, act: _Active,
-                       decision: t.PlacementDecision) -> None:
-        if ctx.active.pop(act.traj.trajectory_id, None) is None:
-            return  # dropped meanwhile (lease lost, job ended): must not be re-injected
-        act.traj.num_migrations += 1
-        epoch = self._lease.epoch if self._lease else 0
-        if not await self._store.handoff(act.state_to_hand_over(), self.settings.instance_id,
-                                         act.entry.entry_id, decision.target_instance,
-                                         decision.target_bucket, epoch):
-            # Fenced: this lease moved on, or the scheduler re-queued the trajectory.
-            logger.warning("[move] refused (stale epoch=%d or re-queued) trajectory_id=%s",
-                           epoch, act.traj.trajectory_id)
-            return
-        self.num_moves_handed_off += 1
-        logger.debug("[move] trajectory_id=%s to=%s reason=%s", act.traj.trajectory_id,
-                     decision.target_instance, decision.reason)
 
     async def _finish(self, ctx: _JobContext, act: _Active, final_answer: str | None) -> None:
         traj = act.traj
