@@ -133,6 +133,7 @@ async def main(args: argparse.Namespace) -> None:
     waits = sum(r.num_decision_waits for r in rollouts)
     wait_s = sum(r.decision_wait_s for r in rollouts)
     print(f"MOVES handed_off {sum(r.num_moves_handed_off for r in rollouts)} "
+          f"mid_turn {sum(r.num_moves_mid_turn for r in rollouts)} "
           f"moot {sum(r.num_moves_moot for r in rollouts)} "
           f"decision_waits {waits} wait_ms_total {1000 * wait_s:.1f} "
           f"wait_ms_per_tool_return {1000 * wait_s / max(len(timed.latencies_ms), 1):.3f}",
