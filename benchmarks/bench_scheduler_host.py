@@ -63,6 +63,13 @@ class InprocScheduler:
         return result
 
 
+class StayScheduler:
+    """``--no-decisions``: every tool return stays, answered on the spot (no report)."""
+
+    async def report_tool_return(self, *_args: Any) -> t.PlacementDecision:
+        return t.PlacementDecision(t.DecisionAction.STAY, reason="decisions_off")
+
+
 class TimedScheduler:
     """Wraps either arm's ``SchedulerApi`` and records each decision's latency (the
     report's round trip; the rollout waits on it only while a move is pending)."""
@@ -111,7 +118,7 @@ async def main(args: argparse.Namespace) -> None:
     else:
         scheduler = GrpcSchedulerClient(f"127.0.0.1:{args.scheduler_port}",
                                         linger_s=args.report_linger_ms / 1000)
-    timed = TimedScheduler(scheduler)
+    timed = TimedScheduler(StayScheduler() if args.no_decisions else scheduler)
     rollouts = []
     for spec in args.rollout:
         instance_id, bucket, max_batch, max_trajs = spec.split(":")
@@ -162,6 +169,8 @@ if __name__ == "__main__":
     parser.add_argument("--report-linger-ms", type=int,
                         default=RolloutConfig().report_linger_ms,
                         help="service mode: the rollout's report batching (its default)")
+    parser.add_argument("--no-decisions", action="store_true",
+                        help="answer every tool return 'stay' here, reporting nothing")
     parser.add_argument("--rollout", action="append", required=True,
                         help="INSTANCE:BUCKET:MAX_BATCH:MAX_TRAJECTORIES (repeatable)")
     logging.basicConfig(level=logging.WARNING)
