@@ -17,7 +17,7 @@ trajectory (service arm), the decisions' round trip and the time rollouts waited
 decisions (only while a move is pending), and migrations per RL step.
 
 Usage: python benchmarks/bench_scheduler_overhead.py [--steps N] [--rounds R]
-       [--policy cmlfq] [--json] [--no-decisions]
+       [--policy cmlfq] [--json] [--no-decisions] [--report-linger-ms MS]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _wait_serving(addresses: list[str], timeout_s: float = 90.0) -> None:
         time.sleep(0.3)
 
 
-def start_stack(run_root: Path, mode: str, decisions: bool = True) -> Stack:
+def start_stack(run_root: Path, mode: str, host_args: list[str]) -> Stack:
     """Redis, the services (no scheduler in ``inproc``) and the rollout host."""
     (run_root / "logs").mkdir(parents=True)
     redis = start_redis(run_root / "redis")
@@ -97,7 +97,7 @@ def start_stack(run_root: Path, mode: str, decisions: bool = True) -> Stack:
             f"--mode={mode}", f"--redis-url={redis.url}",
             f"--coordinator=127.0.0.1:{ports['coordinator']}",
             f"--toolgateway=127.0.0.1:{ports['toolgateway']}",
-            f"--scheduler-port={ports['scheduler']}", *([] if decisions else ["--no-decisions"])]
+            f"--scheduler-port={ports['scheduler']}", *host_args]
     for inst in layout["rollout"]:
         host.append(f"--rollout={inst['instance_id']}:{inst['bucket']}:"
                     f"{inst['max_batch_size']}:{inst['max_trajectories']}")
@@ -150,9 +150,9 @@ async def run_job(address: str, spec: str) -> tuple[float, dict[str, int], list[
     return time.perf_counter() - started, counters, steps
 
 
-def run_arm(mode: str, spec: str, decisions: bool = True) -> dict[str, Any]:
+def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
     run_root = Path(tempfile.mkdtemp(prefix=f"libra-bench-{mode}-"))
-    stack = start_stack(run_root, mode, decisions)
+    stack = start_stack(run_root, mode, host_args)
     try:
         before = {name: cpu_s(p.pid) for name, p in stack.procs.items()}
         wall_s, counters, steps = asyncio.run(run_job(stack.coordinator, spec))
@@ -220,18 +220,24 @@ def main() -> None:
                         help="pairs of runs; arms alternate service, inproc, inproc, ...")
     parser.add_argument("--policy", default="cmlfq")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--report-linger-ms", type=int, default=None,
+                        help="service arm: batch reports over this window (default: the "
+                             "rollout's report_linger_ms)")
     parser.add_argument("--no-decisions", action="store_true",
                         help="control: no tool-return reports in either arm (every tool "
                              "return stays, nothing moves), so only admission, placement "
                              "and finishes differ between the arms")
     args = parser.parse_args()
     spec = job_spec(args.steps, args.policy)
+    host_args = ["--no-decisions"] if args.no_decisions else []
+    if args.report_linger_ms is not None:
+        host_args.append(f"--report-linger-ms={args.report_linger_ms}")
     order = [("service", "inproc") if i % 2 == 0 else ("inproc", "service")
              for i in range(args.rounds)]
     runs = []
     for pair in order:
         for mode in pair:
-            runs.append(run_arm(mode, spec, not args.no_decisions))
+            runs.append(run_arm(mode, spec, host_args))
             if not args.json:
                 print(json.dumps(runs[-1]), flush=True)
     summary = {"policy": args.policy, "steps": args.steps, "runs": runs,
