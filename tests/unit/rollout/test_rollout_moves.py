@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from libra import redis_keys as keys
+from libra import types as t
 from libra.jobspec import TaskSpec
 from libra.wire.common import decode_trajectory
 from tests.fakes.engine import BlockUntilAbort, make_tokenizer
@@ -13,15 +14,19 @@ from tests.waiting import wait_until
 
 # -- placement decisions -------------------------------------------------------------------
 
+async def handed_over(rig: Rig) -> tuple[t.Trajectory, dict[bytes, bytes]]:
+    """The one trajectory handed to THERE (once it is in its inbox), with its entry."""
+    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
+    return decode_trajectory(fields[b"task"]), fields
+
 async def test_move_decision_hands_the_trajectory_to_the_target_inbox_intact(rig: Rig) -> None:
     tok = make_tokenizer()
     rig.scheduler.move_to(THERE)
     rig.engine.queue("<calc>1+2</calc>")
     await rig.place(make_task())
     rig.start()
-    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
-    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
-    moved = decode_trajectory(fields[b"task"])
+    moved, fields = await handed_over(rig)
     prompt, calc, res = (tok.encode_prompt("Q:1+2="), tok.encode("<calc>1+2</calc>"),
                          tok.encode("<res>3</res>"))
     assert moved.token_ids == prompt + calc + res
@@ -56,9 +61,7 @@ async def test_handed_over_trajectory_continues_from_its_tokens(rig: Rig) -> Non
     rig.engine.queue("<calc>1+2</calc>")
     await rig.place(make_task())
     rig.start()
-    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
-    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
-    moved = decode_trajectory(fields[b"task"])
+    moved, _ = await handed_over(rig)
     # Back on this instance (e.g. re-placed): the agent keeps its tokens, one more turn.
     rig.engine.queue("<ans>3</ans>")
     await rig.place(moved)
@@ -80,9 +83,7 @@ async def test_move_decided_during_the_next_engine_call_stops_just_that_row(
     rig.start()
     await wait_until(lambda: len(rig.engine.requests) == 2)  # blocked in turn 2
     rig.scheduler.gate.set()
-    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
-    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
-    moved = decode_trajectory(fields[b"task"])
+    moved, _ = await handed_over(rig)
     calc1, res, part = (tok.encode("<calc>1+2</calc>"), tok.encode("<res>3</res>"),
                         tok.encode("<calc>2+3</calc>")[:3])
     assert moved.token_ids == tok.encode_prompt("Q:1+2=") + calc1 + res + part
@@ -173,9 +174,7 @@ async def test_move_decided_during_the_next_turn_hands_off_at_its_tool_return(
     rig.engine.queue("<calc>1+2</calc>", "<calc>2+3</calc>")
     await rig.place(make_task())
     rig.start()
-    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
-    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
-    moved = decode_trajectory(fields[b"task"])
+    moved, _ = await handed_over(rig)
     calc1, calc2, res = (tok.encode("<calc>1+2</calc>"), tok.encode("<calc>2+3</calc>"),
                          tok.encode("<res>3</res>"))
     assert moved.token_ids == tok.encode_prompt("Q:1+2=") + calc1 + res + calc2 + res
