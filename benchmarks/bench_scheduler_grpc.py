@@ -6,8 +6,8 @@ with the scheduler servicer, all in this process. The C-MLFQ tree is seeded with
 synthetic finished trajectories first. A driver in a child process (its own event loop
 and GIL, as a rollout instance would be) sends tool-return reports open-loop at a fixed
 rate (default 500/s for 10 s) over the trajectories the scheduler placed, and times
-every report at the client (the client batches concurrent reports into one
-``ReportToolReturns`` RPC, as a rollout instance's does). Prints p50/p90/p99/max in ms,
+every report at the client (the client batches concurrent reports on its
+``ToolReturns`` stream, as a rollout instance's does). Prints p50/p90/p99/max in ms,
 the achieved rate and the share of moves.
 
 Usage: ``python benchmarks/bench_scheduler_grpc.py [--json] [--rate 500] [--seconds 10]``

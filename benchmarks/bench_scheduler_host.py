@@ -146,7 +146,8 @@ async def main(args: argparse.Namespace) -> None:
           f"wait_ms_per_tool_return {1000 * wait_s / max(len(timed.latencies_ms), 1):.3f}",
           flush=True)
     if isinstance(scheduler, GrpcSchedulerClient):
-        print(f"REPORTS {scheduler.num_reports} RPCS {scheduler.num_report_rpcs}", flush=True)
+        print(f"REPORTS {scheduler.num_reports} BATCHES {scheduler.num_report_batches} "
+              f"STREAMS {scheduler.num_report_streams}", flush=True)
     for rollout in rollouts:
         try:
             await rollout.drain(0.5)

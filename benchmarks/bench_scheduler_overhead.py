@@ -163,7 +163,7 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
     decisions = next((line for line in host_log.splitlines() if line.startswith("DECISIONS")),
                      "")
     moves = next((line for line in host_log.splitlines() if line.startswith("MOVES")), "")
-    rpcs = next((line for line in host_log.splitlines() if line.startswith("REPORTS")), "")
+    reports = next((line for line in host_log.splitlines() if line.startswith("REPORTS")), "")
     produced = counters.get("produced", 0) + counters.get("failed", 0)
     out: dict[str, Any] = {"mode": mode, "wall_s": round(wall_s, 2), "trajectories": produced,
                            "migrations": counters.get("migrations", 0),
@@ -174,8 +174,8 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
                            # Where the trainer's steps went: waiting for data vs training.
                            "step_rollout_s": round(sum(s["rollout_s"] for s in steps), 3),
                            "step_train_s": round(sum(s["train_s"] for s in steps), 3)}
-    if rpcs:  # service arm: tool-return reports and the RPCs that carried them
-        out["reports"] = rpcs.removeprefix("REPORTS ")
+    if reports:  # service arm: tool-return reports, the batches and streams that carried them
+        out["reports"] = reports.removeprefix("REPORTS ")
     if "scheduler" in used:
         out["scheduler_cpu_ms_per_trajectory"] = round(
             1000 * used["scheduler"] / max(produced, 1), 3)

@@ -4,8 +4,8 @@ Called by the servicer after the core decided, so every decision leaves
 ``libra_scheduler_decisions_total{reason,action}`` incremented and the RPC's current
 span (the gRPC server span when tracing is on; a no-op span otherwise) carrying it:
 ``ReportToolReturn`` as ``libra.decision.*`` attributes of the span, and each decision
-of a ``ReportToolReturns`` batch as a ``libra.decision`` span event with those
-attributes (plus ``libra.decision.count`` on the span).
+of a ``ToolReturns`` stream's batch as a ``libra.decision`` span event with those
+attributes (plus ``libra.decision.count`` on the batch's span).
 """
 
 from __future__ import annotations

@@ -8,9 +8,12 @@ from libra import types as t
 from libra.errors import LibraError
 from libra.proto.scheduler.v1 import scheduler_pb2 as pb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from libra.telemetry import tracer
 from libra.wire.common import tool_state_from_proto, traj_status_from_proto
 from services.scheduler.core import SchedulerCore, ToolReturnReport
 from services.scheduler.metrics import record_decision, record_decisions
+
+_TRACER = tracer(__name__)
 
 _ACTION = {
     t.DecisionAction.STAY: pb.DECISION_ACTION_STAY,
@@ -45,15 +48,28 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             reason=decision.reason,
         )
 
-    async def ReportToolReturns(self, request, context):  # noqa: N802, ANN001
+    async def ToolReturns(self, request_iterator, context):  # noqa: N802, ANN001
+        # One stream per rollout instance for its lifetime: a refused batch is answered
+        # (its error in the response), never a reason to end the stream.
+        async for request in request_iterator:
+            with _TRACER.start_as_current_span("scheduler.ToolReturns.batch"):
+                yield await self._decide_batch(request)
+
+    async def _decide_batch(self, request: pb.ReportToolReturnsRequest,
+                            ) -> pb.ReportToolReturnsResponse:
         reports = [ToolReturnReport(r.job_id, r.trajectory_id, tool_state_from_proto(r.state),
                                     r.tokens_so_far) for r in request.reports]
-        results = await self._core.report_tool_returns(request.instance_id,
-                                                       request.lease_epoch, reports)
+        try:
+            results = await self._core.report_tool_returns(request.instance_id,
+                                                           request.lease_epoch, reports)
+        except LibraError as exc:
+            return pb.ReportToolReturnsResponse(batch_id=request.batch_id,
+                                                error=_error_text(exc))
         record_decisions([(report.trajectory_id, result) for report, result
                           in zip(reports, results, strict=True)
                           if not isinstance(result, LibraError)])
-        return pb.ReportToolReturnsResponse(decisions=[_decision_to_proto(r) for r in results])
+        return pb.ReportToolReturnsResponse(
+            batch_id=request.batch_id, decisions=[_decision_to_proto(r) for r in results])
 
     async def ReportFinished(self, request, context):  # noqa: N802, ANN001
         await self._core.check_fence(request.instance_id, request.lease_epoch)
@@ -72,8 +88,13 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
 def _decision_to_proto(result: t.PlacementDecision | LibraError) -> pb.ToolReturnDecision:
     if isinstance(result, LibraError):
-        return pb.ToolReturnDecision(action=pb.DECISION_ACTION_STAY,
-                                     error=f"{result.grpc_status_name}: {result}")
+        return pb.ToolReturnDecision(action=pb.DECISION_ACTION_STAY, error=_error_text(result))
     return pb.ToolReturnDecision(action=_ACTION[result.action],
                                  target_bucket=result.target_bucket,
                                  target_instance=result.target_instance, reason=result.reason)
+
+
+def _error_text(exc: LibraError) -> str:
+    """An error as the stream carries it; the client maps it back with
+    ``error_from_status``."""
+    return f"{exc.grpc_status_name}: {exc}"

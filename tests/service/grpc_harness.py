@@ -12,10 +12,11 @@ from libra.service_config import ServerConfig
 
 @asynccontextmanager
 async def serving(service: str, add_fn: Any, servicer: Any, descriptor: Any,
-                  name: str) -> AsyncIterator[str]:
-    """Yields the server's address; stops it (gracefully) on exit."""
+                  name: str, port: int = 0) -> AsyncIterator[str]:
+    """Yields the server's address (a free port unless ``port``); stops it
+    (gracefully) on exit."""
     full_name = descriptor.services_by_name[name].full_name
-    server = Server(service, ServerConfig(port=0, metrics_port=-1, shutdown_grace_s=1.0),
+    server = Server(service, ServerConfig(port=port, metrics_port=-1, shutdown_grace_s=1.0),
                     [Registration(add_fn, servicer, full_name)])
     await server.start()
     try:

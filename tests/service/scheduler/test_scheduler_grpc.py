@@ -1,5 +1,6 @@
-"""The scheduler servicer over real gRPC and a real Redis: batched tool-return reports
-(per-item errors), fencing by lease epoch, decisions counted and traced."""
+"""The scheduler servicer over real gRPC and a real Redis: batched tool-return reports on
+one stream (per-item errors, refused batches, a restarted scheduler), fencing by lease
+epoch."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.clients.runner import GrpcSchedulerClient
 from libra.clock import FakeClock
-from libra.errors import FailedPrecondition, NotFound
+from libra.errors import FailedPrecondition, NotFound, Unavailable
 from libra.jobspec import JobSpec
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from libra.redis_server import EmbeddedRedis
@@ -33,14 +34,18 @@ async def client(redis_server: EmbeddedRedis):
     await r.sadd(keys.WORKERS, "rollout-0")
     await r.hset(keys.lease("rollout-0"), mapping={"role": "core-rollout", "bucket": "short",
                                                    "epoch": EPOCH})
-    core = SchedulerCore(RedisSchedulerStore(r), FakeClock())
-    async with serving("scheduler", scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
-                       SchedulerServicer(core), scheduler_pb2.DESCRIPTOR,
-                       "SchedulerService") as address:
+    async with _scheduler(r) as address:
         c = GrpcSchedulerClient(address)
         yield c
         await c.close()
     await r.aclose()
+
+
+def _scheduler(r: aioredis.Redis, port: int = 0):  # noqa: ANN202
+    core = SchedulerCore(RedisSchedulerStore(r), FakeClock())
+    return serving("scheduler", scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
+                   SchedulerServicer(core), scheduler_pb2.DESCRIPTOR, "SchedulerService",
+                   port)
 
 
 async def test_start_job_then_stats_name_the_policy(client: GrpcSchedulerClient) -> None:
@@ -69,16 +74,16 @@ async def test_tool_return_of_unknown_trajectory_stays(client: GrpcSchedulerClie
                                  EPOCH)
 
 
-async def test_concurrent_reports_share_one_rpc(client: GrpcSchedulerClient) -> None:
+async def test_concurrent_reports_share_one_batch(client: GrpcSchedulerClient) -> None:
     await client.start_job("j1")
     decisions = await asyncio.gather(*(
         client.report_tool_return("j1", f"traj-{i}", STATE, 3, "rollout-0", EPOCH)
         for i in range(5)))
     assert [d.reason for d in decisions] == ["unknown_trajectory"] * 5
-    assert client.num_report_rpcs == 1
+    assert client.num_report_batches == 1
 
 
-async def test_reports_within_the_linger_share_one_rpc(client: GrpcSchedulerClient) -> None:
+async def test_reports_within_the_linger_share_one_batch(client: GrpcSchedulerClient) -> None:
     await client.start_job("j1")
     lingering = GrpcSchedulerClient(client.address, linger_s=0.2)
 
@@ -90,7 +95,7 @@ async def test_reports_within_the_linger_share_one_rpc(client: GrpcSchedulerClie
     decisions = await asyncio.gather(*(report_later(i) for i in range(3)))
     await lingering.close()
     assert [d.reason for d in decisions] == ["unknown_trajectory"] * 3
-    assert (lingering.num_reports, lingering.num_report_rpcs) == (3, 1)
+    assert (lingering.num_reports, lingering.num_report_batches) == (3, 1)
 
 
 async def test_an_item_of_a_job_not_scheduled_fails_alone(client: GrpcSchedulerClient) -> None:
@@ -101,7 +106,7 @@ async def test_an_item_of_a_job_not_scheduled_fails_alone(client: GrpcSchedulerC
         return_exceptions=True)
     assert isinstance(ok, t.PlacementDecision) and ok.reason == "unknown_trajectory"
     assert isinstance(bad, FailedPrecondition) and "other-job" in str(bad)
-    assert client.num_report_rpcs == 1
+    assert client.num_report_batches == 1
 
 
 async def test_report_with_a_stale_epoch_is_refused_naming_the_epoch(
@@ -117,6 +122,38 @@ async def test_batch_with_a_stale_epoch_is_refused_whole(client: GrpcSchedulerCl
         client.report_tool_return("j1", f"traj-{i}", STATE, 3, "rollout-0", EPOCH - 1)
         for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, FailedPrecondition) for r in results)
+
+
+async def test_a_refused_batch_leaves_the_stream_open(client: GrpcSchedulerClient) -> None:
+    await client.start_job("j1")
+    with pytest.raises(FailedPrecondition, match="stale lease epoch"):
+        await client.report_tool_return("j1", "traj-0", STATE, 3, "rollout-0", EPOCH - 1)
+    decision = await client.report_tool_return("j1", "traj-1", STATE, 3, "rollout-0", EPOCH)
+    assert decision.reason == "unknown_trajectory"
+    assert (client.num_report_batches, client.num_report_streams) == (2, 1)
+
+
+async def test_reports_go_on_after_a_scheduler_restart(redis_server: EmbeddedRedis) -> None:
+    r = aioredis.from_url(redis_server.url, decode_responses=False)
+    await r.hset(keys.job("j1"), mapping={"spec_json": JobSpec().to_json(), "state": "running"})
+    await r.hset(keys.lease("rollout-0"), mapping={"role": "core-rollout", "bucket": "short",
+                                                   "epoch": EPOCH})
+    async with _scheduler(r) as address:
+        client = GrpcSchedulerClient(address, timeout_s=2.0)
+        await client.start_job("j1")
+        await client.report_tool_return("j1", "traj-0", STATE, 3, "rollout-0", EPOCH)
+    # The stream ended with the scheduler while idle: the next report opens a new one.
+    async with _scheduler(r, port=int(address.rsplit(":", 1)[1])):
+        await client.start_job("j1")
+        decision = await client.report_tool_return("j1", "traj-1", STATE, 3, "rollout-0",
+                                                   EPOCH)
+    assert decision.reason == "unknown_trajectory"
+    assert client.num_report_streams == 2
+    # No scheduler at all: the report fails (the rollout stays), it does not hang.
+    with pytest.raises(Unavailable):
+        await client.report_tool_return("j1", "traj-2", STATE, 3, "rollout-0", EPOCH)
+    await client.close()
+    await r.aclose()
 
 
 async def test_report_without_a_live_lease_is_refused(client: GrpcSchedulerClient) -> None:

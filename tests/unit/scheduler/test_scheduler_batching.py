@@ -212,7 +212,7 @@ async def test_batch_decisions_are_counted_and_become_span_events() -> None:
     stay = t.PlacementDecision(t.DecisionAction.STAY, "", "", "stay")
     counter = metrics.DECISIONS_TOTAL.labels(reason="move", action="move")
     before = counter._value.get()
-    with provider.get_tracer("test").start_as_current_span("ReportToolReturns"):
+    with provider.get_tracer("test").start_as_current_span("scheduler.ToolReturns.batch"):
         metrics.record_decisions([("a", move), ("b", stay)])
     assert counter._value.get() == before + 1
     (span,) = exporter.get_finished_spans()

@@ -257,9 +257,12 @@ class ReportToolReturnsRequest(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
     REPORTS_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     lease_epoch: _builtins.int
     """The reporting instance's lease epoch (fencing): the whole batch is refused when stale."""
+    batch_id: _builtins.int
+    """Chosen by the sender, echoed in the response."""
     @_builtins.property
     def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolReturnReport]: ...
     def __init__(
@@ -268,10 +271,11 @@ class ReportToolReturnsRequest(_message.Message):
         instance_id: _builtins.str = ...,
         lease_epoch: _builtins.int = ...,
         reports: _abc.Iterable[Global___ToolReturnReport] | None = ...,
+        batch_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "lease_epoch", b"lease_epoch", "reports", b"reports"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "instance_id", b"instance_id", "lease_epoch", b"lease_epoch", "reports", b"reports"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -316,18 +320,27 @@ class ReportToolReturnsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DECISIONS_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.int
+    error: _builtins.str
+    """Non-empty when the whole batch was refused, as "<grpc status name>: <message>"
+    (e.g. "FAILED_PRECONDITION: stale lease epoch 3 of 'rollout-0' ...").
+    """
     @_builtins.property
     def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolReturnDecision]:
-        """One per report, in request order."""
+        """One per report, in request order; empty when the batch was refused whole."""
 
     def __init__(
         self,
         *,
         decisions: _abc.Iterable[Global___ToolReturnDecision] | None = ...,
+        batch_id: _builtins.int = ...,
+        error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "decisions", b"decisions", "error", b"error"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

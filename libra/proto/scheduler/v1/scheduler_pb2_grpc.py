@@ -49,8 +49,8 @@ class SchedulerServiceStub:
                 request_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnResponse.FromString,
                 _registered_method=True)
-        self.ReportToolReturns = channel.unary_unary(
-                '/libra.proto.scheduler.v1.SchedulerService/ReportToolReturns',
+        self.ToolReturns = channel.stream_stream(
+                '/libra.proto.scheduler.v1.SchedulerService/ToolReturns',
                 request_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsResponse.FromString,
                 _registered_method=True)
@@ -82,16 +82,20 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportToolReturn(self, request, context):
-        """One tool return. Prefer ReportToolReturns: rollout instances batch their reports.
+        """One tool return, decided on its own (tools and ad-hoc calls; rollout instances
+        report on the ToolReturns stream).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ReportToolReturns(self, request, context):
-        """Every tool return an instance saw since its last report, one decision per item.
-        Refused whole (FAILED_PRECONDITION) when lease_epoch is not the instance's current
-        lease epoch; a per-item problem (job not scheduled here) fails only that item.
+    def ToolReturns(self, request_iterator, context):
+        """The path of a rollout instance's reports: one long-lived stream per instance. Each
+        request is a batch (every tool return seen since the last one); each gets exactly
+        one response, in order, carrying the same batch_id. A batch whose lease_epoch is
+        not the instance's current lease epoch is refused whole in its response
+        (`error`), and the stream stays open; a per-item problem (job not scheduled here)
+        fails only that item.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,8 +133,8 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     request_deserializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnRequest.FromString,
                     response_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnResponse.SerializeToString,
             ),
-            'ReportToolReturns': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReportToolReturns,
+            'ToolReturns': grpc.stream_stream_rpc_method_handler(
+                    servicer.ToolReturns,
                     request_deserializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsRequest.FromString,
                     response_serializer=libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsResponse.SerializeToString,
             ),
@@ -237,7 +241,7 @@ class SchedulerService:
             _registered_method=True)
 
     @staticmethod
-    def ReportToolReturns(request,
+    def ToolReturns(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -247,10 +251,10 @@ class SchedulerService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
-            '/libra.proto.scheduler.v1.SchedulerService/ReportToolReturns',
+            '/libra.proto.scheduler.v1.SchedulerService/ToolReturns',
             libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsRequest.SerializeToString,
             libra_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportToolReturnsResponse.FromString,
             options,

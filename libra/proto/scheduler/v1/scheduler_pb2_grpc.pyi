@@ -34,11 +34,16 @@ class SchedulerServiceStub:
     StartJob: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.StartJobRequest, _scheduler_pb2.StartJobResponse]
     StopJob: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.StopJobRequest, _scheduler_pb2.StopJobResponse]
     ReportToolReturn: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReportToolReturnRequest, _scheduler_pb2.ReportToolReturnResponse]
-    """One tool return. Prefer ReportToolReturns: rollout instances batch their reports."""
-    ReportToolReturns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReportToolReturnsRequest, _scheduler_pb2.ReportToolReturnsResponse]
-    """Every tool return an instance saw since its last report, one decision per item.
-    Refused whole (FAILED_PRECONDITION) when lease_epoch is not the instance's current
-    lease epoch; a per-item problem (job not scheduled here) fails only that item.
+    """One tool return, decided on its own (tools and ad-hoc calls; rollout instances
+    report on the ToolReturns stream).
+    """
+    ToolReturns: _grpc.StreamStreamMultiCallable[_scheduler_pb2.ReportToolReturnsRequest, _scheduler_pb2.ReportToolReturnsResponse]
+    """The path of a rollout instance's reports: one long-lived stream per instance. Each
+    request is a batch (every tool return seen since the last one); each gets exactly
+    one response, in order, carrying the same batch_id. A batch whose lease_epoch is
+    not the instance's current lease epoch is refused whole in its response
+    (`error`), and the stream stays open; a per-item problem (job not scheduled here)
+    fails only that item.
     """
     ReportFinished: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReportFinishedRequest, _scheduler_pb2.ReportFinishedResponse]
     """Kept for older rollouts: the scheduler now learns finishes from the job's
@@ -52,11 +57,16 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     StartJob: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.StartJobRequest, _scheduler_pb2.StartJobResponse]  # type: ignore[assignment]
     StopJob: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.StopJobRequest, _scheduler_pb2.StopJobResponse]  # type: ignore[assignment]
     ReportToolReturn: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReportToolReturnRequest, _scheduler_pb2.ReportToolReturnResponse]  # type: ignore[assignment]
-    """One tool return. Prefer ReportToolReturns: rollout instances batch their reports."""
-    ReportToolReturns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReportToolReturnsRequest, _scheduler_pb2.ReportToolReturnsResponse]  # type: ignore[assignment]
-    """Every tool return an instance saw since its last report, one decision per item.
-    Refused whole (FAILED_PRECONDITION) when lease_epoch is not the instance's current
-    lease epoch; a per-item problem (job not scheduled here) fails only that item.
+    """One tool return, decided on its own (tools and ad-hoc calls; rollout instances
+    report on the ToolReturns stream).
+    """
+    ToolReturns: _aio.StreamStreamMultiCallable[_scheduler_pb2.ReportToolReturnsRequest, _scheduler_pb2.ReportToolReturnsResponse]  # type: ignore[assignment]
+    """The path of a rollout instance's reports: one long-lived stream per instance. Each
+    request is a batch (every tool return seen since the last one); each gets exactly
+    one response, in order, carrying the same batch_id. A batch whose lease_epoch is
+    not the instance's current lease epoch is refused whole in its response
+    (`error`), and the stream stays open; a per-item problem (job not scheduled here)
+    fails only that item.
     """
     ReportFinished: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReportFinishedRequest, _scheduler_pb2.ReportFinishedResponse]  # type: ignore[assignment]
     """Kept for older rollouts: the scheduler now learns finishes from the job's
@@ -85,17 +95,22 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.ReportToolReturnRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ReportToolReturnResponse, _abc.Awaitable[_scheduler_pb2.ReportToolReturnResponse]]:
-        """One tool return. Prefer ReportToolReturns: rollout instances batch their reports."""
+        """One tool return, decided on its own (tools and ad-hoc calls; rollout instances
+        report on the ToolReturns stream).
+        """
 
     @_abc_1.abstractmethod
-    def ReportToolReturns(
+    def ToolReturns(
         self,
-        request: _scheduler_pb2.ReportToolReturnsRequest,
+        request_iterator: _MaybeAsyncIterator[_scheduler_pb2.ReportToolReturnsRequest],
         context: _ServicerContext,
-    ) -> _typing.Union[_scheduler_pb2.ReportToolReturnsResponse, _abc.Awaitable[_scheduler_pb2.ReportToolReturnsResponse]]:
-        """Every tool return an instance saw since its last report, one decision per item.
-        Refused whole (FAILED_PRECONDITION) when lease_epoch is not the instance's current
-        lease epoch; a per-item problem (job not scheduled here) fails only that item.
+    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.ReportToolReturnsResponse], _abc.AsyncIterator[_scheduler_pb2.ReportToolReturnsResponse]]:
+        """The path of a rollout instance's reports: one long-lived stream per instance. Each
+        request is a batch (every tool return seen since the last one); each gets exactly
+        one response, in order, carrying the same batch_id. A batch whose lease_epoch is
+        not the instance's current lease epoch is refused whole in its response
+        (`error`), and the stream stays open; a per-item problem (job not scheduled here)
+        fails only that item.
         """
 
     @_abc_1.abstractmethod
