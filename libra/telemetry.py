@@ -1,10 +1,12 @@
 """One telemetry setup for every service: logs, traces and Prometheus metrics.
 
-Traces: a tracer provider is always installed; spans are exported over OTLP when an
-endpoint is configured, or to the console when asked. gRPC and Redis are instrumented
-(context carried in gRPC metadata across services) only when this service exports spans:
-otherwise every RPC would pay for spans nobody reads. Configure the exporter on every
-service together, or the trace breaks at a service that does not export.
+Traces: spans are exported over OTLP when an endpoint is configured, or to the console
+when asked. Only then is the SDK tracer provider installed and are gRPC and Redis
+instrumented (context carried in gRPC metadata across services); otherwise the API's
+no-op provider stays, so a span nobody reads costs no more than a function call (a
+recording span with its events and attributes costs tens of microseconds, per batch of
+decisions or per turn). Configure the exporter on every service together, or the trace
+breaks at a service that does not export.
 """
 
 from __future__ import annotations
@@ -58,21 +60,26 @@ def init_logging(service: str, cfg: TelemetryConfig) -> None:
 
 
 def init_tracing(service: str, cfg: TelemetryConfig,
-                 extra_processor: SpanProcessor | None = None) -> TracerProvider:
-    """Install the tracer provider and instrument gRPC (client and server) and Redis."""
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+                 extra_processor: SpanProcessor | None = None) -> TracerProvider | None:
+    """Install the tracer provider and instrument gRPC (client and server) and Redis,
+    when spans go somewhere; None (the no-op provider stays) when nothing exports."""
+    processors: list[SpanProcessor] = []
     if cfg.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(
+        processors.append(
             BatchSpanProcessor(OTLPSpanExporter(endpoint=cfg.otlp_endpoint, insecure=True)))
     if cfg.trace_console:
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
     if extra_processor is not None:
-        provider.add_span_processor(extra_processor)
+        processors.append(extra_processor)
+    if not processors:
+        return None
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    for processor in processors:
+        provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    if cfg.otlp_endpoint or cfg.trace_console or extra_processor:
-        instrument_libraries()
+    instrument_libraries()
     return provider
 
 
