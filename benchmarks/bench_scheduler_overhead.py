@@ -16,8 +16,14 @@ spread) and of the means, CPU seconds per process, the scheduler process's CPU p
 trajectory (service arm), the decisions' round trip and the time rollouts waited on
 decisions (only while a move is pending), and migrations per RL step.
 
+With ``--pin-trainer`` the trainer runs alone on CPU 0 and every other process on the
+remaining CPUs in both arms, as in a deployment where training has its own device: the
+scheduler's CPU then competes with the rollouts, not with the optimizer steps. Without
+it the OS places every process, so on a small machine the scheduler's CPU slows the
+CPU-bound trainer directly.
+
 Usage: python benchmarks/bench_scheduler_overhead.py [--steps N] [--rounds R]
-       [--policy cmlfq] [--json] [--no-decisions] [--report-linger-ms MS]
+       [--policy cmlfq] [--json] [--no-decisions] [--report-linger-ms MS] [--pin-trainer]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -69,9 +76,26 @@ class Stack:
     coordinator: str
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+# Process name -> the CPUs it may run on; empty unless --pin-trainer.
+PINNED: dict[str, set[int]] = {}
+
+
+def pin_trainer() -> None:
+    """The trainer alone on CPU 0, every other process (this one included) on the rest."""
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2 or 0 not in cpus:
+        raise SystemExit("--pin-trainer needs CPU 0 and at least one more CPU")
+    PINNED.update({"trainer": {0}, "other": cpus - {0}})
+    os.sched_setaffinity(0, PINNED["other"])
+
+
+def _spawn(args: list[str], log: Path, name: str) -> subprocess.Popen:
+    cpus = PINNED.get(name, PINNED.get("other"))
+    # Set in the child before exec, so every thread it starts inherits the CPU set.
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(log, "ab") as out:
-        return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=ENV)
+        return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=ENV,
+                                preexec_fn=pin)
 
 
 def _wait_serving(addresses: list[str], timeout_s: float = 90.0) -> None:
@@ -90,7 +114,7 @@ def start_stack(run_root: Path, mode: str, host_args: list[str]) -> Stack:
     plan = _plan({**layout, "rollout": []}, run_root, redis.url)
     services = [s for s in plan if not (mode == "inproc" and s.name == "scheduler")]
     procs = {s.name: _spawn([sys.executable, "-m", s.module, *s.args],
-                            run_root / "logs" / f"{s.name}.log") for s in services}
+                            run_root / "logs" / f"{s.name}.log", s.name) for s in services}
     _wait_serving([s.address for s in services])
     ports = {s.name: s.port for s in plan}
     host = [sys.executable, str(ROOT / "benchmarks" / "bench_scheduler_host.py"),
@@ -101,7 +125,7 @@ def start_stack(run_root: Path, mode: str, host_args: list[str]) -> Stack:
     for inst in layout["rollout"]:
         host.append(f"--rollout={inst['instance_id']}:{inst['bucket']}:"
                     f"{inst['max_batch_size']}:{inst['max_trajectories']}")
-    procs["rollout-host"] = _spawn(host, run_root / "logs" / "rollout-host.log")
+    procs["rollout-host"] = _spawn(host, run_root / "logs" / "rollout-host.log", "rollout-host")
     _wait_ready(run_root / "logs" / "rollout-host.log", procs["rollout-host"])
     return Stack(redis, procs, f"127.0.0.1:{ports['coordinator']}")
 
@@ -201,6 +225,7 @@ def summarise(runs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "pair_ratios": [round(x, 4) for x in ratios],
         "pair_ratio_mean": round(statistics.mean(ratios), 4),
         "pair_ratio_stdev": round(statistics.stdev(ratios), 4) if len(ratios) > 1 else 0.0,
+        "pair_ratio_mean_ci95": bootstrap_ci95(ratios),
         "scheduler_cpu_ms_per_trajectory": round(statistics.mean(cpu), 3),
         "step_rollout_s_mean": {m: round(statistics.mean(
             r["step_rollout_s"] for r in runs if r["mode"] == m), 3) for m in walls},
@@ -210,6 +235,14 @@ def summarise(runs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
             m: round(statistics.mean(r["migrations"] for r in runs if r["mode"] == m)
                      / steps, 2) for m in ("service", "inproc")},
     }
+
+
+def bootstrap_ci95(values: list[float], resamples: int = 10_000) -> list[float]:
+    """95% percentile-bootstrap interval of the mean (seeded: reruns print the same)."""
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values)))
+                   for _ in range(resamples))
+    return [round(means[int(0.025 * resamples)], 4), round(means[int(0.975 * resamples)], 4)]
 
 
 def main() -> None:
@@ -227,7 +260,12 @@ def main() -> None:
                         help="control: no tool-return reports in either arm (every tool "
                              "return stays, nothing moves), so only admission, placement "
                              "and finishes differ between the arms")
+    parser.add_argument("--pin-trainer", action="store_true",
+                        help="both arms: the trainer alone on CPU 0, every other process "
+                             "on the remaining CPUs")
     args = parser.parse_args()
+    if args.pin_trainer:
+        pin_trainer()
     spec = job_spec(args.steps, args.policy)
     host_args = ["--no-decisions"] if args.no_decisions else []
     if args.report_linger_ms is not None:
@@ -240,7 +278,8 @@ def main() -> None:
             runs.append(run_arm(mode, spec, host_args))
             if not args.json:
                 print(json.dumps(runs[-1]), flush=True)
-    summary = {"policy": args.policy, "steps": args.steps, "runs": runs,
+    summary = {"policy": args.policy, "steps": args.steps, "pin_trainer": args.pin_trainer,
+               "runs": runs,
                **summarise(runs, args.steps)}
     if args.json:
         print(json.dumps(summary))

@@ -101,19 +101,15 @@ class GrpcSchedulerClient(GrpcClientBase):
         self.num_report_batches += 1
         try:
             resp = await asyncio.wait_for(self._exchange(request), self._timeout_s)
-        except BaseException as exc:
+        except (Exception, asyncio.CancelledError) as exc:
             # The stream's state is unknown now (an answer may still come): start over.
             self._drop_stream()
-            error = _stream_error(exc)
-            for q in batch:
-                _settle(q.future, exc=error)
+            _fail(batch, _stream_error(exc))
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
         if resp.error:
-            error = _error_from_text(resp.error)
-            for q in batch:
-                _settle(q.future, exc=error)
+            _fail(batch, _error_from_text(resp.error))
             return
         for q, d in zip(batch, resp.decisions, strict=True):
             if d.error:
@@ -134,8 +130,11 @@ class GrpcSchedulerClient(GrpcClientBase):
         resp = await self._stream.read()
         if resp is grpc.aio.EOF:
             raise Unavailable("the scheduler closed the tool-return stream")
+        # An answer that breaks the protocol ends the stream like a broken one.
         if resp.batch_id != request.batch_id:
             raise Internal(f"answer to batch {resp.batch_id}, expected {request.batch_id}")
+        if not resp.error and len(resp.decisions) != len(request.reports):
+            raise Internal(f"{len(resp.decisions)} decisions for {len(request.reports)} reports")
         return resp
 
     def _drop_stream(self) -> None:
@@ -163,13 +162,17 @@ class GrpcSchedulerClient(GrpcClientBase):
             self._sender.cancel()
             await asyncio.gather(self._sender, return_exceptions=True)
         for items in self._queue.values():
-            for q in items:
-                _settle(q.future, exc=LibraError("scheduler client closed"))
+            _fail(items, LibraError("scheduler client closed"))
         self._queue.clear()
         if self._stream is not None:
             await self._stream.done_writing()  # the scheduler ends its side cleanly
             self._stream = None
         await super().close()
+
+
+def _fail(batch: list[_Queued], error: LibraError) -> None:
+    for q in batch:
+        _settle(q.future, exc=error)
 
 
 def _error_from_text(text: str) -> LibraError:
