@@ -179,6 +179,7 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
     stack = start_stack(run_root, mode, host_args)
     try:
         before = {name: cpu_s(p.pid) for name, p in stack.procs.items()}
+        cpus = {name: sorted(os.sched_getaffinity(p.pid)) for name, p in stack.procs.items()}
         wall_s, counters, steps = asyncio.run(run_job(stack.coordinator, spec))
         used = {name: cpu_s(p.pid) - before[name] for name, p in stack.procs.items()}
     finally:
@@ -193,6 +194,7 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
                            "migrations": counters.get("migrations", 0),
                            "cpu_s": {k: round(v, 2) for k, v in used.items()},
                            "cpu_total_s": round(sum(used.values()), 2),
+                           **({"cpus": cpus} if PINNED else {}),
                            "decisions": decisions.removeprefix("DECISIONS "),
                            "moves": moves.removeprefix("MOVES "),
                            # Where the trainer's steps went: waiting for data vs training.
