@@ -52,8 +52,11 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         # One stream per rollout instance for its lifetime: a refused batch is answered
         # (its error in the response), never a reason to end the stream.
         async for request in request_iterator:
+            # A span per batch (the stream's own span lives as long as the instance),
+            # closed before the yield: a context must not stay attached across it.
             with _TRACER.start_as_current_span("scheduler.ToolReturns.batch"):
-                yield await self._decide_batch(request)
+                response = await self._decide_batch(request)
+            yield response
 
     async def _decide_batch(self, request: pb.ReportToolReturnsRequest,
                             ) -> pb.ReportToolReturnsResponse:

@@ -1,4 +1,5 @@
-"""Trace context crosses services, and every server exposes Prometheus metrics.
+"""Trace context crosses services, every server exposes Prometheus metrics, and each
+batch on the scheduler's tool-return stream is a span of its own.
 
 Real: the SDK tracer provider installed by ``libra.telemetry.init_tracing`` with the
 gRPC aio client/server instrumentation, two ``libra.grpcx.Server`` instances on port 0
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -22,16 +24,27 @@ from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 import libra.telemetry as telemetry
+from libra import redis_keys as keys
+from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.clients.scheduler import GrpcSchedulerClient
 from libra.clock import FakeClock
 from libra.grpcx import Registration, Server
+from libra.jobspec import JobSpec
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from libra.redis_server import EmbeddedRedis
 from libra.service_config import ServerConfig, TelemetryConfig
 from libra.wire.coordinator import job_to_proto
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import InMemoryCoordinatorStore
+from services.scheduler import metrics
+from services.scheduler.core import SchedulerCore
+from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.store import RedisSchedulerStore
+from tests.service.grpc_harness import serving
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
 
@@ -179,3 +192,33 @@ async def test_stopped_server_releases_its_metrics_port() -> None:
     await server.stop()
     with pytest.raises(OSError):
         await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=2).read())
+
+
+async def test_each_tool_return_batch_is_a_span_with_its_decisions(
+        exporter: InMemorySpanExporter, redis_server: EmbeddedRedis) -> None:
+    r = aioredis.from_url(redis_server.url)
+    await r.hset(keys.job("traced"), mapping={"spec_json": JobSpec().to_json(),
+                                              "state": "running"})
+    await r.sadd(keys.WORKERS, "rollout-t")
+    await r.hset(keys.lease("rollout-t"), mapping={"role": "core-rollout", "bucket": "short",
+                                                   "epoch": 1})
+    core = SchedulerCore(RedisSchedulerStore(r), FakeClock())
+    state = t.ToolReturnState("calculator", t.SizeClass.SMALL, t.ToolStatus.SUCCESS)
+    async with serving("scheduler", scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server,
+                       SchedulerServicer(core), scheduler_pb2.DESCRIPTOR,
+                       "SchedulerService") as address:
+        client = GrpcSchedulerClient(address)
+        await client.start_job("traced")
+        exporter.clear()
+        for index in range(2):  # two batches on one stream
+            await client.report_tool_return("traced", f"traj-{index}", state, 3, "rollout-t", 1)
+        await client.close()
+    await r.aclose()
+    batches = [s for s in exporter.get_finished_spans()
+               if s.name == "scheduler.ToolReturns.batch"]
+    assert len(batches) == 2
+    for span, index in zip(batches, range(2), strict=True):
+        (event,) = span.events
+        assert event.attributes is not None
+        assert event.attributes[metrics.ATTR_TRAJECTORY] == f"traj-{index}"
+        assert event.attributes[metrics.ATTR_REASON] == "unknown_trajectory"

@@ -136,6 +136,7 @@ async def test_a_refused_batch_leaves_the_stream_open(client: GrpcSchedulerClien
 async def test_reports_go_on_after_a_scheduler_restart(redis_server: EmbeddedRedis) -> None:
     r = aioredis.from_url(redis_server.url, decode_responses=False)
     await r.hset(keys.job("j1"), mapping={"spec_json": JobSpec().to_json(), "state": "running"})
+    await r.sadd(keys.WORKERS, "rollout-0")
     await r.hset(keys.lease("rollout-0"), mapping={"role": "core-rollout", "bucket": "short",
                                                    "epoch": EPOCH})
     async with _scheduler(r) as address:
