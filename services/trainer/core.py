@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 # How long stop_job waits for the cancelled training task (it answers an RPC).
 STOP_TIMEOUT_S = 5.0
+CANCEL_REPEAT_S = 0.2
 
 # Counter-field prefix of the scheduler's per-bucket placements (``placed:<bucket>``).
 _PLACED = "placed:"
@@ -91,6 +92,7 @@ class TrainerCore:
         self._consumer = consumer
         self._block_ms = block_ms
         self._task: asyncio.Task | None = None
+        self._cleaning_up = False  # the job's task is in its final cleanup
         # Set while a job with elastic.enabled trains: the hybrids' gradient domain.
         self._elastic: ElasticTrainer | None = None
         self.job_id = ""
@@ -106,6 +108,7 @@ class TrainerCore:
         if spec_json is None:
             raise NotFound(f"job {job_id!r} not found")
         self.job_id, self.phase, self.step, self.policy_version = job_id, "warmup", 0, -1
+        self._cleaning_up = False
         self._task = asyncio.create_task(
             self._run_job(job_id, job_spec_from_json(spec_json), resume))
 
@@ -128,15 +131,23 @@ class TrainerCore:
 
     async def _cancel_task(self) -> None:
         """Cancel the job's task and wait for it, but never longer than STOP_TIMEOUT_S:
-        the caller is an RPC with a deadline. A task that outlives the wait is logged with
-        its stack (seen rarely under heavy test load; cause not yet found)."""
+        the caller is an RPC with a deadline. The cancellation is repeated every
+        CANCEL_REPEAT_S until the task reaches its cleanup: under load one was seen lost
+        inside redis-py (the task went on reading the stream and trained a step after
+        its stop, one its successor trained again). A repeat never interrupts cleanup."""
         assert self._task is not None
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + STOP_TIMEOUT_S
         self._task.cancel()
-        done, _ = await asyncio.wait({self._task}, timeout=STOP_TIMEOUT_S)
-        if not done:
-            stack = "".join(str(frame) for frame in self._task.get_stack())
+        while not self._task.done() and (left_s := deadline_s - loop.time()) > 0:
+            await asyncio.wait({self._task}, timeout=min(CANCEL_REPEAT_S, left_s))
+            if not self._task.done() and not self._cleaning_up:
+                logger.warning("[job] cancellation lost, repeating job_id=%s", self.job_id)
+                self._task.cancel()
+        if not self._task.done():
             logger.error("[job] training task still running %.0fs after cancel job_id=%s "
-                         "stack=%s", STOP_TIMEOUT_S, self.job_id, stack)
+                         "awaiting=%s", STOP_TIMEOUT_S, self.job_id,
+                         _await_chain(self._task.get_coro()))
 
     def connect_hybrid(self, hello: ch.Hello) -> HybridSession:
         """A lent rollout worker opened the gradient channel (see elastic.py)."""
@@ -184,6 +195,7 @@ class TrainerCore:
         try:
             await self._train_with(job_id, spec, resume, backend, run_dir, model_dir)
         finally:
+            self._cleaning_up = True
             if self._elastic is not None:
                 self._elastic.close("job ended")
                 self._elastic = None
@@ -418,3 +430,15 @@ def _to_samples(trajs: list[t.Trajectory]) -> list[TrainSample]:
                                        rollout_logprobs=tr.logprobs, advantage=adv,
                                        group_id=tr.group_id, trajectory_id=tr.trajectory_id))
     return samples
+
+
+def _await_chain(coro: Any) -> str:
+    """Where a coroutine waits, outermost first ("file:line function" per frame): a
+    task's ``get_stack`` shows only its outermost frame."""
+    frames = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            frames.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " -> ".join(frames)

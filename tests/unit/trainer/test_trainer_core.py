@@ -284,6 +284,23 @@ async def test_backend_error_reports_the_job_failed(rig: Rig) -> None:
 
 # -- restart -------------------------------------------------------------------------------
 
+async def test_a_lost_cancellation_is_repeated_until_the_task_stops(rig: Rig) -> None:
+    swallowed = asyncio.Event()
+
+    async def loses_the_first_cancel() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.set()  # as seen inside redis-py under load: the task reads on
+        await asyncio.sleep(3600)
+
+    core = rig.new_core()
+    core.job_id, core._task = JOB, asyncio.create_task(loses_the_first_cancel())
+    await asyncio.sleep(0)  # let it start
+    await core.stop_job(JOB)
+    assert swallowed.is_set() and core._task.cancelled()
+
+
 async def test_entries_read_before_a_restart_are_trained_after_it(rig: Rig) -> None:
     await rig.set_spec(prompts_per_step=2)
     await rig.write(*make_group(0))
