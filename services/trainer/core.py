@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 # How long stop_job waits for the cancelled training task (it answers an RPC).
 STOP_TIMEOUT_S = 5.0
+# How often a stop delivers the cancellation again while the task has not ended.
 CANCEL_REPEAT_S = 0.2
 
 # Counter-field prefix of the scheduler's per-bucket placements (``placed:<bucket>``).
