@@ -23,9 +23,9 @@ class RolloutConfig:
     lease_ttl_ms: int = knob(3000, "lease TTL; the lease is renewed every third of it")
     tool_deadline_s: float = knob(5.0, "deadline of one tool call, retries included")
     report_linger_ms: int = knob(
-        0, "how long a tool-return report waits for others to share its RPC to the "
-        "scheduler (fewer RPCs; a MOVE lands later, mid-turn - or is moot when the "
-        "trajectory finished meanwhile, so keep it well under a turn's duration)")
+        0, "how long a tool-return report waits for others to share its batch on the "
+        "scheduler stream (fewer messages; a MOVE lands later, mid-turn - or is moot "
+        "when the trajectory finished meanwhile, so keep it well under a turn's duration)")
     weight_load_deadline_s: float = knob(
         30.0, "deadline to fetch and verify a published policy version; past it the "
         "version is refused (error event) and the old weights keep serving")

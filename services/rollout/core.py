@@ -83,7 +83,7 @@ class EngineLoader(Protocol):
 
 
 class SchedulerApi(Protocol):
-    """Decisions at tool returns (the client batches concurrent reports into one RPC).
+    """Decisions at tool returns (the client batches concurrent reports on one stream).
     Finishes need no call: the scheduler reads them from the trajectory stream."""
 
     async def report_tool_return(self, job_id: str, trajectory_id: str,

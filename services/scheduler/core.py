@@ -17,7 +17,7 @@ the coordinator when the trainer reports a step); each advance calls
 ``policy.on_step_end``.
 
 Cost per trajectory is kept to a few batched round trips: tool returns arrive in batches
-(one RPC per rollout instance per burst, decided in memory), finishes are read from the
+(one stream message per rollout instance per burst, decided in memory), finishes are read from the
 job's trajectory stream once per tick (no RPC per trajectory), and a tick reads status,
 counters and finishes in one pipeline.
 
