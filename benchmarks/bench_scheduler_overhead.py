@@ -12,9 +12,10 @@ and no RPC. In both arms every rollout instance runs in one benchmark host proce
 Arms alternate (service, inproc, inproc, service, ...) on fresh stacks; each runs the
 same demo-shaped job (deploy/configs/demo.toml with --steps RL steps). Printed: every
 run's wall time, the wall-time ratio service/inproc of every pair (with mean and
-spread) and of the means, CPU seconds per process, the scheduler process's CPU per
-trajectory (service arm), the decisions' round trip and the time rollouts waited on
-decisions (only while a move is pending), and migrations per RL step.
+spread) and of the means, CPU seconds and wake-ups (voluntary context switches) per
+process, the scheduler process's CPU and wake-ups per trajectory (service arm), the
+decisions' round trip and the time rollouts waited on decisions (only while a move is
+pending), and migrations per RL step.
 
 With ``--pin-trainer`` the trainer runs alone on CPU 0 and every other process on the
 remaining CPUs in both arms, as in a deployment where training has its own device: the
@@ -60,6 +61,20 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of one process (fields 14 and 15 of /proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def wakeups(pid: int) -> int:
+    """Times the process's threads went to sleep and had to be woken: voluntary context
+    switches, summed over /proc/PID/task/*/status (threads that ended are not counted)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        total += sum(int(line.split()[1]) for line in lines
+                     if line.startswith("voluntary_ctxt_switches"))
+    return total
 
 
 def job_spec(steps: int, policy: str) -> str:
@@ -179,9 +194,11 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
     stack = start_stack(run_root, mode, host_args)
     try:
         before = {name: cpu_s(p.pid) for name, p in stack.procs.items()}
+        woken = {name: wakeups(p.pid) for name, p in stack.procs.items()}
         cpus = {name: sorted(os.sched_getaffinity(p.pid)) for name, p in stack.procs.items()}
         wall_s, counters, steps = asyncio.run(run_job(stack.coordinator, spec))
         used = {name: cpu_s(p.pid) - before[name] for name, p in stack.procs.items()}
+        woken = {name: wakeups(p.pid) - woken[name] for name, p in stack.procs.items()}
     finally:
         stop_stack(stack)
     host_log = (run_root / "logs" / "rollout-host.log").read_text()
@@ -194,6 +211,7 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
                            "migrations": counters.get("migrations", 0),
                            "cpu_s": {k: round(v, 2) for k, v in used.items()},
                            "cpu_total_s": round(sum(used.values()), 2),
+                           "wakeups": woken,
                            **({"cpus": cpus} if PINNED else {}),
                            "decisions": decisions.removeprefix("DECISIONS "),
                            "moves": moves.removeprefix("MOVES "),
@@ -229,6 +247,9 @@ def summarise(runs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "pair_ratio_stdev": round(statistics.stdev(ratios), 4) if len(ratios) > 1 else 0.0,
         "pair_ratio_mean_ci95": bootstrap_ci95(ratios),
         "scheduler_cpu_ms_per_trajectory": round(statistics.mean(cpu), 3),
+        "scheduler_wakeups_per_trajectory": round(statistics.mean(
+            r["wakeups"]["scheduler"] / max(r["trajectories"], 1)
+            for r in runs if r["mode"] == "service"), 2),
         "step_rollout_s_mean": {m: round(statistics.mean(
             r["step_rollout_s"] for r in runs if r["mode"] == m), 3) for m in walls},
         "step_train_s_mean": {m: round(statistics.mean(

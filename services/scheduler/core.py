@@ -10,16 +10,17 @@ while ``admitted_groups - consumed_groups < (max_staleness + 1) * prompts_per_st
 where consumed groups are those the trainer trained on or dropped.
 
 Policy state (C-MLFQ's prefix tree and recent ring, pinned trajectories) lives in a
-per-job write-behind store: policy calls are synchronous on its cache, and the core
-flushes it after every call and tick, so a restarted scheduler reloads it at
+per-job write-behind store: policy calls are synchronous on its cache, and every tick
+writes what changed together with its placements, so a restarted scheduler reloads it at
 ``start_job``. Training steps are observed through the job's ``step`` field (written by
 the coordinator when the trainer reports a step); each advance calls
 ``policy.on_step_end``.
 
 Cost per trajectory is kept to a few batched round trips: tool returns arrive in batches
-(one stream message per rollout instance per burst, decided in memory), finishes are read from the
-job's trajectory stream once per tick (no RPC per trajectory), and a tick reads status,
-counters and finishes in one pipeline.
+(one stream message per rollout instance per burst, decided in memory), finishes are read
+from the job's trajectory stream once per tick (no RPC per trajectory), and a tick is one
+read (status, counters, finishes given back, leases when due) and at most one write
+(placements, admissions and the policy's state), which ``store.py`` describes.
 
 Moves: a MOVE is decided here but committed by the rollout instance when it hands the
 trajectory off (one fenced Lua step re-pins assignment and load and counts the
@@ -57,7 +58,7 @@ from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
 from services.scheduler.policy.layout import BucketLayout
 from services.scheduler.policy.registry import PolicyConfig, make_policy
-from services.scheduler.state import FinishRecord
+from services.scheduler.state import FinishRecord, LeaseSnapshot, TickWrites
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store import FlushablePolicyStore, SchedulerStore
@@ -210,27 +211,38 @@ class SchedulerCore:
         self._stopping = True
 
     async def _tick(self, run: JobRun) -> None:
+        # One read (status, counters, finishes given back, leases when due) and one
+        # write (placements, admissions, policy state): see ``store.py``.
+        with_leases = self._clock.now_s() - run.instances_at_s >= self._lease_snapshot_s
         status = await self._store.tick_state(run.job_id, run.finish_cursor,
-                                              MAX_FINISHES_PER_TICK)
+                                              MAX_FINISHES_PER_TICK, with_leases)
         if status.state is None or status.state in ("succeeded", "failed", "cancelled"):
             await run.policy_store.flush()
             await self.stop_job(run.job_id)
             return
         # 1) A training step ended: rebuild / snapshot the policy's model.
         self._observe_steps(run, status.step)
-        # 2) Finished trajectories give their slots back (before the orphan scan, so a
-        #    finished trajectory is never re-queued).
-        await self._apply_finishes(run, status.finishes)
+        # 2) The policy learns from finished trajectories (their slots were given back
+        #    by the read, before the orphan scan: a finished one is never re-queued).
+        self._apply_finishes(run, status.finishes)
+        if status.leases is not None:  # read after the slots were given back
+            self._take_snapshot(run, status.leases)
         # 3) Trajectories on instances whose lease expired go back to the queue.
         await self._requeue_orphans(run)
+        writes = TickWrites()
         # 4) Place what is queued (re-queued first, then by policy priority).
-        await self._place_pending(run)
+        await self._place_pending(run, writes)
         # 5) Admit and place groups while the staleness budget allows and the instances
         #    take them (weights must exist first).
         if run.num_pending == 0 and status.published:
-            await self._admit(run, status.counters)
-        # 6) Persist what the policy changed during this tick.
-        await run.policy_store.flush()
+            self._admit(run, status.counters, writes)
+        # 6) Write what the tick decided, with what the policy changed.
+        try:
+            await self._store.commit_tick(run.job_id, writes, run.policy_store)
+        except Exception:
+            # Nothing was written: re-read the queue and the loads before deciding again.
+            run.pending_known, run.instances_at_s = False, float("-inf")
+            raise
 
     def _observe_steps(self, run: JobRun, step: int) -> None:
         while run.last_step < step:
@@ -238,7 +250,7 @@ class SchedulerCore:
             run.policy.on_step_end(run.last_step)
             logger.debug("[step] on_step_end job_id=%s step=%d", run.job_id, run.last_step)
 
-    async def _admit(self, run: JobRun, counters: dict[str, int]) -> None:
+    def _admit(self, run: JobRun, counters: dict[str, int], writes: TickWrites) -> None:
         algo = run.spec.algorithm
         budget_groups = (algo.max_staleness + 1) * algo.prompts_per_step
         consumed = counters.get("trained_groups", 0) + counters.get("dropped_groups", 0)
@@ -253,9 +265,9 @@ class SchedulerCore:
             admitted += 1
             num_groups += 1
             run.num_pending = len(unplaced)
-        if num_groups:
-            # Counting, queueing and placing this tick's groups is one transaction.
-            await self._store.admit(run.job_id, queued, placed, num_groups)
+        writes.queued += queued
+        writes.placed += placed
+        writes.num_groups += num_groups
 
     def _make_group(self, run: JobRun, group_index: int) -> list[t.Trajectory]:
         # The group index is the cumulative admission count, so prompts continue where a
@@ -283,7 +295,7 @@ class SchedulerCore:
         run.next_group += 1
         return run.problems[index]
 
-    async def _place_pending(self, run: JobRun) -> None:
+    async def _place_pending(self, run: JobRun, writes: TickWrites) -> None:
         if run.pending_known and run.num_pending == 0:
             return
         pending = await self._store.pending(run.job_id)
@@ -291,8 +303,8 @@ class SchedulerCore:
         run.num_pending = len(pending)
         if not pending:
             return
-        placed = self._assign(run, pending, await self._snapshot(run))
-        await self._store.place_many(run.job_id, placed)
+        placed = self._assign(run, pending, run.instances)
+        writes.placed_from_pending += placed
         run.num_pending -= len(placed)
 
     def _assign(self, run: JobRun, trajs: list[t.Trajectory],
@@ -315,23 +327,18 @@ class SchedulerCore:
             _apply_local_load(instances, ((placement.instance_id, 1),))
         return placed
 
-    async def _snapshot(self, run: JobRun) -> list[t.InstanceLoad]:
-        """The instances, re-read when the snapshot is older than ``lease_snapshot_s``."""
-        if self._clock.now_s() - run.instances_at_s >= self._lease_snapshot_s:
-            await self._refresh_instances(run)
-        return run.instances
+    async def _refresh_instances(self, run: JobRun) -> None:
+        self._take_snapshot(run, await self._store.lease_snapshot(run.job_id))
 
-    async def _refresh_instances(self, run: JobRun) -> list[t.InstanceLoad]:
-        snapshot = await self._store.lease_snapshot(run.job_id)
+    def _take_snapshot(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
         run.instances = snapshot.instances
         run.instances_at_s = self._epochs_at_s = self._clock.now_s()
         self._epochs = snapshot.epochs
-        return run.instances
 
     async def _requeue_orphans(self, run: JobRun) -> None:
         # Gone: no lease, or a lease whose role is no longer a rollout role (lent to
         # training: the instance hands back its trajectories' state and they re-queue).
-        live = {inst.instance_id for inst in await self._snapshot(run)}
+        live = {inst.instance_id for inst in run.instances}
         # Scanning every assignment is the costly part of a tick: do it when the set of
         # live instances changed, and otherwise only every ORPHAN_SCAN_S as a safety net.
         now_s = self._clock.now_s()
@@ -366,18 +373,17 @@ class SchedulerCore:
         await self._store.requeue(run.job_id, traj)
         run.num_pending += 1
 
-    async def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
+    def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
         if not finishes:
             if run.finish_cursor == "0":
                 run.finish_cursor = ">"  # nothing left from before: read new entries
             return
-        instances = await self._store.release_finished(run.job_id, finishes)
-        for finish, instance_id in zip(finishes, instances, strict=True):
-            if instance_id is None:
+        for finish in finishes:
+            if finish.released_from is None:
                 continue  # re-queued meanwhile (its slot is given back), or read twice
             self._learn_finish(run, finish.trajectory_id, finish.total_tokens,
                                finish.status)
-            _apply_local_load(run.instances, ((instance_id, -1),))
+            _apply_local_load(run.instances, ((finish.released_from, -1),))
 
     # -- RPCs from rollout instances -----------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+from collections.abc import Callable
 from typing import Any
 
 from libra import redis_keys as keys
@@ -14,8 +15,8 @@ class RedisPolicyStore:
     """``PolicyStore`` for one job: an in-memory cache written behind to Redis.
 
     The policy API is synchronous and sits on the decision path, so it works on process
-    memory; the async scheduler loop calls ``flush`` after every RPC and tick, which
-    writes the entries changed since the last flush in one MULTI pipeline. ``load``
+    memory; the scheduler loop calls ``flush`` at the end of every tick, which writes the
+    entries changed since the last flush in one MULTI (with the tick's own writes). ``load``
     fills the cache from Redis when a (possibly restarted) scheduler starts scheduling
     the job.
 
@@ -23,7 +24,7 @@ class RedisPolicyStore:
     once on write, a read decodes a fresh copy (never an alias of the policy's objects).
 
     One scheduler process owns a job's policy state: a second writer would overwrite it.
-    A crash loses at most the changes since the last flush (one call or tick).
+    A crash loses at most the changes since the last flush (one tick).
 
     Redis layout (``libra.redis_keys``): per-trajectory records in ``sched_trajectories``,
     namespaced records in ``sched_records``, the recent ring in ``sched_recent`` (a
@@ -68,16 +69,20 @@ class RedisPolicyStore:
         self._tree = _text(tree) if tree else None
         self._init_dirty()
 
-    async def flush(self) -> None:
-        """Write the changes made since the last flush (no round trip when there are none)."""
+    async def flush(self, also: Callable[[Any], None] | None = None) -> None:
+        """Write the changes made since the last flush (no round trip when there are
+        none); ``also`` queues the caller's commands into the same MULTI, so a tick's
+        placements and the policy state they go with commit together."""
         async with self._flush_lock:
-            if not self.is_dirty:
+            if not self.is_dirty and also is None:
                 return
             trajectories, records = self._dirty_trajectories, self._dirty_records
             recent, max_len = self._new_recent, self._recent_max_len
             is_tree_dirty = self._is_tree_dirty
             self._init_dirty()
             async with self._r.pipeline(transaction=True) as pipe:
+                if also is not None:
+                    also(pipe)
                 self._write_trajectories(pipe, trajectories)
                 self._write_records(pipe, records)
                 if recent:

@@ -23,6 +23,9 @@ class FinishRecord:
     trajectory_id: str
     total_tokens: int
     status: t.TrajectoryStatus
+    # The instance whose slot the read gave back; None when the trajectory was no longer
+    # assigned (re-queued meanwhile, or read twice).
+    released_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -34,3 +37,18 @@ class TickState:
     published: bool
     counters: dict[str, int] = field(default_factory=dict)
     finishes: list[FinishRecord] = field(default_factory=list)
+    leases: LeaseSnapshot | None = None  # only when the tick asked for it
+
+
+@dataclass
+class TickWrites:
+    """What one tick decided, written in one transaction at its end."""
+
+    placed_from_pending: list[t.Trajectory] = field(default_factory=list)
+    queued: list[t.Trajectory] = field(default_factory=list)  # admitted, no place yet
+    placed: list[t.Trajectory] = field(default_factory=list)  # admitted and placed
+    num_groups: int = 0  # admitted groups
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.placed_from_pending or self.queued or self.placed or self.num_groups)

@@ -1,23 +1,35 @@
 """Scheduler state in Redis: job specs, live instances, load counters, assignments, and
 the placement policy's own state (``RedisPolicyStore``).
 
-The only module of the scheduler that talks to redis. A placement is one MULTI
-transaction (task kept for re-placement, assignment, inbox entry, load +1) so a crash
-between steps cannot leave a trajectory counted but not queued. Round trips are batched:
-a tick reads the job's status, counters and new finishes in one pipeline; the placements
-of a tick (with the admission of a group) are one MULTI; the finishes of a tick are
-released by one Lua call. Moves are not written here: the rollout instance commits a
-move (assignment, load, counters) when it hands the trajectory off.
+The only module of the scheduler that talks to redis. A tick costs two round trips at
+most: on a small host every round trip is a wake-up of this process, and its CPU comes
+out of some other process's share.
+
+- One Lua call reads the job's status and counters, takes the new finishes from the
+  job's trajectory stream, gives their slots back and acknowledges them (atomically),
+  and, when the core asks for it, reads every lease and the job's loads.
+- One MULTI writes what the tick decided: placements (task kept for re-placement,
+  assignment, inbox entry, load +1), newly queued trajectories, admitted groups and the
+  policy's changed state, so a crash cannot leave a trajectory counted but not queued.
+
+Moves are not written here: the rollout instance commits a move (assignment, load,
+counters) when it hands the trajectory off.
 
 Finishes come from the job's trajectory stream (the one the trainer consumes), read
 through the scheduler's own consumer group (``keys.SCHEDULER_GROUP``): a rollout
 instance makes no call per finished trajectory, and a crash of either side between
-publish and release cannot leak a slot (unacknowledged entries are read again).
+publish and release cannot leak a slot (an entry is released and acknowledged by the
+same script; one delivered but not acknowledged is read again). The script returns only
+the fields the scheduler needs, not the trajectory itself.
+
+The tick script names the lease keys itself (the set of workers is only known inside
+it), which a Redis Cluster would refuse: Libra keeps its state on one Redis server.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from libra import redis_keys as keys
@@ -26,7 +38,7 @@ from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.scheduler.policy.store import PolicyStore
 from services.scheduler.policy_store import RedisPolicyStore
-from services.scheduler.state import FinishRecord, LeaseSnapshot, TickState
+from services.scheduler.state import FinishRecord, LeaseSnapshot, TickState, TickWrites
 
 __all__ = ["RedisPolicyStore", "RedisSchedulerStore", "SchedulerStore"]
 
@@ -38,8 +50,9 @@ ROLLOUT_ROLES = frozenset({t.WorkerRole.CORE_ROLLOUT.value, t.WorkerRole.HYBRID_
 class FlushablePolicyStore(PolicyStore, Protocol):
     """A ``PolicyStore`` whose writes reach durable storage only on ``flush``."""
 
-    async def flush(self) -> None:
-        """Write every change made since the last flush."""
+    async def flush(self, also: Callable[[Any], None] | None = None) -> None:
+        """Write every change made since the last flush; ``also`` queues more commands
+        into the same transaction (a tick's writes)."""
         ...
 
 
@@ -47,8 +60,6 @@ class SchedulerStore(Protocol):
     async def job_spec_json(self, job_id: str) -> str | None: ...
 
     async def job_state(self, job_id: str) -> str | None: ...
-
-    async def live_instances(self, job_id: str) -> list[t.InstanceLoad]: ...
 
     async def lease_snapshot(self, job_id: str) -> LeaseSnapshot: ...
 
@@ -58,18 +69,12 @@ class SchedulerStore(Protocol):
 
     async def running_jobs(self) -> list[str]: ...
 
-    async def admit(self, job_id: str, trajs: list[t.Trajectory],
-                    placed: list[t.Trajectory] | None = None, num_groups: int = 1) -> None: ...
+    async def commit_tick(self, job_id: str, writes: TickWrites,
+                          policy_store: FlushablePolicyStore) -> None: ...
 
     async def pending(self, job_id: str) -> list[t.Trajectory]: ...
 
     async def requeue(self, job_id: str, traj: t.Trajectory) -> None: ...
-
-    async def place(self, job_id: str, traj: t.Trajectory, instance_id: str) -> None: ...
-
-    async def place_many(self, job_id: str, trajs: list[t.Trajectory]) -> None: ...
-
-    async def apply_load(self, job_id: str, deltas: tuple[tuple[str, int], ...]) -> None: ...
 
     async def finish(self, job_id: str, trajectory_id: str) -> str | None: ...
 
@@ -77,11 +82,8 @@ class SchedulerStore(Protocol):
 
     async def ensure_finish_group(self, job_id: str) -> None: ...
 
-    async def tick_state(self, job_id: str, finish_cursor: str,
-                         max_finishes: int) -> TickState: ...
-
-    async def release_finished(self, job_id: str,
-                               finishes: list[FinishRecord]) -> list[str | None]: ...
+    async def tick_state(self, job_id: str, finish_cursor: str, max_finishes: int,
+                         with_leases: bool = False) -> TickState: ...
 
     async def assignments(self, job_id: str) -> dict[str, str]: ...
 
@@ -89,11 +91,7 @@ class SchedulerStore(Protocol):
 
     async def forget_instance(self, job_id: str, instance_id: str) -> None: ...
 
-    async def has_policy(self, job_id: str) -> bool: ...
-
     async def job_step(self, job_id: str) -> int: ...
-
-    async def job_status(self, job_id: str) -> tuple[str | None, int, bool]: ...
 
     async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
 
@@ -110,29 +108,56 @@ redis.call('HINCRBY', KEYS[3], instance, -1)
 return instance
 """
 
-# KEYS[1] = assignments hash, KEYS[2] = tasks hash, KEYS[3] = load hash,
-# KEYS[4] = trajectory stream; ARGV[1] = consumer group, then n trajectory ids, then
-# their n stream entry ids. Releases each assigned trajectory as _RELEASE_LUA does and
-# acknowledges every entry. Returns per trajectory its instance, or '' when unassigned.
-_RELEASE_FINISHED_LUA = """
-local n = (#ARGV - 1) / 2
-local out = {}
-for i = 1, n do
-  local traj = ARGV[1 + i]
-  local instance = redis.call('HGET', KEYS[1], traj)
-  if instance then
-    redis.call('HDEL', KEYS[1], traj)
-    redis.call('HDEL', KEYS[2], traj)
-    redis.call('HINCRBY', KEYS[3], instance, -1)
-    out[i] = instance
-  else
-    out[i] = ''
+# KEYS: 1 job hash, 2 policy pointer, 3 counters, 4 trajectory stream, 5 assignments,
+# 6 tasks, 7 load, 8 workers set. ARGV: 1 consumer group, 2 cursor ('>' or '0'),
+# 3 max finishes, 4 '1' to read the leases, 5 lease key prefix.
+# Returns {job {state, step}, published, counters, finishes, leases, load, read error}.
+# Per finish: {entry id, trajectory id, total tokens, status, the instance whose slot it
+# gave back or '', the trajectory's data only when the entry has no total_tokens}; it
+# is released as _RELEASE_LUA does and acknowledged. Per worker: {id, role, bucket,
+# epoch} (role false: the lease expired).
+_TICK_LUA = """
+local job = redis.call('HMGET', KEYS[1], 'state', 'step')
+local published = redis.call('HEXISTS', KEYS[2], 'version')
+local counters = redis.call('HGETALL', KEYS[3])
+local finishes, read_error = {}, ''
+local reply = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[1], 'COUNT', ARGV[3],
+                          'STREAMS', KEYS[4], ARGV[2])
+if type(reply) == 'table' and reply.err then
+  read_error = reply.err
+elseif reply then
+  local ids = {}
+  for _, entry in ipairs(reply[1][2]) do
+    local f = {}
+    if entry[2] then
+      for i = 1, #entry[2], 2 do f[entry[2][i]] = entry[2][i + 1] end
+    end
+    local traj, instance = f['trajectory_id'] or '', ''
+    if traj ~= '' then
+      instance = redis.call('HGET', KEYS[5], traj) or ''
+      if instance ~= '' then
+        redis.call('HDEL', KEYS[5], traj)
+        redis.call('HDEL', KEYS[6], traj)
+        redis.call('HINCRBY', KEYS[7], instance, -1)
+      end
+    end
+    local data = ''
+    if not f['total_tokens'] then data = f['data'] or '' end
+    finishes[#finishes + 1] = {entry[1], traj, f['total_tokens'] or '', f['status'] or '',
+                               instance, data}
+    ids[#ids + 1] = entry[1]
   end
+  if #ids > 0 then redis.call('XACK', KEYS[4], ARGV[1], unpack(ids)) end
 end
-if n > 0 then
-  redis.call('XACK', KEYS[4], ARGV[1], unpack(ARGV, 2 + n, 1 + 2 * n))
+local leases, load = {}, {}
+if ARGV[4] == '1' then
+  for _, worker in ipairs(redis.call('SMEMBERS', KEYS[8])) do
+    local lease = redis.call('HMGET', ARGV[5] .. worker, 'role', 'bucket', 'epoch')
+    leases[#leases + 1] = {worker, lease[1], lease[2], lease[3]}
+  end
+  load = redis.call('HGETALL', KEYS[7])
 end
-return out
+return {job, published, counters, finishes, leases, load, read_error}
 """
 
 
@@ -142,63 +167,41 @@ class RedisSchedulerStore(JobRecordReader):
     def __init__(self, redis: Any) -> None:
         self._r = redis
         self._release = redis.register_script(_RELEASE_LUA)
-        self._release_finished = redis.register_script(_RELEASE_FINISHED_LUA)
-
-    async def has_policy(self, job_id: str) -> bool:
-        return bool(await self._r.hexists(keys.policy(job_id), "version"))
+        self._tick = redis.register_script(_TICK_LUA)
 
     async def job_step(self, job_id: str) -> int:
         """The last training step the coordinator recorded for the job (0 before any)."""
         raw = await self._r.hget(keys.job(job_id), "step")
         return int(raw) if raw else 0
 
-    async def job_status(self, job_id: str) -> tuple[str | None, int, bool]:
-        """(state, last step, weights published?) in one round trip."""
-        async with self._r.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.job(job_id), "state", "step")
-            pipe.hexists(keys.policy(job_id), "version")
-            (state, step), published = await pipe.execute()
-        return (state.decode() if state else None, int(step) if step else 0, bool(published))
-
-    async def tick_state(self, job_id: str, finish_cursor: str,
-                         max_finishes: int) -> TickState:
-        """State, step, published?, counters and up to ``max_finishes`` finishes in one
-        round trip. ``finish_cursor`` is ``0`` (what was delivered but not acknowledged:
+    async def tick_state(self, job_id: str, finish_cursor: str, max_finishes: int,
+                         with_leases: bool = False) -> TickState:
+        """One round trip: state, step, published?, counters, up to ``max_finishes``
+        finishes (slots given back, entries acknowledged) and, ``with_leases``, the
+        lease snapshot. ``finish_cursor`` is ``0`` (delivered but not acknowledged:
         after a restart) or ``>`` (new entries)."""
-        async with self._r.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.job(job_id), "state", "step")
-            pipe.hexists(keys.policy(job_id), "version")
-            pipe.hgetall(keys.counters(job_id))
-            pipe.xreadgroup(keys.SCHEDULER_GROUP, keys.SCHEDULER_GROUP,
-                            {keys.trajectories(job_id): finish_cursor}, count=max_finishes)
-            (state, step), published, counters, reply = await pipe.execute(
-                raise_on_error=False)
-        if isinstance(reply, Exception):
-            if "NOGROUP" not in str(reply):
-                raise reply
+        job, published, counters, finishes, leases, load, read_error = await self._tick(
+            keys=[keys.job(job_id), keys.policy(job_id), keys.counters(job_id),
+                  keys.trajectories(job_id), keys.assignments(job_id), keys.tasks(job_id),
+                  keys.load(job_id), keys.WORKERS],
+            args=[keys.SCHEDULER_GROUP, finish_cursor, max_finishes,
+                  "1" if with_leases else "0", keys.lease("")])
+        if read_error:
+            if b"NOGROUP" not in read_error:
+                raise RuntimeError(f"reading the finishes of job {job_id}: "
+                                   f"{_text(read_error)}")
             await self.ensure_finish_group(job_id)  # the stream was deleted meanwhile
-            reply = []
-        return TickState(state.decode() if state else None, int(step) if step else 0,
-                         bool(published), {k.decode(): int(v) for k, v in counters.items()},
-                         _finish_records(reply))
+        state, step = job
+        snapshot = None
+        if with_leases:
+            snapshot = _lease_snapshot([(_text(row[0]), *row[1:]) for row in leases], load)
+        return TickState(_text(state) if state else None, int(step) if step else 0,
+                         bool(published), {_text(k): int(v) for k, v in _pairs(counters)},
+                         [_finish_record(entry) for entry in finishes], snapshot)
 
     async def ensure_finish_group(self, job_id: str) -> None:
         """The scheduler's consumer group on the job's trajectory stream, from its start."""
         await ensure_consumer_group(self._r, keys.trajectories(job_id), keys.SCHEDULER_GROUP)
-
-    async def release_finished(self, job_id: str,
-                               finishes: list[FinishRecord]) -> list[str | None]:
-        """Give back the slots of finished trajectories and acknowledge their stream
-        entries, atomically, in one round trip. Per finish: the instance it was assigned
-        to, or None (re-queued meanwhile, or read twice)."""
-        if not finishes:
-            return []
-        out = await self._release_finished(
-            keys=[keys.assignments(job_id), keys.tasks(job_id), keys.load(job_id),
-                  keys.trajectories(job_id)],
-            args=[keys.SCHEDULER_GROUP, *(f.trajectory_id for f in finishes),
-                  *(f.entry_id for f in finishes)])
-        return [v.decode() if v else None for v in out]
 
     async def open_policy_store(self, job_id: str) -> RedisPolicyStore:
         """The job's policy state, loaded from Redis (empty for a new job)."""
@@ -206,13 +209,10 @@ class RedisSchedulerStore(JobRecordReader):
         await store.load()
         return store
 
-    async def live_instances(self, job_id: str) -> list[t.InstanceLoad]:
-        return (await self.lease_snapshot(job_id)).instances
-
     async def lease_snapshot(self, job_id: str) -> LeaseSnapshot:
         """Every live lease's epoch, and the rollout-role instances with the job's load
         (no load is read for ``job_id`` ``""``: epochs are all the caller needs)."""
-        worker_ids = sorted(w.decode() for w in await self._r.smembers(keys.WORKERS))
+        worker_ids = [w.decode() for w in await self._r.smembers(keys.WORKERS)]
         async with self._r.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
                 pipe.hmget(keys.lease(worker_id), "role", "bucket", "epoch")
@@ -220,17 +220,8 @@ class RedisSchedulerStore(JobRecordReader):
                 pipe.hgetall(keys.load(job_id))
             replies = await pipe.execute()
         leases, load = (replies[:-1], replies[-1]) if job_id else (replies, {})
-        active = {k.decode(): int(v) for k, v in load.items()}
-        instances, epochs = [], {}
-        for worker_id, (role, bucket, epoch) in zip(worker_ids, leases, strict=True):
-            if role is None:
-                continue  # the lease expired: the worker is gone
-            epochs[worker_id] = int(epoch) if epoch else 0
-            if role.decode() in ROLLOUT_ROLES:
-                instances.append(t.InstanceLoad(t.InstanceId(worker_id),
-                                                (bucket or b"").decode(),
-                                                active.get(worker_id, 0)))
-        return LeaseSnapshot(instances, epochs)
+        return _lease_snapshot([(worker_id, *lease) for worker_id, lease
+                                in zip(worker_ids, leases, strict=True)], load)
 
     async def counters(self, job_id: str) -> dict[str, int]:
         raw = await self._r.hgetall(keys.counters(job_id))
@@ -247,19 +238,15 @@ class RedisSchedulerStore(JobRecordReader):
         states = [await self.job_state(j) for j in ids]
         return [j for j, state in zip(ids, states, strict=True) if state == "running"]
 
-    async def admit(self, job_id: str, trajs: list[t.Trajectory],
-                    placed: list[t.Trajectory] | None = None, num_groups: int = 1) -> None:
-        """Count ``num_groups`` groups and queue ``trajs``, atomically; ``placed``
-        members (``instance_id`` set) are placed in the same transaction instead."""
-        placed = placed or []
-        async with self._r.pipeline(transaction=True) as pipe:
-            if trajs:
-                pipe.hset(keys.pending(job_id), mapping={
-                    traj.trajectory_id: encode_trajectory(traj) for traj in trajs})
-            _place_commands(pipe, job_id, placed)
-            pipe.hincrby(keys.counters(job_id), "admitted_groups", num_groups)
-            pipe.hincrby(keys.counters(job_id), "admitted", len(trajs) + len(placed))
-            await pipe.execute()
+    async def commit_tick(self, job_id: str, writes: TickWrites,
+                          policy_store: FlushablePolicyStore) -> None:
+        """A tick's writes and the policy's changes in one MULTI: placements (from the
+        pending queue or of admitted groups), newly queued trajectories and the count
+        of admitted groups."""
+        if writes.is_empty:
+            await policy_store.flush()
+            return
+        await policy_store.flush(also=lambda pipe: _tick_commands(pipe, job_id, writes))
 
     async def pending(self, job_id: str) -> list[t.Trajectory]:
         raw = await self._r.hgetall(keys.pending(job_id))
@@ -272,28 +259,6 @@ class RedisSchedulerStore(JobRecordReader):
             pipe.hdel(keys.assignments(job_id), traj.trajectory_id)
             pipe.hset(keys.pending(job_id), traj.trajectory_id, encode_trajectory(traj))
             pipe.hincrby(keys.counters(job_id), "requeued", 1)
-            await pipe.execute()
-
-    async def place(self, job_id: str, traj: t.Trajectory, instance_id: str) -> None:
-        traj.instance_id = instance_id
-        await self.place_many(job_id, [traj])
-
-    async def place_many(self, job_id: str, trajs: list[t.Trajectory]) -> None:
-        """Place trajectories (``instance_id`` set) in one MULTI: each leaves the pending
-        queue and gets its task, assignment, inbox entry, load +1 and placement count."""
-        if not trajs:
-            return
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.hdel(keys.pending(job_id), *(traj.trajectory_id for traj in trajs))
-            _place_commands(pipe, job_id, trajs)
-            await pipe.execute()
-
-    async def apply_load(self, job_id: str, deltas: tuple[tuple[str, int], ...]) -> None:
-        if not deltas:
-            return
-        async with self._r.pipeline(transaction=True) as pipe:
-            for instance_id, delta in deltas:
-                pipe.hincrby(keys.load(job_id), instance_id, delta)
             await pipe.execute()
 
     async def finish(self, job_id: str, trajectory_id: str) -> str | None:
@@ -330,6 +295,19 @@ class RedisSchedulerStore(JobRecordReader):
             await pipe.execute()
 
 
+
+def _tick_commands(pipe: Any, job_id: str, writes: TickWrites) -> None:
+    if writes.placed_from_pending:
+        pipe.hdel(keys.pending(job_id), *(tr.trajectory_id for tr in writes.placed_from_pending))
+    if writes.queued:
+        pipe.hset(keys.pending(job_id), mapping={
+            traj.trajectory_id: encode_trajectory(traj) for traj in writes.queued})
+    _place_commands(pipe, job_id, writes.placed_from_pending + writes.placed)
+    if writes.num_groups:
+        pipe.hincrby(keys.counters(job_id), "admitted_groups", writes.num_groups)
+        pipe.hincrby(keys.counters(job_id), "admitted", len(writes.queued) + len(writes.placed))
+
+
 def _place_commands(pipe: Any, job_id: str, trajs: list[t.Trajectory]) -> None:
     """Queue the placement of ``trajs`` (``instance_id`` set): one command per hash and
     per counter for all of them, one inbox entry each."""
@@ -348,23 +326,43 @@ def _place_commands(pipe: Any, job_id: str, trajs: list[t.Trajectory]) -> None:
         pipe.hincrby(keys.counters(job_id), keys.placed_counter(bucket), count)
 
 
-def _finish_records(reply: Any) -> list[FinishRecord]:
-    """Stream entries as finish records. The rollout writes ``total_tokens`` and
-    ``status`` beside the trajectory; an entry without them is decoded whole."""
-    out = []
-    for _stream, items in reply or []:
-        for entry_id, fields in items:
-            if not fields:  # deleted after delivery: nothing to learn; still acknowledged
-                out.append(FinishRecord(_text(entry_id), "", 0, t.TrajectoryStatus.FAILED))
-            elif b"total_tokens" in fields and b"status" in fields:
-                out.append(FinishRecord(_text(entry_id), _text(fields[b"trajectory_id"]),
-                                        int(fields[b"total_tokens"]),
-                                        t.TrajectoryStatus(_text(fields[b"status"]))))
-            else:
-                traj = decode_trajectory(fields[b"data"])
-                out.append(FinishRecord(_text(entry_id), traj.trajectory_id,
-                                        traj.num_generated_tokens, traj.status))
-    return out
+def _finish_record(entry: list[bytes]) -> FinishRecord:
+    """A finish as the tick script returns it. The rollout writes ``total_tokens`` and
+    ``status`` beside the trajectory; an entry without them comes with the trajectory,
+    decoded here. One without fields (deleted after delivery) has nothing to learn."""
+    entry_id, traj_id, total_tokens, status, instance, data = entry
+    released = _text(instance) or None
+    if data:
+        traj = decode_trajectory(data)
+        return FinishRecord(_text(entry_id), traj.trajectory_id, traj.num_generated_tokens,
+                            traj.status, released)
+    if not traj_id or not total_tokens:
+        return FinishRecord(_text(entry_id), _text(traj_id), 0, t.TrajectoryStatus.FAILED,
+                            released)
+    return FinishRecord(_text(entry_id), _text(traj_id), int(total_tokens),
+                        t.TrajectoryStatus(_text(status)), released)
+
+
+def _lease_snapshot(leases: list[tuple[str, Any, Any, Any]], load: Any) -> LeaseSnapshot:
+    """A snapshot from (worker id, role, bucket, epoch) rows (no role: the lease
+    expired, the worker is gone) and the job's load hash."""
+    active = {_text(k): int(v) for k, v in _pairs(load)}
+    instances, epochs = [], {}
+    for worker_id, role, bucket, epoch in sorted(leases):
+        if not role:
+            continue
+        epochs[worker_id] = int(epoch) if epoch else 0
+        if _text(role) in ROLLOUT_ROLES:
+            instances.append(t.InstanceLoad(t.InstanceId(worker_id), _text(bucket or b""),
+                                            active.get(worker_id, 0)))
+    return LeaseSnapshot(instances, epochs)
+
+
+def _pairs(value: Any) -> list[tuple[Any, Any]]:
+    """A hash's (field, value) pairs: from redis-py's dict, or a script's flat list."""
+    if isinstance(value, dict):
+        return list(value.items())
+    return list(zip(value[::2], value[1::2], strict=True))
 
 
 def _text(value: str | bytes) -> str:

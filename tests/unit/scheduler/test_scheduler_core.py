@@ -64,24 +64,10 @@ async def test_admission_stops_at_the_staleness_budget(r: aioredis.Redis) -> Non
     assert (await counters(r))["admitted_groups"] == (1 + 1) * 2
 
 
-class CountingStore(RedisSchedulerStore):
-    """The Redis store, counting admission transactions."""
-
-    num_admits = 0
-
-    async def admit(self, *args: object, **kwargs: object) -> None:
-        self.num_admits += 1
-        await super().admit(*args, **kwargs)  # type: ignore[arg-type]
-
-
-async def test_a_ticks_groups_are_admitted_in_one_transaction(r: aioredis.Redis) -> None:
+async def test_a_ticks_groups_are_admitted_together(r: aioredis.Redis) -> None:
     await add_instance(r, "rollout-0", "short")
-    await add_job(r, make_spec(prompts=3, staleness=1))
-    store = CountingStore(r)
-    core = SchedulerCore(store, FakeClock())
-    await core.start_job(JOB)
+    core = await started(r, make_spec(prompts=3, staleness=1))
     await core._tick(core._jobs[JOB])
-    assert store.num_admits == 1
     assert (await counters(r))["admitted_groups"] == 6
     assert (await counters(r))["admitted"] == 6 * 2
     assert await r.xlen(keys.inbox("rollout-0")) == 6 * 2

@@ -1,0 +1,116 @@
+"""What a scheduler tick costs in Redis round trips, and what a failed tick leaves behind.
+
+On a small host every round trip is a wake-up of the scheduler process, so a tick is one
+read (status, counters, finishes given back, leases when due) and at most one write
+(placements, admissions and the policy's state, in one MULTI)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
+
+from libra import redis_keys as keys
+from libra.clock import FakeClock
+from libra.redis_server import EmbeddedRedis
+from services.scheduler.core import SchedulerCore
+from services.scheduler.state import TickWrites
+from services.scheduler.store import FlushablePolicyStore, RedisSchedulerStore
+from tests.unit.scheduler.test_scheduler_batching import lease, load, publish_finish
+from tests.unit.scheduler.test_scheduler_core import JOB, add_job, counters, make_spec
+
+
+class CountingConnection(Connection):
+    """A connection that counts what it sends: one send is one round trip (a pipeline
+    or a MULTI goes out in one send)."""
+
+    sends = 0
+
+    async def send_packed_command(self, command, check_health=True):  # noqa: ANN001, ANN201
+        CountingConnection.sends += 1
+        return await super().send_packed_command(command, check_health)
+
+
+@pytest.fixture
+async def r(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(redis_server.url, decode_responses=False,
+                               connection_class=CountingConnection)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+async def round_trips(core: SchedulerCore) -> int:
+    before = CountingConnection.sends
+    await core._tick(core._jobs[JOB])
+    return CountingConnection.sends - before
+
+
+async def started(r: aioredis.Redis, store: RedisSchedulerStore | None = None,
+                  ) -> SchedulerCore:
+    await lease(r, "rollout-0")
+    await add_job(r, make_spec(policy="cmlfq", prompts=1, samples=2, staleness=0))
+    core = SchedulerCore(store or RedisSchedulerStore(r), FakeClock())
+    await core.start_job(JOB)
+    return core
+
+
+async def test_a_busy_tick_is_one_read_and_one_write(r: aioredis.Redis) -> None:
+    core = await started(r)
+    await core._tick(core._jobs[JOB])  # admits the first group (and loads the script)
+    first, second = sorted(await core._store.assignments(JOB))
+    await publish_finish(r, first)
+    await publish_finish(r, second)
+    await r.hincrby(keys.counters(JOB), "trained_groups", 1)  # the trainer used them
+    # Finishes given back and learnt, leases re-read, the next group admitted and
+    # placed, the policy's state written: two round trips.
+    assert await round_trips(core) == 2
+    assert (await counters(r))["admitted_groups"] == 2
+    assert sorted(await core._store.assignments(JOB)) != sorted([first, second])
+    assert (await load(r))["rollout-0"] == 2
+    assert await r.hlen(keys.sched_trajectories(JOB)) == 2  # the new group's policy state
+
+
+async def test_an_idle_tick_is_one_read(r: aioredis.Redis) -> None:
+    core = await started(r)
+    await core._tick(core._jobs[JOB])
+    assert await round_trips(core) == 1
+
+
+class FailingCommit(RedisSchedulerStore):
+    """The Redis store whose first tick commit fails before anything is sent."""
+
+    failures = 1
+
+    async def commit_tick(self, job_id: str, writes: TickWrites,
+                          policy_store: FlushablePolicyStore) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("redis went away")
+        await super().commit_tick(job_id, writes, policy_store)
+
+
+async def test_a_failed_commit_is_decided_again_from_what_redis_holds(
+        r: aioredis.Redis) -> None:
+    core = await started(r, FailingCommit(r))
+    with pytest.raises(ConnectionError):
+        await core._tick(core._jobs[JOB])
+    assert (await counters(r)).get("admitted_groups", 0) == 0
+    await core._tick(core._jobs[JOB])
+    assert (await counters(r))["admitted_groups"] == 1
+    assert await r.xlen(keys.inbox("rollout-0")) == 2
+    assert (await load(r))["rollout-0"] == 2
+    assert core._jobs[JOB].instances[0].active_trajectories == 2
+
+
+async def test_a_deleted_trajectory_stream_gets_its_group_back(r: aioredis.Redis) -> None:
+    core = await started(r)
+    await core._tick(core._jobs[JOB])
+    await r.delete(keys.trajectories(JOB))
+    await core._tick(core._jobs[JOB])  # NOGROUP: the group is made again, nothing read
+    first = sorted(await core._store.assignments(JOB))[0]
+    await publish_finish(r, first)
+    await core._tick(core._jobs[JOB])
+    assert first not in await core._store.assignments(JOB)
