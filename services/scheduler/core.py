@@ -93,7 +93,6 @@ class JobRun:
     last_step: int = 0
     order: list[int] = field(default_factory=list)
     next_group: int = 0
-    num_pending: int = 0
     decisions: collections.Counter[str] = field(default_factory=collections.Counter)
     migrations: int = 0
     # Live instances and loads as of the last tick: decisions at tool returns route
@@ -102,9 +101,10 @@ class JobRun:
     instances_at_s: float = -1.0
     last_live: set[str] = field(default_factory=set)
     last_orphan_scan_s: float = float("-inf")
-    # Whether num_pending mirrors Redis (only this process writes the pending queue, so
-    # after one read it is kept in memory and the queue is read only when non-empty).
-    pending_known: bool = False
+    # The job's pending queue as Redis holds it, None until read: only this process
+    # writes the queue, so after one read it is kept here and not read again (a failed
+    # write makes it unknown).
+    pending: dict[str, t.Trajectory] | None = None
     # "0": re-read finishes delivered but not acknowledged (a restart); then ">".
     finish_cursor: str = "0"
 
@@ -234,14 +234,14 @@ class SchedulerCore:
         await self._place_pending(run, writes)
         # 5) Admit and place groups while the staleness budget allows and the instances
         #    take them (weights must exist first).
-        if run.num_pending == 0 and status.published:
+        if not run.pending and status.published:
             self._admit(run, status.counters, writes)
         # 6) Write what the tick decided, with what the policy changed.
         try:
             await self._store.commit_tick(run.job_id, writes, run.policy_store)
         except Exception:
             # Nothing was written: re-read the queue and the loads before deciding again.
-            run.pending_known, run.instances_at_s = False, float("-inf")
+            run.pending, run.instances_at_s = None, float("-inf")
             raise
 
     def _observe_steps(self, run: JobRun, step: int) -> None:
@@ -257,14 +257,14 @@ class SchedulerCore:
         admitted = counters.get("admitted_groups", 0)
         num_groups, placed, queued = 0, [], []
         # Stop once a group does not fit: queue at most one group beyond capacity.
-        while admitted - consumed < budget_groups and run.num_pending == 0:
+        while admitted - consumed < budget_groups and not run.pending:
             group = self._make_group(run, admitted)
             placed += self._assign(run, group, run.instances)
             unplaced = [traj for traj in group if not traj.instance_id]
             queued += unplaced
             admitted += 1
             num_groups += 1
-            run.num_pending = len(unplaced)
+            run.pending = {traj.trajectory_id: traj for traj in unplaced}
         writes.queued += queued
         writes.placed += placed
         writes.num_groups += num_groups
@@ -296,16 +296,15 @@ class SchedulerCore:
         return run.problems[index]
 
     async def _place_pending(self, run: JobRun, writes: TickWrites) -> None:
-        if run.pending_known and run.num_pending == 0:
+        if run.pending is None:
+            run.pending = {traj.trajectory_id: traj
+                           for traj in await self._store.pending(run.job_id)}
+        if not run.pending:
             return
-        pending = await self._store.pending(run.job_id)
-        run.pending_known = True
-        run.num_pending = len(pending)
-        if not pending:
-            return
-        placed = self._assign(run, pending, run.instances)
+        placed = self._assign(run, list(run.pending.values()), run.instances)
+        for traj in placed:
+            del run.pending[traj.trajectory_id]
         writes.placed_from_pending += placed
-        run.num_pending -= len(placed)
 
     def _assign(self, run: JobRun, trajs: list[t.Trajectory],
                 instances: list[t.InstanceLoad]) -> list[t.Trajectory]:
@@ -371,7 +370,8 @@ class SchedulerCore:
             return
         traj.attempt += 1
         await self._store.requeue(run.job_id, traj)
-        run.num_pending += 1
+        if run.pending is not None:
+            run.pending[traj.trajectory_id] = traj
 
     def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
         if not finishes:
@@ -473,7 +473,7 @@ class SchedulerCore:
         run = self._run(job_id)
         return {
             "policy": run.spec.layout.policy,
-            "pending": run.num_pending,
+            "pending": len(run.pending or {}),
             "decisions": dict(run.decisions),
             "migrations": run.migrations,
             "counters": await self._store.counters(job_id),

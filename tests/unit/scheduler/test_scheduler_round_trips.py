@@ -49,9 +49,10 @@ async def round_trips(core: SchedulerCore) -> int:
 
 
 async def started(r: aioredis.Redis, store: RedisSchedulerStore | None = None,
-                  ) -> SchedulerCore:
+                  staleness: int = 0, cap: int = 16) -> SchedulerCore:
     await lease(r, "rollout-0")
-    await add_job(r, make_spec(policy="cmlfq", prompts=1, samples=2, staleness=0))
+    await add_job(r, make_spec(policy="cmlfq", prompts=1, samples=2, staleness=staleness,
+                               cap=cap))
     core = SchedulerCore(store or RedisSchedulerStore(r), FakeClock())
     await core.start_job(JOB)
     return core
@@ -77,6 +78,18 @@ async def test_an_idle_tick_is_one_read(r: aioredis.Redis) -> None:
     core = await started(r)
     await core._tick(core._jobs[JOB])
     assert await round_trips(core) == 1
+
+
+async def test_queued_trajectories_are_placed_without_reading_the_queue(
+        r: aioredis.Redis) -> None:
+    core = await started(r, staleness=1, cap=2)
+    await core._tick(core._jobs[JOB])  # the first group placed, the second one queued
+    assert await r.hlen(keys.pending(JOB)) == 2
+    first = sorted(await core._store.assignments(JOB))[0]
+    await publish_finish(r, first)
+    assert await round_trips(core) == 2  # the queue is known: it is not read again
+    assert await r.hlen(keys.pending(JOB)) == 1
+    assert (await load(r))["rollout-0"] == 2
 
 
 class FailingCommit(RedisSchedulerStore):
