@@ -63,18 +63,24 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def wakeups(pid: int) -> int:
-    """Times the process's threads went to sleep and had to be woken: voluntary context
-    switches, summed over /proc/PID/task/*/status (threads that ended are not counted)."""
-    total = 0
+def wakeups(pid: int) -> dict[str, int]:
+    """Per thread id, the times the thread went to sleep and had to be woken: its
+    voluntary context switches (/proc/PID/task/TID/status)."""
+    out = {}
     for status in Path(f"/proc/{pid}/task").glob("*/status"):
         try:
             lines = status.read_text().splitlines()
         except FileNotFoundError:  # the thread ended meanwhile
             continue
-        total += sum(int(line.split()[1]) for line in lines
-                     if line.startswith("voluntary_ctxt_switches"))
-    return total
+        out[status.parent.name] = sum(int(line.split()[1]) for line in lines
+                                      if line.startswith("voluntary_ctxt_switches"))
+    return out
+
+
+def woken_since(pid: int, before: dict[str, int]) -> int:
+    """Wake-ups since ``before`` of the threads alive now (gRPC starts and ends worker
+    threads: what a thread that ended did is not counted)."""
+    return sum(n - before.get(tid, 0) for tid, n in wakeups(pid).items())
 
 
 def job_spec(steps: int, policy: str) -> str:
@@ -198,7 +204,7 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
         cpus = {name: sorted(os.sched_getaffinity(p.pid)) for name, p in stack.procs.items()}
         wall_s, counters, steps = asyncio.run(run_job(stack.coordinator, spec))
         used = {name: cpu_s(p.pid) - before[name] for name, p in stack.procs.items()}
-        woken = {name: wakeups(p.pid) - woken[name] for name, p in stack.procs.items()}
+        woken = {name: woken_since(p.pid, woken[name]) for name, p in stack.procs.items()}
     finally:
         stop_stack(stack)
     host_log = (run_root / "logs" / "rollout-host.log").read_text()
