@@ -100,7 +100,8 @@ class GrpcSchedulerClient(GrpcClientBase):
             batch_id=next(self._batch_ids))
         self.num_report_batches += 1
         try:
-            resp = await asyncio.wait_for(self._exchange(request), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):  # no task per batch (wait_for)
+                resp = await self._exchange(request)
         except (Exception, asyncio.CancelledError) as exc:
             # The stream's state is unknown now (an answer may still come): start over.
             self._drop_stream()
