@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from libra import redis_keys as keys
+from libra.redis_shared import ScriptBatch, register_script_batch
 
 
 class RedisPolicyStore:
@@ -16,7 +17,8 @@ class RedisPolicyStore:
 
     The policy API is synchronous and sits on the decision path, so it works on process
     memory; the scheduler loop calls ``flush`` at the end of every tick, which writes the
-    entries changed since the last flush in one MULTI (with the tick's own writes). ``load``
+    entries changed since the last flush in one atomic ``ScriptBatch`` (with the tick's own
+    writes). ``load``
     fills the cache from Redis when a (possibly restarted) scheduler starts scheduling
     the job.
 
@@ -33,6 +35,7 @@ class RedisPolicyStore:
 
     def __init__(self, redis: Any, job_id: str) -> None:
         self._r = redis
+        self._batch_script = register_script_batch(redis)
         self._job_id = job_id
         self._trajectories: dict[str, str] = {}
         self._records: dict[str, dict[str, str]] = collections.defaultdict(dict)
@@ -71,8 +74,8 @@ class RedisPolicyStore:
 
     async def flush(self, also: Callable[[Any], None] | None = None) -> None:
         """Write the changes made since the last flush (no round trip when there are
-        none); ``also`` queues the caller's commands into the same MULTI, so a tick's
-        placements and the policy state they go with commit together."""
+        none); ``also`` adds the caller's commands to the same atomic batch (one round
+        trip), so a tick's placements and the policy state they go with commit together."""
         async with self._flush_lock:
             if not self.is_dirty and also is None:
                 return
@@ -80,17 +83,17 @@ class RedisPolicyStore:
             recent, max_len = self._new_recent, self._recent_max_len
             is_tree_dirty = self._is_tree_dirty
             self._init_dirty()
-            async with self._r.pipeline(transaction=True) as pipe:
-                if also is not None:
-                    also(pipe)
-                self._write_trajectories(pipe, trajectories)
-                self._write_records(pipe, records)
-                if recent:
-                    pipe.rpush(keys.sched_recent(self._job_id), *recent)
-                    pipe.ltrim(keys.sched_recent(self._job_id), -max_len, -1)
-                if is_tree_dirty and self._tree is not None:
-                    pipe.set(keys.sched_tree(self._job_id), self._tree)
-                await pipe.execute()
+            batch = ScriptBatch(self._batch_script)
+            if also is not None:
+                also(batch)
+            self._write_trajectories(batch, trajectories)
+            self._write_records(batch, records)
+            if recent:
+                batch.rpush(keys.sched_recent(self._job_id), *recent)
+                batch.ltrim(keys.sched_recent(self._job_id), -max_len, -1)
+            if is_tree_dirty and self._tree is not None:
+                batch.set(keys.sched_tree(self._job_id), self._tree)
+            await batch.execute()
 
     @property
     def is_dirty(self) -> bool:

@@ -8,7 +8,8 @@ out of some other process's share.
 - One Lua call reads the job's status and counters, takes the new finishes from the
   job's trajectory stream, gives their slots back and acknowledges them (atomically),
   and, when the core asks for it, reads every lease and the job's loads.
-- One MULTI writes what the tick decided: placements (task kept for re-placement,
+- One atomic write (a ``ScriptBatch``: one EVALSHA, where a MULTI would answer every
+  command) stores what the tick decided: placements (task kept for re-placement,
   assignment, inbox entry, load +1), newly queued trajectories, admitted groups and the
   policy's changed state, so a crash cannot leave a trajectory counted but not queued.
 
@@ -51,8 +52,8 @@ class FlushablePolicyStore(PolicyStore, Protocol):
     """A ``PolicyStore`` whose writes reach durable storage only on ``flush``."""
 
     async def flush(self, also: Callable[[Any], None] | None = None) -> None:
-        """Write every change made since the last flush; ``also`` queues more commands
-        into the same transaction (a tick's writes)."""
+        """Write every change made since the last flush; ``also`` adds more commands
+        to the same atomic write (a tick's writes)."""
         ...
 
 
@@ -240,7 +241,7 @@ class RedisSchedulerStore(JobRecordReader):
 
     async def commit_tick(self, job_id: str, writes: TickWrites,
                           policy_store: FlushablePolicyStore) -> None:
-        """A tick's writes and the policy's changes in one MULTI: placements (from the
+        """A tick's writes and the policy's changes in one atomic batch: placements (from the
         pending queue or of admitted groups), newly queued trajectories and the count
         of admitted groups."""
         if writes.is_empty:

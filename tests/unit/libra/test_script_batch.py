@@ -1,0 +1,65 @@
+"""ScriptBatch against a real Redis: every supported command lands, in order, in one
+round trip; large hashes are split under Lua's argument limit; a failing command
+raises and leaves the earlier ones done (as EXEC would)."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from libra.redis_shared import ScriptBatch, register_script_batch
+
+
+@pytest.fixture
+def r(redis_bytes: aioredis.Redis) -> aioredis.Redis:
+    return redis_bytes
+
+
+async def test_every_command_lands_in_order(r: aioredis.Redis) -> None:
+    batch = ScriptBatch(register_script_batch(r))
+    batch.hset("h", mapping={"a": "1", "b": b"2"})
+    batch.hset("h", "c", 3)
+    batch.hdel("h", "a")
+    batch.hincrby("h", "c", 4)
+    batch.xadd("s", {"job_id": "j", "task": b"\x00\x01"})
+    batch.rpush("l", "x", "y", "z")
+    batch.ltrim("l", -2, -1)
+    batch.set("k", "v")
+    await batch.execute()
+    assert await r.hgetall("h") == {b"b": b"2", b"c": b"7"}
+    ((_, fields),) = await r.xrange("s")
+    assert fields == {b"job_id": b"j", b"task": b"\x00\x01"}
+    assert await r.lrange("l", 0, -1) == [b"y", b"z"]
+    assert await r.get("k") == b"v"
+
+
+async def test_a_hash_larger_than_one_lua_call_is_written_whole(r: aioredis.Redis) -> None:
+    batch = ScriptBatch(register_script_batch(r))
+    batch.hset("big", mapping={f"f{i}": str(i) for i in range(5000)})
+    batch.rpush("long", *(str(i) for i in range(5000)))
+    await batch.execute()
+    assert await r.hlen("big") == 5000
+    assert await r.llen("long") == 5000
+    batch = ScriptBatch(register_script_batch(r))
+    batch.hdel("big", *(f"f{i}" for i in range(4999)))
+    await batch.execute()
+    assert await r.hgetall("big") == {b"f4999": b"4999"}
+
+
+async def test_an_empty_batch_sends_nothing(r: aioredis.Redis) -> None:
+    await ScriptBatch(register_script_batch(r)).execute()
+    assert await r.dbsize() == 0
+
+
+async def test_a_failing_command_raises_and_keeps_what_ran_before(
+        r: aioredis.Redis) -> None:
+    await r.set("text", "not a hash")
+    batch = ScriptBatch(register_script_batch(r))
+    batch.set("first", "1")
+    batch.hset("text", "f", "v")  # WRONGTYPE
+    batch.set("after", "1")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await batch.execute()
+    assert await r.get("first") == b"1"
+    assert await r.get("after") is None
