@@ -16,11 +16,10 @@ class RedisPolicyStore:
     """``PolicyStore`` for one job: an in-memory cache written behind to Redis.
 
     The policy API is synchronous and sits on the decision path, so it works on process
-    memory; the scheduler loop calls ``flush`` at the end of every tick, which writes the
-    entries changed since the last flush in one atomic ``ScriptBatch`` (with the tick's own
-    writes). ``load``
-    fills the cache from Redis when a (possibly restarted) scheduler starts scheduling
-    the job.
+    memory; the scheduler loop calls ``flush`` at the end of every tick, which writes
+    the entries changed since the last flush in one atomic ``ScriptBatch``, together
+    with the tick's own writes. ``load`` fills the cache from Redis when a (possibly
+    restarted) scheduler starts scheduling the job.
 
     The cache holds values as JSON text, exactly what Redis holds: a value is encoded
     once on write, a read decodes a fresh copy (never an alias of the policy's objects).

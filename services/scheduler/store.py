@@ -1,9 +1,10 @@
 """Scheduler state in Redis: job specs, live instances, load counters, assignments, and
 the placement policy's own state (``RedisPolicyStore``).
 
-The only module of the scheduler that talks to redis. A tick costs two round trips at
-most: on a small host every round trip is a wake-up of this process, and its CPU comes
-out of some other process's share.
+The only module of the scheduler that talks to redis. A tick costs one read and at most
+one write (plus a read of the pending queue when it is not known: at start and after a
+failed write): on a small host every round trip is a wake-up of this process, and its
+CPU comes out of some other process's share.
 
 - One Lua call reads the job's status and counters, takes the new finishes from the
   job's trajectory stream, gives their slots back and acknowledges them (atomically),
