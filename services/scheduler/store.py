@@ -98,17 +98,21 @@ class SchedulerStore(Protocol):
     async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
 
 
-# KEYS[1] = assignments hash, KEYS[2] = tasks hash, KEYS[3] = load hash
-# ARGV[1] = trajectory id
-# Returns the instance the trajectory was assigned to (its load is decremented), or nil.
-_RELEASE_LUA = """
-local instance = redis.call('HGET', KEYS[1], ARGV[1])
-if not instance then return false end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HINCRBY', KEYS[3], instance, -1)
-return instance
+# A finished trajectory gives its slot back: forget its assignment and task and take
+# one from its instance's load. Returns that instance, or false when it was not assigned.
+_RELEASE_FN_LUA = """
+local function release(assignments, tasks, load, traj)
+  local instance = redis.call('HGET', assignments, traj)
+  if not instance then return false end
+  redis.call('HDEL', assignments, traj)
+  redis.call('HDEL', tasks, traj)
+  redis.call('HINCRBY', load, instance, -1)
+  return instance
+end
 """
+
+# KEYS: assignments hash, tasks hash, load hash; ARGV[1] = trajectory id.
+_RELEASE_LUA = _RELEASE_FN_LUA + "return release(KEYS[1], KEYS[2], KEYS[3], ARGV[1])\n"
 
 # KEYS: 1 job hash, 2 policy pointer, 3 counters, 4 trajectory stream, 5 assignments,
 # 6 tasks, 7 load, 8 workers set. ARGV: 1 consumer group, 2 cursor ('>' or '0'),
@@ -116,9 +120,9 @@ return instance
 # Returns {job {state, step}, published, counters, finishes, leases, load, read error}.
 # Per finish: {entry id, trajectory id, total tokens, status, the instance whose slot it
 # gave back or '', the trajectory's data only when the entry has no total_tokens}; it
-# is released as _RELEASE_LUA does and acknowledged. Per worker: {id, role, bucket,
+# is released (``release``) and acknowledged. Per worker: {id, role, bucket,
 # epoch} (role false: the lease expired).
-_TICK_LUA = """
+_TICK_LUA = _RELEASE_FN_LUA + """
 local job = redis.call('HMGET', KEYS[1], 'state', 'step')
 local published = redis.call('HEXISTS', KEYS[2], 'version')
 local counters = redis.call('HGETALL', KEYS[3])
@@ -135,14 +139,7 @@ elseif reply then
       for i = 1, #entry[2], 2 do f[entry[2][i]] = entry[2][i + 1] end
     end
     local traj, instance = f['trajectory_id'] or '', ''
-    if traj ~= '' then
-      instance = redis.call('HGET', KEYS[5], traj) or ''
-      if instance ~= '' then
-        redis.call('HDEL', KEYS[5], traj)
-        redis.call('HDEL', KEYS[6], traj)
-        redis.call('HINCRBY', KEYS[7], instance, -1)
-      end
-    end
+    if traj ~= '' then instance = release(KEYS[5], KEYS[6], KEYS[7], traj) or '' end
     local data = ''
     if not f['total_tokens'] then data = f['data'] or '' end
     finishes[#finishes + 1] = {entry[1], traj, f['total_tokens'] or '', f['status'] or '',
@@ -245,10 +242,8 @@ class RedisSchedulerStore(JobRecordReader):
         """A tick's writes and the policy's changes in one atomic batch: placements (from the
         pending queue or of admitted groups), newly queued trajectories and the count
         of admitted groups."""
-        if writes.is_empty:
-            await policy_store.flush()
-            return
-        await policy_store.flush(also=lambda pipe: _tick_commands(pipe, job_id, writes))
+        await policy_store.flush(also=None if writes.is_empty else
+                                 lambda pipe: _tick_commands(pipe, job_id, writes))
 
     async def pending(self, job_id: str) -> list[t.Trajectory]:
         raw = await self._r.hgetall(keys.pending(job_id))
