@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 
 from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
-from libra.clients.scheduler import GrpcSchedulerClient
+from libra.clients.scheduler import IMPLIED_STAY, GrpcSchedulerClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.clock import SystemClock
 from libra.errors import LibraError
@@ -53,7 +53,8 @@ class InprocScheduler:
 
     async def report_tool_return(self, job_id: str, trajectory_id: str,
                                  state: t.ToolReturnState, tokens_so_far: int,
-                                 instance_id: str, lease_epoch: int) -> t.PlacementDecision:
+                                 instance_id: str, lease_epoch: int,
+                                 needs_answer: bool = True) -> t.PlacementDecision:
         (result,) = await self._core.report_tool_returns(
             instance_id, lease_epoch, [ToolReturnReport(job_id, trajectory_id, state,
                                                         tokens_so_far)])
@@ -66,24 +67,26 @@ class InprocScheduler:
 class StayScheduler:
     """``--no-decisions``: every tool return stays, answered on the spot (no report)."""
 
-    async def report_tool_return(self, *_args: Any) -> t.PlacementDecision:
+    async def report_tool_return(self, *_args: Any, **_kwargs: Any) -> t.PlacementDecision:
         return t.PlacementDecision(t.DecisionAction.STAY, reason="decisions_off")
 
 
 class TimedScheduler:
-    """Wraps either arm's ``SchedulerApi`` and records each decision's latency (the
-    report's round trip; the rollout waits on it only while a move is pending)."""
+    """Wraps either arm's ``SchedulerApi`` and records each answered decision's latency
+    (the report's round trip; the rollout waits on it only while a move is pending). A
+    stay settled by a later answer has no latency of its own: it is only counted."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self.num_reports = 0
         self.latencies_ms: list[float] = []
         self.reasons: Counter[str] = Counter()  # "action/reason" -> decisions
 
-    async def report_tool_return(self, *args: Any) -> t.PlacementDecision:
+    async def report_tool_return(self, *args: Any, **kwargs: Any) -> t.PlacementDecision:
         started = time.perf_counter()
-        try:
-            decision = await self._inner.report_tool_return(*args)
-        finally:
+        self.num_reports += 1
+        decision = await self._inner.report_tool_return(*args, **kwargs)
+        if decision.reason != IMPLIED_STAY:
             self.latencies_ms.append(1000 * (time.perf_counter() - started))
         self.reasons[f"{decision.action.value}/{decision.reason}"] += 1
         return decision
@@ -91,7 +94,8 @@ class TimedScheduler:
     def summary(self) -> str:
         lat = sorted(self.latencies_ms) or [0.0]
         pick = [lat[min(len(lat) - 1, int(q * len(lat)))] for q in (0.5, 0.9, 0.99)]
-        return (f"DECISIONS {len(self.latencies_ms)} latency_ms p50 {pick[0]:.2f} "
+        return (f"DECISIONS {self.num_reports} answered {len(self.latencies_ms)} "
+                f"latency_ms p50 {pick[0]:.2f} "
                 f"p90 {pick[1]:.2f} p99 {pick[2]:.2f} mean {sum(lat) / len(lat):.2f} "
                 f"by_reason {dict(sorted(self.reasons.items()))}")
 
@@ -117,7 +121,8 @@ async def main(args: argparse.Namespace) -> None:
         scheduler: Any = InprocScheduler(core)
     else:
         scheduler = GrpcSchedulerClient(f"127.0.0.1:{args.scheduler_port}",
-                                        linger_s=args.report_linger_ms / 1000)
+                                        linger_s=args.report_linger_ms / 1000,
+                                        max_unanswered=args.report_max_unanswered)
     timed = TimedScheduler(StayScheduler() if args.no_decisions else scheduler)
     rollouts = []
     for spec in args.rollout:
@@ -143,10 +148,11 @@ async def main(args: argparse.Namespace) -> None:
           f"mid_turn {sum(r.num_moves_mid_turn for r in rollouts)} "
           f"moot {sum(r.num_moves_moot for r in rollouts)} "
           f"decision_waits {waits} wait_ms_total {1000 * wait_s:.1f} "
-          f"wait_ms_per_tool_return {1000 * wait_s / max(len(timed.latencies_ms), 1):.3f}",
+          f"wait_ms_per_tool_return {1000 * wait_s / max(timed.num_reports, 1):.3f}",
           flush=True)
     if isinstance(scheduler, GrpcSchedulerClient):
         print(f"REPORTS {scheduler.num_reports} BATCHES {scheduler.num_report_batches} "
+              f"ANSWERS {scheduler.num_report_answers} "
               f"STREAMS {scheduler.num_report_streams}", flush=True)
     for rollout in rollouts:
         try:
@@ -170,6 +176,10 @@ if __name__ == "__main__":
     parser.add_argument("--report-linger-ms", type=int,
                         default=RolloutConfig().report_linger_ms,
                         help="service mode: the rollout's report batching (its default)")
+    parser.add_argument("--report-max-unanswered", type=int,
+                        default=RolloutConfig().report_max_unanswered,
+                        help="service mode: all-stay batches the scheduler may leave "
+                             "unanswered (its default; 0 answers every batch)")
     parser.add_argument("--no-decisions", action="store_true",
                         help="answer every tool return 'stay' here, reporting nothing")
     parser.add_argument("--rollout", action="append", required=True,

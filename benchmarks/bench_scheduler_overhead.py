@@ -24,7 +24,8 @@ it the OS places every process, so on a small machine the scheduler's CPU slows 
 CPU-bound trainer directly.
 
 Usage: python benchmarks/bench_scheduler_overhead.py [--steps N] [--rounds R]
-       [--policy cmlfq] [--json] [--no-decisions] [--report-linger-ms MS] [--pin-trainer]
+       [--policy cmlfq] [--json] [--no-decisions] [--report-linger-ms MS]
+       [--report-max-unanswered N] [--pin-trainer]
 """
 
 from __future__ import annotations
@@ -285,6 +286,10 @@ def main() -> None:
     parser.add_argument("--report-linger-ms", type=int, default=None,
                         help="service arm: batch reports over this window (default: the "
                              "rollout's report_linger_ms)")
+    parser.add_argument("--report-max-unanswered", type=int, default=None,
+                        help="service arm: all-stay batches the scheduler may leave "
+                             "unanswered (default: the rollout's report_max_unanswered; 0 "
+                             "answers every batch)")
     parser.add_argument("--no-decisions", action="store_true",
                         help="control: no tool-return reports in either arm (every tool "
                              "return stays, nothing moves), so only admission, placement "
@@ -299,6 +304,8 @@ def main() -> None:
     host_args = ["--no-decisions"] if args.no_decisions else []
     if args.report_linger_ms is not None:
         host_args.append(f"--report-linger-ms={args.report_linger_ms}")
+    if args.report_max_unanswered is not None:
+        host_args.append(f"--report-max-unanswered={args.report_max_unanswered}")
     order = [("service", "inproc") if i % 2 == 0 else ("inproc", "service")
              for i in range(args.rounds)]
     runs = []

@@ -81,7 +81,8 @@ async def main(cfg: RolloutConfig) -> None:
         settings, RedisRolloutStore(redis), loader,
         GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
         GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s,
-                            linger_s=cfg.report_linger_ms / 1000),
+                            linger_s=cfg.report_linger_ms / 1000,
+                            max_unanswered=cfg.report_max_unanswered),
         GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s), SystemClock(),
         opener=GrpcGradientChannel(),
         load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads))

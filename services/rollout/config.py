@@ -26,6 +26,9 @@ class RolloutConfig:
         0, "how long a tool-return report waits for others to share its batch on the "
         "scheduler stream (fewer messages; a MOVE lands later, mid-turn - or is moot "
         "when the trajectory finished meanwhile, so keep it well under a turn's duration)")
+    report_max_unanswered: int = knob(
+        8, "all-stay report batches in a row the scheduler may leave unanswered (a stay "
+        "changes nothing here; 0 answers every batch, one message more each)")
     weight_load_deadline_s: float = knob(
         30.0, "deadline to fetch and verify a published policy version; past it the "
         "version is refused (error event) and the old weights keep serving")

@@ -84,11 +84,13 @@ class EngineLoader(Protocol):
 
 class SchedulerApi(Protocol):
     """Decisions at tool returns (the client batches concurrent reports on one stream).
-    Finishes need no call: the scheduler reads them from the trajectory stream."""
+    Finishes need no call: the scheduler reads them from the trajectory stream. Without
+    ``needs_answer`` a stay may be settled late (with a later batch's answer)."""
 
     async def report_tool_return(self, job_id: str, trajectory_id: str,
                                  state: t.ToolReturnState, tokens_so_far: int,
-                                 instance_id: str, lease_epoch: int) -> t.PlacementDecision: ...
+                                 instance_id: str, lease_epoch: int,
+                                 needs_answer: bool = True) -> t.PlacementDecision: ...
 
 
 @dataclass(frozen=True)
@@ -469,14 +471,15 @@ class RolloutCore(MovesMixin, LendingMixin):
             # Staying is the default: the trajectory goes on here at once, and a MOVE
             # applies when it comes back (mid-turn if need be), so a decision's round
             # trip never holds a trajectory nor the engine.
-            self._spawn_report(self._apply_decision_later(ctx, act,
-                                                          self._report(traj, result.state)))
+            self._spawn_report(self._apply_decision_later(
+                ctx, act, self._report(traj, result.state, needs_answer=False)))
             self._become_ready(act)
             return
         # A move is pending: the trajectory leaves at this boundary anyway, so take this
         # return's decision first (the policy may now want it elsewhere, or back here).
         started_s = self._clock.now_s()
-        self._note_decision(act, await self._decide(self._report(traj, result.state)))
+        self._note_decision(act, await self._decide(
+            self._report(traj, result.state, needs_answer=True)))
         self.num_decision_waits += 1
         self.decision_wait_s += self._clock.now_s() - started_s
         if not self._hand_off_if_due(ctx, act):

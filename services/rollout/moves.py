@@ -46,13 +46,15 @@ class MovesMixin:
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
 
-    def _report(self, traj: t.Trajectory,
-                state: t.ToolReturnState) -> Awaitable[t.PlacementDecision]:
+    def _report(self, traj: t.Trajectory, state: t.ToolReturnState,
+                needs_answer: bool) -> Awaitable[t.PlacementDecision]:
         """The report of a tool return, its arguments (token count, lease epoch) taken
-        now, before the trajectory moves on; awaited by ``_decide``."""
+        now, before the trajectory moves on; awaited by ``_decide``. Only a caller that
+        waits on the decision needs a stay answered (it costs the scheduler a message)."""
         return self.profile.timed("report", self._scheduler.report_tool_return(
             traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
-            self.settings.instance_id, self._lease.epoch if self._lease else 0))
+            self.settings.instance_id, self._lease.epoch if self._lease else 0,
+            needs_answer=needs_answer))
 
     async def _decide(self, report: Awaitable[t.PlacementDecision]) -> t.PlacementDecision:
         try:

@@ -50,13 +50,23 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
     async def ToolReturns(self, request_iterator, context):  # noqa: N802, ANN001
         # One stream per rollout instance for its lifetime: a refused batch is answered
-        # (its error in the response), never a reason to end the stream.
+        # (its error in the response), never a reason to end the stream. Most batches
+        # are all stays, which change nothing at the instance: they go unanswered (up to
+        # the sender's max_unanswered in a row), halving the messages of the report path.
+        unanswered = 0
+        held: pb.ReportToolReturnsResponse | None = None  # the last batch's, unsent
         async for request in request_iterator:
             # A span per batch (the stream's own span lives as long as the instance),
             # closed before the yield: a context must not stay attached across it.
             with _TRACER.start_as_current_span("scheduler.ToolReturns.batch"):
                 response = await self._decide_batch(request)
+            if unanswered < request.max_unanswered and not _must_answer(request, response):
+                unanswered, held = unanswered + 1, response
+                continue
+            unanswered, held = 0, None
             yield response
+        if held is not None:  # the sender is closing: confirm its last stays
+            yield held
 
     async def _decide_batch(self, request: pb.ReportToolReturnsRequest,
                             ) -> pb.ReportToolReturnsResponse:
@@ -87,6 +97,14 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     async def GetSchedulerStats(self, request, context):  # noqa: N802, ANN001
         stats = await self._core.stats(request.job_id)
         return pb.GetSchedulerStatsResponse(stats_json=json.dumps(stats))
+
+
+def _must_answer(request: pb.ReportToolReturnsRequest,
+                 response: pb.ReportToolReturnsResponse) -> bool:
+    """A batch that asks for it, was refused, or holds a move or a failed item."""
+    return (request.answer_stays or bool(response.error)
+            or any(d.action == pb.DECISION_ACTION_MOVE or d.error
+                   for d in response.decisions))
 
 
 def _decision_to_proto(result: t.PlacementDecision | LibraError) -> pb.ToolReturnDecision:

@@ -35,10 +35,12 @@ class FakeScheduler:
 
     async def report_tool_return(self, job_id: str, trajectory_id: str,
                                  state: t.ToolReturnState, tokens_so_far: int,
-                                 instance_id: str, lease_epoch: int) -> t.PlacementDecision:
+                                 instance_id: str, lease_epoch: int,
+                                 needs_answer: bool = True) -> t.PlacementDecision:
         self.tool_returns.append({"job_id": job_id, "trajectory_id": trajectory_id,
                                   "state": state, "tokens_so_far": tokens_so_far,
-                                  "instance_id": instance_id, "lease_epoch": lease_epoch})
+                                  "instance_id": instance_id, "lease_epoch": lease_epoch,
+                                  "needs_answer": needs_answer})
         if self.gate is not None:
             await self.gate.wait()
         self.num_answered += 1

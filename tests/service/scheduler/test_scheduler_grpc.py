@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clients.runner import GrpcSchedulerClient
+from libra.clients.scheduler import IMPLIED_STAY
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, NotFound, Unavailable
 from libra.jobspec import JobSpec
@@ -131,6 +132,54 @@ async def test_a_refused_batch_leaves_the_stream_open(client: GrpcSchedulerClien
     decision = await client.report_tool_return("j1", "traj-1", STATE, 3, "rollout-0", EPOCH)
     assert decision.reason == "unknown_trajectory"
     assert (client.num_report_batches, client.num_report_streams) == (2, 1)
+
+
+async def _written(client: GrpcSchedulerClient, batches: int) -> None:
+    while client.num_report_batches < batches:
+        await asyncio.sleep(0.005)
+
+
+def _quiet_report(client: GrpcSchedulerClient, trajectory_id: str,
+                  ) -> asyncio.Task[t.PlacementDecision]:
+    """A report whose stay needs no answer of its own (as the rollout makes them)."""
+    return asyncio.create_task(client.report_tool_return(
+        "j1", trajectory_id, STATE, 3, "rollout-0", EPOCH, needs_answer=False))
+
+
+async def test_a_stay_that_needs_no_answer_is_settled_by_a_later_answer(
+        client: GrpcSchedulerClient) -> None:
+    await client.start_job("j1")
+    quiet = _quiet_report(client, "traj-0")
+    await _written(client, 1)
+    await asyncio.sleep(0.1)  # time enough for an answer, which does not come
+    assert not quiet.done()
+    asked = await client.report_tool_return("j1", "traj-1", STATE, 3, "rollout-0", EPOCH)
+    assert asked.reason == "unknown_trajectory"
+    assert (await quiet).reason == IMPLIED_STAY
+    assert (client.num_report_batches, client.num_report_answers) == (2, 1)
+
+
+async def test_the_batch_that_fills_the_window_is_answered(
+        client: GrpcSchedulerClient) -> None:
+    await client.start_job("j1")
+    windowed = GrpcSchedulerClient(client.address, max_unanswered=2)
+    quiet = []
+    for i in range(3):
+        quiet.append(_quiet_report(windowed, f"traj-{i}"))
+        await _written(windowed, i + 1)
+    decisions = await asyncio.gather(*quiet)
+    assert [d.reason for d in decisions] == [IMPLIED_STAY, IMPLIED_STAY, "unknown_trajectory"]
+    assert (windowed.num_report_batches, windowed.num_report_answers) == (3, 1)
+    await windowed.close()
+
+
+async def test_closing_the_client_settles_its_unanswered_stays(
+        client: GrpcSchedulerClient) -> None:
+    await client.start_job("j1")
+    quiet = _quiet_report(client, "traj-0")
+    await _written(client, 1)
+    await client.close()  # the scheduler answers the last batch as the stream ends
+    assert (await quiet).reason == "unknown_trajectory"
 
 
 async def test_reports_go_on_after_a_scheduler_restart(redis_server: EmbeddedRedis) -> None:

@@ -30,7 +30,8 @@ SNAPSHOT: dict[type, list[str]] = {
     RolloutConfig: sorted([
         *SHARED, *PEERS, "bucket", "engine", "instance_id",
         "lease_ttl_ms", "max_batch_size",
-        "max_trajectories", "num_threads", "redis_url", "report_linger_ms", "role", "seed",
+        "max_trajectories", "num_threads", "redis_url", "report_linger_ms",
+        "report_max_unanswered", "role", "seed",
         "tool_deadline_s",
         "vllm_dtype", "vllm_enforce_eager", "vllm_gpu_memory_utilization",
         "vllm_tensor_parallel_size", "weight_load_deadline_s"]),

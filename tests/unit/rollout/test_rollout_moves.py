@@ -180,6 +180,8 @@ async def test_move_decided_during_the_next_turn_hands_off_at_its_tool_return(
     assert moved.token_ids == tok.encode_prompt("Q:1+2=") + calc1 + res + calc2 + res
     assert (moved.num_turns, moved.num_migrations, len(rig.scheduler.tool_returns)) == (2, 1, 2)
     assert await rig.load() == {HERE: 0, THERE: 1}
+    # Only the awaited decision (a move was pending) needs its stay answered.
+    assert [report["needs_answer"] for report in rig.scheduler.tool_returns] == [False, True]
 
 
 async def test_move_back_here_cancels_a_pending_move(rig: Rig) -> None:

@@ -258,11 +258,17 @@ class ReportToolReturnsRequest(_message.Message):
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
     REPORTS_FIELD_NUMBER: _builtins.int
     BATCH_ID_FIELD_NUMBER: _builtins.int
+    ANSWER_STAYS_FIELD_NUMBER: _builtins.int
+    MAX_UNANSWERED_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     lease_epoch: _builtins.int
     """The reporting instance's lease epoch (fencing): the whole batch is refused when stale."""
     batch_id: _builtins.int
-    """Chosen by the sender, echoed in the response."""
+    """Chosen by the sender, increasing along the stream; echoed in the response."""
+    answer_stays: _builtins.bool
+    """Answer this batch even if every report stays (a caller waits on one of them)."""
+    max_unanswered: _builtins.int
+    """How many all-stay batches in a row may go unanswered (0: answer every batch)."""
     @_builtins.property
     def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolReturnReport]: ...
     def __init__(
@@ -272,10 +278,12 @@ class ReportToolReturnsRequest(_message.Message):
         lease_epoch: _builtins.int = ...,
         reports: _abc.Iterable[Global___ToolReturnReport] | None = ...,
         batch_id: _builtins.int = ...,
+        answer_stays: _builtins.bool = ...,
+        max_unanswered: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "instance_id", b"instance_id", "lease_epoch", b"lease_epoch", "reports", b"reports"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_stays", b"answer_stays", "batch_id", b"batch_id", "instance_id", b"instance_id", "lease_epoch", b"lease_epoch", "max_unanswered", b"max_unanswered", "reports", b"reports"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

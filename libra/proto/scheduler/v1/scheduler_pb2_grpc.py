@@ -91,8 +91,12 @@ class SchedulerServiceServicer:
 
     def ToolReturns(self, request_iterator, context):
         """The path of a rollout instance's reports: one long-lived stream per instance. Each
-        request is a batch (every tool return seen since the last one); each gets exactly
-        one response, in order, carrying the same batch_id. A batch whose lease_epoch is
+        request is a batch (every tool return seen since the last one). Batches are decided
+        in order, and a response (same batch_id, one decision per report) answers a batch
+        that holds a MOVE or an error, one sent with answer_stays, and at the latest the
+        batch after max_unanswered unanswered ones. A batch left unanswered was all stays,
+        which the next response confirms: it answers a later batch. When the sender ends
+        its side, the last batch is answered if it was not. A batch whose lease_epoch is
         not the instance's current lease epoch is refused whole in its response
         (`error`), and the stream stays open; a per-item problem (job not scheduled here)
         fails only that item.

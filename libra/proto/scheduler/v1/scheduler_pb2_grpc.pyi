@@ -39,8 +39,12 @@ class SchedulerServiceStub:
     """
     ToolReturns: _grpc.StreamStreamMultiCallable[_scheduler_pb2.ReportToolReturnsRequest, _scheduler_pb2.ReportToolReturnsResponse]
     """The path of a rollout instance's reports: one long-lived stream per instance. Each
-    request is a batch (every tool return seen since the last one); each gets exactly
-    one response, in order, carrying the same batch_id. A batch whose lease_epoch is
+    request is a batch (every tool return seen since the last one). Batches are decided
+    in order, and a response (same batch_id, one decision per report) answers a batch
+    that holds a MOVE or an error, one sent with answer_stays, and at the latest the
+    batch after max_unanswered unanswered ones. A batch left unanswered was all stays,
+    which the next response confirms: it answers a later batch. When the sender ends
+    its side, the last batch is answered if it was not. A batch whose lease_epoch is
     not the instance's current lease epoch is refused whole in its response
     (`error`), and the stream stays open; a per-item problem (job not scheduled here)
     fails only that item.
@@ -62,8 +66,12 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """
     ToolReturns: _aio.StreamStreamMultiCallable[_scheduler_pb2.ReportToolReturnsRequest, _scheduler_pb2.ReportToolReturnsResponse]  # type: ignore[assignment]
     """The path of a rollout instance's reports: one long-lived stream per instance. Each
-    request is a batch (every tool return seen since the last one); each gets exactly
-    one response, in order, carrying the same batch_id. A batch whose lease_epoch is
+    request is a batch (every tool return seen since the last one). Batches are decided
+    in order, and a response (same batch_id, one decision per report) answers a batch
+    that holds a MOVE or an error, one sent with answer_stays, and at the latest the
+    batch after max_unanswered unanswered ones. A batch left unanswered was all stays,
+    which the next response confirms: it answers a later batch. When the sender ends
+    its side, the last batch is answered if it was not. A batch whose lease_epoch is
     not the instance's current lease epoch is refused whole in its response
     (`error`), and the stream stays open; a per-item problem (job not scheduled here)
     fails only that item.
@@ -106,8 +114,12 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.ReportToolReturnsResponse], _abc.AsyncIterator[_scheduler_pb2.ReportToolReturnsResponse]]:
         """The path of a rollout instance's reports: one long-lived stream per instance. Each
-        request is a batch (every tool return seen since the last one); each gets exactly
-        one response, in order, carrying the same batch_id. A batch whose lease_epoch is
+        request is a batch (every tool return seen since the last one). Batches are decided
+        in order, and a response (same batch_id, one decision per report) answers a batch
+        that holds a MOVE or an error, one sent with answer_stays, and at the latest the
+        batch after max_unanswered unanswered ones. A batch left unanswered was all stays,
+        which the next response confirms: it answers a later batch. When the sender ends
+        its side, the last batch is answered if it was not. A batch whose lease_epoch is
         not the instance's current lease epoch is refused whole in its response
         (`error`), and the stream stays open; a per-item problem (job not scheduled here)
         fails only that item.
