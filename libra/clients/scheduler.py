@@ -12,8 +12,9 @@ Most decisions are stays, which change nothing at the instance, so the scheduler
 answer a batch of stays on its own: a reader task takes the answers, and an answer to a
 batch settles every earlier unanswered one as all stays. A report made with
 ``needs_answer`` (the default) is answered even if it stays, and the sender waits for that
-answer before the next batch, as it does for the batch that fills the window of
-``max_unanswered`` unanswered batches (the scheduler answers that one whatever it holds).
+answer before the next batch. Past ``max_unanswered`` unanswered batches it also waits,
+until an answer makes room: the scheduler answers the batch that fills that window
+whatever it holds, if none before it.
 The rollout core reports with ``needs_answer=False`` and applies a MOVE whenever it comes,
 mid-turn if need be, so a trajectory never waits for a decision. Closing the client ends
 its side of the stream, and the scheduler then answers the last batch, so nothing is left
@@ -81,6 +82,8 @@ class GrpcSchedulerClient(GrpcClientBase):
         self._stream: Any = None  # grpc.aio.StreamStreamCall, opened with the first batch
         self._reader: asyncio.Task[None] | None = None  # takes the stream's answers
         self._unanswered: deque[_Batch] = deque()  # written, in batch_id order
+        # Set when answers shrink ``_unanswered``: the sender waits on it at a full window.
+        self._room: asyncio.Future[None] | None = None
         self._batch_ids = itertools.count(1)
         # Reports made, the batches that carried them, the answers those got and the
         # streams opened for them (benchmarks, tests).
@@ -140,10 +143,13 @@ class GrpcSchedulerClient(GrpcClientBase):
                 stream = self._open_stream()
                 self._unanswered.append(batch)
                 await stream.write(request)
-                # An answer is due (asked for, or the window is full): it comes before
-                # the next batch goes, or the stream is deemed broken.
-                if request.answer_stays or len(self._unanswered) > self._max_unanswered:
+                # An answer is due where asked for, and within the window once it is
+                # full: it comes before the next batch goes, or the stream is broken.
+                if request.answer_stays:
                     await batch.answered
+                while len(self._unanswered) > self._max_unanswered:
+                    self._room = asyncio.get_running_loop().create_future()
+                    await self._room
         except (Exception, asyncio.CancelledError) as exc:
             # The stream's state is unknown now (an answer may still come): start over.
             self._drop_stream(_stream_error(exc))
@@ -190,6 +196,11 @@ class GrpcSchedulerClient(GrpcClientBase):
             raise error
         else:
             _settle_batch(batch, [_decision_from_proto(d) for d in resp.decisions])
+        self._make_room()
+
+    def _make_room(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
 
     def _drop_stream(self, error: LibraError) -> None:
         """Give the stream up: every unanswered batch fails with ``error``."""
@@ -201,6 +212,7 @@ class GrpcSchedulerClient(GrpcClientBase):
         self._reader = None
         while self._unanswered:
             _settle_batch(self._unanswered.popleft(), error=error)
+        self._make_room()
 
     async def report_finished(self, job_id: str, trajectory_id: str, total_tokens: int,
                               status: t.TrajectoryStatus, instance_id: str,

@@ -173,6 +173,25 @@ async def test_the_batch_that_fills_the_window_is_answered(
     await windowed.close()
 
 
+async def test_a_full_window_waits_for_room_not_for_its_own_answer(
+        client: GrpcSchedulerClient) -> None:
+    """Two batches out at once, the first refused (answered), the second a stay: the
+    window of one is full until the first answer is read, and then has room; the
+    scheduler owes the second no answer, so waiting for one would stall the sender."""
+    await client.start_job("j1")
+    windowed = GrpcSchedulerClient(client.address, timeout_s=1.0, max_unanswered=1)
+    refused, quiet = (asyncio.create_task(windowed.report_tool_return(
+        "j1", "traj-0", STATE, 3, "rollout-0", epoch, needs_answer=False))
+        for epoch in (EPOCH - 1, EPOCH))  # one batch per epoch, both queued now
+    with pytest.raises(FailedPrecondition):
+        await refused
+    asked = await windowed.report_tool_return("j1", "traj-1", STATE, 3, "rollout-0", EPOCH)
+    assert asked.reason == "unknown_trajectory"
+    assert (await quiet).reason == IMPLIED_STAY
+    assert (windowed.num_report_batches, windowed.num_report_answers) == (3, 2)
+    await windowed.close()
+
+
 async def test_closing_the_client_settles_its_unanswered_stays(
         client: GrpcSchedulerClient) -> None:
     await client.start_job("j1")
