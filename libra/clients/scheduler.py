@@ -14,11 +14,10 @@ batch settles every earlier unanswered one as all stays. A report made with
 ``needs_answer`` (the default) is answered even if it stays, and the sender waits for that
 answer before the next batch. Past ``max_unanswered`` unanswered batches it also waits,
 until an answer makes room: the scheduler answers the batch that fills that window
-whatever it holds, if none before it.
-The rollout core reports with ``needs_answer=False`` and applies a MOVE whenever it comes,
-mid-turn if need be, so a trajectory never waits for a decision. Closing the client ends
-its side of the stream, and the scheduler then answers the last batch, so nothing is left
-unsettled.
+whatever it holds, if none before it. The rollout core reports with
+``needs_answer=False`` and applies a MOVE whenever it comes, mid-turn if need be, so a
+trajectory never waits for a decision. Closing the client ends its side of the stream,
+and the scheduler then answers the last batch, so nothing is left unsettled.
 
 A broken stream (scheduler restarted, no answer within the timeout where one is due)
 fails every unanswered batch - their reports get the error, which the rollout treats as
