@@ -225,6 +225,35 @@ async def test_reports_go_on_after_a_scheduler_restart(redis_server: EmbeddedRed
     await r.aclose()
 
 
+async def test_unanswered_stays_do_not_outlive_a_scheduler_restart(
+        redis_server: EmbeddedRedis) -> None:
+    """A stay out unanswered when the scheduler stops is settled (a stay, or the
+    stream's error, which the rollout also reads as a stay), never left pending; the
+    next report goes on a new stream."""
+    r = aioredis.from_url(redis_server.url, decode_responses=False)
+    await r.hset(keys.job("j1"), mapping={"spec_json": JobSpec().to_json(), "state": "running"})
+    await r.sadd(keys.WORKERS, "rollout-0")
+    await r.hset(keys.lease("rollout-0"), mapping={"role": "core-rollout", "bucket": "short",
+                                                   "epoch": EPOCH})
+    async with _scheduler(r) as address:
+        client = GrpcSchedulerClient(address, timeout_s=2.0)
+        await client.start_job("j1")
+        quiet = _quiet_report(client, "traj-0")
+        await _written(client, 1)
+        await asyncio.sleep(0.1)
+        assert not quiet.done()
+    (outcome,) = await asyncio.wait_for(asyncio.gather(quiet, return_exceptions=True), 2.0)
+    assert isinstance(outcome, Unavailable) or outcome.reason == "unknown_trajectory"
+    async with _scheduler(r, port=int(address.rsplit(":", 1)[1])):
+        await client.start_job("j1")
+        decision = await client.report_tool_return("j1", "traj-1", STATE, 3, "rollout-0",
+                                                   EPOCH)
+    assert decision.reason == "unknown_trajectory"
+    assert client.num_report_streams == 2
+    await client.close()
+    await r.aclose()
+
+
 async def test_report_without_a_live_lease_is_refused(client: GrpcSchedulerClient) -> None:
     await client.start_job("j1")
     with pytest.raises(FailedPrecondition, match="no live lease"):
