@@ -94,7 +94,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from tests.service.grpc_harness import serving
 
     spec = demo_spec()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-elastic-"))
+    tmp_dir = tempfile.TemporaryDirectory(prefix="bench-elastic-")  # removed when collected
+    tmp = Path(tmp_dir.name)
     backend = JobBackend(spec, str(tmp / "model"), 1)
     timeline = Timeline()
     domain = GradientDomain(SystemClock(), timeline)

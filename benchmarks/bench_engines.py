@@ -63,8 +63,8 @@ def main() -> None:
     from services.rollout.engine_types import GenerationRequest
     from services.rollout.vllm_engine import VllmEngineLoader, VllmEngineOptions, vllm_available
 
-    tmp = tempfile.mkdtemp(prefix="bench-engines-")
-    model_dir = str(Path(tmp) / "model")
+    tmp_dir = tempfile.TemporaryDirectory(prefix="bench-engines-")  # removed when collected
+    model_dir = str(Path(tmp_dir.name) / "model")
     tokenizer = build_tokenizer()
     save_model_dir(build_model(TinyModelConfig(), seed=0), tokenizer, model_dir)
     weights = str(Path(model_dir) / "model.safetensors")

@@ -35,6 +35,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -209,6 +210,8 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
     finally:
         stop_stack(stack)
     host_log = (run_root / "logs" / "rollout-host.log").read_text()
+    # A run leaves ~65 MB (weights of every version); a failed run keeps it for its logs.
+    shutil.rmtree(run_root, ignore_errors=True)
     decisions = next((line for line in host_log.splitlines() if line.startswith("DECISIONS")),
                      "")
     moves = next((line for line in host_log.splitlines() if line.startswith("MOVES")), "")

@@ -52,7 +52,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         # One stream per rollout instance for its lifetime: a refused batch is answered
         # (its error in the response), never a reason to end the stream. Most batches
         # are all stays, which change nothing at the instance: they go unanswered (up to
-        # the sender's max_unanswered in a row), halving the messages of the report path.
+        # the sender's max_unanswered in a row), a message saved per batch.
         unanswered = 0
         held: pb.ReportToolReturnsResponse | None = None  # the last batch's, unsent
         async for request in request_iterator:
