@@ -27,14 +27,20 @@ STATE = t.ToolReturnState("calculator", t.SizeClass.SMALL, t.ToolStatus.SUCCESS)
 EPOCH = 7
 
 
-@pytest.fixture
-async def client(redis_server: EmbeddedRedis):
+async def _job_and_lease(redis_server: EmbeddedRedis) -> aioredis.Redis:
+    """A clean Redis with job j1 running and rollout-0 holding a lease at EPOCH."""
     r = aioredis.from_url(redis_server.url, decode_responses=False)
     await r.flushdb()
     await r.hset(keys.job("j1"), mapping={"spec_json": JobSpec().to_json(), "state": "running"})
     await r.sadd(keys.WORKERS, "rollout-0")
     await r.hset(keys.lease("rollout-0"), mapping={"role": "core-rollout", "bucket": "short",
                                                    "epoch": EPOCH})
+    return r
+
+
+@pytest.fixture
+async def client(redis_server: EmbeddedRedis):
+    r = await _job_and_lease(redis_server)
     async with _scheduler(r) as address:
         c = GrpcSchedulerClient(address)
         yield c
@@ -202,16 +208,20 @@ async def test_closing_the_client_settles_its_unanswered_stays(
 
 
 async def test_reports_go_on_after_a_scheduler_restart(redis_server: EmbeddedRedis) -> None:
-    r = aioredis.from_url(redis_server.url, decode_responses=False)
-    await r.hset(keys.job("j1"), mapping={"spec_json": JobSpec().to_json(), "state": "running"})
-    await r.sadd(keys.WORKERS, "rollout-0")
-    await r.hset(keys.lease("rollout-0"), mapping={"role": "core-rollout", "bucket": "short",
-                                                   "epoch": EPOCH})
+    r = await _job_and_lease(redis_server)
     async with _scheduler(r) as address:
         client = GrpcSchedulerClient(address, timeout_s=2.0)
         await client.start_job("j1")
         await client.report_tool_return("j1", "traj-0", STATE, 3, "rollout-0", EPOCH)
-    # The stream ended with the scheduler while idle: the next report opens a new one.
+        # A stay that needs no answer is out, unanswered, when the scheduler stops.
+        quiet = _quiet_report(client, "traj-q")
+        await _written(client, 2)
+        await asyncio.sleep(0.1)
+        assert not quiet.done()
+    # It is settled, never left pending: a stay, or the stream's error (read as a stay).
+    (outcome,) = await asyncio.wait_for(asyncio.gather(quiet, return_exceptions=True), 2.0)
+    assert isinstance(outcome, Unavailable) or outcome.reason == "unknown_trajectory"
+    # The stream ended with the scheduler: the next report opens a new one.
     async with _scheduler(r, port=int(address.rsplit(":", 1)[1])):
         await client.start_job("j1")
         decision = await client.report_tool_return("j1", "traj-1", STATE, 3, "rollout-0",
@@ -221,35 +231,6 @@ async def test_reports_go_on_after_a_scheduler_restart(redis_server: EmbeddedRed
     # No scheduler at all: the report fails (the rollout stays), it does not hang.
     with pytest.raises(Unavailable):
         await client.report_tool_return("j1", "traj-2", STATE, 3, "rollout-0", EPOCH)
-    await client.close()
-    await r.aclose()
-
-
-async def test_unanswered_stays_do_not_outlive_a_scheduler_restart(
-        redis_server: EmbeddedRedis) -> None:
-    """A stay out unanswered when the scheduler stops is settled (a stay, or the
-    stream's error, which the rollout also reads as a stay), never left pending; the
-    next report goes on a new stream."""
-    r = aioredis.from_url(redis_server.url, decode_responses=False)
-    await r.hset(keys.job("j1"), mapping={"spec_json": JobSpec().to_json(), "state": "running"})
-    await r.sadd(keys.WORKERS, "rollout-0")
-    await r.hset(keys.lease("rollout-0"), mapping={"role": "core-rollout", "bucket": "short",
-                                                   "epoch": EPOCH})
-    async with _scheduler(r) as address:
-        client = GrpcSchedulerClient(address, timeout_s=2.0)
-        await client.start_job("j1")
-        quiet = _quiet_report(client, "traj-0")
-        await _written(client, 1)
-        await asyncio.sleep(0.1)
-        assert not quiet.done()
-    (outcome,) = await asyncio.wait_for(asyncio.gather(quiet, return_exceptions=True), 2.0)
-    assert isinstance(outcome, Unavailable) or outcome.reason == "unknown_trajectory"
-    async with _scheduler(r, port=int(address.rsplit(":", 1)[1])):
-        await client.start_job("j1")
-        decision = await client.report_tool_return("j1", "traj-1", STATE, 3, "rollout-0",
-                                                   EPOCH)
-    assert decision.reason == "unknown_trajectory"
-    assert client.num_report_streams == 2
     await client.close()
     await r.aclose()
 
