@@ -182,20 +182,33 @@ def stop_stack(stack: Stack) -> None:
     stack.redis.stop()
 
 
-async def run_job(address: str, spec: str) -> tuple[float, dict[str, int], list[dict]]:
-    """Runs the job; its wall time is the coordinator's, from creation to the end (ms
-    resolution: polling the state would round every run to the poll period)."""
+@dataclass
+class JobResult:
+    wall_s: float  # the coordinator's: job created to job ended
+    create_s: float  # the CreateJob call (the scheduler's start_job included)
+    polled_s: float  # from CreateJob's return until a poll saw the end (0.2 s steps)
+    counters: dict[str, int]
+    steps: list[dict]
+
+
+async def run_job(address: str, spec: str) -> JobResult:
+    """Runs the job. Its wall time is the coordinator's, from creation to the end, in
+    ms: polling the state would round every run to the poll period."""
     client = GrpcCoordinatorClient(address)
+    started = time.perf_counter()
     job = await client.create_job(spec, "json")
+    created = time.perf_counter()
     while True:
         job, steps, counters = await client.get_job(job.job_id)
         if job.state.is_terminal:
             break
         await asyncio.sleep(0.2)
+    polled_s = time.perf_counter() - created
     await client.close()
     if job.state.value != "succeeded":
         raise RuntimeError(f"job ended {job.state.value}: {job.message}")
-    return (job.updated_at_ms - job.created_at_ms) / 1000, counters, steps
+    return JobResult((job.updated_at_ms - job.created_at_ms) / 1000, created - started,
+                     polled_s, counters, steps)
 
 
 def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
@@ -205,7 +218,8 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
         before = {name: cpu_s(p.pid) for name, p in stack.procs.items()}
         woken = {name: wakeups(p.pid) for name, p in stack.procs.items()}
         cpus = {name: sorted(os.sched_getaffinity(p.pid)) for name, p in stack.procs.items()}
-        wall_s, counters, steps = asyncio.run(run_job(stack.coordinator, spec))
+        job = asyncio.run(run_job(stack.coordinator, spec))
+        counters, steps = job.counters, job.steps
         used = {name: cpu_s(p.pid) - before[name] for name, p in stack.procs.items()}
         woken = {name: woken_since(p.pid, woken[name]) for name, p in stack.procs.items()}
     finally:
@@ -218,7 +232,9 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
     moves = next((line for line in host_log.splitlines() if line.startswith("MOVES")), "")
     reports = next((line for line in host_log.splitlines() if line.startswith("REPORTS")), "")
     produced = counters.get("produced", 0) + counters.get("failed", 0)
-    out: dict[str, Any] = {"mode": mode, "wall_s": round(wall_s, 3), "trajectories": produced,
+    out: dict[str, Any] = {"mode": mode, "wall_s": round(job.wall_s, 3),
+                           "create_s": round(job.create_s, 3),
+                           "polled_s": round(job.polled_s, 2), "trajectories": produced,
                            "migrations": counters.get("migrations", 0),
                            "cpu_s": {k: round(v, 2) for k, v in used.items()},
                            "cpu_total_s": round(sum(used.values()), 2),
