@@ -9,12 +9,15 @@ rollout instances' event loop and they call it directly; there is no scheduler p
 and no RPC. In both arms every rollout instance runs in one benchmark host process
 (benchmarks/bench_scheduler_host.py), so the only difference is where placement runs.
 
-Arms alternate (service, inproc, inproc, service, ...) on fresh stacks; each runs the
-same demo-shaped job (deploy/configs/demo.toml with --steps RL steps). Printed: every
-run's wall time, the wall-time ratio service/inproc of every pair (with mean and
-spread) and of the means, CPU seconds and wake-ups (voluntary context switches) per
-process, the scheduler process's CPU and wake-ups per trajectory (service arm), the
-decisions' round trip and the time rollouts waited on decisions (only while a move is
+Each round runs every arm once on fresh stacks, the order rotating from round to round
+(service, inproc; inproc, service; ...); each run is the same demo-shaped job
+(deploy/configs/demo.toml with --steps RL steps), timed by the coordinator (job created
+to job ended). ``--also-linger-ms MS`` adds a third arm, the service with reports
+batched over MS, to compare batching within the same rounds. Printed: every run's wall
+time, the wall-time ratio service/inproc of every round (with mean, spread and a 95%
+bootstrap interval) and of the means, CPU seconds and wake-ups (voluntary context
+switches) per process, the scheduler process's CPU and wake-ups per trajectory (service
+arms), the decisions' round trip and the time rollouts waited on decisions (only while a move is
 pending), and migrations per RL step.
 
 With ``--pin-trainer`` the trainer runs alone on CPU 0 and every other process on the
@@ -25,7 +28,7 @@ CPU-bound trainer directly.
 
 Usage: python benchmarks/bench_scheduler_overhead.py [--steps N] [--rounds R]
        [--policy cmlfq] [--json] [--no-decisions] [--report-linger-ms MS]
-       [--report-max-unanswered N] [--pin-trainer]
+       [--report-max-unanswered N] [--also-linger-ms MS] [--pin-trainer]
 """
 
 from __future__ import annotations
@@ -255,35 +258,43 @@ def run_arm(mode: str, spec: str, host_args: list[str]) -> dict[str, Any]:
 
 
 def summarise(runs: list[dict[str, Any]], steps: int) -> dict[str, Any]:
-    walls = {m: [r["wall_s"] for r in runs if r["mode"] == m] for m in ("service", "inproc")}
-    # Runs come in pairs (one of each arm, order alternating): one ratio per pair.
-    pairs = [(a, b) if a["mode"] == "service" else (b, a) for a, b in zip(runs[::2], runs[1::2],
-                                                                          strict=True)]
-    ratios = [s["wall_s"] / i["wall_s"] for s, i in pairs]
-    per_traj = {m: [r["wall_s"] / max(r["trajectories"], 1) for r in runs if r["mode"] == m]
-                for m in ("service", "inproc")}
-    cpu = [r["scheduler_cpu_ms_per_trajectory"] for r in runs if r["mode"] == "service"]
-    return {
-        "wall_s_mean": {m: round(statistics.mean(w), 2) for m, w in walls.items()},
+    """Per arm means; the wall-time ratio of every round (one run of each arm) to the
+    in-process arm's run of that round, with mean, spread and interval."""
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    rounds: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in runs:
+        rounds.setdefault(r["round"], {})[r["arm"]] = r
+    by_arm = {a: [r for r in runs if r["arm"] == a] for a in arms}
+    walls = {a: [r["wall_s"] for r in rs] for a, rs in by_arm.items()}
+    ratios = [g["service"]["wall_s"] / g["inproc"]["wall_s"] for g in rounds.values()]
+    services = [a for a in arms if a != "inproc"]
+    out = {
+        "wall_s_mean": {a: round(statistics.mean(w), 2) for a, w in walls.items()},
         "wall_ratio_service_over_inproc": round(
             statistics.mean(walls["service"]) / statistics.mean(walls["inproc"]), 4),
-        "wall_per_trajectory_ratio": round(
-            statistics.mean(per_traj["service"]) / statistics.mean(per_traj["inproc"]), 4),
         "pair_ratios": [round(x, 4) for x in ratios],
         "pair_ratio_mean": round(statistics.mean(ratios), 4),
         "pair_ratio_stdev": round(statistics.stdev(ratios), 4) if len(ratios) > 1 else 0.0,
         "pair_ratio_mean_ci95": bootstrap_ci95(ratios),
-        "scheduler_cpu_ms_per_trajectory": round(statistics.mean(cpu), 3),
-        "scheduler_wakeups_per_trajectory": round(statistics.mean(
-            r["wakeups"]["scheduler"] / max(r["trajectories"], 1)
-            for r in runs if r["mode"] == "service"), 2),
-        "step_rollout_s_mean": {m: round(statistics.mean(
-            r["step_rollout_s"] for r in runs if r["mode"] == m), 3) for m in walls},
-        "step_train_s_mean": {m: round(statistics.mean(
-            r["step_train_s"] for r in runs if r["mode"] == m), 3) for m in walls},
-        "migrations_per_step_mean": {
-            m: round(statistics.mean(r["migrations"] for r in runs if r["mode"] == m)
-                     / steps, 2) for m in ("service", "inproc")},
+    }
+    if "service_linger" in arms:
+        for base in ("inproc", "service"):
+            linger = [g["service_linger"]["wall_s"] / g[base]["wall_s"] for g in rounds.values()]
+            out[f"service_linger_over_{base}"] = {
+                "mean": round(statistics.mean(linger), 4), "ci95": bootstrap_ci95(linger)}
+    return {
+        **out,
+        "scheduler_cpu_ms_per_trajectory": {a: round(statistics.mean(
+            r["scheduler_cpu_ms_per_trajectory"] for r in by_arm[a]), 3) for a in services},
+        "scheduler_wakeups_per_trajectory": {a: round(statistics.mean(
+            r["wakeups"]["scheduler"] / max(r["trajectories"], 1) for r in by_arm[a]), 2)
+            for a in services},
+        "step_rollout_s_mean": {a: round(statistics.mean(
+            r["step_rollout_s"] for r in rs), 3) for a, rs in by_arm.items()},
+        "step_train_s_mean": {a: round(statistics.mean(
+            r["step_train_s"] for r in rs), 3) for a, rs in by_arm.items()},
+        "migrations_per_step_mean": {a: round(statistics.mean(
+            r["migrations"] for r in rs) / steps, 2) for a, rs in by_arm.items()},
     }
 
 
@@ -300,7 +311,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2,
-                        help="pairs of runs; arms alternate service, inproc, inproc, ...")
+                        help="rounds of one run per arm; the arms' order rotates")
     parser.add_argument("--policy", default="cmlfq")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--report-linger-ms", type=int, default=None,
@@ -310,6 +321,9 @@ def main() -> None:
                         help="service arm: all-stay batches the scheduler may leave "
                              "unanswered (default: the rollout's report_max_unanswered; 0 "
                              "answers every batch)")
+    parser.add_argument("--also-linger-ms", type=int, default=None,
+                        help="a third arm: the service with reports batched over this "
+                             "window, in every round beside the other two")
     parser.add_argument("--no-decisions", action="store_true",
                         help="control: no tool-return reports in either arm (every tool "
                              "return stays, nothing moves), so only admission, placement "
@@ -326,12 +340,15 @@ def main() -> None:
         host_args.append(f"--report-linger-ms={args.report_linger_ms}")
     if args.report_max_unanswered is not None:
         host_args.append(f"--report-max-unanswered={args.report_max_unanswered}")
-    order = [("service", "inproc") if i % 2 == 0 else ("inproc", "service")
-             for i in range(args.rounds)]
+    arms = [("service", "service", host_args), ("inproc", "inproc", host_args)]
+    if args.also_linger_ms is not None:
+        arms.append(("service_linger", "service",
+                     [*host_args, f"--report-linger-ms={args.also_linger_ms}"]))
     runs = []
-    for pair in order:
-        for mode in pair:
-            runs.append(run_arm(mode, spec, host_args))
+    for i in range(args.rounds):
+        # Every arm takes every position in turn (drift hits each alike).
+        for arm, mode, arm_args in arms[i % len(arms):] + arms[:i % len(arms)]:
+            runs.append({"arm": arm, "round": i, **run_arm(mode, spec, arm_args)})
             if not args.json:
                 print(json.dumps(runs[-1]), flush=True)
     summary = {"policy": args.policy, "steps": args.steps, "pin_trainer": args.pin_trainer,
