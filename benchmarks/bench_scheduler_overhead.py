@@ -29,6 +29,7 @@ CPU-bound trainer directly.
 Usage: python benchmarks/bench_scheduler_overhead.py [--steps N] [--rounds R]
        [--policy cmlfq] [--json] [--no-decisions] [--report-linger-ms MS]
        [--report-max-unanswered N] [--also-linger-ms MS] [--pin-trainer]
+       [--set SECTION.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -88,10 +89,19 @@ def woken_since(pid: int, before: dict[str, int]) -> int:
     return sum(n - before.get(tid, 0) for tid, n in wakeups(pid).items())
 
 
-def job_spec(steps: int, policy: str) -> str:
+def job_spec(steps: int, policy: str, overrides: list[str] = ()) -> str:
+    """The demo's spec with ``steps`` RL steps, the policy, and ``SECTION.KEY=VALUE``
+    overrides (VALUE in TOML: ``model.hidden_size=256``)."""
     spec = tomllib.loads((ROOT / "deploy" / "configs" / "demo.toml").read_text())
     spec["algorithm"].update({"num_steps": steps, "sft_steps": 200})
     spec["layout"]["policy"] = policy
+    for item in overrides:
+        path, _, value = item.partition("=")
+        section, _, key = path.rpartition(".")
+        if not section or section not in spec or not value:
+            raise SystemExit(f"--set {item!r}: expected SECTION.KEY=VALUE, SECTION in "
+                             f"{sorted(spec)}")
+        spec[section][key] = tomllib.loads(f"v = {value}")["v"]
     return json.dumps(spec)
 
 
@@ -313,6 +323,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="rounds of one run per arm; the arms' order rotates")
     parser.add_argument("--policy", default="cmlfq")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override the demo spec, e.g. --set model.hidden_size=256 "
+                             "(how the cost scales with the work per trajectory)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--report-linger-ms", type=int, default=None,
                         help="service arm: batch reports over this window (default: the "
@@ -334,7 +347,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.pin_trainer:
         pin_trainer()
-    spec = job_spec(args.steps, args.policy)
+    spec = job_spec(args.steps, args.policy, args.set)
     host_args = ["--no-decisions"] if args.no_decisions else []
     if args.report_linger_ms is not None:
         host_args.append(f"--report-linger-ms={args.report_linger_ms}")
