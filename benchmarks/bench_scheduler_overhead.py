@@ -17,8 +17,8 @@ batched over MS, to compare batching within the same rounds. Printed: every run'
 time, the wall-time ratio service/inproc of every round (with mean, spread and a 95%
 bootstrap interval) and of the means, CPU seconds and wake-ups (voluntary context
 switches) per process, the scheduler process's CPU and wake-ups per trajectory (service
-arms), the decisions' round trip and the time rollouts waited on decisions (only while a move is
-pending), and migrations per RL step.
+arms), the decisions' round trip and the time rollouts waited on decisions (only while
+a move is pending), and migrations per RL step.
 
 With ``--pin-trainer`` the trainer runs alone on CPU 0 and every other process on the
 remaining CPUs in both arms, as in a deployment where training has its own device: the
@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def woken_since(pid: int, before: dict[str, int]) -> int:
     return sum(n - before.get(tid, 0) for tid, n in wakeups(pid).items())
 
 
-def job_spec(steps: int, policy: str, overrides: list[str] = ()) -> str:
+def job_spec(steps: int, policy: str, overrides: Sequence[str] = ()) -> str:
     """The demo's spec with ``steps`` RL steps, the policy, and ``SECTION.KEY=VALUE``
     overrides (VALUE in TOML: ``model.hidden_size=256``)."""
     spec = tomllib.loads((ROOT / "deploy" / "configs" / "demo.toml").read_text())
