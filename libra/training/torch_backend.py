@@ -128,7 +128,9 @@ class TorchTrainerBackend:
         if parallelism == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            self._forward_model = DistributedDataParallel(self._model, broadcast_buffers=False)
+            # Buffers (rotary tables) are the same on every rank: synced once at init,
+            # not before every forward.
+            self._forward_model = DistributedDataParallel(self._model, forward_sync_buffers=False)
             return
         broadcast_from_rank0(self._model)
         fully_shard_layers(self._model, torch.device(device).type)
