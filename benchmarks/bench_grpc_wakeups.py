@@ -29,29 +29,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from procstat import cpu_s, wakeups  # noqa: E402  (this directory: run as a script)
+
 from libra import GRPC_EXPERIMENTS_DEFAULT  # noqa: E402
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 METHOD = "/bench.Wakeups/Stream"
 # GRPC_EXPERIMENTS per setting; "" keeps gRPC's defaults.
 SETTINGS = {"grpc_default": "", "libra_default": GRPC_EXPERIMENTS_DEFAULT}
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def wakeups(pid: int) -> int:
-    total = 0
-    for status in Path(f"/proc/{pid}/task").glob("*/status"):
-        try:
-            lines = status.read_text().splitlines()
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        total += sum(int(line.split()[1]) for line in lines
-                     if line.startswith("voluntary_ctxt_switches"))
-    return total
+def _woken(pid: int) -> int:
+    return sum(wakeups(pid).values())
 
 
 async def serve(port_file: Path) -> None:
@@ -80,12 +68,12 @@ async def drive(port: int, server_pid: int, messages: int, gap_s: float) -> dict
     await call.write(b"warm-up")
     await asyncio.sleep(0.5)
     me = os.getpid()
-    before = cpu_s(me), wakeups(me), cpu_s(server_pid), wakeups(server_pid)
+    before = cpu_s(me), _woken(me), cpu_s(server_pid), _woken(server_pid)
     payload = b"x" * 120  # about one tool-return report
     for _ in range(messages):
         await call.write(payload)
         await asyncio.sleep(gap_s)
-    after = cpu_s(me), wakeups(me), cpu_s(server_pid), wakeups(server_pid)
+    after = cpu_s(me), _woken(me), cpu_s(server_pid), _woken(server_pid)
     await call.done_writing()
     await call
     await channel.close()

@@ -52,36 +52,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from procstat import cpu_s, wakeups  # this directory: run as a script
+
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.healthcheck import check
 from libra.launcher import DEFAULT_STACK, _plan
 from libra.redis_server import EmbeddedRedis, pid_alive, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
        "PYTHONPATH": str(ROOT)}
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (fields 14 and 15 of /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def wakeups(pid: int) -> dict[str, int]:
-    """Per thread id, the times the thread went to sleep and had to be woken: its
-    voluntary context switches (/proc/PID/task/TID/status)."""
-    out = {}
-    for status in Path(f"/proc/{pid}/task").glob("*/status"):
-        try:
-            lines = status.read_text().splitlines()
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        out[status.parent.name] = sum(int(line.split()[1]) for line in lines
-                                      if line.startswith("voluntary_ctxt_switches"))
-    return out
 
 
 def woken_since(pid: int, before: dict[str, int]) -> int:
