@@ -20,8 +20,16 @@ import yaml
 
 from libra.errors import InvalidArgument
 
-SUPPORTED_MODELS = ("tiny-llama",)
-SUPPORTED_TASKS = ("arith",)
+SUPPORTED_MODELS = ("tiny-llama", "hf")
+SUPPORTED_DTYPES = ("auto", "float32", "bfloat16")
+SUPPORTED_TASKS = ("arith", "calc-words")
+# How a model asks for a tool: the tiny model's single-token tags, or Hermes/Qwen JSON
+# inside <tool_call>...</tool_call> (chat models); parsers live in libra/chat/toolcalls.py.
+SUPPORTED_TOOL_CALL_FORMATS = ("arith", "hermes")
+# Where tool schemas enter the prompt: the model's own chat template (``model``), the
+# shipped Hermes-style template (``hermes``), or ``auto`` (the model's when it renders
+# ``tools``, else the shipped one).
+SUPPORTED_TOOL_TEMPLATES = ("auto", "model", "hermes")
 SUPPORTED_POLICIES = ("least_loaded", "cmlfq", "length_aware", "la_mlfq", "toolcount")
 SUPPORTED_TOOLS = ("calculator", "python", "search")
 # Built-in rewards of the tool gateway (plugins registered there are accepted too when
@@ -32,7 +40,20 @@ _BUCKET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
+    """``[model]``: the built-in tiny Llama (``tiny-llama``, shaped by the size fields) or
+    a local Hugging Face directory (``hf``, with ``path``; the size fields are ignored)."""
+
     kind: str = "tiny-llama"
+    path: str = ""
+    """``hf``: a local model directory (config.json, *.safetensors, tokenizer files)."""
+    dtype: str = "auto"
+    """``auto`` is float32 on CPU and bfloat16 on CUDA."""
+    gradient_checkpointing: bool = False
+    """Trainer: recompute activations in backward (less memory, ~30% more compute)."""
+    max_context_tokens: int = 0
+    """``hf``: longest trajectory (prompt + turns) in tokens; 0 takes the model's
+    ``max_position_embeddings`` capped at 4096."""
+    tool_template: str = "auto"
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4
@@ -48,6 +69,9 @@ class TaskSpec:
     seed: int = 0
     max_turns: int = 6
     max_new_tokens_per_turn: int = 24
+    tool_call_format: str = "arith"
+    system_prompt: str = ""
+    """``hermes``: the system message (empty: the task's default)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,10 +256,12 @@ def _require(ok: bool, path: str, reason: str) -> None:
 def _validate_ranges(spec: JobSpec) -> None:
     a, t = spec.algorithm, spec.task
     _require(bool(spec.name.strip()), "name", "must not be empty")
-    _require(spec.model.kind in SUPPORTED_MODELS, "model.kind", f"one of {SUPPORTED_MODELS}")
-    _require(spec.model.hidden_size % spec.model.num_heads == 0, "model.hidden_size",
-             "must be divisible by model.num_heads")
+    _validate_model(spec)
     _require(t.name in SUPPORTED_TASKS, "task.name", f"one of {SUPPORTED_TASKS}")
+    _require(t.tool_call_format in SUPPORTED_TOOL_CALL_FORMATS, "task.tool_call_format",
+             f"one of {SUPPORTED_TOOL_CALL_FORMATS}")
+    _require(spec.model.kind == "hf" or t.tool_call_format == "arith",
+             "task.tool_call_format", "the tiny-llama model speaks only the arith format")
     _require(t.num_prompts >= a.prompts_per_step, "task.num_prompts",
              "must be >= algorithm.prompts_per_step")
     _require(1 <= t.max_turns <= 64, "task.max_turns", "must be in [1, 64]")
@@ -251,9 +277,9 @@ def _validate_ranges(spec: JobSpec) -> None:
     for tool in spec.tools.enabled:
         _require(tool in SUPPORTED_TOOLS, "tools.enabled", f"unknown tool {tool!r} "
                  f"(known: {', '.join(SUPPORTED_TOOLS)})")
-    # The arith task's agent speaks the calculator protocol; other tools ride along.
-    _require(t.name != "arith" or spec.tools.enabled[0] == "calculator", "tools.enabled",
-             "the arith task calls the calculator: list it first")
+    # The arith format's agent speaks the calculator protocol; other tools ride along.
+    _require(t.tool_call_format != "arith" or spec.tools.enabled[0] == "calculator",
+             "tools.enabled", "the arith tool-call format calls the calculator: list it first")
     for i, path in enumerate(spec.tools.search_corpus):
         _require(bool(path.strip()), f"tools.search_corpus[{i}]", "must be a file path")
     _require(0.0 <= spec.tools.calculator_transient_failure_rate < 1.0,
@@ -273,6 +299,24 @@ def _validate_ranges(spec: JobSpec) -> None:
     _require(0 < a.clip_eps < 1, "algorithm.clip_eps", "must be in (0, 1)")
     _require(a.temperature > 0, "algorithm.temperature", "must be > 0")
     _require(0 < a.top_p <= 1, "algorithm.top_p", "must be in (0, 1]")
+
+
+def _validate_model(spec: JobSpec) -> None:
+    m = spec.model
+    _require(m.kind in SUPPORTED_MODELS, "model.kind", f"one of {SUPPORTED_MODELS}")
+    _require(m.dtype in SUPPORTED_DTYPES, "model.dtype", f"one of {SUPPORTED_DTYPES}")
+    _require(m.tool_template in SUPPORTED_TOOL_TEMPLATES, "model.tool_template",
+             f"one of {SUPPORTED_TOOL_TEMPLATES}")
+    _require(0 <= m.max_context_tokens <= 1 << 20, "model.max_context_tokens",
+             "must be in [0, 1048576] (0 = the model's own limit, capped at 4096)")
+    if m.kind == "hf":
+        _require(bool(m.path.strip()), "model.path",
+                 "required for kind = \"hf\": a local Hugging Face model directory "
+                 "(make one from a GGUF file with `libra model import`)")
+    else:
+        _require(not m.path, "model.path", f"only for kind = \"hf\" (kind is {m.kind!r})")
+        _require(m.num_heads >= 1 and m.hidden_size % m.num_heads == 0, "model.hidden_size",
+                 "must be divisible by model.num_heads")
 
 
 def _validate_layout(layout: LayoutSpec) -> None:
@@ -341,6 +385,60 @@ def _validate_elastic(e: ElasticSpec) -> None:
 def parse_job_spec(text: str, fmt: str = "toml") -> JobSpec:
     """Parse and validate a job spec document; raises InvalidArgument naming the field."""
     return job_spec_from_dict(parse_document(text, fmt))
+
+
+_OVERRIDE_STEP = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[(\d+)\])?")
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A copy of the spec document with ``section.key=value`` overrides applied.
+
+    ``value`` is read as a TOML value (``8``, ``1e-5``, ``true``, ``"text"``,
+    ``["calculator"]``) and, when it is not one, as a bare string. A list item is
+    addressed by index (``layout.buckets[1].max_batch_size=4``). The result still goes
+    through :func:`job_spec_from_dict`, so an unknown key or a wrong type is refused with
+    the field's name, exactly as in the file.
+    """
+    result = json.loads(json.dumps(data))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        steps = [_OVERRIDE_STEP.fullmatch(part) for part in key.split(".")]
+        if not sep or not key or not all(steps):
+            raise InvalidArgument("--set", f"{item!r} is not SECTION.KEY=VALUE")
+        _set_path(result, key, [(m.group(1), m.group(2)) for m in steps if m],
+                  _override_value(raw.strip()))
+    return result
+
+
+def _override_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _set_path(doc: dict[str, Any], key: str, steps: list[tuple[str, str | None]],
+              value: Any) -> None:
+    node: Any = doc
+    for depth, (name, index) in enumerate(steps):
+        last = depth == len(steps) - 1
+        if index is None:
+            if last:
+                node[name] = value
+                return
+            node = node.setdefault(name, {})
+        else:
+            items = node.get(name)
+            if not isinstance(items, list) or int(index) >= len(items):
+                raise InvalidArgument(key, f"{name}[{index}] is not in the spec (it has "
+                                      f"{len(items) if isinstance(items, list) else 0} items)")
+            if last:
+                items[int(index)] = value
+                return
+            node = items[int(index)]
+        if not isinstance(node, dict):
+            raise InvalidArgument(key, f"{name} is not a table")
 
 
 def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:

@@ -47,3 +47,20 @@ async def redis_bytes(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Red
     await client.flushdb()
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """``hf_model_dir(family)``: a tiny random HF model directory of ``llama``, ``qwen2``
+    or ``qwen3`` (tests/fixtures/hf_models.py), built once per family and session.
+    Treat it as read-only: copy it before changing anything in it."""
+    from tests.fixtures.hf_models import make_model_dir
+
+    built: dict[str, Path] = {}
+
+    def get(family: str = "llama") -> Path:
+        if family not in built:
+            built[family] = make_model_dir(family, tmp_path_factory.mktemp(f"hf-{family}"))
+        return built[family]
+
+    return get
