@@ -19,10 +19,11 @@ from typing import Any
 import yaml
 
 from libra.errors import InvalidArgument
+from libra.tasks import TASKS
 
 SUPPORTED_MODELS = ("tiny-llama", "hf")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16")
-SUPPORTED_TASKS = ("arith", "calc-words")
+SUPPORTED_TASKS = tuple(TASKS)
 # How a model asks for a tool: the tiny model's single-token tags, or Hermes/Qwen JSON
 # inside <tool_call>...</tool_call> (chat models); parsers live in libra/chat/toolcalls.py.
 SUPPORTED_TOOL_CALL_FORMATS = ("arith", "hermes")
@@ -75,11 +76,26 @@ class TaskSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolSchema:
+    """An enabled tool as the model sees it: name, description and JSON-schema arguments.
+
+    Filled in by the coordinator at submit from the tool gateway's ListTools (a value
+    given in the spec is replaced), so the trainer's warm start and every rollout render
+    the same prompt even if the gateway changes later.
+    """
+
+    name: str
+    description: str = ""
+    parameters_json: str = "{}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ToolsSpec:
     enabled: list[str] = field(default_factory=lambda: ["calculator"])
     calculator_transient_failure_rate: float = 0.25
     call_timeout_s: float = 5.0
     search_corpus: list[str] = field(default_factory=list)
+    schemas: list[ToolSchema] = field(default_factory=list)
 
     def options_for(self, tool: str) -> dict[str, Any]:
         """The job-level settings sent with each call of ``tool`` to the tool gateway."""

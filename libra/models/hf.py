@@ -7,6 +7,9 @@ tied embeddings and dtypes agree everywhere.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -35,3 +38,9 @@ def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu") -> Pr
 def load_tokenizer(path: str):
     """The directory's tokenizer (fast when available), offline."""
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def max_position_embeddings(path: str, default: int = 2048) -> int:
+    """The context length a model directory's config.json declares."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or default)

@@ -1,7 +1,14 @@
 """Torch adapter of the trainer: builds the job's model, warm-starts it, trains it.
 
 The only module of the trainer service (with torch_backend.py and loss.py, which it
-wraps) that imports torch/transformers.
+wraps) that imports torch/transformers. The model is the built-in tiny Llama (a seeded
+random init) or a Hugging Face directory (``[model] kind = "hf"``); either way the
+trainer writes it to the job's model directory as an HF directory, which rollout
+engines load, and publishes weights under the HF parameter names.
+
+Warm start: supervised steps on demonstrations of the job's protocol, the tag protocol
+for the tiny model, chat conversations with tool calls (rendered by the same chat
+protocol the rollout uses, libra/chat) for chat models.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
+from libra.chat.job import chat_format
 from libra.jobspec import JobSpec
+from libra.models.hf import default_device, load_causal_lm, load_tokenizer
 from libra.models.tiny import (
     TinyModelConfig,
     build_model,
@@ -21,7 +30,8 @@ from libra.models.tiny import (
     encode_segments,
     save_model_dir,
 )
-from libra.tasks.arith import ArithDataset, demonstration
+from libra.tasks import chat_demonstration, load_problems
+from libra.tasks.arith import demonstration
 from libra.training.samples import SftExample, TrainSample
 from libra.training.tensors import state_checksum
 from libra.training.torch_backend import TorchTrainerBackend
@@ -33,19 +43,17 @@ class JobBackend:
     """A job's policy: warm start on demonstrations, then PPO-clip steps."""
 
     def __init__(self, spec: JobSpec, model_dir: str, num_threads: int,
-                 write_model_dir: bool = True) -> None:
+                 write_model_dir: bool = True, device: str = "") -> None:
         self._spec = spec
-        m = spec.model
-        cfg = TinyModelConfig(hidden_size=m.hidden_size, num_layers=m.num_layers,
-                              num_heads=m.num_heads, intermediate_size=m.intermediate_size,
-                              max_context_tokens=m.max_position_embeddings)
-        self._tokenizer = build_tokenizer()
-        model = build_model(cfg, seed=m.seed)
+        device = device or default_device()
+        model, self._tokenizer = _build_policy(spec, device)
+        pad_id = self._tokenizer.pad_token_id
         a = spec.algorithm
         self._backend = TorchTrainerBackend(
-            model, pad_token_id=self._tokenizer.pad_token_id, seed=a.seed,
-            learning_rate=a.learning_rate, max_grad_norm=a.max_grad_norm,
-            num_threads=num_threads)
+            model, pad_token_id=pad_id if pad_id is not None else self._tokenizer.eos_token_id,
+            seed=a.seed, learning_rate=a.learning_rate, max_grad_norm=a.max_grad_norm,
+            num_threads=num_threads, device=device,
+            gradient_checkpointing=spec.model.gradient_checkpointing)
         if write_model_dir:
             save_model_dir(model, self._tokenizer, model_dir)
 
@@ -62,15 +70,9 @@ class JobBackend:
         a, task = self._spec.algorithm, self._spec.task
         if a.sft_steps == 0:
             return {"sft_steps": 0}
-        rng = random.Random(a.seed)
-        problems = list(ArithDataset(task.seed, task.num_prompts))
-        examples = []
-        for i in range(NUM_DEMONSTRATIONS):
-            segments = demonstration(problems[i % len(problems)], rng,
-                                     failure_rate=self._spec.tools.calculator_transient_failure_rate,
-                                     max_turns=task.max_turns)
-            ids, mask = encode_segments(self._tokenizer, segments)
-            examples.append(SftExample(token_ids=ids, loss_mask=mask))
+        problems = load_problems(task.name, task.seed, task.num_prompts)
+        count = min(NUM_DEMONSTRATIONS, max(a.sft_steps * a.sft_batch_size, len(problems)))
+        examples = _demonstrations(self._spec, self._tokenizer, problems, count)
         started = time.perf_counter()
         losses = self._backend.sft(examples, a.sft_steps, a.sft_batch_size, a.sft_learning_rate)
         return {"sft_steps": a.sft_steps, "sft_loss_first": losses[0],
@@ -120,6 +122,40 @@ class JobBackend:
     def checksum(self) -> str:
         """sha256 over the weights (lockstep checks)."""
         return state_checksum(self._backend.model)
+
+
+def _build_policy(spec: JobSpec, device: str) -> tuple[torch.nn.Module, object]:
+    """The job's initial model (on ``device``, in train dtype) and its tokenizer."""
+    m = spec.model
+    if m.kind == "hf":
+        return load_causal_lm(m.path, dtype=m.dtype, device=device), load_tokenizer(m.path)
+    cfg = TinyModelConfig(hidden_size=m.hidden_size, num_layers=m.num_layers,
+                          num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+                          max_context_tokens=m.max_position_embeddings)
+    return build_model(cfg, seed=m.seed).to(device), build_tokenizer()
+
+
+def _demonstrations(spec: JobSpec, tokenizer: object, problems: list,
+                    count: int) -> list[SftExample]:
+    """``count`` warm-start examples in the job's protocol (seeded: equal on every rank)."""
+    rng = random.Random(spec.algorithm.seed)
+    failure_rate = spec.tools.calculator_transient_failure_rate
+    max_turns = spec.task.max_turns
+    examples = []
+    if spec.task.tool_call_format == "arith":
+        for i in range(count):
+            segments = demonstration(problems[i % len(problems)], rng,
+                                     failure_rate=failure_rate, max_turns=max_turns)
+            ids, mask = encode_segments(tokenizer, segments)
+            examples.append(SftExample(token_ids=ids, loss_mask=mask))
+        return examples
+    chat = chat_format(spec, tokenizer)
+    for i in range(count):
+        messages = chat_demonstration(problems[i % len(problems)], rng,
+                                      failure_rate=failure_rate, max_turns=max_turns)
+        ids, mask = chat.demonstration(messages)
+        examples.append(SftExample(token_ids=ids, loss_mask=mask))
+    return examples
 
 
 class TorchBackendFactory:

@@ -1,30 +1,47 @@
 """The agent loop of one trajectory, turn by turn, token in / token out (pure).
 
 A turn: the engine samples model tokens (loss mask 1, log-prob and policy version per
-token); the turn text is parsed into an action; a tool call's output is appended as
-non-trainable tokens (mask 0, version -1); an answer ends the trajectory.
+token); the turn text is parsed for tool calls; each call's output is appended as
+non-trainable tokens (mask 0, version -1); a turn without a call ends the trajectory.
+
+Two agents share this bookkeeping and differ in how text becomes tokens:
+
+- :class:`ArithAgent`: the tiny model's tag protocol (``<calc>..</calc>``,
+  ``<ans>..</ans>``, tool output as ``<res>..</res>`` / ``<err>..</err>``);
+- :class:`ChatAgent`: a chat model's own template (libra/chat): the prompt is rendered
+  with the job's tool schemas, calls are parsed by the job's tool-call format (Hermes
+  JSON), and tool messages are appended as the template renders them, so the trainer
+  sees exactly the sampled ids.
 
 Partial rollout: a turn interrupted by a weight update (``finish_reason == "aborted"``)
 is kept with :func:`apply_partial` (its tokens carry the old version) and resumed on the
 new weights with the rest of the turn's token budget; only the completed turn is parsed.
+Everything an agent needs to go on lives in the trajectory, so any instance can continue
+a handed-over one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from libra import types as t
+from libra.chat.job import chat_format
+from libra.chat.toolcalls import ParsedTurn, ToolCall, get_parser
 from libra.jobspec import JobSpec
-from libra.tasks.arith import Action, ActionKind, format_tool_output, parse_action
+from libra.tasks.arith import format_tool_output
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 
-TOOL_ARG_NAME = "expression"
+# The causal signal of a call that never reached a tool (unknown name, bad JSON, a turn
+# cut mid-call): one bounded tool type, so the prefix tree's keys stay few.
+INVALID_TOOL_TYPE = "invalid"
 
 
 class Tokenizer(Protocol):
-    """What the agent loop needs from a tokenizer."""
+    """What the agent loop needs from a tokenizer (``tokenizer``: the HF object)."""
 
+    tokenizer: Any
     stop_token_ids: list[int]
     max_context_tokens: int
 
@@ -37,37 +54,158 @@ class Tokenizer(Protocol):
 
 @dataclass
 class TurnOutcome:
-    """What to do after a turn: call a tool, or finish (with an answer or not)."""
+    """What to do after a turn: run its calls (and report its malformed ones), or finish
+    (with an answer or not)."""
 
-    action: Action
-    finished: bool
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    finished: bool = False
     final_answer: str | None = None
 
 
-def start(traj: t.Trajectory, tokenizer: Tokenizer) -> None:
-    """Tokenize the prompt of a fresh trajectory (a handed-over one keeps its tokens)."""
-    if traj.token_ids:
-        return
-    ids = tokenizer.encode_prompt(traj.prompt_text)
-    traj.token_ids = list(ids)
-    traj.num_prompt_tokens = len(ids)
-    traj.loss_mask = [0] * len(ids)
-    traj.logprobs = [0.0] * len(ids)
-    traj.token_versions = [-1] * len(ids)
+@dataclass(frozen=True, slots=True)
+class ToolTurnResult:
+    """One call of a turn and what it returned (from the gateway, or refused here)."""
+
+    name: str
+    result: t.ToolResult
 
 
-def next_request(traj: t.Trajectory, spec: JobSpec, tokenizer: Tokenizer,
-                 seed: int | None, num_turn_tokens: int = 0) -> GenerationRequest | None:
-    """The engine request for the next turn (or the rest of an interrupted one, which
-    already sampled ``num_turn_tokens``), or None when nothing more fits."""
-    room = tokenizer.max_context_tokens - len(traj.token_ids)
-    max_new = min(spec.task.max_new_tokens_per_turn - num_turn_tokens, room)
-    if max_new <= 0:
-        return None
-    return GenerationRequest(prompt_token_ids=list(traj.token_ids), max_new_tokens=max_new,
-                             temperature=spec.algorithm.temperature,
-                             top_p=spec.algorithm.top_p,
-                             stop_token_ids=tokenizer.stop_token_ids, seed=seed)
+def invalid_call_result(error: str, tool_type: str = INVALID_TOOL_TYPE) -> t.ToolResult:
+    """A call that never ran (bad name, bad JSON, bad arguments): a ``failure`` return
+    whose error the model reads."""
+    return t.ToolResult(t.ToolStatus.FAILURE, "", error, 0, 0,
+                        t.ToolReturnState(tool_type, t.SizeClass.SMALL, t.ToolStatus.FAILURE))
+
+
+class Agent(Protocol):
+    """One job's agent loop (the rollout core holds one per job)."""
+
+    max_context_tokens: int
+
+    def start(self, traj: t.Trajectory) -> None: ...
+
+    def next_request(self, traj: t.Trajectory, seed: int | None,
+                     num_turn_tokens: int = 0) -> GenerationRequest | None: ...
+
+    def apply_generation(self, traj: t.Trajectory, result: GenerationResult,
+                         turn_prefix: Sequence[int] = ()) -> TurnOutcome: ...
+
+    def apply_tool_results(self, traj: t.Trajectory,
+                           results: Sequence[ToolTurnResult]) -> None: ...
+
+
+class _AgentBase:
+    """Token bookkeeping both agents share."""
+
+    def __init__(self, spec: JobSpec, tokenizer: Tokenizer, stop_token_ids: list[int],
+                 stop_strings: Sequence[str]) -> None:
+        self._spec = spec
+        self._tokenizer = tokenizer
+        self.stop_token_ids = list(stop_token_ids)
+        self.stop_strings = list(stop_strings)
+        self.max_context_tokens = tokenizer.max_context_tokens
+
+    def _start_with(self, traj: t.Trajectory, ids: list[int]) -> None:
+        traj.token_ids = list(ids)
+        traj.num_prompt_tokens = len(ids)
+        traj.loss_mask = [0] * len(ids)
+        traj.logprobs = [0.0] * len(ids)
+        traj.token_versions = [-1] * len(ids)
+
+    def next_request(self, traj: t.Trajectory, seed: int | None,
+                     num_turn_tokens: int = 0) -> GenerationRequest | None:
+        """The engine request for the next turn (or the rest of an interrupted one, which
+        already sampled ``num_turn_tokens``), or None when nothing more fits."""
+        room = self.max_context_tokens - len(traj.token_ids)
+        max_new = min(self._spec.task.max_new_tokens_per_turn - num_turn_tokens, room)
+        if max_new <= 0:
+            return None
+        a = self._spec.algorithm
+        return GenerationRequest(prompt_token_ids=list(traj.token_ids), max_new_tokens=max_new,
+                                 temperature=a.temperature, top_p=a.top_p,
+                                 stop_token_ids=self.stop_token_ids,
+                                 stop_strings=self.stop_strings, seed=seed)
+
+    def apply_generation(self, traj: t.Trajectory, result: GenerationResult,
+                         turn_prefix: Sequence[int] = ()) -> TurnOutcome:
+        """Append the end of a sampled turn and decide what the whole turn asks for
+        (``turn_prefix``: its tokens from before an interruption, already appended)."""
+        apply_partial(traj, result)
+        traj.num_turns += 1
+        parsed = self._parse(self._tokenizer.decode(list(turn_prefix) + result.token_ids))
+        if parsed.final:
+            return TurnOutcome(finished=True, final_answer=parsed.answer)
+        if traj.num_turns >= self._spec.task.max_turns:
+            return TurnOutcome(finished=True)
+        return TurnOutcome(calls=list(parsed.calls), errors=list(parsed.errors))
+
+    def apply_tool_results(self, traj: t.Trajectory,
+                           results: Sequence[ToolTurnResult]) -> None:
+        """Append the tool outputs as context the model reads but is not trained on."""
+        ids = self._tool_ids(traj, results)
+        room = self.max_context_tokens - len(traj.token_ids)
+        append_context(traj, ids[:max(room, 0)])
+        for item in results:
+            traj.tool_states.append(item.result.state)
+            traj.tool_return_positions.append(traj.num_generated_tokens)
+
+    def _parse(self, text: str) -> ParsedTurn:
+        raise NotImplementedError
+
+    def _tool_ids(self, traj: t.Trajectory, results: Sequence[ToolTurnResult]) -> list[int]:
+        raise NotImplementedError
+
+
+class ArithAgent(_AgentBase):
+    """The tiny model's tag protocol (libra/tasks/arith.py)."""
+
+    def __init__(self, spec: JobSpec, tokenizer: Tokenizer) -> None:
+        self._parser = get_parser("arith")
+        super().__init__(spec, tokenizer, tokenizer.stop_token_ids, self._parser.stop_strings)
+
+    def start(self, traj: t.Trajectory) -> None:
+        """Tokenize the prompt of a fresh trajectory (a handed-over one keeps its tokens)."""
+        if not traj.token_ids:
+            self._start_with(traj, self._tokenizer.encode_prompt(traj.prompt_text))
+
+    def _parse(self, text: str) -> ParsedTurn:
+        return self._parser.parse(text)
+
+    def _tool_ids(self, traj: t.Trajectory, results: Sequence[ToolTurnResult]) -> list[int]:
+        ids: list[int] = []
+        for item in results:
+            r = item.result
+            ids += self._tokenizer.encode(format_tool_output(r.ok, r.output if r.ok else r.error))
+        return ids
+
+
+class ChatAgent(_AgentBase):
+    """A chat model's template and tool-call format (``chat``: a libra.chat ChatFormat)."""
+
+    def __init__(self, spec: JobSpec, tokenizer: Tokenizer, chat: Any) -> None:
+        self._chat = chat
+        self._parser = get_parser(spec.task.tool_call_format)
+        super().__init__(spec, tokenizer, chat.stop_token_ids, self._parser.stop_strings)
+
+    def start(self, traj: t.Trajectory) -> None:
+        if not traj.token_ids:
+            self._start_with(traj, self._chat.prompt_ids(
+                [{"role": "user", "content": traj.prompt_text}]))
+
+    def _parse(self, text: str) -> ParsedTurn:
+        return self._parser.parse(text)
+
+    def _tool_ids(self, traj: t.Trajectory, results: Sequence[ToolTurnResult]) -> list[int]:
+        messages = [{"role": "tool", "name": item.name, "content": tool_message_text(item.result)}
+                    for item in results]
+        closed = bool(traj.token_ids) and traj.token_ids[-1] in self._chat.stop_token_ids
+        return list(self._chat.tool_turn_ids(messages, turn_closed=closed))
+
+
+def tool_message_text(result: t.ToolResult) -> str:
+    """What a chat model reads for a tool return: its output, or ``error: <reason>``."""
+    return result.output if result.ok else f"error: {result.error}"
 
 
 def apply_partial(traj: t.Trajectory, result: GenerationResult) -> None:
@@ -78,36 +216,16 @@ def apply_partial(traj: t.Trajectory, result: GenerationResult) -> None:
     traj.token_versions.extend([result.policy_version] * len(result.token_ids))
 
 
-def apply_generation(traj: t.Trajectory, result: GenerationResult, spec: JobSpec,
-                     tokenizer: Tokenizer, turn_prefix: list[int] | None = None) -> TurnOutcome:
-    """Append the end of a sampled turn and decide what the whole turn asks for.
-
-    ``turn_prefix`` holds the tokens this turn produced before an interruption (already
-    appended by :func:`apply_partial`).
-    """
-    apply_partial(traj, result)
-    traj.num_turns += 1
-    action = parse_action(tokenizer.decode(list(turn_prefix or []) + result.token_ids))
-    if action.kind is ActionKind.ANSWER:
-        return TurnOutcome(action, finished=True, final_answer=action.argument)
-    if action.kind is ActionKind.MALFORMED or traj.num_turns >= spec.task.max_turns:
-        return TurnOutcome(action, finished=True)
-    return TurnOutcome(action, finished=False)
-
-
-def apply_tool_result(traj: t.Trajectory, result: t.ToolResult, tokenizer: Tokenizer) -> None:
-    """Append the tool output as context the model reads but is not trained on."""
-    text = format_tool_output(result.ok, result.output if result.ok else result.error)
-    ids = tokenizer.encode(text)
-    room = tokenizer.max_context_tokens - len(traj.token_ids)
-    ids = ids[:max(room, 0)]
+def append_context(traj: t.Trajectory, ids: Sequence[int]) -> None:
+    """Append tokens the model reads but is not trained on (mask 0, version -1)."""
     traj.token_ids.extend(ids)
     traj.loss_mask.extend([0] * len(ids))
     traj.logprobs.extend([0.0] * len(ids))
     traj.token_versions.extend([-1] * len(ids))
-    traj.tool_states.append(result.state)
-    traj.tool_return_positions.append(traj.num_generated_tokens)
 
 
-def tool_args(action: Action) -> dict[str, str]:
-    return {TOOL_ARG_NAME: action.argument}
+def build_agent(spec: JobSpec, tokenizer: Tokenizer) -> Agent:
+    """The job's agent: the tag protocol, or the chat protocol over the model's template."""
+    if spec.task.tool_call_format == "arith":
+        return ArithAgent(spec, tokenizer)
+    return ChatAgent(spec, tokenizer, chat_format(spec, tokenizer.tokenizer))

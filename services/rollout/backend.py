@@ -1,27 +1,35 @@
 """Torch adapter of the rollout service: builds the engine and tokenizer from a model dir.
 
 The only place the rollout service touches transformers; the core sees the ``Engine`` and
-``Tokenizer`` protocols.
+``Tokenizer`` protocols. The same loader serves the built-in tiny model and any Hugging
+Face causal LM (``[model] kind = "hf"``): the trainer writes either as an HF directory.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from libra import types as t
-from libra.models.tiny import load_model_dir, stop_token_ids
+from libra.jobspec import ModelSpec
+from libra.models.hf import default_device, load_tokenizer, max_position_embeddings
+from libra.models.tiny import stop_token_ids as tiny_stop_token_ids
 from services.rollout.engine_types import EngineCallLog
 from services.rollout.torch_engine import TorchEngine
 
 logger = logging.getLogger(__name__)
+
+# ``model.max_context_tokens = 0`` takes the model's own limit, capped here: positions
+# beyond what an RL job uses only cost KV memory.
+DEFAULT_MAX_CONTEXT_TOKENS = 4096
 
 
 @dataclass
 class HfTokenizer:
     """The agent loop's view of a Hugging Face tokenizer."""
 
-    tokenizer: object
+    tokenizer: Any
     stop_token_ids: list[int]
     max_context_tokens: int
 
@@ -35,25 +43,36 @@ class HfTokenizer:
         return self.tokenizer.decode(token_ids)
 
 
-class TorchEngineLoader:
-    """Loads the job's model directory into a ``TorchEngine`` (CPU or CUDA); every
-    engine it builds records its calls in ``calls`` (reported by ``GetInstanceStatus``)."""
+def job_tokenizer(model_dir: str, model: ModelSpec, max_position_embeddings: int) -> HfTokenizer:
+    """The tokenizer of a job's model directory, with its turn-ending tokens and context."""
+    tokenizer = load_tokenizer(model_dir)
+    if model.kind == "tiny-llama":
+        return HfTokenizer(tokenizer, tiny_stop_token_ids(tokenizer), max_position_embeddings)
+    limit = model.max_context_tokens or min(max_position_embeddings, DEFAULT_MAX_CONTEXT_TOKENS)
+    stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return HfTokenizer(tokenizer, stops, limit)
 
-    def __init__(self, num_threads: int = 1, seed: int = 0) -> None:
+
+class TorchEngineLoader:
+    """Loads the job's model directory into a ``TorchEngine`` (CPU, or CUDA when visible);
+    every engine it builds records its calls in ``calls`` (reported by
+    ``GetInstanceStatus``)."""
+
+    def __init__(self, num_threads: int = 1, seed: int = 0, device: str = "") -> None:
         self._num_threads = num_threads
         self._seed = seed
+        self._device = device or default_device()
         self.calls = EngineCallLog()
 
-    def load(self, model_dir: str, policy: t.PolicyInfo,
-             tp_degree: int = 1) -> tuple[TorchEngine, HfTokenizer]:
+    def load(self, model_dir: str, policy: t.PolicyInfo, tp_degree: int,
+             model: ModelSpec) -> tuple[TorchEngine, HfTokenizer]:
         """Load the model; the torch backend runs one device per instance, so a bucket's
         ``tp_degree`` only matters for vLLM (logged when it is ignored here)."""
         if tp_degree > 1:
             logger.warning("[engine] torch backend ignores tp_degree=%d (use engine=vllm)",
                            tp_degree)
-        model, tokenizer = load_model_dir(model_dir)
-        engine = TorchEngine(model, pad_token_id=tokenizer.pad_token_id,
-                             num_threads=self._num_threads, seed=self._seed,
-                             policy_version=-1, call_log=self.calls)
-        max_ctx = int(model.config.max_position_embeddings)
-        return engine, HfTokenizer(tokenizer, stop_token_ids(tokenizer), max_ctx)
+        tokenizer = job_tokenizer(model_dir, model, max_position_embeddings(model_dir))
+        engine = TorchEngine.from_model_dir(
+            model_dir, dtype=model.dtype, device=self._device, num_threads=self._num_threads,
+            seed=self._seed, policy_version=-1, call_log=self.calls, decode=tokenizer.decode)
+        return engine, tokenizer

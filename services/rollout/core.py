@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import LeaseLost, LibraError
-from libra.jobspec import JobSpec, job_spec_from_json
+from libra.errors import InvalidArgument, LeaseLost, LibraError, NotFound
+from libra.jobspec import JobSpec, ModelSpec, job_spec_from_json
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
@@ -78,8 +78,8 @@ class Engine(Protocol):
 
 
 class EngineLoader(Protocol):
-    def load(self, model_dir: str, policy: t.PolicyInfo,
-             tp_degree: int) -> tuple[Engine, agent.Tokenizer]: ...
+    def load(self, model_dir: str, policy: t.PolicyInfo, tp_degree: int,
+             model: ModelSpec) -> tuple[Engine, agent.Tokenizer]: ...
 
 
 class SchedulerApi(Protocol):
@@ -133,7 +133,9 @@ class _Active:
 class _JobContext:
     spec: JobSpec
     engine: Engine
-    tokenizer: agent.Tokenizer
+    agent: agent.Agent
+    max_batch_size: int
+    """The job's bucket's ``max_batch_size``, capped by this instance's."""
     active: dict[str, _Active] = field(default_factory=dict)
 
 
@@ -285,7 +287,7 @@ class RolloutCore(MovesMixin, LendingMixin):
         traj = entry.trajectory
         traj.instance_id = self.settings.instance_id
         traj.bucket = self.settings.bucket
-        agent.start(traj, ctx.tokenizer)
+        ctx.agent.start(traj)
         act = _Active(entry, traj)
         if traj.partial_turn_tokens:  # interrupted where it was handed over: resume it
             act.turn_prefix = traj.token_ids[-traj.partial_turn_tokens:]
@@ -301,14 +303,19 @@ class RolloutCore(MovesMixin, LendingMixin):
             logger.warning("[job] task for unknown or unpublished job_id=%s dropped", job_id)
             return None
         spec = job_spec_from_json(spec_json)
-        # The bucket this instance serves fixes its parallelism (vLLM tensor_parallel_size).
-        tp_degree = next((b.tp_degree for b in spec.layout.buckets
-                          if b.name == self.settings.bucket), 1)
+        # The bucket this instance serves fixes its parallelism (vLLM tensor_parallel_size)
+        # and its engine batch (the instance's own cap still applies).
+        bucket = next((b for b in spec.layout.buckets if b.name == self.settings.bucket), None)
+        tp_degree = bucket.tp_degree if bucket else 1
+        max_batch = min(self.settings.max_batch_size,
+                        bucket.max_batch_size if bucket else self.settings.max_batch_size)
         engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy,
-                                                    tp_degree)
+                                                    tp_degree, spec.model)
+        job_agent = await asyncio.to_thread(agent.build_agent, spec, tokenizer)
         await self._load_verified(job_id, engine, policy)
-        self._job = (job_id, _JobContext(spec, engine, tokenizer))
-        logger.info("[job] serving job_id=%s policy_version=%d", job_id, engine.policy_version)
+        self._job = (job_id, _JobContext(spec, engine, job_agent, max_batch))
+        logger.info("[job] serving job_id=%s policy_version=%d max_batch_size=%d", job_id,
+                    engine.policy_version, max_batch)
         return self._job[1]
 
     async def _refresh_weights(self, job_id: str, ctx: _JobContext) -> None:
@@ -376,7 +383,7 @@ class RolloutCore(MovesMixin, LendingMixin):
                                        size_bytes=str(len(data)))
 
     async def _step(self, job_id: str, ctx: _JobContext) -> bool:
-        ready = [a for a in ctx.active.values() if a.ready][: self.settings.max_batch_size]
+        ready = [a for a in ctx.active.values() if a.ready][: ctx.max_batch_size]
         if not ready:
             return False
         requests, batch = [], []
@@ -384,8 +391,8 @@ class RolloutCore(MovesMixin, LendingMixin):
             act.ready = False  # in this engine call (or leaving) until its turn is done
             if self._hand_off_if_due(ctx, act):
                 continue
-            request = agent.next_request(act.traj, ctx.spec, ctx.tokenizer, seed=None,
-                                         num_turn_tokens=len(act.turn_prefix))
+            request = ctx.agent.next_request(act.traj, seed=None,
+                                             num_turn_tokens=len(act.turn_prefix))
             if request is None and act.turn_prefix:
                 # An interrupted turn that has no room left ends as it stands.
                 self._after_turn(ctx, act, GenerationResult(
@@ -443,10 +450,9 @@ class RolloutCore(MovesMixin, LendingMixin):
             else:
                 act.ready = True
             return
-        outcome = agent.apply_generation(act.traj, result, ctx.spec, ctx.tokenizer,
-                                         act.turn_prefix)
+        outcome = ctx.agent.apply_generation(act.traj, result, act.turn_prefix)
         act.turn_prefix = []
-        if outcome.finished:
+        if outcome.finished or not (outcome.calls or outcome.errors):
             self._spawn(self._finish(ctx, act, outcome.final_answer))
         else:
             self._spawn(self._call_tool(ctx, act, outcome))
@@ -461,12 +467,18 @@ class RolloutCore(MovesMixin, LendingMixin):
     async def _call_tool(self, ctx: _JobContext, act: _Active, outcome: agent.TurnOutcome) -> None:
         traj = act.traj
         try:
-            result = await self.profile.timed("tool", self._execute_tool(ctx, traj, outcome),
-                                              traj.trajectory_id)
+            results = await self.profile.timed("tool", self._run_calls(ctx, traj, outcome),
+                                               traj.trajectory_id)
         except LibraError as exc:
             await self._fail(ctx, act, f"tool gateway: {exc}")
             return
-        agent.apply_tool_result(traj, result, ctx.tokenizer)
+        ctx.agent.apply_tool_results(traj, results)
+        # Every return extends the trajectory's causal path; the decision that counts is
+        # the last one's (the earlier ones' decisions land like any late decision).
+        for item in results[:-1]:
+            self._spawn_report(self._apply_decision_later(
+                ctx, act, self._report(traj, item.result.state, needs_answer=False)))
+        result = results[-1].result
         if act.move is None:
             # Staying is the default: the trajectory goes on here at once, and a MOVE
             # applies when it comes back (mid-turn if need be), so a decision's round
@@ -489,19 +501,45 @@ class RolloutCore(MovesMixin, LendingMixin):
         act.ready = True
         self._wakeup.set()
 
-    async def _execute_tool(self, ctx: _JobContext, traj: t.Trajectory,
-                            outcome: agent.TurnOutcome) -> t.ToolResult:
+    async def _run_calls(self, ctx: _JobContext, traj: t.Trajectory,
+                         outcome: agent.TurnOutcome) -> list[agent.ToolTurnResult]:
+        """Run a turn's calls concurrently; malformed ones become tool errors."""
+        ran = await asyncio.gather(*(self._run_call(ctx, traj, index, call)
+                                     for index, call in enumerate(outcome.calls)))
+        refused = [agent.ToolTurnResult(agent.INVALID_TOOL_TYPE,
+                                        agent.invalid_call_result(error))
+                   for error in outcome.errors]
+        return [*ran, *refused]
+
+    async def _run_call(self, ctx: _JobContext, traj: t.Trajectory, index: int,
+                        call: Any) -> agent.ToolTurnResult:
+        """One call; a name the job does not enable or arguments that fail the tool's
+        schema come back as a tool error the model reads, never as a failed trajectory."""
+        enabled = ctx.spec.tools.enabled
+        if call.name not in enabled:
+            return agent.ToolTurnResult(call.name, agent.invalid_call_result(
+                f"unknown tool {call.name!r} (available: {', '.join(enabled)})"))
+        # The first call of a turn keeps the id it always had (the calculator's injected
+        # failures are a function of the call id).
+        call_id = f"{traj.trajectory_id}:t{traj.num_turns}" + (f".{index}" if index else "")
+        try:
+            result = await self._execute_tool(ctx, traj, call_id, call.name, call.arguments)
+        except (InvalidArgument, NotFound) as exc:
+            return agent.ToolTurnResult(call.name, agent.invalid_call_result(
+                f"bad call of {call.name}: {exc}", tool_type=call.name))
+        return agent.ToolTurnResult(call.name, result)
+
+    async def _execute_tool(self, ctx: _JobContext, traj: t.Trajectory, call_id: str,
+                            tool: str, args: dict[str, Any]) -> t.ToolResult:
         """Call the tool, retrying retryable errors (gateway down) until the deadline."""
-        call_id = f"{traj.trajectory_id}:t{traj.num_turns}"
         budget_s = min(self.settings.tool_deadline_s, ctx.spec.tools.call_timeout_s)
         deadline_s = self._clock.now_s() + budget_s
         delay_s = 0.1
         while True:
             remaining_ms = int((deadline_s - self._clock.now_s()) * 1000)
             try:
-                tool = ctx.spec.tools.enabled[0]
                 return await self._tools.execute(
-                    traj.trajectory_id, call_id, tool, agent.tool_args(outcome.action),
+                    traj.trajectory_id, call_id, tool, args,
                     max(remaining_ms, 1), ctx.spec.tools.options_for(tool))
             except LibraError as exc:
                 if not exc.retryable or self._clock.now_s() + delay_s >= deadline_s:

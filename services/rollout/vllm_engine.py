@@ -461,11 +461,12 @@ class VllmEngineLoader:
         self._options = options or VllmEngineOptions()
         self._engine: VllmEngine | None = None
 
-    def load(self, model_dir: str, policy: Any, tp_degree: int = 1) -> tuple[VllmEngine, Any]:
+    def load(self, model_dir: str, policy: Any, tp_degree: int = 1,
+             model: Any = None) -> tuple[VllmEngine, Any]:
         """Start (or reuse) the engine; ``tensor_parallel_size`` is the bucket's
         ``tp_degree`` unless the instance config pins it (``vllm_tensor_parallel_size``)."""
-        from libra.models.tiny import load_tokenizer, stop_token_ids  # noqa: PLC0415
-        from services.rollout.backend import HfTokenizer  # noqa: PLC0415
+        from libra.jobspec import ModelSpec  # noqa: PLC0415
+        from services.rollout.backend import job_tokenizer  # noqa: PLC0415
 
         engine = self._engine
         files = sorted(Path(model_dir).glob("*.safetensors"))
@@ -480,9 +481,8 @@ class VllmEngineLoader:
                 options = dataclasses.replace(options, tensor_parallel_size=tp_degree)
             engine = VllmEngine.start(model_dir, options)
             self._engine = engine
-        tokenizer = load_tokenizer(model_dir)
-        max_ctx = _max_position_embeddings(Path(model_dir))
-        return engine, HfTokenizer(tokenizer, stop_token_ids(tokenizer), max_ctx)
+        return engine, job_tokenizer(model_dir, model or ModelSpec(),
+                                     _max_position_embeddings(Path(model_dir)))
 
     def shutdown(self) -> None:
         if self._engine is not None:

@@ -52,7 +52,7 @@ from libra.clock import Clock
 from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.ids import group_id, trajectory_id
 from libra.jobspec import JobSpec, job_spec_from_json
-from libra.tasks.arith import ArithDataset, Problem
+from libra.tasks import Problem, load_problems
 from services.scheduler.policy.base import PlacementPolicy, TrajectoryDescriptor
 from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
@@ -163,7 +163,7 @@ class SchedulerCore:
         if job_id in self._jobs:
             return
         spec = job_spec_from_json(spec_json)
-        dataset = ArithDataset(spec.task.seed, spec.task.num_prompts)
+        problems = load_problems(spec.task.name, spec.task.seed, spec.task.num_prompts)
         # What a previous scheduler process left (tree, ring, pinned trajectories).
         policy_store = await self._store.open_policy_store(job_id)
         policy = make_policy(spec.layout.policy, build_layout(spec),
@@ -172,7 +172,7 @@ class SchedulerCore:
         await self._store.ensure_finish_group(job_id)
         if job_id in self._jobs:  # started concurrently meanwhile
             return
-        self._jobs[job_id] = JobRun(job_id, spec, policy, policy_store, list(dataset),
+        self._jobs[job_id] = JobRun(job_id, spec, policy, policy_store, problems,
                                     last_step=last_step)
         logger.info(
             "[job] scheduling job_id=%s policy=%s buckets=%s step=%d",

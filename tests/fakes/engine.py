@@ -124,8 +124,8 @@ class FakeEngineLoader:
     loads: list[tuple[str, t.PolicyInfo]] = field(default_factory=list)
     tp_degrees: list[int] = field(default_factory=list)
 
-    def load(self, model_dir: str, policy: t.PolicyInfo,
-             tp_degree: int = 1) -> tuple[FakeEngine, HfTokenizer]:
+    def load(self, model_dir: str, policy: t.PolicyInfo, tp_degree: int = 1,
+             model: Any = None) -> tuple[FakeEngine, HfTokenizer]:
         self.loads.append((model_dir, policy))
         self.tp_degrees.append(tp_degree)
         return self.engine, self.engine.tokenizer

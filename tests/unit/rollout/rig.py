@@ -114,15 +114,17 @@ class Rig:
 @asynccontextmanager
 async def started_rig(redis_url: str, tmp_path: Path, *, bucket: str = "short",
                       role: t.WorkerRole = t.WorkerRole.CORE_ROLLOUT,
+                      spec: JobSpec | None = None, tokenizer: Any = None,
                       **core_extra: Any) -> AsyncIterator[Rig]:
-    """A registered core on a flushed Redis with version-0 weights (not yet running)."""
+    """A registered core on a flushed Redis with version-0 weights (not yet running);
+    by default an arith job over the tiny model's tokenizer."""
     r = aioredis.from_url(redis_url, decode_responses=False)
     await r.flushdb()
-    spec = JobSpec(task=TaskSpec(max_turns=4), tools=ToolsSpec(call_timeout_s=5.0))
+    spec = spec or JobSpec(task=TaskSpec(max_turns=4), tools=ToolsSpec(call_timeout_s=5.0))
     await r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
                                           "run_dir": str(tmp_path)})
     clock = FakeClock()
-    engine = FakeEngine(make_tokenizer())
+    engine = FakeEngine(tokenizer or make_tokenizer())
     tools = FakeToolGateway(clock=clock)
     scheduler = FakeScheduler()
     coordinator = FakeCoordinator(redis=r)  # mirrors the lease: publishing is fenced

@@ -1,4 +1,4 @@
-"""The agent loop of one trajectory (pure), over the tiny model's real tokenizer."""
+"""The arith agent loop of one trajectory (pure), over the tiny model's real tokenizer."""
 
 from __future__ import annotations
 
@@ -26,10 +26,18 @@ def turn(text: str, version: int = 4, logprob: float = -0.25) -> GenerationResul
                             policy_version=version)
 
 
+def arith(tok=None, spec: JobSpec | None = None) -> agent.ArithAgent:
+    return agent.ArithAgent(spec or make_spec(), tok or make_tokenizer())
+
+
 def started(tokenizer=None, **kwargs) -> t.Trajectory:
     traj = make_task(**kwargs)
-    agent.start(traj, tokenizer or make_tokenizer())
+    arith(tokenizer).start(traj)
     return traj
+
+
+def tool_turn(text: str, ok: bool = True) -> list[agent.ToolTurnResult]:
+    return [agent.ToolTurnResult("calculator", tool_result(text, ok=ok))]
 
 
 def test_start_tokenizes_prompt_with_mask_zero_and_version_minus_one() -> None:
@@ -46,7 +54,7 @@ def test_start_keeps_the_tokens_of_a_handed_over_trajectory() -> None:
     traj = make_task()
     traj.token_ids, traj.loss_mask = [1, 2, 3], [0, 0, 1]
     traj.logprobs, traj.token_versions, traj.num_prompt_tokens = [0.0, 0.0, -1.0], [-1, -1, 2], 2
-    agent.start(traj, make_tokenizer())
+    arith().start(traj)
     assert traj.token_ids == [1, 2, 3] and traj.loss_mask == [0, 0, 1]
 
 
@@ -54,7 +62,7 @@ def test_apply_generation_appends_trainable_tokens_with_logprobs_and_version() -
     tok = make_tokenizer()
     traj = started(tok)
     result = turn("<calc>1+2</calc>", version=4, logprob=-0.25)
-    agent.apply_generation(traj, result, make_spec(), tok)
+    arith(tok).apply_generation(traj, result)
     n = len(result.token_ids)
     assert traj.token_ids[-n:] == result.token_ids
     assert traj.loss_mask[-n:] == [1] * n
@@ -67,22 +75,23 @@ def test_apply_generation_appends_trainable_tokens_with_logprobs_and_version() -
 def test_apply_generation_answer_finishes_with_the_answer() -> None:
     tok = make_tokenizer()
     traj = started(tok)
-    outcome = agent.apply_generation(traj, turn("<ans>3</ans>"), make_spec(), tok)
+    outcome = arith(tok).apply_generation(traj, turn("<ans>3</ans>"))
     assert (outcome.finished, outcome.final_answer) == (True, "3")
 
 
 def test_apply_generation_tool_call_continues_with_the_expression() -> None:
     tok = make_tokenizer()
     traj = started(tok)
-    outcome = agent.apply_generation(traj, turn("<calc>1+2</calc>"), make_spec(), tok)
+    outcome = arith(tok).apply_generation(traj, turn("<calc>1+2</calc>"))
     assert not outcome.finished
-    assert agent.tool_args(outcome.action) == {"expression": "1+2"}
+    assert [(c.name, c.arguments) for c in outcome.calls] == [("calculator",
+                                                               {"expression": "1+2"})]
 
 
 def test_apply_generation_malformed_turn_finishes_without_answer() -> None:
     tok = make_tokenizer()
     traj = started(tok)
-    outcome = agent.apply_generation(traj, turn("12+"), make_spec(), tok)
+    outcome = arith(tok).apply_generation(traj, turn("12+"))
     assert (outcome.finished, outcome.final_answer) == (True, None)
 
 
@@ -90,8 +99,8 @@ def test_apply_generation_tool_call_at_max_turns_finishes_without_answer() -> No
     tok = make_tokenizer()
     traj = started(tok)
     spec = make_spec(max_turns=2)
-    first = agent.apply_generation(traj, turn("<calc>1+2</calc>"), spec, tok)
-    second = agent.apply_generation(traj, turn("<calc>1+2</calc>"), spec, tok)
+    first = arith(tok, spec).apply_generation(traj, turn("<calc>1+2</calc>"))
+    second = arith(tok, spec).apply_generation(traj, turn("<calc>1+2</calc>"))
     assert not first.finished
     assert (second.finished, second.final_answer) == (True, None)
 
@@ -99,16 +108,16 @@ def test_apply_generation_tool_call_at_max_turns_finishes_without_answer() -> No
 def test_apply_tool_result_appends_untrained_tokens_and_records_state() -> None:
     tok = make_tokenizer()
     traj = started(tok)
-    agent.apply_generation(traj, turn("<calc>1+2</calc>"), make_spec(), tok)
+    arith(tok).apply_generation(traj, turn("<calc>1+2</calc>"))
     before = len(traj.token_ids)
-    result = tool_result("3")
-    agent.apply_tool_result(traj, result, tok)
+    results = tool_turn("3")
+    arith(tok).apply_tool_results(traj, results)
     added = tok.encode("<res>3</res>")
     assert traj.token_ids[before:] == added
     assert traj.loss_mask[before:] == [0] * len(added)
     assert traj.logprobs[before:] == [0.0] * len(added)
     assert traj.token_versions[before:] == [-1] * len(added)
-    assert traj.tool_states == [result.state]
+    assert traj.tool_states == [results[0].result.state]
     assert traj.tool_return_positions == [len(traj.token_ids) - traj.num_prompt_tokens]
 
 
@@ -116,21 +125,21 @@ def test_apply_tool_result_renders_a_failed_call_as_an_error() -> None:
     tok = make_tokenizer()
     traj = started(tok)
     before = len(traj.token_ids)
-    agent.apply_tool_result(traj, tool_result("busy", ok=False), tok)
+    arith(tok).apply_tool_results(traj, tool_turn("busy", ok=False))
     assert tok.decode(traj.token_ids[before:]) == "<err>busy</err>"
 
 
 def test_apply_tool_result_is_truncated_to_the_context() -> None:
     tok = make_tokenizer(max_context_tokens=9)
     traj = started(tok)  # 7 tokens
-    agent.apply_tool_result(traj, tool_result("12345"), tok)
+    arith(tok).apply_tool_results(traj, tool_turn("12345"))
     assert len(traj.token_ids) == 9 and traj.check_aligned() is None
 
 
 def test_next_request_carries_context_and_sampling_params() -> None:
     tok = make_tokenizer(max_context_tokens=100)
     traj = started(tok)
-    request = agent.next_request(traj, make_spec(max_new=24), tok, seed=7)
+    request = arith(tok, make_spec(max_new=24)).next_request(traj, seed=7)
     assert request is not None
     assert request.prompt_token_ids == traj.token_ids
     assert request.max_new_tokens == 24
@@ -140,10 +149,10 @@ def test_next_request_carries_context_and_sampling_params() -> None:
 
 def test_next_request_is_capped_by_the_room_left() -> None:
     tok = make_tokenizer(max_context_tokens=10)
-    request = agent.next_request(started(tok), make_spec(max_new=24), tok, seed=None)
+    request = arith(tok, make_spec(max_new=24)).next_request(started(tok), seed=None)
     assert request is not None and request.max_new_tokens == 3
 
 
 def test_next_request_is_none_when_the_context_is_full() -> None:
     tok = make_tokenizer(max_context_tokens=7)
-    assert agent.next_request(started(tok), make_spec(), tok, seed=None) is None
+    assert arith(tok).next_request(started(tok), seed=None) is None
