@@ -279,3 +279,14 @@ def test_arith_format_demonstrations_use_the_calc_tags():
     ids, mask = fmt.demonstration(messages)
     trained = tokenizer("llama").decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert trained == "<calc>37+58*2</calc><|im_end|><ans>153</ans><|im_end|>"
+
+
+def test_shipped_template_renders_turns_like_the_qwen_template_after_the_system_turn():
+    messages = [*USER, {"role": "assistant", "content": "Let me see.",
+                        "tool_calls": [CALL.to_openai(), CALL.to_openai()]},
+                {"role": "tool", "content": "153"}, {"role": "tool", "content": "153"},
+                {"role": "assistant", "content": "153"}]
+    shipped = chat_format("qwen2", tool_template="hermes").render_text(messages)
+    qwen = chat_format("qwen2", tool_template="model").render_text(messages)
+    system_end = "</tool_call><|im_end|>\n"
+    assert shipped.split(system_end, 1)[1] == qwen.split(system_end, 1)[1]
