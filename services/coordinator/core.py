@@ -2,9 +2,9 @@
 
 A job is validated completely before anything is stored, so an invalid spec leaves
 nothing behind: the schema here, then the model (an injected :class:`ModelCheck`: can
-this machine load and train ``model.path``?). A valid job is stored PENDING, then the trainer and the scheduler are
-told to start it; if either refuses, whatever started is stopped, the job is deleted
-and the caller gets the error.
+this machine load and train ``model.path``?). A valid job is stored PENDING, then the
+trainer and the scheduler are told to start it; if either refuses, whatever started is
+stopped, the job is deleted and the caller gets the error.
 """
 
 from __future__ import annotations
