@@ -235,6 +235,7 @@ def _load_dequantised(gguf_path: Path, progress: Progress) -> tuple[Any, Any]:
                                                   local_files_only=True)
         progress(f"[import] tokenizer read in {time.perf_counter() - started:.1f} s; "
                  "dequantising the weights ...")
+        started = time.perf_counter()
         # dequantize=True: plain float weights even where a packed-GGUF kernel exists.
         model = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=name, dtype=torch.float32, local_files_only=True,
@@ -246,7 +247,7 @@ def _load_dequantised(gguf_path: Path, progress: Progress) -> tuple[Any, Any]:
     if packed:  # GgufConfig(dequantize=True) should have prevented this
         raise Internal(f"transformers left {len(packed)} weights of {name} packed (e.g. "
                        f"{packed[0]}); they cannot be written as float safetensors")
-    progress(f"[import] loaded {type(model).__name__} in "
+    progress(f"[import] weights dequantised into {type(model).__name__} in "
              f"{time.perf_counter() - started:.1f} s")
     return model.eval(), tokenizer
 
