@@ -18,6 +18,7 @@ from redis.backoff import NoBackoff
 
 from libra.clients.rollout import GrpcRolloutClient
 from libra.clients.runner import GrpcSchedulerClient, GrpcTrainerClient
+from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
 from libra.grpcx import Registration, serve
@@ -61,7 +62,8 @@ def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore
         trainer=GrpcTrainerClient(peers.trainer, peers.rpc_timeout_s),
         scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
         clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
-        elastic=elastic_wiring(cfg), model_check=check_job_model)
+        elastic=elastic_wiring(cfg), model_check=check_job_model,
+        tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s))
 
 
 async def main(cfg: CoordinatorConfig) -> None:

@@ -10,15 +10,17 @@ stopped, the job is deleted and the caller gets the error.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any, Protocol
 
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import FailedPrecondition, InvalidArgument, LibraError
+from libra.errors import FailedPrecondition, InvalidArgument, LibraError, Unavailable
 from libra.ids import new_job_id
-from libra.jobspec import ElasticSpec, JobSpec, job_spec_from_json, parse_job_spec
+from libra.jobspec import ElasticSpec, JobSpec, ToolSchema, job_spec_from_json, parse_job_spec
 from services.coordinator.elastic import ElasticExecutor, ElasticLoop, ElasticWiring
 from services.coordinator.store import CoordinatorStore
 
@@ -56,6 +58,12 @@ class ModelCheck(Protocol):
     def __call__(self, spec: JobSpec) -> None: ...
 
 
+class ToolCatalog(Protocol):
+    """The tool gateway's ListTools: ``[{"name", "description", "args_schema", ...}]``."""
+
+    async def list_tools(self) -> list[dict[str, Any]]: ...
+
+
 class CoordinatorCore:
     """Public job API and worker registry.
 
@@ -65,7 +73,8 @@ class CoordinatorCore:
 
     def __init__(self, store: CoordinatorStore, trainer: JobRunner, scheduler: JobRunner,
                  clock: Clock, run_root: Path, elastic: ElasticWiring | None = None,
-                 *, model_check: ModelCheck | None = None) -> None:
+                 *, model_check: ModelCheck | None = None,
+                 tool_catalog: ToolCatalog | None = None) -> None:
         self._store = store
         self._trainer = trainer
         self._scheduler = scheduler
@@ -73,6 +82,7 @@ class CoordinatorCore:
         self._run_root = run_root
         self._elastic = elastic
         self._model_check = model_check
+        self._tool_catalog = tool_catalog
         # Per job: its elastic loop, or None when the job is not elastic (cached).
         self._elastic_loops: dict[str, ElasticLoop | None] = {}
         # Serialises the busy check with the PENDING write: without it, concurrent creates
@@ -88,6 +98,7 @@ class CoordinatorCore:
             # Off the event loop: it reads config/tokenizer files (about a second), and
             # leases must keep renewing meanwhile.
             await asyncio.to_thread(self._model_check, spec)
+        spec = await self._resolve_tools(spec)
         async with self._create_lock:
             await self._refuse_if_busy()
             now_ms = self._clock.now_ms()
@@ -110,6 +121,29 @@ class CoordinatorCore:
         await self._store.put_job(job)
         logger.info("[job] created job_id=%s name=%s", job_id, spec.name)
         return job
+
+    async def _resolve_tools(self, spec: JobSpec) -> JobSpec:
+        """Check the enabled tools against the gateway and freeze their schemas into the
+        spec, so the trainer's warm start and every rollout render the same prompt."""
+        if self._tool_catalog is None:
+            return spec
+        try:
+            catalog = {tool["name"]: tool for tool in await self._tool_catalog.list_tools()}
+        except LibraError as exc:
+            if spec.task.tool_call_format == "arith":
+                return spec  # the tag protocol renders no schemas: the gateway may come later
+            raise Unavailable(f"tool gateway unreachable ({exc}); a {spec.task.tool_call_format}"
+                              " job needs its tools' schemas at submit: start the gateway "
+                              "and submit again") from exc
+        for index, name in enumerate(spec.tools.enabled):
+            if name not in catalog:
+                raise InvalidArgument(f"tools.enabled[{index}]", f"the tool gateway has no tool "
+                                      f"{name!r} (it has: {', '.join(sorted(catalog))})")
+        schemas = [ToolSchema(name=name, description=catalog[name].get("description", ""),
+                              parameters_json=json.dumps(catalog[name].get("args_schema", {}),
+                                                         sort_keys=True))
+                   for name in spec.tools.enabled]
+        return dataclasses.replace(spec, tools=dataclasses.replace(spec.tools, schemas=schemas))
 
     async def _refuse_if_busy(self) -> None:
         # One job at a time: the core training group trains one policy.
