@@ -1,7 +1,7 @@
 """Request and result types of an inference engine; pure, so the rollout core can import them.
 
 The rollout core builds :class:`GenerationRequest` objects for one turn of many
-trajectories and hands them to an engine adapter (``TorchEngine`` on CPU).
+trajectories and hands them to an engine adapter (``TorchEngine`` on CPU or CUDA, or vLLM).
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ class GenerationRequest:
         temperature: Softmax temperature; 0 means greedy.
         top_p: Nucleus mass kept before sampling (1.0 keeps everything).
         stop_token_ids: Sampling stops after emitting any of these (the token is kept).
+        stop_strings: Sampling stops once the decoded text of the new tokens contains any
+            of these; the tokens up to and including the one that completed it are kept
+            (the text may run past the stop string inside that token). Needs an engine
+            that can decode (``TorchEngine(decode=...)``).
         seed: Per-request seed; equal seeds give equal samples. None uses the engine RNG.
     """
 
@@ -32,6 +36,7 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
+    stop_strings: list[str] = field(default_factory=list)
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -42,6 +47,9 @@ class GenerationRequest:
                 f"bad sampling params: max_new_tokens={self.max_new_tokens} "
                 f"temperature={self.temperature} top_p={self.top_p}"
             )
+        if any(not stop for stop in self.stop_strings):
+            # An empty stop string would end every turn before its first token counted.
+            raise ValueError("stop_strings must not contain an empty string")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,8 +61,9 @@ class GenerationResult:
         logprobs: Per sampled token, its log-prob under the policy at temperature 1 (the
             raw softmax of the logits), whatever temperature/top_p was used to sample;
             this is the quantity the trainer recomputes, so the two are comparable.
-        finish_reason: ``stop`` (stop token), ``length`` (max_new_tokens) or ``aborted``
-            (interrupted at a token boundary; the tokens so far are kept).
+        finish_reason: ``stop`` (stop token or stop string), ``length``
+            (max_new_tokens) or ``aborted`` (interrupted at a token boundary; the tokens
+            so far are kept).
         policy_version: Weights version that produced every token of this result.
     """
 
