@@ -133,7 +133,7 @@ class _AgentBase:
         (``turn_prefix``: its tokens from before an interruption, already appended)."""
         apply_partial(traj, result)
         traj.num_turns += 1
-        parsed = self._parse(self._tokenizer.decode(list(turn_prefix) + result.token_ids))
+        parsed = self._parse(self._turn_text(list(turn_prefix) + result.token_ids))
         if parsed.final:
             return TurnOutcome(finished=True, final_answer=parsed.answer)
         if traj.num_turns >= self._spec.task.max_turns:
@@ -150,6 +150,9 @@ class _AgentBase:
             traj.tool_states.append(item.result.state)
             traj.tool_return_positions.append(traj.num_generated_tokens)
 
+    def _turn_text(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids)
+
     def _parse(self, text: str) -> ParsedTurn:
         raise NotImplementedError
 
@@ -162,7 +165,12 @@ class ArithAgent(_AgentBase):
 
     def __init__(self, spec: JobSpec, tokenizer: Tokenizer) -> None:
         self._parser = get_parser("arith")
-        super().__init__(spec, tokenizer, tokenizer.stop_token_ids, self._parser.stop_strings)
+        # The tiny tokenizer has each closing tag as one stop token; other tokenizers
+        # split them, and the engine then matches the text (which costs a decode a step).
+        stop_ids = set(tokenizer.stop_token_ids)
+        strings = [tag for tag in self._parser.stop_strings
+                   if not _is_one_of(tokenizer.encode(tag), stop_ids)]
+        super().__init__(spec, tokenizer, tokenizer.stop_token_ids, strings)
 
     def start(self, traj: t.Trajectory) -> None:
         """Tokenize the prompt of a fresh trajectory (a handed-over one keeps its tokens)."""
@@ -193,6 +201,12 @@ class ChatAgent(_AgentBase):
             self._start_with(traj, self._chat.prompt_ids(
                 [{"role": "user", "content": traj.prompt_text}]))
 
+    def _turn_text(self, ids: list[int]) -> str:
+        # The turn's end token is the template's, not the model's words (nor its answer).
+        while ids and ids[-1] in self._chat.stop_token_ids:
+            ids = ids[:-1]
+        return self._tokenizer.decode(ids)
+
     def _parse(self, text: str) -> ParsedTurn:
         return self._parser.parse(text)
 
@@ -201,6 +215,10 @@ class ChatAgent(_AgentBase):
                     for item in results]
         closed = bool(traj.token_ids) and traj.token_ids[-1] in self._chat.stop_token_ids
         return list(self._chat.tool_turn_ids(messages, turn_closed=closed))
+
+
+def _is_one_of(ids: list[int], token_ids: set[int]) -> bool:
+    return len(ids) == 1 and ids[0] in token_ids
 
 
 def tool_message_text(result: t.ToolResult) -> str:

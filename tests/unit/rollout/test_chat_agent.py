@@ -32,7 +32,7 @@ def spec(max_turns: int = 4) -> JobSpec:
 @pytest.fixture(params=["qwen2", "llama"])
 def tok(request, hf_model_dir) -> HfTokenizer:
     hf = load_tokenizer(str(hf_model_dir(request.param)))
-    return HfTokenizer(hf, [hf.eos_token_id], 512)
+    return HfTokenizer(hf, [hf.eos_token_id], 4096)
 
 
 def new_traj() -> t.Trajectory:

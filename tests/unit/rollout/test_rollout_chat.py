@@ -52,7 +52,7 @@ def chat_spec(batch: int = 8) -> JobSpec:
 @pytest.fixture
 def chat_tokenizer(hf_model_dir) -> HfTokenizer:
     tok = load_tokenizer(str(hf_model_dir("qwen2")))
-    return HfTokenizer(tok, [tok.eos_token_id], 512)
+    return HfTokenizer(tok, [tok.eos_token_id], 4096)
 
 
 @pytest.fixture
@@ -70,6 +70,7 @@ async def test_a_tool_call_runs_and_its_output_enters_as_a_tool_message(chat_rig
     chat_rig.engine.queue(call("calculator", expression="12*7") + "<|im_end|>",
                           "The answer is 84.<|im_end|>")
     chat_rig.tools.results.append(tool_result("84"))
+    await chat_rig.place(make_task())
     (traj,) = await chat_rig.run_until_published()
     assert [(c["tool"], c["args"]) for c in chat_rig.tools.calls] == [
         ("calculator", {"expression": "12*7"})]

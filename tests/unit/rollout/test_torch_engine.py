@@ -166,7 +166,9 @@ def test_turn_interrupted_by_a_weight_update_resumes_on_the_new_weights(tokenize
     tok = HfTokenizer(tokenizer, [], 384)  # no stop tokens: the turn runs to its budget
     traj = t.Trajectory(t.TrajectoryId("tr"), t.JobId("j"), t.GroupId("g"), t.PromptId("p"),
                         "Q:1+2=", "3")
-    agent.start(traj, tok)
+    loop = agent.ArithAgent(spec, tok)
+    loop.stop_strings = []  # nor stop tags: the turn runs to its budget
+    loop.start(traj)
     original_forward = engine._forward
     calls = []
 
@@ -177,15 +179,15 @@ def test_turn_interrupted_by_a_weight_update_resumes_on_the_new_weights(tokenize
         return original_forward(*args)
 
     engine._forward = forward_then_abort
-    first = engine.generate([agent.next_request(traj, spec, tok, seed=5)])[0]
+    first = engine.generate([loop.next_request(traj, seed=5)])[0]
     assert first.finish_reason == "aborted" and len(first.token_ids) == 4
     agent.apply_partial(traj, first)
     engine._forward = original_forward
     engine.load_weights(str(weights), version=1)
-    rest = agent.next_request(traj, spec, tok, seed=5, num_turn_tokens=4)
+    rest = loop.next_request(traj, seed=5, num_turn_tokens=4)
     assert rest.max_new_tokens == 8 and rest.prompt_token_ids == traj.token_ids
     second = engine.generate([rest])[0]
-    agent.apply_generation(traj, second, spec, tok, turn_prefix=first.token_ids)
+    loop.apply_generation(traj, second, turn_prefix=first.token_ids)
     assert traj.num_turns == 1
     model_versions = [v for v, m in zip(traj.token_versions, traj.loss_mask, strict=True) if m]
     assert model_versions == [0] * 4 + [1] * 8
