@@ -19,7 +19,6 @@ from libra.tasks.arith import (
     parse_action,
     reward,
 )
-
 from libra.tasks.calc_words import DEFAULT_SYSTEM_PROMPT as CALC_WORDS_SYSTEM_PROMPT
 from libra.tasks.calc_words import CalcWordsDataset, chat_demonstration
 
