@@ -1,17 +1,22 @@
 """Data-parallel building blocks of the torch trainer backend: FSDP2 sharding, whole
-(gathered) state dicts for saving, sharded loading, and the GPU placement hook.
+(gathered) state dicts for saving, sharded loading, loss and metric reductions over ranks.
 
 Used by :meth:`TorchTrainerBackend.enable_data_parallel` and its save/load methods; the
-process group itself is formed in ``distributed.py``.
+process group itself is formed in ``distributed.py``. Devices are the backend's business:
+it places the model (CPU or ``cuda:<local rank>``) before any of these run.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
+
+from libra.training.tensors import with_tied_aliases, without_tied_aliases
 
 PARALLELISMS = ("ddp", "fsdp2")
 
@@ -128,31 +133,95 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     optimizer.load_state_dict(state)
 
 
-# --- GPU path: wired for trainer ranks on CUDA, exercised only where CUDA is present ---
+# --- checkpoint files ---------------------------------------------------------------------
 
-def place_on_device(model: torch.nn.Module, device: torch.device) -> None:
-    """Move the model to ``device``; its inputs follow, its logits come back to the CPU.
+CKPT_MODEL, CKPT_OPTIMIZER, CKPT_RNG = "model.safetensors", "optimizer.pt", "rng.pt"
 
-    The batches (``_right_pad``) and the loss stay on the CPU: a forward pre-hook moves the
-    tensor arguments to the device and a forward hook returns the logits on the CPU
-    (autograd carries the gradient back across). Cheap for the tiny vocabulary; a large
-    model would keep the loss on the device instead.
+
+def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     rng_state: dict, rank: int) -> list[str]:
+    """Write the model (float32, tied tensors once as published), the optimizer state
+    keyed by parameter name and ``rng_state``; returns the file names.
+
+    Whole states, so a checkpoint loads into 1 rank, DDP or FSDP2 alike. With several
+    ranks every rank must call this (FSDP2 gathers); only rank 0 writes, the others get
+    ``[]``.
     """
-    model.to(device)
-
-    def inputs_to_device(_module: torch.nn.Module, args: tuple,
-                         kwargs: dict) -> tuple[tuple, dict]:
-        return (tuple(_to(value, device) for value in args),
-                {name: _to(value, device) for name, value in kwargs.items()})
-
-    def logits_to_cpu(_module: torch.nn.Module, _args: tuple, _kwargs: dict,
-                      output: object) -> object:
-        output.logits = output.logits.cpu()
-        return output
-
-    model.register_forward_pre_hook(inputs_to_device, with_kwargs=True)
-    model.register_forward_hook(logits_to_cpu, with_kwargs=True)
+    model_state = without_tied_aliases(model, full_state_dict(model))
+    optimizer_state = full_optimizer_state(model, optimizer)
+    if rank != 0:
+        return []
+    save_file(model_state, str(folder / CKPT_MODEL))
+    torch.save(optimizer_state, folder / CKPT_OPTIMIZER)
+    torch.save(rng_state, folder / CKPT_RNG)
+    return [CKPT_MODEL, CKPT_OPTIMIZER, CKPT_RNG]
 
 
-def _to(value: object, device: torch.device) -> object:
-    return value.to(device) if isinstance(value, torch.Tensor) else value
+def read_checkpoint(folder: Path, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer) -> dict:
+    """Load :func:`write_checkpoint`'s model and optimizer state; returns its RNG state.
+
+    Under FSDP2 each rank keeps only its shard of the full state it read.
+
+    Raises:
+        ValueError: A file is unreadable or does not fit the model; names the file.
+    """
+    rng_state: dict = {}
+    loaders = (
+        (CKPT_MODEL, lambda path: load_full_state_dict(
+            model, with_tied_aliases(model, load_file(str(path))))),
+        (CKPT_OPTIMIZER, lambda path: load_optimizer_state(
+            model, optimizer, torch.load(path, weights_only=False))),
+        (CKPT_RNG, lambda path: rng_state.update(torch.load(path, weights_only=False))),
+    )
+    for name, load in loaders:
+        try:
+            with torch.no_grad():
+                load(folder / name)
+        except Exception as exc:
+            raise ValueError(f"corrupt checkpoint file {folder / name}: {exc}") from exc
+    return rng_state
+
+
+# --- reductions over the ranks (identity on one rank) ---------------------------------
+
+def reduce_loss(loss: torch.Tensor, num_tokens: float,
+                world: int) -> tuple[torch.Tensor, float, bool]:
+    """(loss to backward, global loss value, finite on every rank).
+
+    This rank's loss is its shard's token mean; scaled by ``world * n_local / n_total``
+    the DDP gradient average equals the gradient of the global token mean. The stats
+    travel as a CPU tensor (gloo, also in the CUDA group's ``cpu:gloo`` half).
+    """
+    finite = bool(torch.isfinite(loss))
+    if world == 1:
+        return loss, float(loss.detach()), finite
+    stats = torch.tensor([num_tokens, float(loss.detach()) * num_tokens if finite else 0.0,
+                          0.0 if finite else 1.0], dtype=torch.float64)
+    dist.all_reduce(stats)
+    total = float(stats[0])
+    scale = world * num_tokens / total if total > 0 else 0.0
+    return loss * scale, float(stats[1]) / max(total, 1.0), float(stats[2]) == 0.0
+
+
+def reduce_metrics(metrics: dict[str, float], num_tokens: float,
+                   world: int) -> dict[str, float]:
+    """Token-weighted mean of per-shard token-mean metrics; ``num_tokens`` summed."""
+    if world == 1:
+        return {**metrics, "num_tokens": num_tokens}
+    names = sorted(metrics)
+    values = torch.tensor([metrics[name] * num_tokens for name in names] + [num_tokens],
+                          dtype=torch.float64)
+    dist.all_reduce(values)
+    total = float(values[-1])
+    reduced = {name: float(values[i]) / max(total, 1.0) for i, name in enumerate(names)}
+    return {**reduced, "num_tokens": total}
+
+
+def max_over_ranks(values: list[float], world: int) -> list[float]:
+    """Each value's maximum over the ranks (e.g. the slowest rank's time)."""
+    if world == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [float(value) for value in tensor]

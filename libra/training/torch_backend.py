@@ -20,15 +20,24 @@ token mean (what one rank computes on the whole batch); metrics are token-weight
 over the ranks. A non-finite loss on any rank skips the step on all ranks (one all-reduced
 flag); the grad norm is computed after the gradient reduction, so a non-finite gradient is
 seen by every rank alike.
+
+Device and precision: the model and every batch tensor live on one device (CUDA when
+visible, else CPU, unless told). Parameters and AdamW states are always float32 (master
+weights): a model handed over in bfloat16 is upcast once, because AdamW steps at RL
+learning rates (~1e-6) are far below a bfloat16 ulp and would be lost. Compute runs under
+bfloat16 autocast on CUDA, and on CPU when the model came in bfloat16; float32 on CPU
+otherwise. Log-probs always come from a float32 softmax. :meth:`save_weights` publishes
+in the dtype the model came in (what the engines load), checkpoints keep float32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,19 +46,28 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from libra.models.hf import default_device
 from libra.training.loss import masked_mean, ppo_clip_loss
 from libra.training.parallel import (
     PARALLELISMS,
     broadcast_from_rank0,
-    full_optimizer_state,
     full_state_dict,
     fully_shard_layers,
-    load_full_state_dict,
-    load_optimizer_state,
-    place_on_device,
+    max_over_ranks,
+    read_checkpoint,
+    reduce_loss,
+    reduce_metrics,
     same_optimizer_over,
+    write_checkpoint,
 )
 from libra.training.samples import SftExample, TrainSample
+from libra.training.tensors import (
+    right_pad,
+    right_pad_floats,
+    token_logprobs,
+    with_tied_aliases,
+    without_tied_aliases,
+)
 from libra.weight_sync import sha256_file
 
 logger = logging.getLogger(__name__)
@@ -71,13 +89,17 @@ class TorchTrainerBackend:
     """Holds the policy and its AdamW optimizer.
 
     Args:
-        model: The causal LM to train (in place).
+        model: The causal LM to train (in place): moved to ``device``, upcast to float32
+            master weights when it came in another dtype.
         pad_token_id: Token used to right-pad batches (masked out everywhere).
         seed: Seeds torch and the SFT batch sampler, so runs are reproducible.
         learning_rate: Default learning rate of :meth:`train_step`.
         weight_decay: AdamW weight decay.
         max_grad_norm: Global grad-norm clip.
         num_threads: ``torch.set_num_threads`` value.
+        device: ``cpu``, ``cuda`` or ``cuda:<n>``; None: CUDA when visible, else CPU.
+        gradient_checkpointing: Recompute each decoder layer's activations in backward
+            (``model.gradient_checkpointing_enable``): less memory, ~1/3 more compute.
     """
 
     def __init__(
@@ -90,10 +112,21 @@ class TorchTrainerBackend:
         weight_decay: float = 0.0,
         max_grad_norm: float = 1.0,
         num_threads: int = 1,
+        device: str | None = None,
+        gradient_checkpointing: bool = False,
     ) -> None:
         torch.set_num_threads(num_threads)
         torch.manual_seed(seed)
         self._model = model
+        self._publish_dtype = _floating_dtype(model)
+        if self._publish_dtype != torch.float32:
+            logger.info("[train] %s model upcast to float32 master weights", self._publish_dtype)
+            model.float()
+        self._place(device if device is not None else default_device())
+        if gradient_checkpointing:
+            # Non-reentrant: works under DDP/FSDP2 and with inputs that need no grad.
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         self._pad_token_id = pad_token_id
         self._learning_rate = learning_rate
         self._max_grad_norm = max_grad_norm
@@ -108,6 +141,25 @@ class TorchTrainerBackend:
         self._world = 1
         self._forward_model: torch.nn.Module = model
 
+    def _place(self, device: str) -> None:
+        """Move the model to ``device`` and pick the compute dtype there."""
+        target = torch.device(device)
+        if target.type == "cuda" and target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+        self._model.to(target)
+        self._device = target
+        self._autocast_bf16 = target.type == "cuda" or self._publish_dtype == torch.bfloat16
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model and every batch tensor live."""
+        return self._device
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """bfloat16 under autocast, else float32 (parameters are float32 either way)."""
+        return torch.bfloat16 if self._autocast_bf16 else torch.float32
+
     def enable_data_parallel(self, parallelism: str = "ddp", device: str = "cpu") -> None:
         """Join the (initialised) default process group: shard batches, reduce gradients.
 
@@ -117,14 +169,15 @@ class TorchTrainerBackend:
                 broadcast, then ``fully_shard`` on each decoder layer and the root: each rank
                 keeps 1/N of every parameter and of the optimizer state; gradients are
                 reduce-scattered). Both average gradients over ranks, so the loss scaling of
-                :meth:`_reduce_loss` holds for either.
-            device: ``cpu``, or ``cuda:<local rank>`` (GPU path: :func:`parallel.place_on_device`).
+                :func:`parallel.reduce_loss` holds for either.
+            device: ``cpu`` or ``cuda:<local rank>``: the model moves there (before the
+                first step), and so do the batches from then on.
         """
         if parallelism not in PARALLELISMS:
             raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
-        if torch.device(device).type != "cpu":
-            place_on_device(self._model, torch.device(device))
+        if torch.device(device) != self._device:
+            self._place(device)
         if parallelism == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -133,7 +186,7 @@ class TorchTrainerBackend:
             self._forward_model = DistributedDataParallel(self._model, forward_sync_buffers=False)
             return
         broadcast_from_rank0(self._model)
-        fully_shard_layers(self._model, torch.device(device).type)
+        fully_shard_layers(self._model, self._device.type)
         # fully_shard swapped in sharded (DTensor) parameters: the optimizer must hold them.
         self._optimizer = same_optimizer_over(self._optimizer, self._model)
 
@@ -159,12 +212,13 @@ class TorchTrainerBackend:
         for step in range(num_steps):
             batch = self._rng.sample(list(examples), k=min(batch_size, len(examples)))
             batch, weight = self._shard(batch)
-            input_ids, attention_mask, loss_mask = _right_pad(
-                [(example.token_ids, example.loss_mask) for example in batch], self._pad_token_id
-            )
+            padded = right_pad([(example.token_ids, example.loss_mask) for example in batch],
+                               self._pad_token_id)
+            num_tokens = float(padded[2].sum())  # on the CPU: no device sync
+            input_ids, attention_mask, loss_mask = self._to_device(*padded)
             logprobs = self._token_logprobs(input_ids, attention_mask)
             loss = -masked_mean(logprobs, loss_mask)
-            loss, loss_value, finite = self._reduce_loss(loss, float(loss_mask.sum()) * weight)
+            loss, loss_value, finite = reduce_loss(loss, num_tokens * weight, self._world)
             losses.append(loss_value)
             self._apply(loss, _sft_learning_rate(step, num_steps, lr), finite)
         self._model.eval()
@@ -200,10 +254,10 @@ class TorchTrainerBackend:
         loss, metrics, recompute_s, started = pl.loss, pl.metrics, pl.recompute_s, pl.started
         # 3) Backward, clip, step (or skip on a non-finite loss or gradient).
         num_tokens = pl.num_tokens * weight
-        loss, loss_value, finite = self._reduce_loss(loss, num_tokens)
+        loss, loss_value, finite = reduce_loss(loss, num_tokens, self._world)
         grad_norm = self._apply(loss, self._learning_rate if lr is None else lr, finite)
         self._model.eval()
-        metrics = self._reduce_metrics(metrics, num_tokens)
+        metrics = reduce_metrics(metrics, num_tokens, self._world)
         metrics.update(
             loss=loss_value,
             grad_norm=grad_norm,
@@ -211,10 +265,9 @@ class TorchTrainerBackend:
             fwd_bwd_s=time.perf_counter() - started,
             is_skipped=float(not math.isfinite(grad_norm)),
         )
-        if self._world > 1:  # the slowest rank's times
-            times = torch.tensor([recompute_s, metrics["fwd_bwd_s"]], dtype=torch.float64)
-            dist.all_reduce(times, op=dist.ReduceOp.MAX)
-            metrics.update(recompute_s=float(times[0]), fwd_bwd_s=float(times[1]))
+        # The slowest rank's times.
+        metrics["recompute_s"], metrics["fwd_bwd_s"] = max_over_ranks(
+            [recompute_s, metrics["fwd_bwd_s"]], self._world)
         return metrics
 
     def policy_loss(self, samples: Sequence[TrainSample], *, clip_eps: float,
@@ -224,15 +277,18 @@ class TorchTrainerBackend:
         Recomputes the proximal log-probs with the current weights first (no grad), then
         the new log-probs with grad; leaves the model in train mode.
         """
-        input_ids, attention_mask, loss_mask = _right_pad(
-            [(sample.token_ids, sample.loss_mask) for sample in samples], self._pad_token_id
-        )
-        behaviour = _right_pad_floats([sample.rollout_logprobs for sample in samples])
-        advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
+        padded = right_pad([(sample.token_ids, sample.loss_mask) for sample in samples],
+                           self._pad_token_id)
+        num_tokens = float(padded[2].sum())  # on the CPU: no device sync
+        input_ids, attention_mask, loss_mask, behaviour, advantages = self._to_device(
+            *padded, right_pad_floats([sample.rollout_logprobs for sample in samples]),
+            torch.tensor([sample.advantage for sample in samples], dtype=torch.float32))
         started = time.perf_counter()
         self._model.eval()
         with torch.no_grad():
             old_logprobs = self._token_logprobs(input_ids, attention_mask)
+        if self._device.type == "cuda":  # CUDA runs ahead of the host: time the work itself
+            torch.cuda.synchronize(self._device)
         recompute_s = time.perf_counter() - started
         started = time.perf_counter()
         self._model.train()
@@ -241,7 +297,7 @@ class TorchTrainerBackend:
             new_logprobs, old_logprobs, advantages, loss_mask, clip_eps, kl_coef, behaviour,
             is_cap,
         )
-        return PolicyLoss(loss, metrics, float(loss_mask.sum()), recompute_s, started)
+        return PolicyLoss(loss, metrics, num_tokens, recompute_s, started)
 
     def slice_gradient(self, samples: Sequence[TrainSample], scale: float, *,
                        clip_eps: float, kl_coef: float, is_cap: float | None
@@ -257,8 +313,10 @@ class TorchTrainerBackend:
         finite = bool(torch.isfinite(pl.loss))
         if finite:
             (pl.loss * scale).backward()
-        grads = {name: (p.grad.detach().clone() if p.grad is not None and finite
-                        else torch.zeros_like(p)) for name, p in self._model.named_parameters()}
+        # On the CPU: the gradients travel (safetensors bytes) to the other workers.
+        grads = {name: (p.grad.detach().cpu().clone() if p.grad is not None and finite
+                        else torch.zeros_like(p, device="cpu"))
+                 for name, p in self._model.named_parameters()}
         self._optimizer.zero_grad(set_to_none=True)
         self._model.eval()
         finite = finite and all(bool(torch.isfinite(g).all()) for g in grads.values())
@@ -274,89 +332,87 @@ class TorchTrainerBackend:
         so their weights stay bitwise equal (lockstep).
         """
         for name, param in self._model.named_parameters():
-            param.grad = grads[name].clone()
+            param.grad = grads[name].to(param.device, param.dtype, copy=True)
         return self._clip_and_step(lr)
 
     def save_weights(self, path: str) -> str:
-        """Write the state dict as safetensors; returns the file's sha256 hex digest.
+        """Publish the weights as safetensors; returns the file's sha256 hex digest.
 
-        Under FSDP2 every rank must call this (the full state dict is gathered); only rank 0
-        writes, the other ranks return ``""``.
+        The published format (``libra.training.tensors``): the HF model's state-dict
+        names, each tensor once (a tied ``lm_head.weight`` is left out), in the dtype the
+        model came in. Under FSDP2 every rank must call this (the full state dict is
+        gathered); only rank 0 writes, the other ranks return ``""``.
 
         Raises:
             ValueError: A tensor holds a non-finite value (never publish NaN weights).
         """
-        state_dict = full_state_dict(self._model)
+        state_dict = without_tied_aliases(self._model, full_state_dict(self._model))
         if self._rank != 0:
             return ""
         bad = [name for name, tensor in state_dict.items()
                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
         if bad:
             raise ValueError(f"refusing to publish non-finite weights: {bad[:5]}")
-        save_file(state_dict, path)
+        save_file({name: tensor.to(self._publish_dtype) if tensor.is_floating_point()
+                   else tensor for name, tensor in state_dict.items()}, path)
         return sha256_file(Path(path))
 
     def load_weights(self, path: str) -> None:
-        """Load a safetensors state dict written by :meth:`save_weights` (optimizer kept)."""
+        """Load a file written by :meth:`save_weights` (optimizer kept).
+
+        Raises:
+            ValueError: A missing, unexpected or mis-shaped key (named); nothing loaded.
+        """
+        state = with_tied_aliases(self._model, load_file(path))
         with torch.no_grad():
-            self._model.load_state_dict(load_file(path), strict=True)
+            self._model.load_state_dict(state, strict=True)
 
     def save_checkpoint(self, directory: str) -> list[str]:
         """Write model, optimizer and RNG state into ``directory``; returns the file names.
 
-        Model and optimizer state are saved whole (full state dicts, optimizer state keyed
-        by parameter name), so a checkpoint loads into 1 rank, DDP or FSDP2 alike. With
-        several ranks every rank must call this (FSDP2 gathers); only rank 0 writes, the
-        others return ``[]``.
+        See :func:`parallel.write_checkpoint` (whole states, so a checkpoint loads into 1
+        rank, DDP or FSDP2 alike; with several ranks every rank must call this).
         """
-        model_state = full_state_dict(self._model)
-        optimizer_state = full_optimizer_state(self._model, self._optimizer)
-        if self._rank != 0:
-            return []
-        folder = Path(directory)
-        save_file({name: tensor.clone() for name, tensor in model_state.items()},
-                  str(folder / _CKPT_MODEL))
-        torch.save(optimizer_state, folder / _CKPT_OPTIMIZER)
-        torch.save({"torch_rng": torch.get_rng_state(), "python_rng": self._rng.getstate(),
-                    "num_steps": self._num_steps}, folder / _CKPT_RNG)
-        return [_CKPT_MODEL, _CKPT_OPTIMIZER, _CKPT_RNG]
+        rng = {"torch_rng": torch.get_rng_state(), "python_rng": self._rng.getstate(),
+               "num_steps": self._num_steps}
+        if self._device.type == "cuda":
+            rng["cuda_rng"] = torch.cuda.get_rng_state(self._device)
+        return write_checkpoint(Path(directory), self._model, self._optimizer, rng, self._rank)
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote (every rank reads the same files).
 
-        Under FSDP2 each rank keeps only its shard of the full state it read.
-
         Raises:
             ValueError: A file is unreadable or does not fit the model; names the file.
         """
-        folder = Path(directory)
-        loaders = (
-            (_CKPT_MODEL, lambda path: load_full_state_dict(self._model, load_file(str(path)))),
-            (_CKPT_OPTIMIZER, lambda path: load_optimizer_state(
-                self._model, self._optimizer, torch.load(path, weights_only=False))),
-            (_CKPT_RNG, self._load_rng),
-        )
-        for name, load in loaders:
-            try:
-                with torch.no_grad():
-                    load(folder / name)
-            except Exception as exc:
-                raise ValueError(f"corrupt checkpoint file {folder / name}: {exc}") from exc
+        rng = read_checkpoint(Path(directory), self._model, self._optimizer)
+        torch.set_rng_state(rng["torch_rng"])
+        if "cuda_rng" in rng and self._device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda_rng"], self._device)
+        self._rng.setstate(rng["python_rng"])
+        self._num_steps = int(rng["num_steps"])
 
-    def _load_rng(self, path: Path) -> None:
-        state = torch.load(path, weights_only=False)
-        torch.set_rng_state(state["torch_rng"])
-        self._rng.setstate(state["python_rng"])
-        self._num_steps = int(state["num_steps"])
+    def _to_device(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(tensor.to(self._device, non_blocking=True) for tensor in tensors)
+
+    @contextlib.contextmanager
+    def _compute_precision(self) -> Iterator[None]:
+        """bfloat16 autocast where chosen (see the module docstring), else nothing."""
+        if not self._autocast_bf16:
+            yield
+            return
+        with torch.autocast(self._device.type, dtype=torch.bfloat16):
+            yield
 
     def _token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        """``[B, T]`` log-prob of each token given its prefix; column 0 is 0 (no prefix)."""
-        logits = self._forward_model(input_ids=input_ids, attention_mask=attention_mask).logits
-        logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        picked = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+        """``[B, T]`` float32 log-prob of each token given its prefix; column 0 is 0."""
+        with self._compute_precision():
+            # No KV cache while training: nothing reuses it, and it holds activations.
+            logits = self._forward_model(input_ids=input_ids, attention_mask=attention_mask,
+                                         use_cache=False).logits
+        return token_logprobs(logits, input_ids)
 
     def _shard(self, items: Sequence) -> tuple[list, float]:
         """This rank's stride of ``items`` and its weight (0.0: a stand-in, counts nothing).
@@ -369,40 +425,10 @@ class TorchTrainerBackend:
         shard = list(items[self._rank::self._world])
         return (shard, 1.0) if shard else (list(items[:1]), 0.0)
 
-    def _reduce_loss(
-        self, loss: torch.Tensor, num_tokens: float
-    ) -> tuple[torch.Tensor, float, bool]:
-        """(loss to backward, global loss value, finite on every rank).
-
-        This rank's loss is its shard's token mean; scaled by ``world * n_local / n_total``
-        the DDP gradient average equals the gradient of the global token mean.
-        """
-        finite = bool(torch.isfinite(loss))
-        if self._world == 1:
-            return loss, float(loss.detach()), finite
-        stats = torch.tensor([num_tokens, float(loss.detach()) * num_tokens if finite else 0.0,
-                              0.0 if finite else 1.0], dtype=torch.float64)
-        dist.all_reduce(stats)
-        total = float(stats[0])
-        scale = self._world * num_tokens / total if total > 0 else 0.0
-        return loss * scale, float(stats[1]) / max(total, 1.0), float(stats[2]) == 0.0
-
-    def _reduce_metrics(self, metrics: dict[str, float], num_tokens: float) -> dict[str, float]:
-        """Token-weighted mean of per-shard token-mean metrics; ``num_tokens`` summed."""
-        if self._world == 1:
-            return {**metrics, "num_tokens": num_tokens}
-        names = sorted(metrics)
-        values = torch.tensor([metrics[name] * num_tokens for name in names] + [num_tokens],
-                              dtype=torch.float64)
-        dist.all_reduce(values)
-        total = float(values[-1])
-        reduced = {name: float(values[i]) / max(total, 1.0) for i, name in enumerate(names)}
-        return {**reduced, "num_tokens": total}
-
     def _apply(self, loss: torch.Tensor, lr: float, finite: bool = True) -> float:
         """Backward + clip + step; returns the grad norm (non-finite means skipped).
 
-        ``finite`` is False when some rank's loss was non-finite (:meth:`_reduce_loss`).
+        ``finite`` is False when some rank's loss was non-finite (``reduce_loss``).
         """
         self._optimizer.zero_grad(set_to_none=True)
         if not (finite and torch.isfinite(loss)):
@@ -429,11 +455,6 @@ class TorchTrainerBackend:
         return grad_norm
 
 
-_CKPT_MODEL = "model.safetensors"
-_CKPT_OPTIMIZER = "optimizer.pt"
-_CKPT_RNG = "rng.pt"
-
-
 def _sft_learning_rate(step: int, num_steps: int, peak_lr: float) -> float:
     """Linear warmup over 5% of the steps, then linear decay to 10% of the peak."""
     warmup_steps = max(1, num_steps // 20)
@@ -443,25 +464,9 @@ def _sft_learning_rate(step: int, num_steps: int, peak_lr: float) -> float:
     return peak_lr * (1.0 - 0.9 * progress)
 
 
-def _right_pad(
-    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad (token_ids, loss_mask) pairs into ``[B, T]`` ids, attention and loss masks."""
-    length = max(len(token_ids) for token_ids, _ in pairs)
-    input_ids = torch.full((len(pairs), length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(pairs), length), dtype=torch.long)
-    loss_mask = torch.zeros((len(pairs), length), dtype=torch.float32)
-    for index, (token_ids, mask) in enumerate(pairs):
-        input_ids[index, : len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
-        attention_mask[index, : len(token_ids)] = 1
-        loss_mask[index, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
-    return input_ids, attention_mask, loss_mask
-
-
-def _right_pad_floats(rows: Sequence[Sequence[float]]) -> torch.Tensor:
-    """Right-pad float rows with 0 into a ``[B, T]`` tensor."""
-    length = max(len(row) for row in rows)
-    values = torch.zeros((len(rows), length), dtype=torch.float32)
-    for index, row in enumerate(rows):
-        values[index, : len(row)] = torch.tensor(list(row), dtype=torch.float32)
-    return values
+def _floating_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's floating-point parameters (float32 when it has none)."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32

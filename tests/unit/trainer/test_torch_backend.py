@@ -17,8 +17,10 @@ _CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_s
 
 
 def _backend(seed=0):
+    # On the CPU everywhere: these tests compare with CPU engines and CPU tensors.
     return TorchTrainerBackend(
-        build_model(_CFG, seed=seed), pad_token_id=0, seed=seed, learning_rate=1e-2
+        build_model(_CFG, seed=seed), pad_token_id=0, seed=seed, learning_rate=1e-2,
+        device="cpu",
     )
 
 
