@@ -252,7 +252,7 @@ class TorchEngine:
         sampler = BatchSampler([row.request for row in rows],
                                [row.generator for row in rows], self._device)
         cache = DynamicCache()
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        logits = self._prefill(rows, input_ids, attention_mask, position_ids, cache)
         last_position = position_ids[:, -1:]
         new_column = torch.ones_like(attention_mask[:, :1])
         steps = 0
@@ -271,6 +271,29 @@ class TorchEngine:
             attention_mask = torch.cat([attention_mask, new_column], dim=1)
             logits = self._forward(next_ids.unsqueeze(1), attention_mask,
                                    last_position + steps, cache)
+
+    def _prefill(self, rows: list[_RowState], input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                 cache: DynamicCache) -> torch.Tensor:
+        """The prompts' forward, once per distinct prompt.
+
+        A GRPO group's first turn sends the same prompt many times: its rows' KV and
+        logits are identical, so the prompt runs once and the cache rows are copied out
+        (``batch_select_indices``), cutting the prefill by the group size.
+        """
+        first_row: dict[tuple[int, ...], int] = {}
+        owners = [first_row.setdefault(tuple(row.request.prompt_token_ids), index)
+                  for index, row in enumerate(rows)]
+        if len(first_row) == len(rows):
+            return self._forward(input_ids, attention_mask, position_ids, cache)
+        unique = torch.tensor(list(first_row.values()), device=self._device)
+        logits = self._forward(input_ids[unique], attention_mask[unique],
+                               position_ids[unique], cache)
+        # Row i of the batch reads the unique row its prompt was first seen in.
+        position_of = {row: position for position, row in enumerate(first_row.values())}
+        expand = torch.tensor([position_of[owner] for owner in owners], device=self._device)
+        cache.batch_select_indices(expand)
+        return logits.index_select(0, expand)
 
     def _forward(
         self,

@@ -69,6 +69,31 @@ def test_every_sampling_mode_in_one_batch_matches_each_row_alone(hf_model_dir, f
         assert together.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
 
 
+def test_a_group_sharing_a_prompt_is_prefilled_once_and_samples_as_if_alone(hf_model_dir):
+    engine = _engine(hf_model_dir("qwen3"))
+    prompt = _prompt_ids(load_tokenizer(str(hf_model_dir("qwen3"))))
+    requests = [GenerationRequest(prompt_token_ids=prompt, max_new_tokens=9, seed=seed)
+                for seed in (1, 2, 3)]
+    requests.insert(2, GenerationRequest(prompt_token_ids=prompt[2:], max_new_tokens=9,
+                                         seed=4))
+    prefill_rows = []
+    forward = engine._forward
+
+    def recording_forward(input_ids, *args):
+        prefill_rows.append(input_ids.shape[0])
+        return forward(input_ids, *args)
+
+    engine._forward = recording_forward
+    batched = engine.generate(requests)
+    assert prefill_rows[0] == 2 and set(prefill_rows[1:]) == {4}
+    engine._forward = forward
+    assert len({tuple(result.token_ids) for result in batched}) == 4  # seeds differ
+    for request, together in zip(requests, batched, strict=True):
+        alone = engine.generate([request])[0]
+        assert together.token_ids == alone.token_ids
+        assert together.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
 def test_bfloat16_model_still_reports_float32_softmax_logprobs(hf_model_dir):
     engine = _engine(hf_model_dir("llama"), dtype="bfloat16")
     assert engine.model.dtype == torch.bfloat16
