@@ -64,10 +64,12 @@ class TorchEngineLoader:
         self._device = device or default_device()
         self.calls = EngineCallLog()
 
-    def load(self, model_dir: str, policy: t.PolicyInfo, tp_degree: int,
-             model: ModelSpec) -> tuple[TorchEngine, HfTokenizer]:
-        """Load the model; the torch backend runs one device per instance, so a bucket's
-        ``tp_degree`` only matters for vLLM (logged when it is ignored here)."""
+    def load(self, model_dir: str, policy: t.PolicyInfo | None, tp_degree: int = 1,
+             model: ModelSpec | None = None) -> tuple[TorchEngine, HfTokenizer]:
+        """Load the model (``model``: the job's ``[model]``, the tiny one when None); the
+        torch backend runs one device per instance, so a bucket's ``tp_degree`` only
+        matters for vLLM (logged when it is ignored here)."""
+        model = model or ModelSpec()
         if tp_degree > 1:
             logger.warning("[engine] torch backend ignores tp_degree=%d (use engine=vllm)",
                            tp_degree)

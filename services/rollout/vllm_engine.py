@@ -342,7 +342,10 @@ class VllmEngine:
             n=1, temperature=request.temperature, top_p=request.top_p,
             max_tokens=request.max_new_tokens, seed=request.seed,
             stop_token_ids=list(request.stop_token_ids), ignore_eos=True,
-            logprobs=0, detokenize=False, skip_special_tokens=False,
+            # Stop strings need the text: detokenize only then (it costs per token), and
+            # keep the tokens that completed the string, as the torch engine does.
+            stop=list(request.stop_strings) or None, include_stop_str_in_output=True,
+            logprobs=0, detokenize=bool(request.stop_strings), skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         outputs = self._llm.generate(prompt, params, request_id=f"libra-{uuid.uuid4().hex}")
