@@ -18,7 +18,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from libra.errors import InvalidArgument, NotFound
 from libra.models.hf_dir import (
     WEIGHTS_FILE,
+    Progress,
     atomic_output_dir,
     check_output_dir,
     directory_bytes,
+    quiet,
     save_weights_file,
     tied_groups,
 )
@@ -43,13 +45,6 @@ WEIGHTS_DIR = "weights"
 MODEL_DIR = "model"
 PROVENANCE_FILE = "libra_export.json"
 _VERSION_FILE = re.compile(r"v(\d+)\.safetensors")
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_message: str) -> None:
-    pass
-
 
 @dataclass(frozen=True)
 class ExportSummary:
@@ -134,7 +129,7 @@ def verify_against_manifest(weights_path: Path) -> bool:
 
 
 def export_hf(model_dir: Path, weights_path: Path, out: Path, *, force: bool = False,
-              version: int = -1, progress: Progress = _quiet) -> ExportSummary:
+              version: int = -1, progress: Progress = quiet) -> ExportSummary:
     """Write ``model_dir``'s config and tokenizer with ``weights_path``'s tensors to ``out``.
 
     Raises:

@@ -21,7 +21,6 @@ import importlib.util
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,12 @@ from typing import Any
 from libra.errors import Internal, InvalidArgument
 from libra.models.hf_dir import (
     WEIGHTS_FILE,
+    Progress,
     atomic_output_dir,
     check_output_dir,
     directory_bytes,
     drop_tied_copies,
+    quiet,
     save_weights_file,
     tied_groups,
 )
@@ -48,13 +49,6 @@ _EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
              "tokenizer.ggml.eom_token_id")
 # Keys of transformers' GGUF mapping table that are not model architectures.
 _NOT_ARCHITECTURES = ("general", "tokenizer", "tokenizer_config")
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_message: str) -> None:
-    pass
-
 
 @dataclass(frozen=True)
 class GgufHeader:
@@ -192,7 +186,7 @@ def smollm2_gguf_path() -> Path:
 
 
 def import_gguf(gguf_path: Path, out: Path, *, force: bool = False,
-                progress: Progress = _quiet) -> ImportSummary:
+                progress: Progress = quiet) -> ImportSummary:
     """Convert ``gguf_path`` into a Hugging Face directory at ``out`` (atomically).
 
     Raises:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +21,13 @@ from safetensors.torch import save_file
 from libra.errors import InvalidArgument
 
 WEIGHTS_FILE = "model.safetensors"
+
+# Where import and export report what they are doing (the CLI prints; tests stay quiet).
+Progress = Callable[[str], None]
+
+
+def quiet(_message: str) -> None:
+    """A :data:`Progress` that says nothing."""
 
 
 def check_output_dir(out: Path, *, force: bool, field: str = "--out") -> None:

@@ -20,11 +20,11 @@ from libra.tasks.arith import (
     reward,
 )
 from libra.tasks.calc_words import DEFAULT_SYSTEM_PROMPT as CALC_WORDS_SYSTEM_PROMPT
-from libra.tasks.calc_words import CalcWordsDataset, chat_demonstration
+from libra.tasks.calc_words import calc_words_problems, chat_demonstration
 
 TASKS: dict[str, Callable[[int, int], Sequence[Problem]]] = {
     "arith": ArithDataset,
-    "calc-words": CalcWordsDataset,
+    "calc-words": calc_words_problems,
 }
 
 # The system message of chat models when the spec sets none.
@@ -39,7 +39,7 @@ def load_problems(name: str, seed: int, num_prompts: int) -> list[Problem]:
 __all__ = [
     "TASKS",
     "TASK_SYSTEM_PROMPTS",
-    "CalcWordsDataset",
+    "calc_words_problems",
     "chat_demonstration",
     "load_problems",
     "STOP_STRINGS",

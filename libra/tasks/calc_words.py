@@ -54,28 +54,16 @@ _TEMPLATES: tuple[_Template, ...] = (
 )
 
 
-class CalcWordsDataset:
+def calc_words_problems(seed: int, num_prompts: int) -> list[Problem]:
     """A fixed, seeded set of word problems (equal seeds give equal sets on every host).
 
     Operands are 12-99 (the multiplier 3-19) so products need a calculator; every answer
     is a non-negative integer.
     """
-
-    def __init__(self, seed: int, num_prompts: int) -> None:
-        if num_prompts <= 0:
-            raise ValueError(f"num_prompts must be > 0, got {num_prompts}")
-        rng = random.Random(seed)
-        self._problems = [_make_problem(PromptId(f"calc-{seed}-{index}"), rng)
-                          for index in range(num_prompts)]
-
-    def __len__(self) -> int:
-        return len(self._problems)
-
-    def __getitem__(self, index: int) -> Problem:
-        return self._problems[index]
-
-    def __iter__(self):
-        return iter(self._problems)
+    if num_prompts <= 0:
+        raise ValueError(f"num_prompts must be > 0, got {num_prompts}")
+    rng = random.Random(seed)
+    return [_make_problem(PromptId(f"calc-{seed}-{index}"), rng) for index in range(num_prompts)]
 
 
 def _make_problem(prompt_id: PromptId, rng: random.Random) -> Problem:

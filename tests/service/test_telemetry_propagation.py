@@ -44,15 +44,12 @@ from services.scheduler import metrics
 from services.scheduler.core import SchedulerCore
 from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.store import RedisSchedulerStore
+from tests.fakes.runner import FakeRunner
 from tests.service.grpc_harness import serving
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
 
 
-class FakeRunner:
-    async def start_job(self, job_id: str) -> None: ...
-
-    async def stop_job(self, job_id: str) -> None: ...
 
 
 class FrontServicer(pb_grpc.CoordinatorServiceServicer):

@@ -31,25 +31,12 @@ from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
+from tests.fakes.runner import FakeRunner
 
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
 VALID_SPEC = 'name = "svc"\n[algorithm]\nnum_steps = 2\n'
 
 
-class FakeRunner:
-    """Trainer/scheduler client: records calls; yields to the loop like a real RPC."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-        self.stopped: list[str] = []
-
-    async def start_job(self, job_id: str) -> None:
-        await asyncio.sleep(0)
-        self.started.append(job_id)
-
-    async def stop_job(self, job_id: str) -> None:
-        await asyncio.sleep(0)
-        self.stopped.append(job_id)
 
 
 @pytest.fixture

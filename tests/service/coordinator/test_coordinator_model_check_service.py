@@ -32,21 +32,11 @@ from services.coordinator.model_check import check_job_model
 from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
+from tests.fakes.runner import FakeRunner
 
 SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
 
 
-class FakeRunner:
-    """Trainer/scheduler client: records the jobs it was told to start."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-
-    async def start_job(self, job_id: str) -> None:
-        self.started.append(job_id)
-
-    async def stop_job(self, job_id: str) -> None:
-        pass
 
 
 def hf_spec(path: Path | str) -> str:

@@ -14,9 +14,10 @@ import pytest
 
 from libra import types as t
 from libra.clock import FakeClock
-from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, LibraError, Unavailable
+from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, Unavailable
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.store import InMemoryCoordinatorStore
+from tests.fakes.runner import FakeRunner
 
 VALID_SPEC = """
 name = "unit"
@@ -25,25 +26,6 @@ num_steps = 3
 """
 
 
-class FakeRunner:
-    """A trainer or scheduler client: records start/stop calls, refuses when told."""
-
-    def __init__(self, start_error: Exception | None = None,
-                 stop_error: LibraError | None = None) -> None:
-        self.started: list[str] = []
-        self.stopped: list[str] = []
-        self.start_error = start_error
-        self.stop_error = stop_error
-
-    async def start_job(self, job_id: str) -> None:
-        if self.start_error is not None:
-            raise self.start_error
-        self.started.append(job_id)
-
-    async def stop_job(self, job_id: str) -> None:
-        self.stopped.append(job_id)
-        if self.stop_error is not None:
-            raise self.stop_error
 
 
 def make_core(trainer: FakeRunner | None = None, scheduler: FakeRunner | None = None,

@@ -20,19 +20,7 @@ from libra.jobspec import JobSpec
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.model_check import check_job_model
 from services.coordinator.store import InMemoryCoordinatorStore
-
-
-class FakeRunner:
-    """A trainer or scheduler client that records the jobs it was told to start."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-
-    async def start_job(self, job_id: str) -> None:
-        self.started.append(job_id)
-
-    async def stop_job(self, job_id: str) -> None:
-        pass
+from tests.fakes.runner import FakeRunner
 
 
 class Built:

@@ -18,7 +18,7 @@ from libra.errors import InvalidArgument, Unavailable
 from libra.jobspec import job_spec_from_json
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.store import InMemoryCoordinatorStore
-from tests.unit.coordinator.test_coordinator_model_check import FakeRunner
+from tests.fakes.runner import FakeRunner
 
 CATALOG = [
     {"name": "calculator", "description": "Evaluate arithmetic.", "idempotent": True,
