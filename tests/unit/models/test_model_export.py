@@ -197,3 +197,31 @@ def test_run_without_weights_or_run_dir_is_not_found(tmp_path):
         find_weights(tmp_path / "missing")
     with pytest.raises(NotFound, match="holds no published weights"):
         find_weights(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_exported_logits_equal_the_engines_on_the_trainers_published_file(
+        hf_model_dir, tmp_path, family):
+    """The round trip a user makes: the trainer publishes (tied tensors once), a rollout
+    engine serves that version, `libra export` writes it out; both see the same logits."""
+    from libra.training.torch_backend import TorchTrainerBackend
+    from services.rollout.torch_engine import TorchEngine
+
+    run_dir = _run_dir(hf_model_dir, tmp_path, family)
+    trainer_model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    with torch.no_grad():
+        for param in trainer_model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(2)))
+    backend = TorchTrainerBackend(trainer_model, pad_token_id=0, device="cpu")
+    weights = run_dir / "weights" / "v000002.safetensors"
+    weights.parent.mkdir(parents=True)
+    backend.save_weights(str(weights))
+    write_manifest(weights, 2)
+    engine = TorchEngine.from_model_dir(str(run_dir / "model"), device="cpu")
+    engine.load_weights(str(weights), 2)
+    export_hf(run_dir / "model", weights, tmp_path / "exported", version=2)
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    with torch.no_grad():
+        served, written = engine.model(IDS).logits, exported(IDS).logits
+    assert torch.allclose(served, written, atol=1e-6)
+    assert not torch.allclose(written, _reference_logits(run_dir / "model", {}))
