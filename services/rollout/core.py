@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import InvalidArgument, LeaseLost, LibraError, NotFound
+from libra.errors import LeaseLost, LibraError
 from libra.jobspec import JobSpec, ModelSpec, job_spec_from_json
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout import agent
@@ -50,6 +50,7 @@ from services.rollout.lend import LendingMixin
 from services.rollout.lending import ChannelOpener, TrainerLoader
 from services.rollout.moves import MovesMixin
 from services.rollout.profile import LoopProfile
+from services.rollout.tool_calls import ToolCaller
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.coordinator import CoordinatorApi
@@ -150,6 +151,7 @@ class RolloutCore(MovesMixin, LendingMixin):
         self._store = store
         self._loader = loader
         self._tools = tools
+        self._tool_calls = ToolCaller(tools, clock, settings.tool_deadline_s)
         self._scheduler = scheduler
         self._coordinator = coordinator
         self._clock = clock
@@ -467,8 +469,8 @@ class RolloutCore(MovesMixin, LendingMixin):
     async def _call_tool(self, ctx: _JobContext, act: _Active, outcome: agent.TurnOutcome) -> None:
         traj = act.traj
         try:
-            results = await self.profile.timed("tool", self._run_calls(ctx, traj, outcome),
-                                               traj.trajectory_id)
+            results = await self.profile.timed(
+                "tool", self._tool_calls.run_turn(ctx.spec, traj, outcome), traj.trajectory_id)
         except LibraError as exc:
             await self._fail(ctx, act, f"tool gateway: {exc}")
             return
@@ -500,52 +502,6 @@ class RolloutCore(MovesMixin, LendingMixin):
     def _become_ready(self, act: _Active) -> None:
         act.ready = True
         self._wakeup.set()
-
-    async def _run_calls(self, ctx: _JobContext, traj: t.Trajectory,
-                         outcome: agent.TurnOutcome) -> list[agent.ToolTurnResult]:
-        """Run a turn's calls concurrently; malformed ones become tool errors."""
-        ran = await asyncio.gather(*(self._run_call(ctx, traj, index, call)
-                                     for index, call in enumerate(outcome.calls)))
-        refused = [agent.ToolTurnResult(agent.INVALID_TOOL_TYPE,
-                                        agent.invalid_call_result(error))
-                   for error in outcome.errors]
-        return [*ran, *refused]
-
-    async def _run_call(self, ctx: _JobContext, traj: t.Trajectory, index: int,
-                        call: Any) -> agent.ToolTurnResult:
-        """One call; a name the job does not enable or arguments that fail the tool's
-        schema come back as a tool error the model reads, never as a failed trajectory."""
-        enabled = ctx.spec.tools.enabled
-        if call.name not in enabled:
-            return agent.ToolTurnResult(call.name, agent.invalid_call_result(
-                f"unknown tool {call.name!r} (available: {', '.join(enabled)})"))
-        # The first call of a turn keeps the id it always had (the calculator's injected
-        # failures are a function of the call id).
-        call_id = f"{traj.trajectory_id}:t{traj.num_turns}" + (f".{index}" if index else "")
-        try:
-            result = await self._execute_tool(ctx, traj, call_id, call.name, call.arguments)
-        except (InvalidArgument, NotFound) as exc:
-            return agent.ToolTurnResult(call.name, agent.invalid_call_result(
-                f"bad call of {call.name}: {exc}", tool_type=call.name))
-        return agent.ToolTurnResult(call.name, result)
-
-    async def _execute_tool(self, ctx: _JobContext, traj: t.Trajectory, call_id: str,
-                            tool: str, args: dict[str, Any]) -> t.ToolResult:
-        """Call the tool, retrying retryable errors (gateway down) until the deadline."""
-        budget_s = min(self.settings.tool_deadline_s, ctx.spec.tools.call_timeout_s)
-        deadline_s = self._clock.now_s() + budget_s
-        delay_s = 0.1
-        while True:
-            remaining_ms = int((deadline_s - self._clock.now_s()) * 1000)
-            try:
-                return await self._tools.execute(
-                    traj.trajectory_id, call_id, tool, args,
-                    max(remaining_ms, 1), ctx.spec.tools.options_for(tool))
-            except LibraError as exc:
-                if not exc.retryable or self._clock.now_s() + delay_s >= deadline_s:
-                    raise
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, 1.0)
 
     async def _finish(self, ctx: _JobContext, act: _Active, final_answer: str | None) -> None:
         traj = act.traj
