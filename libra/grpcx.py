@@ -114,7 +114,8 @@ class Server:
         self.service = service
         self._cfg = cfg
         self._registrations = list(registrations)
-        self.server = grpc.aio.server(interceptors=[ErrorInterceptor(service)])
+        self.server = grpc.aio.server(interceptors=[ErrorInterceptor(service)],
+                                      options=server_options())
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port = -1
@@ -202,10 +203,32 @@ async def serve(service: str, cfg: ServerConfig, registrations: Iterable[Registr
         await asyncio.gather(loop_task, return_exceptions=True)
 
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Clients ping an idle connection this often, so a peer that vanished is noticed.
+CLIENT_KEEPALIVE_MS = 30_000
+
+
+def server_options() -> list[tuple[str, int]]:
+    """Server options that accept the clients' keepalive pings.
+
+    gRPC servers by default take a ping on a connection without data as a "strike" when
+    it comes sooner than 5 minutes after the last, and after two strikes end the
+    connection (GOAWAY "too_many_pings"). A stream that idles for minutes (the tool-return
+    stream while the trainer warms up) then broke with UNAVAILABLE "Too many pings". The
+    server therefore allows pings at half the clients' interval, also without calls.
+    """
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", CLIENT_KEEPALIVE_MS // 2),
+    ]
+
+
 def insecure_channel(address: str) -> grpc.aio.Channel:
     """A client channel with the project's options (keepalive, message size)."""
     return grpc.aio.insecure_channel(address, options=[
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-        ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", CLIENT_KEEPALIVE_MS),
     ])

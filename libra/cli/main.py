@@ -30,6 +30,8 @@ from libra.errors import InvalidArgument, LibraError
 from libra.jobspec import JobSpec, apply_overrides, job_spec_from_dict, parse_document
 from libra.report import build_report, reward_windows, write_report
 
+# How long `libra run` keeps following a job while the coordinator does not answer.
+FOLLOW_OUTAGE_S = 120.0
 FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 
 
@@ -95,8 +97,20 @@ async def _follow(client: GrpcCoordinatorClient, job: t.Job, quiet: bool) -> t.J
     total = json.loads(job.spec_json)["algorithm"]["num_steps"]
     bar = tqdm(total=total, desc=job.name, unit="step", disable=quiet, dynamic_ncols=True)
     started = time.monotonic()
+    failing_since: float | None = None
     while True:
-        job, steps, counters = await client.get_job(job.job_id)
+        try:
+            job, steps, counters = await client.get_job(job.job_id)
+        except LibraError as exc:
+            # A coordinator that is busy or restarting is not the job's end: keep
+            # following (the services retry too) unless it stays gone for long.
+            failing_since = failing_since or time.monotonic()
+            if not exc.retryable or time.monotonic() - failing_since > FOLLOW_OUTAGE_S:
+                raise
+            bar.set_postfix_str(f"coordinator unreachable ({exc}); retrying")
+            await asyncio.sleep(1.0)
+            continue
+        failing_since = None
         bar.update(job.step - bar.n)
         if steps:
             rate = counters.get("trained", 0) / max(time.monotonic() - started, 1e-9)
