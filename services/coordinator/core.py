@@ -22,7 +22,7 @@ from libra.errors import FailedPrecondition, InvalidArgument, LibraError, Unavai
 from libra.ids import new_job_id
 from libra.jobspec import ElasticSpec, JobSpec, ToolSchema, job_spec_from_json, parse_job_spec
 from services.coordinator.elastic import ElasticExecutor, ElasticLoop, ElasticWiring
-from services.coordinator.store import CoordinatorStore
+from services.coordinator.store import CoordinatorStore, StepAppend, step_of
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class CoordinatorCore:
     async def list_jobs(self) -> list[t.Job]:
         return await self._store.list_jobs()
 
-    async def cancel_job(self, job_id: str) -> t.Job:
+    async def cancel_job(self, job_id: str, reason: str = "") -> t.Job:
         job = await self._store.get_job(job_id)
         if job.state.is_terminal:
             return job
@@ -176,16 +176,34 @@ class CoordinatorCore:
                 await runner.stop_job(job_id)
             except LibraError as exc:
                 logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
-        return await self._finish(job, t.JobState.CANCELLED, "cancelled by user")
+        return await self._finish(job, t.JobState.CANCELLED, reason or "cancelled by user")
 
-    async def report_step(self, job_id: str, record: dict[str, Any]) -> None:
+    async def report_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> StepAppend:
+        """Store a step record once (reports are keyed by job + step, see StepAppend).
+
+        A repeat (the trainer retrying after a lost reply) writes no second record but
+        still sets the job's step and version: the try that stored the record may have
+        died before doing so. Only a new record feeds the elastic planner.
+        """
+        try:
+            step = step_of(record)
+        except ValueError as exc:
+            raise InvalidArgument("step_json", str(exc)) from exc
         job = await self._store.get_job(job_id)
-        await self._store.append_step(job_id, record)
-        job.step = int(record.get("step", job.step))
+        outcome = await self._store.append_step(job_id, record, idempotency_key)
+        job.step = step
         job.policy_version = int(record.get("policy_version", job.policy_version))
         job.updated_at_ms = self._clock.now_ms()
         await self._store.put_job(job)
+        if outcome is StepAppend.REPEAT:
+            logger.info("[job] repeated step report recognised job_id=%s step=%d", job_id, step)
+            return outcome
+        if outcome is StepAppend.REPLACED:
+            await self._store.record_event(job_id, {
+                "kind": "step_redone", "ts_ms": self._clock.now_ms(), "step": step})
         await self._feed_elastic(job, record)
+        return outcome
 
     async def job_events(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events (elastic plans, joins, releases, failures, ...), oldest first."""
@@ -231,10 +249,15 @@ class CoordinatorCore:
         return self._elastic_loops.get(job_id)
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
+        """End the job; keyed by job + outcome: once the job is terminal, a repeat (the
+        trainer retrying after a lost reply) and any later outcome change nothing."""
         if not state.is_terminal:
             raise InvalidArgument("state", "must be succeeded, failed or cancelled")
         job = await self._store.get_job(job_id)
         if job.state.is_terminal:
+            if job.state is not state:
+                logger.warning("[job] end report ignored job_id=%s state=%s: already %s",
+                               job_id, state.value, job.state.value)
             return
         if state is not t.JobState.SUCCEEDED:
             # Best effort, as in cancel_job: an unreachable scheduler must not leave the

@@ -36,8 +36,8 @@ SNAPSHOT: dict[type, list[str]] = {
         "vllm_dtype", "vllm_enforce_eager", "vllm_gpu_memory_utilization",
         "vllm_tensor_parallel_size", "weight_load_deadline_s"]),
     TrainerConfig: sorted([
-        *SHARED, *PEERS, "num_ranks", "num_threads", "parallelism", "redis_url",
-        "worker_id"]),
+        *SHARED, *PEERS, "coordinator_retry_s", "num_ranks", "num_threads", "parallelism",
+        "redis_url", "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "extra_rewards", "extra_tools",
         "max_concurrency_per_tool", "max_queue_depth_per_tool", "require_network_isolation",
