@@ -25,7 +25,8 @@ PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.t
          "peers.trainer"]
 
 SNAPSHOT: dict[type, list[str]] = {
-    CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "redis_url", "run_root"]),
+    CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "reconcile_interval_s",
+                               "redis_url", "run_root", "trainer_lost_s"]),
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
         *SHARED, *PEERS, "bucket", "engine", "instance_id",
