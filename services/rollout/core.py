@@ -189,10 +189,18 @@ class RolloutCore(MovesMixin, LendingMixin):
         return self._lease
 
     async def heartbeat(self) -> None:
-        """Renew the lease every third of its TTL; on loss, drop work and re-register."""
+        """Renew the lease every third of its TTL; on loss, drop work and re-register.
+
+        A registration that fails (the coordinator restarting) is tried again at each
+        beat: the loop never ends on a coordinator outage.
+        """
+        is_registered = True
         while not self._stopping:
             await asyncio.sleep(self.settings.lease_ttl_ms / 3000.0)
             if self._lease is None:
+                continue
+            if not is_registered:
+                is_registered = await self._register_again()
                 continue
             try:
                 async with self._lease_lock:
@@ -204,9 +212,17 @@ class RolloutCore(MovesMixin, LendingMixin):
                 if self._job is not None:
                     self._job[1].active.clear()
                 await self._end_lend("lease lost")
-                await self.register()
+                is_registered = await self._register_again()
             except LibraError as exc:
                 logger.warning("[lease] renew failed error=%s", exc)
+
+    async def _register_again(self) -> bool:
+        try:
+            await self.register()
+        except LibraError as exc:
+            logger.warning("[lease] register failed error=%s; trying again next beat", exc)
+            return False
+        return True
 
     @property
     def num_active(self) -> int:

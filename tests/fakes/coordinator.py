@@ -5,7 +5,8 @@ else is real. Leases are granted with increasing epochs; ``lose_lease_times`` ma
 ``renew_lease`` raise ``LeaseLost``; step records and job ends are recorded.
 ``unavailable_times`` makes that many step/job-done reports raise ``Unavailable`` (the
 coordinator restarting); ``lose_reply_times`` makes that many reports be applied and
-then raise ``Unavailable`` (the reply was lost). Step records are keyed by their
+then raise ``Unavailable`` (the reply was lost); ``acquire_unavailable_times`` does the
+same to lease acquisitions. Step records are keyed by their
 idempotency key, as the coordinator keys them: a repeat is counted, not stored (a
 redone step, under a new key, is stored again); job ends are all recorded. Given a
 (bytes-mode) ``redis`` client, the lease hash is mirrored there as the real coordinator
@@ -34,6 +35,7 @@ class FakeCoordinator:
     role_changes: list[tuple[str, t.WorkerRole]] = field(default_factory=list)
     redis: Any = None
     unavailable_times: int = 0
+    acquire_unavailable_times: int = 0
     lose_reply_times: int = 0
     num_unavailable: int = 0
     step_keys: dict[tuple[str, int], str] = field(default_factory=dict)
@@ -67,6 +69,9 @@ class FakeCoordinator:
 
     async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
                             address: str, ttl_ms: int) -> t.Lease:
+        if self.acquire_unavailable_times:
+            self.acquire_unavailable_times -= 1
+            raise Unavailable("coordinator restarting")
         self.epoch += 1
         self.acquired.append(worker_id)
         self._last = (role, bucket, address, ttl_ms)

@@ -219,6 +219,23 @@ async def test_lost_lease_drops_work_and_registers_again(rig: Rig) -> None:
     assert await rig.num_published() == 0
 
 
+async def test_a_registration_refused_during_a_coordinator_restart_is_tried_again(
+        rig: Rig) -> None:
+    rig.core.settings = RolloutSettings(instance_id=HERE, bucket="short", lease_ttl_ms=30,
+                                        idle_block_ms=5)
+    rig.start()
+    await wait_until(lambda: rig.coordinator.renewed)
+    # The lease expired while the coordinator was down; it is back but the first
+    # re-registration still meets the restart.
+    rig.coordinator.acquire_unavailable_times = 2
+    rig.coordinator.lose_lease_times = 1
+    await wait_until(lambda: len(rig.coordinator.acquired) == 2)
+    assert not rig.task.done()  # the heartbeat goes on
+    renewed = len(rig.coordinator.renewed)
+    await wait_until(lambda: len(rig.coordinator.renewed) > renewed)  # with the new lease
+    assert rig.coordinator.renewed[-1] == (HERE, rig.coordinator.epoch)
+
+
 async def test_drain_releases_the_lease(rig: Rig) -> None:
     rig.start()
     await rig.core.drain(0.0)
