@@ -94,7 +94,7 @@ class CoordinatorCore:
         # reconciliation could take a job being created for an orphan (one coordinator).
         self._lifecycle_lock = asyncio.Lock()
         self._reconciler = (None if reconcile is None else Reconciler(
-            store, reconcile, scheduler, self.report_job_done, self._lifecycle_lock, clock))
+            store, reconcile, scheduler, self._end_job, self._lifecycle_lock, clock))
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -273,9 +273,15 @@ class CoordinatorCore:
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
         """End the job; keyed by job + outcome: once the job is terminal, a repeat (the
-        trainer retrying after a lost reply) and any later outcome change nothing."""
+        trainer retrying after a lost reply) and any later outcome change nothing.
+        Serialised with reconciliation, which may be ending the same job."""
         if not state.is_terminal:
             raise InvalidArgument("state", "must be succeeded, failed or cancelled")
+        async with self._lifecycle_lock:
+            await self._end_job(job_id, state, message)
+
+    async def _end_job(self, job_id: str, state: t.JobState, message: str) -> None:
+        """report_job_done under the lifecycle lock (the reconciler holds it already)."""
         job = await self._store.get_job(job_id)
         if job.state.is_terminal:
             if job.state is not state:

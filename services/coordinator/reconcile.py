@@ -69,7 +69,8 @@ class StepRunner(Protocol):
     async def stop_job(self, job_id: str) -> None: ...
 
 
-# Ends a job: the core's report_job_done (stops the scheduler unless it succeeded).
+# Ends a job, called under the lifecycle lock: the core's report_job_done without taking
+# the lock (it stops the scheduler unless the job succeeded).
 EndJob = Callable[[str, t.JobState, str], Awaitable[None]]
 
 

@@ -242,8 +242,15 @@ class RolloutCore(MovesMixin, LendingMixin):
         deadline = self._clock.now_s() + grace_s * 0.8
         while self.num_active and self._clock.now_s() < deadline:
             await asyncio.sleep(0.05)
-        if self._lease is not None:
+        if self._lease is None:
+            return
+        try:
             await self._coordinator.release_lease(self._lease.worker_id, self._lease.epoch)
+        except LibraError as exc:
+            # `libra down` stops the coordinator at the same time: the lease then
+            # expires by its TTL instead, and the process still exits cleanly.
+            logger.warning("[lease] release failed error=%s; it expires in %d ms", exc,
+                           self.settings.lease_ttl_ms)
 
     async def run(self) -> None:
         """The loop: pull work, refresh weights, sample one turn for every ready one."""

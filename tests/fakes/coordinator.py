@@ -6,9 +6,10 @@ else is real. Leases are granted with increasing epochs; ``lose_lease_times`` ma
 ``unavailable_times`` makes that many step/job-done reports raise ``Unavailable`` (the
 coordinator restarting); ``lose_reply_times`` makes that many reports be applied and
 then raise ``Unavailable`` (the reply was lost); ``acquire_unavailable_times`` does the
-same to lease acquisitions. Step records are keyed by their
-idempotency key, as the coordinator keys them: a repeat is counted, not stored (a
-redone step, under a new key, is stored again); job ends are all recorded. Given a
+same to lease acquisitions; ``release_error`` makes lease releases raise it. Step
+records are keyed by their idempotency key, as the coordinator keys them: a repeat is
+counted, not stored (a redone step, under a new key, is stored again); job ends are
+all recorded. Given a
 (bytes-mode) ``redis`` client, the lease hash is mirrored there as the real coordinator
 writes it (role, bucket, epoch), so fenced writes (the rollout's publish) see it.
 """
@@ -36,6 +37,7 @@ class FakeCoordinator:
     redis: Any = None
     unavailable_times: int = 0
     acquire_unavailable_times: int = 0
+    release_error: Exception | None = None
     lose_reply_times: int = 0
     num_unavailable: int = 0
     step_keys: dict[tuple[str, int], str] = field(default_factory=dict)
@@ -91,6 +93,8 @@ class FakeCoordinator:
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         self.released.append((worker_id, epoch))
+        if self.release_error is not None:
+            raise self.release_error
         if epoch == self.epoch:
             await self._mirror(None, worker_id)
 

@@ -216,6 +216,31 @@ async def test_a_pass_waits_for_a_create_instead_of_failing_its_pending_job() ->
     assert (await rig.job(job.job_id)).state is t.JobState.RUNNING
 
 
+async def test_a_job_done_report_racing_a_pass_ends_the_job_once() -> None:
+    rig = Rig()
+    job = await rig.core.create_job(SPEC, "toml")
+    rig.trainer.current = t.TrainerStatus(job.job_id, "failed", message="trainer: nan")
+    gate = asyncio.Event()
+    stop = rig.scheduler.stop_job
+
+    async def slow_stop(job_id: str) -> None:
+        await gate.wait()
+        await stop(job_id)
+
+    rig.scheduler.stop_job = slow_stop  # type: ignore[method-assign]
+    reconcile = asyncio.create_task(rig.core.reconcile())
+    for _ in range(20):
+        await asyncio.sleep(0)  # the pass holds the lock, ending the job
+    report = asyncio.create_task(rig.core.report_job_done(job.job_id, t.JobState.FAILED,
+                                                          "trainer: nan"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(reconcile, report)
+    assert rig.scheduler.stopped == [job.job_id]  # ended once, not twice
+    assert (await rig.job(job.job_id)).state is t.JobState.FAILED
+
+
 async def test_a_cancel_during_a_create_ends_the_job_cancelled() -> None:
     rig = Rig()
     gate = asyncio.Event()

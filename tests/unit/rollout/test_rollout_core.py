@@ -8,6 +8,7 @@ import asyncio
 
 from libra import redis_keys as keys
 from libra import types as t
+from libra.errors import Internal
 from libra.jobspec import BucketSpec, JobSpec, LayoutSpec
 from services.rollout.core import RolloutSettings
 from tests.fakes.engine import make_tokenizer
@@ -237,6 +238,15 @@ async def test_a_registration_refused_during_a_coordinator_restart_is_tried_agai
 
 
 async def test_drain_releases_the_lease(rig: Rig) -> None:
+    rig.start()
+    await rig.core.drain(0.0)
+    await asyncio.wait_for(rig.task, 1.0)
+    assert rig.coordinator.released == [(HERE, 1)]
+
+
+async def test_drain_ends_cleanly_when_the_coordinator_is_stopping_too(rig: Rig) -> None:
+    # `libra down` stops every service at once: the release may find no coordinator.
+    rig.coordinator.release_error = Internal("CANCELLED")
     rig.start()
     await rig.core.drain(0.0)
     await asyncio.wait_for(rig.task, 1.0)
