@@ -226,9 +226,18 @@ def server_options() -> list[tuple[str, int]]:
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
-    """A client channel with the project's options (keepalive, message size)."""
+    """A client channel with the project's options (keepalive, message size, reconnect).
+
+    Reconnect backoff is capped at 2 s (gRPC's default grows to 120 s): after a peer is
+    restarted, calls fail fast with UNAVAILABLE until the channel's next connection
+    attempt, so a long backoff would keep a restarted coordinator unreachable for its
+    callers long after it is back.
+    """
     return grpc.aio.insecure_channel(address, options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", CLIENT_KEEPALIVE_MS),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
     ])

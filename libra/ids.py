@@ -12,6 +12,12 @@ def new_job_id(name: str) -> JobId:
     return JobId(f"{slug or 'job'}-{uuid.uuid4().hex[:8]}")
 
 
+def new_run_token() -> str:
+    """Names one run of a job on a trainer (a resume is a new run): part of the
+    idempotency key of its step reports, so a redone step is told from a retry."""
+    return uuid.uuid4().hex[:8]
+
+
 def group_id(job_id: str, step_index: int, prompt_id: str) -> GroupId:
     return GroupId(f"{job_id}:g{step_index}:{prompt_id}")
 

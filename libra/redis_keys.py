@@ -110,6 +110,13 @@ def history(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:history"
 
 
+def step_index(job_id: str) -> str:
+    """Hash step number -> "<history entry id> <idempotency key>" of the record stored
+    for that step: makes step reports idempotent (a retried report is recognised, a
+    redone step replaces its record). Lives as long as the job."""
+    return f"{PREFIX}:job:{job_id}:steps"
+
+
 def events(job_id: str) -> str:
     """Stream of events (failures, re-queues, plans), capped at EVENTS_MAXLEN."""
     return f"{PREFIX}:job:{job_id}:events"
@@ -148,5 +155,5 @@ def job_keys(job_id: str) -> list[str]:
     return [job(job_id), trajectories(job_id), policy(job_id), counters(job_id),
             load(job_id), assignments(job_id), tasks(job_id), pending(job_id),
             trained_ids(job_id),
-            history(job_id), events(job_id), sched_trajectories(job_id),
+            history(job_id), step_index(job_id), events(job_id), sched_trajectories(job_id),
             sched_records(job_id), sched_recent(job_id), sched_tree(job_id)]

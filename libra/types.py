@@ -214,6 +214,26 @@ class Job:
     run_dir: str = ""
 
 
+# The trainer's phases (GetTrainerStatus): idle before any job and after a stop; warmup
+# and training while it works on ``job_id``; done and failed once that job ended there.
+TRAINER_WORKING_PHASES = ("warmup", "training")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerStatus:
+    """What the trainer is doing (the coordinator's reconciliation asks for it)."""
+
+    job_id: str
+    phase: str
+    step: int = 0
+    policy_version: int = -1
+    message: str = ""
+    """How the job ended there (with phase done or failed)."""
+
+    def is_working_on(self, job_id: str) -> bool:
+        return self.job_id == job_id and self.phase in TRAINER_WORKING_PHASES
+
+
 class DecisionAction(enum.Enum):
     STAY = "stay"
     MOVE = "move"

@@ -19,19 +19,16 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from libra import types as t
-from libra.cli import model, sim, stack, tool
+from libra.cli import model, run, sim, stack, tool
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument, LibraError
 from libra.jobspec import JobSpec, apply_overrides, job_spec_from_dict, parse_document
-from libra.report import build_report, reward_windows, write_report
+from libra.report import build_report, write_report
 
-# How long `libra run` keeps following a job while the coordinator does not answer.
-FOLLOW_OUTAGE_S = 120.0
 FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 
 
@@ -90,40 +87,6 @@ def _check_model_here(spec: JobSpec) -> None:
         validate_model_for_job(spec)
 
 
-async def _follow(client: GrpcCoordinatorClient, job: t.Job, quiet: bool) -> t.Job:
-    """Poll the job until it ends, drawing a progress bar (step, reward, traj/s, version)."""
-    from tqdm import tqdm
-
-    total = json.loads(job.spec_json)["algorithm"]["num_steps"]
-    bar = tqdm(total=total, desc=job.name, unit="step", disable=quiet, dynamic_ncols=True)
-    started = time.monotonic()
-    failing_since: float | None = None
-    while True:
-        try:
-            job, steps, counters = await client.get_job(job.job_id)
-        except LibraError as exc:
-            # A coordinator that is busy or restarting is not the job's end: keep
-            # following (the services retry too) unless it stays gone for long.
-            failing_since = failing_since or time.monotonic()
-            if not exc.retryable or time.monotonic() - failing_since > FOLLOW_OUTAGE_S:
-                raise
-            bar.set_postfix_str(f"coordinator unreachable ({exc}); retrying")
-            await asyncio.sleep(1.0)
-            continue
-        failing_since = None
-        bar.update(job.step - bar.n)
-        if steps:
-            rate = counters.get("trained", 0) / max(time.monotonic() - started, 1e-9)
-            bar.set_postfix(reward=f"{steps[-1]['reward_mean']:.2f}", traj_s=f"{rate:.1f}",
-                            version=job.policy_version)
-        elif not quiet:
-            bar.set_postfix_str("warming up (supervised warm start)")
-        if job.state.is_terminal:
-            bar.close()
-            return job
-        await asyncio.sleep(0.5)
-
-
 async def _report(client: GrpcCoordinatorClient, job_id: str, wall_s: float) -> dict[str, Any]:
     job, steps, counters = await client.get_job(job_id)
     events = await client.get_job_events(job_id)
@@ -133,34 +96,15 @@ async def _report(client: GrpcCoordinatorClient, job_id: str, wall_s: float) -> 
     return report
 
 
-async def cmd_run(args: argparse.Namespace) -> int:
-    data, spec = load_spec(args.job, args.set)
-    _check_model_here(spec)
-    was_up = stack.read_state(args.run_root) is not None
-    print(f"libra: starting the stack (logs in {args.run_root / '.libra' / 'logs'}) ...",
-          file=sys.stderr)
-    state = stack.up(args.run_root)
-    client = GrpcCoordinatorClient(stack.coordinator_address(state))
-    started = time.monotonic()
-    try:
-        job = await _submit(client, data)
-        print(f"libra: job {job.job_id} submitted", file=sys.stderr)
-        job = await _follow(client, job, args.json)
-        report = await _report(client, job.job_id, time.monotonic() - started)
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        await client.close()
-        if not was_up and not args.keep_up:
-            stack.down(args.run_root)
-    first, last = reward_windows(report["steps"])
-    summary = {"job_id": job.job_id, "state": job.state.value, "message": job.message,
-               "steps": len(report["steps"]), "wall_s": report["wall_s"],
-               "reward_first_10pct": round(first, 3), "reward_last_10pct": round(last, 3),
-               "trajectories_per_s": report["throughput"]["trajectories_per_s"],
-               **report["_paths"]}
-    _print(summary, args.json)
-    return 0 if job.state is t.JobState.SUCCEEDED else 1
+def cmd_run(args: argparse.Namespace) -> int:
+    """`libra run` (libra/cli/run.py: also the clean-up when interrupted)."""
+
+    def load(a: argparse.Namespace) -> dict[str, Any]:
+        data, spec = load_spec(a.job, a.set)
+        _check_model_here(spec)
+        return data
+
+    return run.cmd_run(args, load, _report, _print)
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:

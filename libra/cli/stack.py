@@ -18,16 +18,30 @@ from libra.redis_server import pid_alive
 
 
 def up(run_root: Path, stack: Path = DEFAULT_STACK, timeout_s: float = 90.0) -> dict[str, Any]:
-    """Start the supervisor detached and wait until every service reports SERVING."""
+    """Start the supervisor detached and wait until every service reports SERVING.
+
+    Whatever ends the wait early - a service dying at start-up, the timeout, or an
+    exception raised by a signal handler (``libra run`` interrupted) - stops the
+    supervisor this call started, by pid, before the exception goes on.
+    """
     existing = read_state(run_root)
     if existing is not None:
         return existing
     (run_root / ".libra").mkdir(parents=True, exist_ok=True)
     log = open(run_root / ".libra" / "supervisor.log", "ab")  # noqa: SIM115
-    subprocess.Popen([sys.executable, "-m", "libra.launcher", "--run-root", str(run_root),
-                      "--stack", str(stack)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                     start_new_session=True)
+    supervisor = subprocess.Popen([sys.executable, "-m", "libra.launcher", "--run-root",
+                                   str(run_root), "--stack", str(stack)], cwd=ROOT,
+                                  stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
     log.close()
+    try:
+        return _wait_until_serving(run_root, timeout_s)
+    except BaseException:
+        _stop_supervisor(supervisor, run_root)
+        raise
+
+
+def _wait_until_serving(run_root: Path, timeout_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     dead_polls = 0
     while time.monotonic() < deadline:
@@ -38,13 +52,26 @@ def up(run_root: Path, stack: Path = DEFAULT_STACK, timeout_s: float = 90.0) -> 
         dead = [row for row in rows if row["health"] == "DEAD"]
         dead_polls = dead_polls + 1 if dead else 0
         if dead_polls >= 20:  # ~6 s dead: the supervisor gave up restarting it
-            down(run_root)
             raise RuntimeError(f"service {dead[0]['name']} exited at start-up; see "
                                f"{dead[0]['log']}")
         time.sleep(0.3)
-    down(run_root)
     raise RuntimeError(f"stack not healthy within {timeout_s:.0f}s; see "
                        f"{run_root / '.libra' / 'logs'}")
+
+
+def _stop_supervisor(supervisor: subprocess.Popen, run_root: Path,
+                     timeout_s: float = 30.0) -> None:
+    """SIGTERM the supervisor by pid (it stops its children by pid), SIGKILL after
+    ``timeout_s``. Its handler is installed before it starts any child, so a SIGTERM
+    that comes earlier leaves nothing behind."""
+    if supervisor.poll() is None:
+        supervisor.send_signal(signal.SIGTERM)
+        try:
+            supervisor.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            supervisor.kill()
+            supervisor.wait()
+    state_path(run_root).unlink(missing_ok=True)
 
 
 def down(run_root: Path, timeout_s: float = 30.0) -> bool:

@@ -24,7 +24,11 @@ class CoordinatorApi(Protocol):
     async def change_worker_role(self, worker_id: str, expected_epoch: int,
                                  role: t.WorkerRole) -> t.Lease: ...
 
-    async def report_step(self, job_id: str, record: dict[str, Any]) -> None: ...
+    async def report_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> None:
+        """Store a step record; a repeat with the same key is recognised, not stored
+        twice (so it is safe to retry)."""
+        ...
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None: ...
 
@@ -57,8 +61,10 @@ class GrpcCoordinatorClient(GrpcClientBase):
         resp = await self._call(self._stub.ListJobs, pb.ListJobsRequest(), idempotent=True)
         return [job_from_proto(j) for j in resp.jobs]
 
-    async def cancel_job(self, job_id: str) -> t.Job:
-        resp = await self._call(self._stub.CancelJob, pb.CancelJobRequest(job_id=job_id),
+    async def cancel_job(self, job_id: str, reason: str = "") -> t.Job:
+        """Cancel a job; ``reason`` becomes its message (default "cancelled by user")."""
+        resp = await self._call(self._stub.CancelJob,
+                                pb.CancelJobRequest(job_id=job_id, reason=reason),
                                 idempotent=True)
         return job_from_proto(resp.job)
 
@@ -94,9 +100,11 @@ class GrpcCoordinatorClient(GrpcClientBase):
                                 idempotent=True)
         return [lease_from_proto(lease) for lease in resp.leases]
 
-    async def report_step(self, job_id: str, record: dict[str, Any]) -> None:
+    async def report_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> None:
         await self._call(self._stub.ReportStep, pb.ReportStepRequest(
-            job_id=job_id, step_json=json.dumps(record)))
+            job_id=job_id, step_json=json.dumps(record), idempotency_key=idempotency_key),
+            idempotent=True)
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
         await self._call(self._stub.ReportJobDone, pb.ReportJobDoneRequest(

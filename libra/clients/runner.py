@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from libra import types as t
 from libra.clients.base import GrpcClientBase
 from libra.clients.scheduler import GrpcSchedulerClient
 from libra.proto.trainer.v1 import trainer_pb2 as tpb
 from libra.proto.trainer.v1 import trainer_pb2_grpc as tpb_grpc
+from libra.wire.trainer import trainer_status_from_proto
 
 __all__ = ["GrpcSchedulerClient", "GrpcTrainerClient"]
 
@@ -18,15 +18,16 @@ class GrpcTrainerClient(GrpcClientBase):
         super().__init__(address, timeout_s)
         self._stub = tpb_grpc.TrainerServiceStub(self._channel)
 
-    async def start_job(self, job_id: str) -> None:
-        await self._call(self._stub.StartJob, tpb.StartJobRequest(job_id=job_id))
+    async def start_job(self, job_id: str, resume: bool = False) -> None:
+        """Start a job; ``resume`` continues a RUNNING one from its newest checkpoint."""
+        await self._call(self._stub.StartJob, tpb.StartJobRequest(job_id=job_id,
+                                                                  resume=resume))
 
     async def stop_job(self, job_id: str) -> None:
         await self._call(self._stub.StopJob, tpb.StopJobRequest(job_id=job_id),
                          idempotent=True)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> t.TrainerStatus:
         resp = await self._call(self._stub.GetTrainerStatus, tpb.GetTrainerStatusRequest(),
                                 idempotent=True)
-        return {"job_id": resp.job_id, "step": resp.step,
-                "policy_version": resp.policy_version, "phase": resp.phase}
+        return trainer_status_from_proto(resp)

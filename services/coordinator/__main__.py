@@ -29,6 +29,7 @@ from services.coordinator.core import CoordinatorCore
 from services.coordinator.elastic import ElasticWiring
 from services.coordinator.model_check import check_job_model
 from services.coordinator.planner.live import live_planner
+from services.coordinator.reconcile import ReconcileSettings, ReconcileWiring
 from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
@@ -38,6 +39,9 @@ logger = logging.getLogger("services.coordinator")
 # A stalled Redis surfaces as a timeout after this long instead of hanging the call; the
 # store then retries with backoff (client-level retries are off so that stays bounded).
 REDIS_SOCKET_TIMEOUT_S = 2.0
+# Deadline of reconciliation's status call: it runs under the lifecycle lock, which a
+# create or a cancel may be waiting for.
+STATUS_TIMEOUT_S = 3.0
 
 
 def elastic_wiring(cfg: CoordinatorConfig) -> ElasticWiring:
@@ -63,7 +67,11 @@ def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore
         scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
         clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
         elastic=elastic_wiring(cfg), model_check=check_job_model,
-        tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s))
+        tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
+        reconcile=ReconcileWiring(
+            GrpcTrainerClient(peers.trainer, min(STATUS_TIMEOUT_S, peers.rpc_timeout_s)),
+            ReconcileSettings(interval_s=cfg.reconcile_interval_s,
+                              trainer_lost_s=cfg.trainer_lost_s)))
 
 
 async def main(cfg: CoordinatorConfig) -> None:
@@ -85,10 +93,15 @@ async def main(cfg: CoordinatorConfig) -> None:
         http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 
     async def run_http() -> None:
-        if http is not None:
-            await http.serve()
-        else:
-            await asyncio.Event().wait()
+        # Reconciliation runs beside the HTTP server for the life of the process.
+        reconciler = asyncio.create_task(core.run_reconciler())
+        try:
+            if http is not None:
+                await http.serve()
+            else:
+                await asyncio.Event().wait()
+        finally:
+            reconciler.cancel()
 
     async def drain(_grace_s: float) -> None:
         if http is not None:

@@ -16,3 +16,15 @@ class CoordinatorConfig:
     redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding jobs, leases, queues")
     run_root: str = knob("runs", "folder under which each job gets its run folder")
     http_port: int = knob(8080, "REST API port (OpenAPI at /docs); -1 disables")
+    reconcile_interval_s: float = knob(
+        5.0, "how often jobs PENDING or RUNNING are checked against the trainer's status"
+        " (also once at start-up): one no trainer works on is resumed or ended")
+    trainer_lost_s: float = knob(
+        60.0, "a trainer unreachable this long is taken for gone: its running job fails")
+
+    def __post_init__(self) -> None:
+        if self.reconcile_interval_s <= 0:
+            raise ValueError(f"reconcile_interval_s must be > 0, got "
+                             f"{self.reconcile_interval_s}")
+        if self.trainer_lost_s < 0:
+            raise ValueError(f"trainer_lost_s must be >= 0, got {self.trainer_lost_s}")

@@ -22,7 +22,8 @@ from libra.errors import FailedPrecondition, InvalidArgument, LibraError, Unavai
 from libra.ids import new_job_id
 from libra.jobspec import ElasticSpec, JobSpec, ToolSchema, job_spec_from_json, parse_job_spec
 from services.coordinator.elastic import ElasticExecutor, ElasticLoop, ElasticWiring
-from services.coordinator.store import CoordinatorStore
+from services.coordinator.reconcile import Reconciler, ReconcileWiring, Verdict
+from services.coordinator.store import CoordinatorStore, StepAppend, step_of
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +70,14 @@ class CoordinatorCore:
 
     ``model_check`` None skips the model check: unit tests that exercise the lifecycle
     with the built-in model build the core that way; ``__main__`` always passes one.
+    ``reconcile`` None turns reconciliation off (``reconcile.py``; ``__main__`` wires it).
     """
 
     def __init__(self, store: CoordinatorStore, trainer: JobRunner, scheduler: JobRunner,
                  clock: Clock, run_root: Path, elastic: ElasticWiring | None = None,
                  *, model_check: ModelCheck | None = None,
-                 tool_catalog: ToolCatalog | None = None) -> None:
+                 tool_catalog: ToolCatalog | None = None,
+                 reconcile: ReconcileWiring | None = None) -> None:
         self._store = store
         self._trainer = trainer
         self._scheduler = scheduler
@@ -85,9 +88,13 @@ class CoordinatorCore:
         self._tool_catalog = tool_catalog
         # Per job: its elastic loop, or None when the job is not elastic (cached).
         self._elastic_loops: dict[str, ElasticLoop | None] = {}
-        # Serialises the busy check with the PENDING write: without it, concurrent creates
-        # all see "no job" across the store's awaits and all start (one coordinator only).
-        self._create_lock = asyncio.Lock()
+        # Serialises job lifecycle changes (a whole create, a cancel, a reconciliation of
+        # one job): without it concurrent creates all see "no job" across the store's
+        # awaits and all start, a cancel could end a job half created, and a
+        # reconciliation could take a job being created for an orphan (one coordinator).
+        self._lifecycle_lock = asyncio.Lock()
+        self._reconciler = (None if reconcile is None else Reconciler(
+            store, reconcile, scheduler, self._end_job, self._lifecycle_lock, clock))
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -99,7 +106,7 @@ class CoordinatorCore:
             # leases must keep renewing meanwhile.
             await asyncio.to_thread(self._model_check, spec)
         spec = await self._resolve_tools(spec)
-        async with self._create_lock:
+        async with self._lifecycle_lock:
             await self._refuse_if_busy()
             now_ms = self._clock.now_ms()
             job_id = new_job_id(spec.name)
@@ -108,19 +115,23 @@ class CoordinatorCore:
                         spec_json=spec.to_json(), created_at_ms=now_ms, updated_at_ms=now_ms,
                         run_dir=str(run_dir))
             await self._store.put_job(job)
+            await self._start(job)
+        logger.info("[job] created job_id=%s name=%s", job_id, spec.name)
+        return job
+
+    async def _start(self, job: t.Job) -> None:
+        """PENDING -> RUNNING once the trainer and the scheduler took the job."""
         try:
-            await self._trainer.start_job(job_id)
-            await self._scheduler.start_job(job_id)
+            await self._trainer.start_job(job.job_id)
+            await self._scheduler.start_job(job.job_id)
         except BaseException:
             # Not only LibraError: a cancelled request or an unexpected error must not
             # leave a PENDING job behind, which would refuse every later job.
-            await self._undo_start(job_id)
+            await self._undo_start(job.job_id)
             raise
         job.state = t.JobState.RUNNING
         job.updated_at_ms = self._clock.now_ms()
         await self._store.put_job(job)
-        logger.info("[job] created job_id=%s name=%s", job_id, spec.name)
-        return job
 
     async def _resolve_tools(self, spec: JobSpec) -> JobSpec:
         """Check the enabled tools against the gateway and freeze their schemas into the
@@ -167,25 +178,55 @@ class CoordinatorCore:
     async def list_jobs(self) -> list[t.Job]:
         return await self._store.list_jobs()
 
-    async def cancel_job(self, job_id: str) -> t.Job:
-        job = await self._store.get_job(job_id)
-        if job.state.is_terminal:
-            return job
-        for runner in (self._scheduler, self._trainer):
-            try:
-                await runner.stop_job(job_id)
-            except LibraError as exc:
-                logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
-        return await self._finish(job, t.JobState.CANCELLED, "cancelled by user")
+    async def cancel_job(self, job_id: str, reason: str = "") -> t.Job:
+        async with self._lifecycle_lock:  # after a create of it, never in the middle
+            job = await self._store.get_job(job_id)
+            if job.state.is_terminal:
+                return job
+            for runner in (self._scheduler, self._trainer):
+                try:
+                    await runner.stop_job(job_id)
+                except LibraError as exc:
+                    logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
+            return await self._finish(job, t.JobState.CANCELLED, reason or "cancelled by user")
 
-    async def report_step(self, job_id: str, record: dict[str, Any]) -> None:
+    # -- reconciliation ---------------------------------------------------------------
+
+    async def reconcile(self) -> dict[str, Verdict]:
+        """One reconciliation pass (see reconcile.py); {} when it is not wired."""
+        return {} if self._reconciler is None else await self._reconciler.reconcile_once()
+
+    async def run_reconciler(self) -> None:
+        """Reconcile at start-up and then periodically, until cancelled."""
+        if self._reconciler is not None:
+            await self._reconciler.run()
+
+    async def report_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> StepAppend:
+        """Store a step record once (reports are keyed by job + step, see StepAppend).
+
+        A repeat (the trainer retrying after a lost reply) writes no second record but
+        still sets the job's step and version: the try that stored the record may have
+        died before doing so. Only a new record feeds the elastic planner.
+        """
+        try:
+            step = step_of(record)
+        except ValueError as exc:
+            raise InvalidArgument("step_json", str(exc)) from exc
         job = await self._store.get_job(job_id)
-        await self._store.append_step(job_id, record)
-        job.step = int(record.get("step", job.step))
+        outcome = await self._store.append_step(job_id, record, idempotency_key)
+        job.step = step
         job.policy_version = int(record.get("policy_version", job.policy_version))
         job.updated_at_ms = self._clock.now_ms()
         await self._store.put_job(job)
+        if outcome is StepAppend.REPEAT:
+            logger.info("[job] repeated step report recognised job_id=%s step=%d", job_id, step)
+            return outcome
+        if outcome is StepAppend.REPLACED:
+            await self._store.record_event(job_id, {
+                "kind": "step_redone", "ts_ms": self._clock.now_ms(), "step": step})
         await self._feed_elastic(job, record)
+        return outcome
 
     async def job_events(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events (elastic plans, joins, releases, failures, ...), oldest first."""
@@ -231,10 +272,21 @@ class CoordinatorCore:
         return self._elastic_loops.get(job_id)
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
+        """End the job; keyed by job + outcome: once the job is terminal, a repeat (the
+        trainer retrying after a lost reply) and any later outcome change nothing.
+        Serialised with reconciliation, which may be ending the same job."""
         if not state.is_terminal:
             raise InvalidArgument("state", "must be succeeded, failed or cancelled")
+        async with self._lifecycle_lock:
+            await self._end_job(job_id, state, message)
+
+    async def _end_job(self, job_id: str, state: t.JobState, message: str) -> None:
+        """report_job_done under the lifecycle lock (the reconciler holds it already)."""
         job = await self._store.get_job(job_id)
         if job.state.is_terminal:
+            if job.state is not state:
+                logger.warning("[job] end report ignored job_id=%s state=%s: already %s",
+                               job_id, state.value, job.state.value)
             return
         if state is not t.JobState.SUCCEEDED:
             # Best effort, as in cancel_job: an unreachable scheduler must not leave the

@@ -31,7 +31,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
         return pb.ListJobsResponse(jobs=[job_to_proto(j) for j in await self._core.list_jobs()])
 
     async def CancelJob(self, request, context):  # noqa: N802, ANN001
-        return pb.CancelJobResponse(job=job_to_proto(await self._core.cancel_job(request.job_id)))
+        job = await self._core.cancel_job(request.job_id, request.reason)
+        return pb.CancelJobResponse(job=job_to_proto(job))
 
     async def AcquireLease(self, request, context):  # noqa: N802, ANN001
         lease = await self._core.acquire_lease(request.worker_id, role_from_proto(request.role),
@@ -56,7 +57,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
         return pb.ListWorkersResponse(leases=[lease_to_proto(lease) for lease in leases])
 
     async def ReportStep(self, request, context):  # noqa: N802, ANN001
-        await self._core.report_step(request.job_id, json.loads(request.step_json))
+        await self._core.report_step(request.job_id, json.loads(request.step_json),
+                                     request.idempotency_key)
         return pb.ReportStepResponse()
 
     async def ReportJobDone(self, request, context):  # noqa: N802, ANN001

@@ -8,6 +8,7 @@ production adapter (the only module of this service that imports redis);
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import uuid
@@ -18,6 +19,13 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, LeaseLost, NotFound
+from services.coordinator.store_scripts import (
+    ACQUIRE_LUA,
+    APPEND_STEP_LUA,
+    CHANGE_ROLE_LUA,
+    RELEASE_LUA,
+    RENEW_LUA,
+)
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -26,6 +34,31 @@ R = TypeVar("R")
 # (1.5 s of waiting in all), so a Redis blip of about a second is ridden out.
 RETRY_ATTEMPTS = 5
 RETRY_FIRST_DELAY_S = 0.1
+
+
+class StepAppend(enum.Enum):
+    """What storing a step report did (step reports are keyed by job + step)."""
+
+    STORED = "stored"
+    """The first record of this step."""
+    REPEAT = "repeat"
+    """The same idempotency key again (a retry after a lost reply): nothing written."""
+    REPLACED = "replaced"
+    """Another key for a stored step (redone after a trainer resumed): the new record
+    replaced the old one."""
+
+
+def step_of(record: dict[str, Any]) -> int:
+    """The record's step number; a report without one cannot be keyed."""
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"a step record needs an integer 'step', got {step!r}")
+    return step
+
+
+def default_step_key(job_id: str, step: int) -> str:
+    """The idempotency key of a report that carries none: any repeat is a retry."""
+    return f"{job_id}:{step}"
 
 
 class CoordinatorStore(Protocol):
@@ -37,9 +70,14 @@ class CoordinatorStore(Protocol):
 
     async def delete_job(self, job_id: str) -> None: ...
 
-    async def append_step(self, job_id: str, record: dict[str, Any]) -> None: ...
+    async def append_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> StepAppend:
+        """Store a step record once per key (see ``StepAppend``), atomically."""
+        ...
 
-    async def steps(self, job_id: str) -> list[dict[str, Any]]: ...
+    async def steps(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's step records in step order (one per step)."""
+        ...
 
     async def counters(self, job_id: str) -> dict[str, int]: ...
 
@@ -114,64 +152,6 @@ def _lease_from_hash(h: dict[str, str], pttl_ms: int, now_ms: int) -> t.Lease:
                    h["address"], int(h["epoch"]), now_ms + max(pttl_ms, 0), int(h["ttl_ms"]))
 
 
-# KEYS[1] = lease key, KEYS[2] = fence counter
-# ARGV = ttl_ms, then field/value pairs of the lease hash (without epoch)
-# Returns the new epoch: every grant is a membership change and gets a fresh fence.
-_ACQUIRE_LUA = """
-local epoch = redis.call('INCR', KEYS[2])
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'epoch', epoch, unpack(ARGV, 2))
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return epoch
-"""
-
-# KEYS[1] = lease key; ARGV[1] = epoch the caller holds
-# Returns the remaining TTL in ms, -1 when the lease is gone, -2 when the epoch moved on.
-_RENEW_LUA = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then return -1 end
-if epoch ~= ARGV[1] then return -2 end
-local ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
-redis.call('PEXPIRE', KEYS[1], ttl)
-return tonumber(ttl)
-"""
-
-# KEYS[1] = lease key, KEYS[2] = fence counter
-# ARGV[1] = expected epoch, ARGV[2] = new role, ARGV[3] = change token (one per call, the
-#   same on every retry of it), ARGV[4..] = roles the lease may hold now (none = any)
-# Returns {1, pttl, hash} when applied; {0, pttl, hash} when this very change (same token)
-# was applied by an earlier try whose reply was lost: a retry never applies twice;
-# {-1} when the lease is gone; {-2, epoch} when the epoch moved on; {-3, role} when the
-# current role may not change to the new one. HSET keeps the key's TTL.
-_CHANGE_ROLE_LUA = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then return {-1} end
-if epoch ~= ARGV[1] then
-  if redis.call('HGET', KEYS[1], 'change_token') == ARGV[3] then
-    return {0, redis.call('PTTL', KEYS[1]), redis.call('HGETALL', KEYS[1])}
-  end
-  return {-2, tonumber(epoch)}
-end
-if #ARGV > 3 then
-  local role = redis.call('HGET', KEYS[1], 'role')
-  local ok = false
-  for i = 4, #ARGV do if ARGV[i] == role then ok = true end end
-  if not ok then return {-3, role} end
-end
-local fence = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], 'epoch', fence, 'role', ARGV[2], 'change_token', ARGV[3])
-return {1, redis.call('PTTL', KEYS[1]), redis.call('HGETALL', KEYS[1])}
-"""
-
-# KEYS[1] = lease key; ARGV[1] = epoch. Deletes only the caller's own lease.
-_RELEASE_LUA = """
-if redis.call('HGET', KEYS[1], 'epoch') == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
 class RedisCoordinatorStore:
     """Jobs, history and leases in Redis (keys from ``libra.redis_keys``)."""
 
@@ -184,10 +164,11 @@ class RedisCoordinatorStore:
         self._retry_attempts = retry_attempts
         self._retry_first_delay_s = retry_first_delay_s
         self._transient = (redis_errors.ConnectionError, redis_errors.TimeoutError)
-        self._acquire = redis.register_script(_ACQUIRE_LUA)
-        self._renew = redis.register_script(_RENEW_LUA)
-        self._release = redis.register_script(_RELEASE_LUA)
-        self._change_role = redis.register_script(_CHANGE_ROLE_LUA)
+        self._acquire = redis.register_script(ACQUIRE_LUA)
+        self._renew = redis.register_script(RENEW_LUA)
+        self._release = redis.register_script(RELEASE_LUA)
+        self._change_role = redis.register_script(CHANGE_ROLE_LUA)
+        self._append_step = redis.register_script(APPEND_STEP_LUA)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[R]]) -> R:
         """Run ``call`` again with exponential backoff while Redis is unreachable.
@@ -242,13 +223,21 @@ class RedisCoordinatorStore:
         await self._r.delete(*keys.job_keys(job_id))
         await self._r.zrem(keys.JOBS_INDEX, job_id)
 
-    async def append_step(self, job_id: str, record: dict[str, Any]) -> None:
-        await self._r.xadd(keys.history(job_id), {"record": json.dumps(record)},
-                           maxlen=keys.HISTORY_MAXLEN, approximate=True)
+    async def append_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> StepAppend:
+        step = step_of(record)
+        key = idempotency_key or default_step_key(job_id, step)
+        # Safe to retry: a repeat after an unknown outcome finds its own key (REPEAT).
+        code = await self._retrying("append_step", lambda: self._append_step(
+            keys=[keys.history(job_id), keys.step_index(job_id)],
+            args=[step, key, json.dumps(record), keys.HISTORY_MAXLEN]))
+        return (StepAppend.STORED, StepAppend.REPEAT, StepAppend.REPLACED)[int(code)]
 
     async def steps(self, job_id: str) -> list[dict[str, Any]]:
         entries = await self._retrying("steps", lambda: self._r.xrange(keys.history(job_id)))
-        return [json.loads(fields["record"]) for _id, fields in entries]
+        # A replaced step was appended at the end: order by step (stable otherwise).
+        return sorted((json.loads(fields["record"]) for _id, fields in entries),
+                      key=lambda record: record.get("step", 0))
 
     async def counters(self, job_id: str) -> dict[str, int]:
         raw = await self._retrying("counters", lambda: self._r.hgetall(keys.counters(job_id)))
@@ -328,7 +317,7 @@ class InMemoryCoordinatorStore:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._jobs: dict[str, t.Job] = {}
-        self._steps: dict[str, list[dict[str, Any]]] = {}
+        self._steps: dict[str, dict[int, tuple[str, dict[str, Any]]]] = {}
         self._counters: dict[str, dict[str, int]] = {}
         self._leases: dict[str, t.Lease] = {}
         self._events: dict[str, list[dict[str, Any]]] = {}
@@ -351,11 +340,20 @@ class InMemoryCoordinatorStore:
         self._counters.pop(job_id, None)
         self._events.pop(job_id, None)
 
-    async def append_step(self, job_id: str, record: dict[str, Any]) -> None:
-        self._steps.setdefault(job_id, []).append(record)
+    async def append_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> StepAppend:
+        step = step_of(record)
+        key = idempotency_key or default_step_key(job_id, step)
+        held = self._steps.setdefault(job_id, {})
+        if step in held and held[step][0] == key:
+            return StepAppend.REPEAT
+        outcome = StepAppend.REPLACED if step in held else StepAppend.STORED
+        held[step] = (key, dict(record))
+        return outcome
 
     async def steps(self, job_id: str) -> list[dict[str, Any]]:
-        return list(self._steps.get(job_id, []))
+        held = self._steps.get(job_id, {})
+        return [dict(held[step][1]) for step in sorted(held)]
 
     async def counters(self, job_id: str) -> dict[str, int]:
         return dict(self._counters.get(job_id, {}))

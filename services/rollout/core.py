@@ -191,10 +191,18 @@ class RolloutCore(MovesMixin, LendingMixin):
         return self._lease
 
     async def heartbeat(self) -> None:
-        """Renew the lease every third of its TTL; on loss, drop work and re-register."""
+        """Renew the lease every third of its TTL; on loss, drop work and re-register.
+
+        A registration that fails (the coordinator restarting) is tried again at each
+        beat: the loop never ends on a coordinator outage.
+        """
+        is_registered = True
         while not self._stopping:
             await asyncio.sleep(self.settings.lease_ttl_ms / 3000.0)
             if self._lease is None:
+                continue
+            if not is_registered:
+                is_registered = await self._register_again()
                 continue
             try:
                 async with self._lease_lock:
@@ -206,9 +214,17 @@ class RolloutCore(MovesMixin, LendingMixin):
                 if self._job is not None:
                     self._job[1].active.clear()
                 await self._end_lend("lease lost")
-                await self.register()
+                is_registered = await self._register_again()
             except LibraError as exc:
                 logger.warning("[lease] renew failed error=%s", exc)
+
+    async def _register_again(self) -> bool:
+        try:
+            await self.register()
+        except LibraError as exc:
+            logger.warning("[lease] register failed error=%s; trying again next beat", exc)
+            return False
+        return True
 
     @property
     def num_active(self) -> int:
@@ -228,8 +244,15 @@ class RolloutCore(MovesMixin, LendingMixin):
         deadline = self._clock.now_s() + grace_s * 0.8
         while self.num_active and self._clock.now_s() < deadline:
             await asyncio.sleep(0.05)
-        if self._lease is not None:
+        if self._lease is None:
+            return
+        try:
             await self._coordinator.release_lease(self._lease.worker_id, self._lease.epoch)
+        except LibraError as exc:
+            # `libra down` stops the coordinator at the same time: the lease then
+            # expires by its TTL instead, and the process still exits cleanly.
+            logger.warning("[lease] release failed error=%s; it expires in %d ms", exc,
+                           self.settings.lease_ttl_ms)
 
     async def run(self) -> None:
         """The loop: pull work, refresh weights, sample one turn for every ready one."""

@@ -16,6 +16,7 @@ from libra.clock import SystemClock
 from libra.config import load_config, redact
 from libra.grpcx import Registration, serve
 from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from libra.retry import RetryPolicy
 from libra.telemetry import init_logging, init_tracing
 from services.trainer.config import TrainerConfig
 from services.trainer.core import TrainerCore
@@ -31,7 +32,8 @@ async def main(cfg: TrainerConfig) -> None:
     factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism)
     core = TrainerCore(RedisTrainerStore(redis), factory,
                        GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s),
-                       SystemClock(), consumer=cfg.worker_id)
+                       SystemClock(), consumer=cfg.worker_id,
+                       report_retry=RetryPolicy(give_up_after_s=cfg.coordinator_retry_s))
     name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
     registration = Registration(trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
                                 TrainerServicer(core), name)

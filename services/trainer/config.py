@@ -25,7 +25,14 @@ class TrainerConfig:
         " (fully_shard per decoder layer: parameters and optimizer state split over ranks) or"
         " auto (fsdp2 on CUDA over NCCL, ddp on CPU over gloo)")
 
+    coordinator_retry_s: float = knob(
+        600.0, "how long a step or job-done report is retried (backoff 0.1 s doubling to 2 s)"
+        " while the coordinator is unreachable; past it the job fails. A coordinator"
+        " restart within it only delays the step loop")
+
     def __post_init__(self) -> None:
+        if self.coordinator_retry_s < 0:
+            raise ValueError(f"coordinator_retry_s must be >= 0, got {self.coordinator_retry_s}")
         if self.parallelism not in PARALLELISM_CHOICES:
             raise ValueError(f"parallelism must be one of {PARALLELISM_CHOICES}, "
                              f"got {self.parallelism!r}")

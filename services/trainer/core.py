@@ -8,6 +8,10 @@ and counts them, (4) publishes a new policy version every ``sync_interval`` step
 (5) writes a checkpoint every ``checkpoint_interval`` steps and (6) reports the step
 record to the coordinator.
 
+Reports to the coordinator (steps, the job's end) go through ``CoordinatorReporter``
+(``reports.py``): retried with backoff while it is unreachable and keyed, so a
+coordinator restart only delays the step loop and never fails the job.
+
 Resume (:meth:`TrainerCore.resume`, called at start-up): a job still RUNNING lost its
 trainer, so it restarts from the newest checkpoint (model, optimizer, RNG, step) instead
 of the warm start. Redis kept the rest: entries delivered but not acked are re-read
@@ -30,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import FailedPrecondition, LibraError, NotFound
+from libra.errors import FailedPrecondition, NotFound
 from libra.jobspec import JobSpec, job_spec_from_json
+from libra.retry import RetryPolicy, Sleep
 from libra.training import channel as ch
 from libra.training.samples import TrainSample
 from libra.weight_sync import write_manifest
@@ -39,6 +44,7 @@ from services.trainer import checkpoint
 from services.trainer.elastic import GradientDomain, HybridSession
 from services.trainer.elastic_step import ElasticTrainer
 from services.trainer.grpo import GroupBuffer, group_advantages, staleness
+from services.trainer.reports import CoordinatorReporter
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.coordinator import CoordinatorApi
@@ -85,13 +91,15 @@ class TrainerCore:
 
     def __init__(self, store: TrainerStore, factory: BackendFactory,
                  coordinator: CoordinatorApi, clock: Clock, consumer: str = "trainer-0",
-                 block_ms: int = 200) -> None:
+                 block_ms: int = 200, report_retry: RetryPolicy | None = None,
+                 sleep: Sleep = asyncio.sleep) -> None:
         self._store = store
         self._factory = factory
         self._coordinator = coordinator
         self._clock = clock
         self._consumer = consumer
         self._block_ms = block_ms
+        self._reports = CoordinatorReporter(coordinator, clock, report_retry, sleep)
         self._task: asyncio.Task | None = None
         self._cleaning_up = False  # the job's task is in its final cleanup
         # Set while a job with elastic.enabled trains: the hybrids' gradient domain.
@@ -100,6 +108,11 @@ class TrainerCore:
         self.phase = "idle"
         self.step = 0
         self.policy_version = -1
+        self.message = ""  # how the last job ended here (phase done or failed)
+
+    def status(self) -> t.TrainerStatus:
+        return t.TrainerStatus(job_id=self.job_id, phase=self.phase, step=self.step,
+                               policy_version=self.policy_version, message=self.message)
 
     async def start_job(self, job_id: str, resume: bool = False) -> None:
         """Start training a job; ``resume`` continues from its newest checkpoint."""
@@ -109,6 +122,8 @@ class TrainerCore:
         if spec_json is None:
             raise NotFound(f"job {job_id!r} not found")
         self.job_id, self.phase, self.step, self.policy_version = job_id, "warmup", 0, -1
+        self.message = ""
+        self._reports.new_run()
         self._cleaning_up = False
         self._task = asyncio.create_task(
             self._run_job(job_id, job_spec_from_json(spec_json), resume))
@@ -179,12 +194,12 @@ class TrainerCore:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.phase = "failed"
+            self.phase, self.message = "failed", f"trainer: {exc}"
             logger.exception("[job] training failed job_id=%s", job_id)
-            await self._report_done(job_id, t.JobState.FAILED, f"trainer: {exc}")
+            await self._reports.report_job_done(job_id, t.JobState.FAILED, self.message)
             return
-        self.phase = "done"
-        await self._report_done(job_id, t.JobState.SUCCEEDED, f"trained {self.step} steps")
+        self.phase, self.message = "done", f"trained {self.step} steps"
+        await self._reports.report_job_done(job_id, t.JobState.SUCCEEDED, self.message)
 
     async def _train(self, job_id: str, spec: JobSpec, resume: bool) -> None:
         run_dir = Path(await self._store.job_run_dir(job_id))
@@ -236,7 +251,8 @@ class TrainerCore:
             # 4) Report the step.
             record.update(step=self.step, policy_version=self.policy_version,
                           wall_s=round(time.perf_counter() - started, 4))
-            await self._coordinator.report_step(job_id, record)
+            # Retried while the coordinator is away: a restart of it delays, never fails.
+            await self._reports.report_step(job_id, record)
 
     def _elastic_trainer(self, job_id: str, spec: JobSpec, backend: Backend,
                          run_dir: Path) -> ElasticTrainer:
@@ -412,12 +428,6 @@ class TrainerCore:
             version, str(manifest), digest, model_dir, self._clock.now_ms()))
         self.policy_version = version
         return round(time.perf_counter() - started, 4)
-
-    async def _report_done(self, job_id: str, state: t.JobState, message: str) -> None:
-        try:
-            await self._coordinator.report_job_done(job_id, state, message)
-        except LibraError as exc:
-            logger.error("[job] could not report end job_id=%s error=%s", job_id, exc)
 
 
 def _to_samples(trajs: list[t.Trajectory]) -> list[TrainSample]:

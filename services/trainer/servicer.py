@@ -9,6 +9,7 @@ from libra.proto.trainer.v1 import trainer_pb2 as pb
 from libra.proto.trainer.v1 import trainer_pb2_grpc as pb_grpc
 from libra.training import channel as ch
 from libra.wire.gradient import HybridAssembler, core_to_pb
+from libra.wire.trainer import trainer_status_to_proto
 from services.trainer.core import TrainerCore
 from services.trainer.elastic import HybridSession
 from services.trainer.elastic_step import ElasticTrainer
@@ -19,7 +20,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         self._core = core
 
     async def StartJob(self, request, context):  # noqa: N802, ANN001
-        await self._core.start_job(request.job_id)
+        await self._core.start_job(request.job_id, resume=request.resume)
         return pb.StartJobResponse()
 
     async def StopJob(self, request, context):  # noqa: N802, ANN001
@@ -27,9 +28,7 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         return pb.StopJobResponse()
 
     async def GetTrainerStatus(self, request, context):  # noqa: N802, ANN001
-        core = self._core
-        return pb.GetTrainerStatusResponse(job_id=core.job_id, step=core.step,
-                                           policy_version=core.policy_version, phase=core.phase)
+        return trainer_status_to_proto(self._core.status())
 
 
 class GradientChannelServicer(pb_grpc.GradientChannelServicer):

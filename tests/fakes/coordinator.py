@@ -2,7 +2,14 @@
 
 Replaces: the coordinator service behind gRPC (worker registry and job API). Everything
 else is real. Leases are granted with increasing epochs; ``lose_lease_times`` makes
-``renew_lease`` raise ``LeaseLost``; step records and job ends are recorded. Given a
+``renew_lease`` raise ``LeaseLost``; step records and job ends are recorded.
+``unavailable_times`` makes that many step/job-done reports raise ``Unavailable`` (the
+coordinator restarting); ``lose_reply_times`` makes that many reports be applied and
+then raise ``Unavailable`` (the reply was lost); ``acquire_unavailable_times`` does the
+same to lease acquisitions; ``release_error`` makes lease releases raise it. Step
+records are keyed by their idempotency key, as the coordinator keys them: a repeat is
+counted, not stored (a redone step, under a new key, is stored again); job ends are
+all recorded. Given a
 (bytes-mode) ``redis`` client, the lease hash is mirrored there as the real coordinator
 writes it (role, bucket, epoch), so fenced writes (the rollout's publish) see it.
 """
@@ -14,7 +21,7 @@ from typing import Any
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.errors import LeaseLost
+from libra.errors import LeaseLost, Unavailable
 
 
 @dataclass
@@ -28,6 +35,25 @@ class FakeCoordinator:
     done: list[tuple[str, t.JobState, str]] = field(default_factory=list)
     role_changes: list[tuple[str, t.WorkerRole]] = field(default_factory=list)
     redis: Any = None
+    unavailable_times: int = 0
+    acquire_unavailable_times: int = 0
+    release_error: Exception | None = None
+    lose_reply_times: int = 0
+    num_unavailable: int = 0
+    step_keys: dict[tuple[str, int], str] = field(default_factory=dict)
+    num_repeats: int = 0
+
+    def _outage(self) -> None:
+        if self.unavailable_times:
+            self.unavailable_times -= 1
+            self.num_unavailable += 1
+            raise Unavailable("coordinator restarting")
+
+    def _lost_reply(self) -> None:
+        if self.lose_reply_times:
+            self.lose_reply_times -= 1
+            self.num_unavailable += 1
+            raise Unavailable("reply lost")
 
     async def _mirror(self, lease: t.Lease | None, worker_id: str) -> None:
         if self.redis is None:
@@ -45,6 +71,9 @@ class FakeCoordinator:
 
     async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
                             address: str, ttl_ms: int) -> t.Lease:
+        if self.acquire_unavailable_times:
+            self.acquire_unavailable_times -= 1
+            raise Unavailable("coordinator restarting")
         self.epoch += 1
         self.acquired.append(worker_id)
         self._last = (role, bucket, address, ttl_ms)
@@ -64,6 +93,8 @@ class FakeCoordinator:
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         self.released.append((worker_id, epoch))
+        if self.release_error is not None:
+            raise self.release_error
         if epoch == self.epoch:
             await self._mirror(None, worker_id)
 
@@ -83,8 +114,19 @@ class FakeCoordinator:
     async def list_workers(self) -> list[t.Lease]:
         return []
 
-    async def report_step(self, job_id: str, record: dict[str, Any]) -> None:
-        self.steps.append((job_id, dict(record)))
+    async def report_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> None:
+        self._outage()
+        slot = (job_id, int(record["step"]))
+        key = idempotency_key or f"{job_id}:{slot[1]}"
+        if self.step_keys.get(slot) == key:
+            self.num_repeats += 1
+        else:
+            self.step_keys[slot] = key
+            self.steps.append((job_id, dict(record)))
+        self._lost_reply()
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
+        self._outage()
         self.done.append((job_id, state, message))
+        self._lost_reply()

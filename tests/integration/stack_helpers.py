@@ -15,6 +15,7 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.errors import DeadlineExceeded, Unavailable
 from libra.report import build_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +56,26 @@ def stack_up(run_root: Path, restart_limit: int) -> Iterator[dict[str, Any]]:
     stack.down(run_root)
 
 
-async def wait_for_job(client: GrpcCoordinatorClient, job_id: str,
-                       timeout_s: float = 240.0) -> tuple[t.Job, list[dict], dict]:
-    """Poll until the job ends (or fail the test with its last known state)."""
+async def get_job_across_restarts(client: GrpcCoordinatorClient, job_id: str,
+                                  timeout_s: float = 60.0) -> tuple[t.Job, list[dict], dict]:
+    """GetJob, retried while the coordinator is unreachable (being restarted)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        job, steps, counters = await client.get_job(job_id)
+        try:
+            return await client.get_job(job_id)
+        except (Unavailable, DeadlineExceeded):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def wait_for_job(client: GrpcCoordinatorClient, job_id: str,
+                       timeout_s: float = 240.0) -> tuple[t.Job, list[dict], dict]:
+    """Poll until the job ends (or fail the test with its last known state); a
+    coordinator being restarted meanwhile is waited for."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        job, steps, counters = await get_job_across_restarts(client, job_id)
         if job.state.is_terminal:
             return job, steps, counters
         if asyncio.get_running_loop().time() > deadline:

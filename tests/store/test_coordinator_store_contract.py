@@ -24,6 +24,7 @@ from services.coordinator.store import (
     CoordinatorStore,
     InMemoryCoordinatorStore,
     RedisCoordinatorStore,
+    StepAppend,
 )
 
 SHORT_TTL_MS = 300
@@ -116,6 +117,35 @@ async def test_steps_come_back_in_append_order(sut: StoreUnderTest) -> None:
     for record in records:
         await sut.store.append_step("job-1", record)
     assert await sut.store.steps("job-1") == records
+
+
+async def test_a_repeated_step_key_is_recognised_and_stored_once(sut: StoreUnderTest) -> None:
+    await sut.store.put_job(make_job())
+    first = await sut.store.append_step("job-1", {"step": 1, "loss": 0.5}, "job-1:1:a")
+    again = await sut.store.append_step("job-1", {"step": 1, "loss": 0.5}, "job-1:1:a")
+    assert (first, again) == (StepAppend.STORED, StepAppend.REPEAT)
+    assert await sut.store.steps("job-1") == [{"step": 1, "loss": 0.5}]
+
+
+async def test_without_a_key_any_repeat_of_a_step_is_a_retry(sut: StoreUnderTest) -> None:
+    await sut.store.put_job(make_job())
+    await sut.store.append_step("job-1", {"step": 1, "loss": 0.5})
+    assert await sut.store.append_step("job-1", {"step": 1, "loss": 0.9}) is StepAppend.REPEAT
+    assert await sut.store.steps("job-1") == [{"step": 1, "loss": 0.5}]
+
+
+async def test_another_key_for_a_stored_step_replaces_it_in_step_order(
+        sut: StoreUnderTest) -> None:
+    await sut.store.put_job(make_job())
+    for step in (1, 2, 3):
+        await sut.store.append_step("job-1", {"step": step, "run": "a"}, f"job-1:{step}:a")
+    # A trainer resumed from its step-1 checkpoint redoes steps 2 and 3.
+    for step in (2, 3):
+        outcome = await sut.store.append_step("job-1", {"step": step, "run": "b"},
+                                              f"job-1:{step}:b")
+        assert outcome is StepAppend.REPLACED
+    assert await sut.store.steps("job-1") == [
+        {"step": 1, "run": "a"}, {"step": 2, "run": "b"}, {"step": 3, "run": "b"}]
 
 
 async def test_counters_of_a_job_without_any_are_empty(sut: StoreUnderTest) -> None:

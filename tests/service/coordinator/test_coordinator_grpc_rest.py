@@ -81,6 +81,17 @@ async def test_grpc_get_job_returns_steps_and_counters(client: GrpcCoordinatorCl
     assert counters == {}
 
 
+async def test_grpc_a_step_report_retried_with_its_key_is_stored_once(
+        client: GrpcCoordinatorClient) -> None:
+    job = await client.create_job(VALID_SPEC)
+    for _ in range(2):  # the trainer's retry after a lost reply: same key
+        await client.report_step(job.job_id, {"step": 1, "reward_mean": 0.25}, "k:1:a")
+    await client.report_step(job.job_id, {"step": 1, "reward_mean": 0.75}, "k:1:b")
+    _, steps, _ = await client.get_job(job.job_id)
+    assert steps == [{"step": 1, "reward_mean": 0.75}]  # a redone step replaced it
+    assert [e["kind"] for e in await client.get_job_events(job.job_id)] == ["step_redone"]
+
+
 async def test_grpc_list_jobs_lists_created_job(client: GrpcCoordinatorClient) -> None:
     job = await client.create_job(VALID_SPEC)
     assert [j.job_id for j in await client.list_jobs()] == [job.job_id]
@@ -89,7 +100,14 @@ async def test_grpc_list_jobs_lists_created_job(client: GrpcCoordinatorClient) -
 async def test_grpc_cancel_job_returns_cancelled_job(client: GrpcCoordinatorClient) -> None:
     job = await client.create_job(VALID_SPEC)
     cancelled = await client.cancel_job(job.job_id)
-    assert cancelled.state is t.JobState.CANCELLED
+    assert (cancelled.state, cancelled.message) == (t.JobState.CANCELLED, "cancelled by user")
+
+
+async def test_grpc_cancel_job_with_a_reason_keeps_it_as_the_message(
+        client: GrpcCoordinatorClient) -> None:
+    job = await client.create_job(VALID_SPEC)
+    cancelled = await client.cancel_job(job.job_id, "libra run interrupted (SIGTERM)")
+    assert cancelled.message == "libra run interrupted (SIGTERM)"
 
 
 async def test_grpc_invalid_spec_raises_invalid_argument_with_field(

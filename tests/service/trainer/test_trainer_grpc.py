@@ -18,6 +18,7 @@ from services.trainer.store import RedisTrainerStore
 from tests.fakes.coordinator import FakeCoordinator
 from tests.fakes.trainer_backend import FakeBackendFactory
 from tests.service.grpc_harness import serving
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -39,7 +40,8 @@ async def client(redis_server: EmbeddedRedis, tmp_path):
 
 
 async def test_idle_trainer_reports_idle(client: GrpcTrainerClient) -> None:
-    assert (await client.status())["phase"] == "idle"
+    status = await client.status()
+    assert (status.job_id, status.phase, status.message) == ("", "idle", "")
 
 
 async def test_start_unknown_job_is_not_found(client: GrpcTrainerClient) -> None:
@@ -52,6 +54,17 @@ async def test_second_job_while_busy_fails_precondition(client: GrpcTrainerClien
     with pytest.raises(FailedPrecondition):
         await client.start_job("j1")
     status = await client.status()
-    assert status["job_id"] == "j1"
+    assert status.job_id == "j1" and status.is_working_on("j1")
     await client.stop_job("j1")
-    assert (await client.status())["phase"] == "idle"
+    assert (await client.status()).phase == "idle"
+
+
+async def test_start_with_resume_takes_the_job_up_as_a_resume(
+        client: GrpcTrainerClient, redis_server: EmbeddedRedis) -> None:
+    # The coordinator's reconciliation uses this for a RUNNING job no trainer holds.
+    await client.start_job("j1", resume=True)
+    r = aioredis.from_url(redis_server.url, decode_responses=True)
+    await wait_until(lambda: r.xlen(keys.events("j1")), timeout_s=10.0)
+    kinds = [fields["kind"] for _, fields in await r.xrange(keys.events("j1"))]
+    assert kinds == ["trainer_resumed"]
+    await r.aclose()

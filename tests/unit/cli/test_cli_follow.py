@@ -8,7 +8,7 @@ import json
 import pytest
 
 from libra import types as t
-from libra.cli import main as cli
+from libra.cli import run as cli
 from libra.errors import DeadlineExceeded, NotFound
 
 
@@ -42,18 +42,18 @@ def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_retryable_errors_while_following_are_ridden_out() -> None:
     client = FlakyCoordinator(DeadlineExceeded("busy"), DeadlineExceeded("busy"))
-    done = await cli._follow(client, job(t.JobState.RUNNING), quiet=True)
+    done = await cli.follow(client, job(t.JobState.RUNNING), quiet=True)
     assert done.state is t.JobState.SUCCEEDED and client.calls == 3
 
 
 async def test_a_non_retryable_error_ends_the_follow() -> None:
     with pytest.raises(NotFound):
-        await cli._follow(FlakyCoordinator(NotFound("gone")), job(t.JobState.RUNNING), True)
+        await cli.follow(FlakyCoordinator(NotFound("gone")), job(t.JobState.RUNNING), True)
 
 
 async def test_an_outage_longer_than_the_limit_ends_the_follow(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "FOLLOW_OUTAGE_S", -1.0)
     with pytest.raises(DeadlineExceeded):
-        await cli._follow(FlakyCoordinator(DeadlineExceeded("down"), DeadlineExceeded("down")),
+        await cli.follow(FlakyCoordinator(DeadlineExceeded("down"), DeadlineExceeded("down")),
                           job(t.JobState.RUNNING), True)

@@ -16,7 +16,7 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, Unavailable
 from services.coordinator.core import CoordinatorCore
-from services.coordinator.store import InMemoryCoordinatorStore
+from services.coordinator.store import InMemoryCoordinatorStore, StepAppend
 from tests.fakes.runner import FakeRunner
 
 VALID_SPEC = """
@@ -198,6 +198,66 @@ async def test_report_step_updates_step_version_and_history() -> None:
     assert (got.step, got.policy_version) == (2, 2)
     assert [s["reward_mean"] for s in steps] == [0.5, 0.7]
     assert got.updated_at_ms == clock.now_ms()
+
+
+async def test_the_same_step_report_twice_keeps_one_record() -> None:
+    # The trainer's retry after the coordinator stored the step and died before replying.
+    core, store, *_ = make_core()
+    job = await core.create_job(VALID_SPEC, "toml")
+    record = {"step": 1, "policy_version": 1, "reward_mean": 0.5}
+    assert await core.report_step(job.job_id, record, "k1") is StepAppend.STORED
+    assert await core.report_step(job.job_id, record, "k1") is StepAppend.REPEAT
+    assert await store.steps(job.job_id) == [record]
+    assert await store.events(job.job_id) == []
+
+
+async def test_a_repeated_report_still_sets_the_job_step_and_version() -> None:
+    # The first try stored the record but died before writing the job's fields.
+    core, store, *_ = make_core()
+    job = await core.create_job(VALID_SPEC, "toml")
+    await store.append_step(job.job_id, {"step": 1, "policy_version": 1}, "k1")
+    await core.report_step(job.job_id, {"step": 1, "policy_version": 1}, "k1")
+    got = await store.get_job(job.job_id)
+    assert (got.step, got.policy_version) == (1, 1)
+    assert len(await store.steps(job.job_id)) == 1
+
+
+async def test_a_redone_step_replaces_its_record_and_is_marked_by_an_event() -> None:
+    core, store, *_ = make_core()
+    job = await core.create_job(VALID_SPEC, "toml")
+    await core.report_step(job.job_id, {"step": 1, "reward_mean": 0.1}, "j:1:run-a")
+    outcome = await core.report_step(job.job_id, {"step": 1, "reward_mean": 0.9}, "j:1:run-b")
+    assert outcome is StepAppend.REPLACED
+    assert await store.steps(job.job_id) == [{"step": 1, "reward_mean": 0.9}]
+    assert [(e["kind"], e["step"]) for e in await store.events(job.job_id)] == [
+        ("step_redone", 1)]
+
+
+@pytest.mark.parametrize("record", [{}, {"step": "1"}, {"step": 1.5}, {"step": True}])
+async def test_a_step_record_without_an_integer_step_is_refused_and_stores_nothing(
+        record: dict) -> None:
+    core, store, *_ = make_core()
+    job = await core.create_job(VALID_SPEC, "toml")
+    with pytest.raises(InvalidArgument) as info:
+        await core.report_step(job.job_id, record)
+    assert info.value.field == "step_json"
+    assert await store.steps(job.job_id) == []
+
+
+async def test_a_repeated_job_done_report_changes_nothing() -> None:
+    # Keyed by job + outcome: the trainer's retry after a lost reply, or a late report
+    # of another outcome, leaves the first end as it was.
+    core, store, _, scheduler, clock = make_core()
+    job = await core.create_job(VALID_SPEC, "toml")
+    await core.report_job_done(job.job_id, t.JobState.SUCCEEDED, "trained 3 steps")
+    ended_at_ms = (await store.get_job(job.job_id)).updated_at_ms
+    clock.advance(5)
+    await core.report_job_done(job.job_id, t.JobState.SUCCEEDED, "trained 3 steps")
+    await core.report_job_done(job.job_id, t.JobState.FAILED, "late")
+    again = await store.get_job(job.job_id)
+    assert (again.state, again.message, again.updated_at_ms) == (
+        t.JobState.SUCCEEDED, "trained 3 steps", ended_at_ms)
+    assert scheduler.stopped == []
 
 
 async def test_report_job_done_with_non_terminal_state_raises_invalid_argument() -> None:

@@ -25,7 +25,8 @@ PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.t
          "peers.trainer"]
 
 SNAPSHOT: dict[type, list[str]] = {
-    CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "redis_url", "run_root"]),
+    CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "reconcile_interval_s",
+                               "redis_url", "run_root", "trainer_lost_s"]),
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
         *SHARED, *PEERS, "bucket", "engine", "instance_id",
@@ -36,8 +37,8 @@ SNAPSHOT: dict[type, list[str]] = {
         "vllm_dtype", "vllm_enforce_eager", "vllm_gpu_memory_utilization",
         "vllm_tensor_parallel_size", "weight_load_deadline_s"]),
     TrainerConfig: sorted([
-        *SHARED, *PEERS, "num_ranks", "num_threads", "parallelism", "redis_url",
-        "worker_id"]),
+        *SHARED, *PEERS, "coordinator_retry_s", "num_ranks", "num_threads", "parallelism",
+        "redis_url", "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "extra_rewards", "extra_tools",
         "max_concurrency_per_tool", "max_queue_depth_per_tool", "require_network_isolation",

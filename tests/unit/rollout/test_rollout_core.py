@@ -8,6 +8,7 @@ import asyncio
 
 from libra import redis_keys as keys
 from libra import types as t
+from libra.errors import Internal
 from libra.jobspec import BucketSpec, JobSpec, LayoutSpec
 from services.rollout.core import RolloutSettings
 from tests.fakes.engine import make_tokenizer
@@ -219,7 +220,33 @@ async def test_lost_lease_drops_work_and_registers_again(rig: Rig) -> None:
     assert await rig.num_published() == 0
 
 
+async def test_a_registration_refused_during_a_coordinator_restart_is_tried_again(
+        rig: Rig) -> None:
+    rig.core.settings = RolloutSettings(instance_id=HERE, bucket="short", lease_ttl_ms=30,
+                                        idle_block_ms=5)
+    rig.start()
+    await wait_until(lambda: rig.coordinator.renewed)
+    # The lease expired while the coordinator was down; it is back but the first
+    # re-registration still meets the restart.
+    rig.coordinator.acquire_unavailable_times = 2
+    rig.coordinator.lose_lease_times = 1
+    await wait_until(lambda: len(rig.coordinator.acquired) == 2)
+    assert not rig.task.done()  # the heartbeat goes on
+    renewed = len(rig.coordinator.renewed)
+    await wait_until(lambda: len(rig.coordinator.renewed) > renewed)  # with the new lease
+    assert rig.coordinator.renewed[-1] == (HERE, rig.coordinator.epoch)
+
+
 async def test_drain_releases_the_lease(rig: Rig) -> None:
+    rig.start()
+    await rig.core.drain(0.0)
+    await asyncio.wait_for(rig.task, 1.0)
+    assert rig.coordinator.released == [(HERE, 1)]
+
+
+async def test_drain_ends_cleanly_when_the_coordinator_is_stopping_too(rig: Rig) -> None:
+    # `libra down` stops every service at once: the release may find no coordinator.
+    rig.coordinator.release_error = Internal("CANCELLED")
     rig.start()
     await rig.core.drain(0.0)
     await asyncio.wait_for(rig.task, 1.0)

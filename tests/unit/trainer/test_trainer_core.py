@@ -20,10 +20,12 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, NotFound
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
+from libra.retry import RetryPolicy
 from libra.wire.common import encode_trajectory
 from services.trainer.core import TrainerCore
 from services.trainer.store import RedisTrainerStore
 from tests.fakes.coordinator import FakeCoordinator
+from tests.fakes.sleep import FakeSleep
 from tests.fakes.trainer_backend import FakeBackend, FakeBackendFactory
 from tests.waiting import wait_until
 
@@ -56,6 +58,7 @@ class Rig:
     factory: FakeBackendFactory
     coordinator: FakeCoordinator
     cores: list[TrainerCore]
+    sleep: FakeSleep | None = None
 
     @property
     def backend(self) -> FakeBackend:
@@ -70,9 +73,14 @@ class Rig:
                                                   "state": "running", "run_dir": str(self.tmp)})
         return spec
 
-    def new_core(self, consumer: str = "trainer-0") -> TrainerCore:
+    def new_core(self, consumer: str = "trainer-0",
+                 report_retry: RetryPolicy | None = None) -> TrainerCore:
+        """A core whose report backoff runs on a fake clock (``self.sleep`` records it)."""
+        clock = FakeClock()
+        self.sleep = FakeSleep(clock)
         core = TrainerCore(RedisTrainerStore(self.r), self.factory, self.coordinator,
-                           FakeClock(), consumer=consumer, block_ms=10)
+                           clock, consumer=consumer, block_ms=10,
+                           report_retry=report_retry, sleep=self.sleep)
         self.cores.append(core)
         return core
 
@@ -280,6 +288,59 @@ async def test_backend_error_reports_the_job_failed(rig: Rig) -> None:
     ((job, state, message),) = rig.coordinator.done
     assert (job, state, core.phase) == (JOB, t.JobState.FAILED, "failed")
     assert "out of memory" in message
+
+
+# -- coordinator outage --------------------------------------------------------------------
+
+
+async def test_an_unavailable_coordinator_delays_the_step_report_and_fails_nothing(
+        rig: Rig) -> None:
+    # The coordinator is restarting: its first 5 answers are UNAVAILABLE.
+    rig.coordinator.unavailable_times = 5
+    await rig.set_spec(num_steps=2)
+    await rig.write(*make_group(0), *make_group(1))
+    core = await rig.run_job()
+    assert [rec["step"] for _, rec in rig.coordinator.steps] == [1, 2]  # each once
+    assert rig.coordinator.done == [(JOB, t.JobState.SUCCEEDED, "trained 2 steps")]
+    assert core.phase == "done"
+    assert rig.sleep is not None and rig.sleep.delays_s == [0.1, 0.2, 0.4, 0.8, 1.6]
+
+
+async def test_a_step_applied_whose_reply_was_lost_is_stored_once(rig: Rig) -> None:
+    rig.coordinator.lose_reply_times = 1  # stored, then the coordinator died
+    await rig.write(*make_group(0))
+    await rig.run_job()
+    assert [rec["step"] for _, rec in rig.coordinator.steps] == [1]
+    assert rig.coordinator.num_repeats == 1  # the retry was recognised, not stored
+    assert rig.coordinator.done[0][1] is t.JobState.SUCCEEDED
+
+
+async def test_the_job_done_report_is_retried_until_the_coordinator_takes_it(
+        rig: Rig) -> None:
+    rig.coordinator.lose_reply_times = 1  # step 1 is fine; see below
+    await rig.set_spec(num_steps=1)
+    await rig.write(*make_group(0))
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: rig.coordinator.steps)
+    rig.coordinator.unavailable_times = 3  # down while the job ends
+    await rig.run_job(core)
+    assert rig.coordinator.done == [(JOB, t.JobState.SUCCEEDED, "trained 1 steps")]
+
+
+async def test_a_coordinator_away_past_the_retry_budget_fails_the_job_with_a_reason(
+        rig: Rig) -> None:
+    rig.coordinator.unavailable_times = 10**6
+    await rig.write(*make_group(0))
+    core = rig.new_core(report_retry=RetryPolicy(give_up_after_s=30.0))
+    await core.start_job(JOB)
+    await rig.run_job(core)
+    status = core.status()
+    assert (status.job_id, status.phase) == (JOB, "failed")
+    assert "coordinator restarting" in status.message  # read by the reconciliation
+    assert rig.coordinator.done == [] and rig.coordinator.steps == []
+    # Two reports (the step, then the failure) of at most budget + one capped backoff.
+    assert rig.sleep is not None and sum(rig.sleep.delays_s) <= 2 * (30.0 + 2.0)
 
 
 # -- restart -------------------------------------------------------------------------------

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from libra.proto.common.v1 import common_pb2 as libra_dot_proto_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,libra/proto/coordinator/v1/coordinator.proto\x12\x1alibra.proto.coordinator.v1\x1a\"libra/proto/common/v1/common.proto\"\xe1\x01\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x33\n\x05state\x18\x03 \x01(\x0e\x32$.libra.proto.coordinator.v1.JobState\x12\x11\n\tspec_json\x18\x04 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x05 \x01(\x03\x12\x15\n\rupdated_at_ms\x18\x06 \x01(\x03\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0c\n\x04step\x18\x08 \x01(\x05\x12\x16\n\x0epolicy_version\x18\t \x01(\x05\x12\x0f\n\x07run_dir\x18\n \x01(\t\"5\n\x10\x43reateJobRequest\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x13\n\x0bspec_format\x18\x02 \x01(\t\"A\n\x11\x43reateJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"~\n\x0eGetJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\x12\x12\n\nsteps_json\x18\x02 \x03(\t\x12\x15\n\rcounters_json\x18\x03 \x01(\t\x12\x13\n\x0b\x65vents_json\x18\x04 \x03(\t\"\x11\n\x0fListJobsRequest\"A\n\x10ListJobsResponse\x12-\n\x04jobs\x18\x01 \x03(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"A\n\x11\x43\x61ncelJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\x8a\x01\n\x13\x41\x63quireLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12/\n\x04role\x18\x02 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\x12\x0e\n\x06\x62ucket\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x05 \x01(\x03\"C\n\x14\x41\x63quireLeaseResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"5\n\x11RenewLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"A\n\x12RenewLeaseResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"7\n\x13ReleaseLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"\x16\n\x14ReleaseLeaseResponse\"u\n\x17\x43hangeWorkerRoleRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65xpected_epoch\x18\x02 \x01(\x03\x12/\n\x04role\x18\x03 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\"G\n\x18\x43hangeWorkerRoleResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"\x14\n\x12ListWorkersRequest\"C\n\x13ListWorkersResponse\x12,\n\x06leases\x18\x01 \x03(\x0b\x32\x1c.libra.proto.common.v1.Lease\"6\n\x11ReportStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tstep_json\x18\x02 \x01(\t\"\x14\n\x12ReportStepResponse\"l\n\x14ReportJobDoneRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x33\n\x05state\x18\x02 \x01(\x0e\x32$.libra.proto.coordinator.v1.JobState\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x17\n\x15ReportJobDoneResponse*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xd5\t\n\x12\x43oordinatorService\x12h\n\tCreateJob\x12,.libra.proto.coordinator.v1.CreateJobRequest\x1a-.libra.proto.coordinator.v1.CreateJobResponse\x12_\n\x06GetJob\x12).libra.proto.coordinator.v1.GetJobRequest\x1a*.libra.proto.coordinator.v1.GetJobResponse\x12\x65\n\x08ListJobs\x12+.libra.proto.coordinator.v1.ListJobsRequest\x1a,.libra.proto.coordinator.v1.ListJobsResponse\x12h\n\tCancelJob\x12,.libra.proto.coordinator.v1.CancelJobRequest\x1a-.libra.proto.coordinator.v1.CancelJobResponse\x12q\n\x0c\x41\x63quireLease\x12/.libra.proto.coordinator.v1.AcquireLeaseRequest\x1a\x30.libra.proto.coordinator.v1.AcquireLeaseResponse\x12k\n\nRenewLease\x12-.libra.proto.coordinator.v1.RenewLeaseRequest\x1a..libra.proto.coordinator.v1.RenewLeaseResponse\x12q\n\x0cReleaseLease\x12/.libra.proto.coordinator.v1.ReleaseLeaseRequest\x1a\x30.libra.proto.coordinator.v1.ReleaseLeaseResponse\x12n\n\x0bListWorkers\x12..libra.proto.coordinator.v1.ListWorkersRequest\x1a/.libra.proto.coordinator.v1.ListWorkersResponse\x12}\n\x10\x43hangeWorkerRole\x12\x33.libra.proto.coordinator.v1.ChangeWorkerRoleRequest\x1a\x34.libra.proto.coordinator.v1.ChangeWorkerRoleResponse\x12k\n\nReportStep\x12-.libra.proto.coordinator.v1.ReportStepRequest\x1a..libra.proto.coordinator.v1.ReportStepResponse\x12t\n\rReportJobDone\x12\x30.libra.proto.coordinator.v1.ReportJobDoneRequest\x1a\x31.libra.proto.coordinator.v1.ReportJobDoneResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,libra/proto/coordinator/v1/coordinator.proto\x12\x1alibra.proto.coordinator.v1\x1a\"libra/proto/common/v1/common.proto\"\xe1\x01\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x33\n\x05state\x18\x03 \x01(\x0e\x32$.libra.proto.coordinator.v1.JobState\x12\x11\n\tspec_json\x18\x04 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x05 \x01(\x03\x12\x15\n\rupdated_at_ms\x18\x06 \x01(\x03\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0c\n\x04step\x18\x08 \x01(\x05\x12\x16\n\x0epolicy_version\x18\t \x01(\x05\x12\x0f\n\x07run_dir\x18\n \x01(\t\"5\n\x10\x43reateJobRequest\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x13\n\x0bspec_format\x18\x02 \x01(\t\"A\n\x11\x43reateJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"~\n\x0eGetJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\x12\x12\n\nsteps_json\x18\x02 \x03(\t\x12\x15\n\rcounters_json\x18\x03 \x01(\t\x12\x13\n\x0b\x65vents_json\x18\x04 \x03(\t\"\x11\n\x0fListJobsRequest\"A\n\x10ListJobsResponse\x12-\n\x04jobs\x18\x01 \x03(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x11\x43\x61ncelJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\x8a\x01\n\x13\x41\x63quireLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12/\n\x04role\x18\x02 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\x12\x0e\n\x06\x62ucket\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x05 \x01(\x03\"C\n\x14\x41\x63quireLeaseResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"5\n\x11RenewLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"A\n\x12RenewLeaseResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"7\n\x13ReleaseLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"\x16\n\x14ReleaseLeaseResponse\"u\n\x17\x43hangeWorkerRoleRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65xpected_epoch\x18\x02 \x01(\x03\x12/\n\x04role\x18\x03 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\"G\n\x18\x43hangeWorkerRoleResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"\x14\n\x12ListWorkersRequest\"C\n\x13ListWorkersResponse\x12,\n\x06leases\x18\x01 \x03(\x0b\x32\x1c.libra.proto.common.v1.Lease\"O\n\x11ReportStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tstep_json\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"\x14\n\x12ReportStepResponse\"l\n\x14ReportJobDoneRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x33\n\x05state\x18\x02 \x01(\x0e\x32$.libra.proto.coordinator.v1.JobState\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x17\n\x15ReportJobDoneResponse*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xd5\t\n\x12\x43oordinatorService\x12h\n\tCreateJob\x12,.libra.proto.coordinator.v1.CreateJobRequest\x1a-.libra.proto.coordinator.v1.CreateJobResponse\x12_\n\x06GetJob\x12).libra.proto.coordinator.v1.GetJobRequest\x1a*.libra.proto.coordinator.v1.GetJobResponse\x12\x65\n\x08ListJobs\x12+.libra.proto.coordinator.v1.ListJobsRequest\x1a,.libra.proto.coordinator.v1.ListJobsResponse\x12h\n\tCancelJob\x12,.libra.proto.coordinator.v1.CancelJobRequest\x1a-.libra.proto.coordinator.v1.CancelJobResponse\x12q\n\x0c\x41\x63quireLease\x12/.libra.proto.coordinator.v1.AcquireLeaseRequest\x1a\x30.libra.proto.coordinator.v1.AcquireLeaseResponse\x12k\n\nRenewLease\x12-.libra.proto.coordinator.v1.RenewLeaseRequest\x1a..libra.proto.coordinator.v1.RenewLeaseResponse\x12q\n\x0cReleaseLease\x12/.libra.proto.coordinator.v1.ReleaseLeaseRequest\x1a\x30.libra.proto.coordinator.v1.ReleaseLeaseResponse\x12n\n\x0bListWorkers\x12..libra.proto.coordinator.v1.ListWorkersRequest\x1a/.libra.proto.coordinator.v1.ListWorkersResponse\x12}\n\x10\x43hangeWorkerRole\x12\x33.libra.proto.coordinator.v1.ChangeWorkerRoleRequest\x1a\x34.libra.proto.coordinator.v1.ChangeWorkerRoleResponse\x12k\n\nReportStep\x12-.libra.proto.coordinator.v1.ReportStepRequest\x1a..libra.proto.coordinator.v1.ReportStepResponse\x12t\n\rReportJobDone\x12\x30.libra.proto.coordinator.v1.ReportJobDoneRequest\x1a\x31.libra.proto.coordinator.v1.ReportJobDoneResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'libra.proto.coordinator.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATE']._serialized_start=1722
-  _globals['_JOBSTATE']._serialized_end=1877
+  _globals['_JOBSTATE']._serialized_start=1763
+  _globals['_JOBSTATE']._serialized_end=1918
   _globals['_JOB']._serialized_start=113
   _globals['_JOB']._serialized_end=338
   _globals['_CREATEJOBREQUEST']._serialized_start=340
@@ -49,37 +49,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTJOBSRESPONSE']._serialized_start=642
   _globals['_LISTJOBSRESPONSE']._serialized_end=707
   _globals['_CANCELJOBREQUEST']._serialized_start=709
-  _globals['_CANCELJOBREQUEST']._serialized_end=743
-  _globals['_CANCELJOBRESPONSE']._serialized_start=745
-  _globals['_CANCELJOBRESPONSE']._serialized_end=810
-  _globals['_ACQUIRELEASEREQUEST']._serialized_start=813
-  _globals['_ACQUIRELEASEREQUEST']._serialized_end=951
-  _globals['_ACQUIRELEASERESPONSE']._serialized_start=953
-  _globals['_ACQUIRELEASERESPONSE']._serialized_end=1020
-  _globals['_RENEWLEASEREQUEST']._serialized_start=1022
-  _globals['_RENEWLEASEREQUEST']._serialized_end=1075
-  _globals['_RENEWLEASERESPONSE']._serialized_start=1077
-  _globals['_RENEWLEASERESPONSE']._serialized_end=1142
-  _globals['_RELEASELEASEREQUEST']._serialized_start=1144
-  _globals['_RELEASELEASEREQUEST']._serialized_end=1199
-  _globals['_RELEASELEASERESPONSE']._serialized_start=1201
-  _globals['_RELEASELEASERESPONSE']._serialized_end=1223
-  _globals['_CHANGEWORKERROLEREQUEST']._serialized_start=1225
-  _globals['_CHANGEWORKERROLEREQUEST']._serialized_end=1342
-  _globals['_CHANGEWORKERROLERESPONSE']._serialized_start=1344
-  _globals['_CHANGEWORKERROLERESPONSE']._serialized_end=1415
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1417
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1437
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1439
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1506
-  _globals['_REPORTSTEPREQUEST']._serialized_start=1508
-  _globals['_REPORTSTEPREQUEST']._serialized_end=1562
-  _globals['_REPORTSTEPRESPONSE']._serialized_start=1564
-  _globals['_REPORTSTEPRESPONSE']._serialized_end=1584
-  _globals['_REPORTJOBDONEREQUEST']._serialized_start=1586
-  _globals['_REPORTJOBDONEREQUEST']._serialized_end=1694
-  _globals['_REPORTJOBDONERESPONSE']._serialized_start=1696
-  _globals['_REPORTJOBDONERESPONSE']._serialized_end=1719
-  _globals['_COORDINATORSERVICE']._serialized_start=1880
-  _globals['_COORDINATORSERVICE']._serialized_end=3117
+  _globals['_CANCELJOBREQUEST']._serialized_end=759
+  _globals['_CANCELJOBRESPONSE']._serialized_start=761
+  _globals['_CANCELJOBRESPONSE']._serialized_end=826
+  _globals['_ACQUIRELEASEREQUEST']._serialized_start=829
+  _globals['_ACQUIRELEASEREQUEST']._serialized_end=967
+  _globals['_ACQUIRELEASERESPONSE']._serialized_start=969
+  _globals['_ACQUIRELEASERESPONSE']._serialized_end=1036
+  _globals['_RENEWLEASEREQUEST']._serialized_start=1038
+  _globals['_RENEWLEASEREQUEST']._serialized_end=1091
+  _globals['_RENEWLEASERESPONSE']._serialized_start=1093
+  _globals['_RENEWLEASERESPONSE']._serialized_end=1158
+  _globals['_RELEASELEASEREQUEST']._serialized_start=1160
+  _globals['_RELEASELEASEREQUEST']._serialized_end=1215
+  _globals['_RELEASELEASERESPONSE']._serialized_start=1217
+  _globals['_RELEASELEASERESPONSE']._serialized_end=1239
+  _globals['_CHANGEWORKERROLEREQUEST']._serialized_start=1241
+  _globals['_CHANGEWORKERROLEREQUEST']._serialized_end=1358
+  _globals['_CHANGEWORKERROLERESPONSE']._serialized_start=1360
+  _globals['_CHANGEWORKERROLERESPONSE']._serialized_end=1431
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1433
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1453
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1455
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1522
+  _globals['_REPORTSTEPREQUEST']._serialized_start=1524
+  _globals['_REPORTSTEPREQUEST']._serialized_end=1603
+  _globals['_REPORTSTEPRESPONSE']._serialized_start=1605
+  _globals['_REPORTSTEPRESPONSE']._serialized_end=1625
+  _globals['_REPORTJOBDONEREQUEST']._serialized_start=1627
+  _globals['_REPORTJOBDONEREQUEST']._serialized_end=1735
+  _globals['_REPORTJOBDONERESPONSE']._serialized_start=1737
+  _globals['_REPORTJOBDONERESPONSE']._serialized_end=1760
+  _globals['_COORDINATORSERVICE']._serialized_start=1921
+  _globals['_COORDINATORSERVICE']._serialized_end=3158
 # @@protoc_insertion_point(module_scope)

@@ -229,15 +229,19 @@ class CancelJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    reason: _builtins.str
+    """Why the job is cancelled (the job's message); empty = "cancelled by user"."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -480,18 +484,26 @@ class ReportStepRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     STEP_JSON_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     step_json: _builtins.str
     """One step record as a JSON object (schema: docs/report.md)."""
+    idempotency_key: _builtins.str
+    """Names this report: a repeat with the same key (a retry after a lost reply) is
+    recognised and not stored twice; another key for a step already stored (a step
+    redone after a trainer resumed) replaces that step's record. Empty = the job id
+    and the record's step, so any repeat of a step counts as a retry.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         step_json: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "step_json", b"step_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "job_id", b"job_id", "step_json", b"step_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -23,15 +23,21 @@ class StartJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    resume: _builtins.bool
+    """Continue a RUNNING job from its newest checkpoint instead of the warm start (the
+    coordinator's reconciliation takes up a job no trainer holds).
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        resume: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "resume", b"resume"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -109,11 +115,14 @@ class GetTrainerStatusResponse(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     PHASE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     step: _builtins.int
     policy_version: _builtins.int
     phase: _builtins.str
     """"idle", "warmup", "training", "done" or "failed"."""
+    message: _builtins.str
+    """With "done" or "failed": how the job ended (what its job-done report says)."""
     def __init__(
         self,
         *,
@@ -121,10 +130,11 @@ class GetTrainerStatusResponse(_message.Message):
         step: _builtins.int = ...,
         policy_version: _builtins.int = ...,
         phase: _builtins.str = ...,
+        message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "phase", b"phase", "policy_version", b"policy_version", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "message", b"message", "phase", b"phase", "policy_version", b"policy_version", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,78 @@
+"""Lua scripts of the coordinator's Redis store (``store.py``): each runs atomically
+on the server. Every script's header gives its KEYS, ARGV and return values."""
+
+# KEYS[1] = lease key, KEYS[2] = fence counter
+# ARGV = ttl_ms, then field/value pairs of the lease hash (without epoch)
+# Returns the new epoch: every grant is a membership change and gets a fresh fence.
+ACQUIRE_LUA = """
+local epoch = redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'epoch', epoch, unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return epoch
+"""
+
+# KEYS[1] = lease key; ARGV[1] = epoch the caller holds
+# Returns the remaining TTL in ms, -1 when the lease is gone, -2 when the epoch moved on.
+RENEW_LUA = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then return -1 end
+if epoch ~= ARGV[1] then return -2 end
+local ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
+redis.call('PEXPIRE', KEYS[1], ttl)
+return tonumber(ttl)
+"""
+
+# KEYS[1] = lease key, KEYS[2] = fence counter
+# ARGV[1] = expected epoch, ARGV[2] = new role, ARGV[3] = change token (one per call, the
+#   same on every retry of it), ARGV[4..] = roles the lease may hold now (none = any)
+# Returns {1, pttl, hash} when applied; {0, pttl, hash} when this very change (same token)
+# was applied by an earlier try whose reply was lost: a retry never applies twice;
+# {-1} when the lease is gone; {-2, epoch} when the epoch moved on; {-3, role} when the
+# current role may not change to the new one. HSET keeps the key's TTL.
+CHANGE_ROLE_LUA = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not epoch then return {-1} end
+if epoch ~= ARGV[1] then
+  if redis.call('HGET', KEYS[1], 'change_token') == ARGV[3] then
+    return {0, redis.call('PTTL', KEYS[1]), redis.call('HGETALL', KEYS[1])}
+  end
+  return {-2, tonumber(epoch)}
+end
+if #ARGV > 3 then
+  local role = redis.call('HGET', KEYS[1], 'role')
+  local ok = false
+  for i = 4, #ARGV do if ARGV[i] == role then ok = true end end
+  if not ok then return {-3, role} end
+end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'epoch', fence, 'role', ARGV[2], 'change_token', ARGV[3])
+return {1, redis.call('PTTL', KEYS[1]), redis.call('HGETALL', KEYS[1])}
+"""
+
+# KEYS[1] = history stream, KEYS[2] = step index hash
+# ARGV[1] = step, ARGV[2] = idempotency key, ARGV[3] = record JSON, ARGV[4] = history maxlen
+# Returns 0 stored, 1 repeat (the step is held under this very key: nothing written),
+# 2 replaced (held under another key: that entry is deleted and the new one appended).
+# The index value is "<entry id> <key>"; entry ids hold no space, keys may.
+APPEND_STEP_LUA = """
+local held = redis.call('HGET', KEYS[2], ARGV[1])
+local outcome = 0
+if held then
+  local sep = string.find(held, ' ', 1, true)
+  if string.sub(held, sep + 1) == ARGV[2] then return 1 end
+  redis.call('XDEL', KEYS[1], string.sub(held, 1, sep - 1))
+  outcome = 2
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'record', ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[1], id .. ' ' .. ARGV[2])
+return outcome
+"""
+
+# KEYS[1] = lease key; ARGV[1] = epoch. Deletes only the caller's own lease.
+RELEASE_LUA = """
+if redis.call('HGET', KEYS[1], 'epoch') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""

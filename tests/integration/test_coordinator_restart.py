@@ -1,0 +1,118 @@
+"""A coordinator restart and a whole-stack restart wedge nothing (real processes).
+
+1. kill -9 of the coordinator mid-job: the supervisor restarts it; the trainer's step
+   report waits for it (retried, keyed), the job succeeds with every step recorded
+   exactly once and exact accounting. The recovery time is printed.
+2. `libra down` mid-job, then `libra up` over the same Redis (AOF): the job found
+   RUNNING is taken up again from its checkpoint and succeeds; a later submit is
+   accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+
+from libra import redis_keys as keys
+from libra import types as t
+from libra.cli import stack
+from libra.clients.coordinator import GrpcCoordinatorClient
+from tests.integration.stack_helpers import (
+    assert_exact_accounting,
+    get_job_across_restarts,
+    small_job,
+    stack_up,
+    wait_for_job,
+    write_stack,
+)
+
+pytestmark = pytest.mark.integration
+NUM_STEPS_LONG = 60
+
+
+@pytest.fixture(scope="module")
+def restarting_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=1)
+
+
+async def wait_for_step(client: GrpcCoordinatorClient, job_id: str, step: int,
+                        timeout_s: float = 180.0) -> t.Job:
+    """Poll (across coordinator restarts) until the job reached ``step`` or ended."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job, _, _ = await get_job_across_restarts(client, job_id)
+        if job.step >= step or job.state.is_terminal:
+            return job
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not reach step {step} in {timeout_s}s")
+
+
+def kinds(redis_url: str, job_id: str) -> list[str]:
+    r = redis_sync.from_url(redis_url, decode_responses=True)
+    return [fields["kind"] for _, fields in r.xrange(keys.events(job_id))]
+
+
+async def test_coordinator_killed_mid_job_the_job_succeeds_with_exact_accounting(
+        restarting_stack: dict) -> None:
+    client = GrpcCoordinatorClient(stack.coordinator_address(restarting_stack), timeout_s=5.0)
+    job = await client.create_job(small_job(num_steps=8, checkpoint_interval=2), "json")
+    before = await wait_for_step(client, job.job_id, 3)
+    assert before.state is t.JobState.RUNNING, before
+    coordinator = next(s for s in restarting_stack["services"] if s["name"] == "coordinator")
+    killed_at = time.monotonic()
+    os.kill(coordinator["pid"], signal.SIGKILL)
+
+    after = await wait_for_step(client, job.job_id, before.step + 1)
+    recovery_s = time.monotonic() - killed_at
+    print(f"\n[recovery] coordinator kill -9 at step {before.step}: step {after.step} "
+          f"recorded {recovery_s:.1f}s later")
+    job, steps, counters = await wait_for_job(client, job.job_id)
+    assert job.state is t.JobState.SUCCEEDED, job.message
+    assert [s["step"] for s in steps] == list(range(1, 9))  # every step exactly once
+    assert_exact_accounting(restarting_stack["redis_url"], job, steps, counters)
+    state = stack.read_state(Path(restarting_stack["run_root"]))
+    assert state is not None
+    restarted = next(s for s in state["services"] if s["name"] == "coordinator")
+    assert restarted["restarts"] == 1 and restarted["pid"] != coordinator["pid"]
+    # The trainer kept working on it: nothing needed resuming or ending.
+    assert "job_reconciled" not in kinds(restarting_stack["redis_url"], job.job_id)
+    await client.close()
+
+
+async def test_a_job_running_when_the_stack_went_down_is_resumed_when_it_comes_up(
+        tmp_path: Path) -> None:
+    run_root = tmp_path / "runs"
+    run_root.mkdir()
+    stack_file = write_stack(run_root / "stack.toml", restart_limit=0)
+    state = stack.up(run_root, stack_file, timeout_s=120)
+    try:
+        client = GrpcCoordinatorClient(stack.coordinator_address(state), timeout_s=5.0)
+        # Long enough (a step takes ~0.1 s here) to be mid-run when the stack stops.
+        job = await client.create_job(small_job(num_steps=NUM_STEPS_LONG,
+                                                checkpoint_interval=2), "json")
+        reached = await wait_for_step(client, job.job_id, 3)
+        assert reached.state is t.JobState.RUNNING, reached
+        await client.close()
+        assert stack.down(run_root)  # as Ctrl-C on an older `libra run` did
+        state = stack.up(run_root, stack_file, timeout_s=120)  # the same Redis data
+        client = GrpcCoordinatorClient(stack.coordinator_address(state), timeout_s=5.0)
+        job, steps, counters = await wait_for_job(client, job.job_id)
+        assert job.state is t.JobState.SUCCEEDED, job.message
+        # Steps redone from the checkpoint replaced their records: one per step.
+        assert [s["step"] for s in steps] == list(range(1, NUM_STEPS_LONG + 1))
+        assert "trainer_resumed" in kinds(state["redis_url"], job.job_id)
+        assert_exact_accounting(state["redis_url"], job, steps, counters)
+        # Nothing blocks the next submit.
+        nxt = await client.create_job(small_job(num_steps=1), "json")
+        assert nxt.state is t.JobState.RUNNING
+        await client.cancel_job(nxt.job_id)
+        await client.close()
+    finally:
+        stack.down(run_root)
