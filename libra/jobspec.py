@@ -20,6 +20,7 @@ import yaml
 
 from libra.errors import InvalidArgument
 from libra.tasks import TASKS
+from libra.taskspec import TaskSpec, normalise_task, validate_task_source
 
 SUPPORTED_MODELS = ("tiny-llama", "hf")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16")
@@ -61,18 +62,6 @@ class ModelSpec:
     intermediate_size: int = 256
     max_position_embeddings: int = 384
     seed: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskSpec:
-    name: str = "arith"
-    num_prompts: int = 512
-    seed: int = 0
-    max_turns: int = 6
-    max_new_tokens_per_turn: int = 24
-    tool_call_format: str = "arith"
-    system_prompt: str = ""
-    """``hermes``: the system message (empty: the task's default)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,13 +262,11 @@ def _validate_ranges(spec: JobSpec) -> None:
     a, t = spec.algorithm, spec.task
     _require(bool(spec.name.strip()), "name", "must not be empty")
     _validate_model(spec)
-    _require(t.name in SUPPORTED_TASKS, "task.name", f"one of {SUPPORTED_TASKS}")
+    validate_task_source(t, prompts_per_step=a.prompts_per_step, sft_steps=a.sft_steps)
     _require(t.tool_call_format in SUPPORTED_TOOL_CALL_FORMATS, "task.tool_call_format",
              f"one of {SUPPORTED_TOOL_CALL_FORMATS}")
     _require(spec.model.kind == "hf" or t.tool_call_format == "arith",
              "task.tool_call_format", "the tiny-llama model speaks only the arith format")
-    _require(t.num_prompts >= a.prompts_per_step, "task.num_prompts",
-             "must be >= algorithm.prompts_per_step")
     _require(1 <= t.max_turns <= 64, "task.max_turns", "must be in [1, 64]")
     _require(1 <= t.max_new_tokens_per_turn <= 4096, "task.max_new_tokens_per_turn",
              "must be in [1, 4096]")
@@ -459,6 +446,7 @@ def _set_path(doc: dict[str, Any], key: str, steps: list[tuple[str, str | None]]
 
 def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
     spec = _build(JobSpec, data, "")
+    spec = dataclasses.replace(spec, task=normalise_task(spec.task, data.get("task")))
     _validate_ranges(spec)
     _validate_layout(spec.layout)
     _validate_elastic(spec.elastic)

@@ -142,6 +142,9 @@ class Trajectory:
     # The last ``partial_turn_tokens`` of ``token_ids`` are a turn interrupted on the
     # instance that handed the trajectory over; the next instance resumes that turn.
     partial_turn_tokens: int = 0
+    # The prompt as chat messages (JSON list) when the dataset row has messages; "" for a
+    # text prompt. ``prompt_text`` then holds their joined contents (length, logs).
+    prompt_messages_json: str = ""
 
     @property
     def num_generated_tokens(self) -> int:

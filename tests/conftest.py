@@ -98,3 +98,14 @@ def smollm2_dir() -> Path:
     import_gguf(gguf, out, force=True)
     stamp_path.write_text(json.dumps(stamp))
     return out
+
+
+@pytest.fixture
+def datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The ``datasets`` library's cache moved under the test's tmp dir (converted Arrow
+    files of jsonl/parquet datasets), so tests never write to ~/.cache."""
+    import datasets
+
+    cache = tmp_path / "datasets-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    return cache

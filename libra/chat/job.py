@@ -28,7 +28,7 @@ def openai_tools(spec: JobSpec) -> list[dict[str, Any]]:
 
 def system_prompt(spec: JobSpec) -> str:
     """``task.system_prompt``, else the task's default (may be empty)."""
-    return spec.task.system_prompt or TASK_SYSTEM_PROMPTS.get(spec.task.name, "")
+    return spec.task.system_prompt or TASK_SYSTEM_PROMPTS.get(spec.task.resolved_kind, "")
 
 
 def chat_format(spec: JobSpec, tokenizer: Any) -> ChatFormat:

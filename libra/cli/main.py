@@ -60,18 +60,23 @@ def _job_row(job: t.Job) -> dict[str, Any]:
 def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec]:
     """The spec document with ``--set`` overrides applied, and its validated spec.
 
-    A relative ``model.path`` is made absolute against the current directory: the
-    services resolve paths from their own working directories, which may differ.
+    Relative ``model.path``, ``task.path`` and ``task.eval_path`` are made absolute
+    against the current directory: the services resolve paths from their own working
+    directories, which may differ.
     Raises InvalidArgument naming the field, before anything is started or sent.
     """
     if not path.is_file():
         raise InvalidArgument("JOB", f"{path} is not a file")
     data = apply_overrides(parse_document(path.read_text(), FORMATS.get(
         path.suffix.lower(), "toml")), overrides)
-    section = data.get("model")
-    if isinstance(section, dict) and isinstance(section.get("path"), str) and section["path"]:
-        section["path"] = str(Path(section["path"]).expanduser().resolve())
+    for name, key in _PATH_FIELDS:
+        section = data.get(name)
+        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key]:
+            section[key] = str(Path(section[key]).expanduser().resolve())
     return data, job_spec_from_dict(data)
+
+
+_PATH_FIELDS = (("model", "path"), ("task", "path"), ("task", "eval_path"))
 
 
 async def _submit(client: GrpcCoordinatorClient, data: dict[str, Any]) -> t.Job:
@@ -79,12 +84,17 @@ async def _submit(client: GrpcCoordinatorClient, data: dict[str, Any]) -> t.Job:
 
 
 def _check_model_here(spec: JobSpec) -> None:
-    """The coordinator's model check, run before `libra run` starts the stack, so a bad
-    model fails in seconds instead of after the services came up (torch loads lazily)."""
+    """The coordinator's model and dataset checks, run before `libra run` starts the
+    stack, so a bad model or dataset fails in seconds instead of after the services came
+    up (torch and datasets load lazily)."""
     if spec.model.kind == "hf":
         from libra.models.inspect import validate_model_for_job
 
         validate_model_for_job(spec)
+    if spec.task.is_file:
+        from libra.data import check_job_dataset
+
+        check_job_dataset(spec)
 
 
 async def _report(client: GrpcCoordinatorClient, job_id: str, wall_s: float) -> dict[str, Any]:

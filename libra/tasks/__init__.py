@@ -1,7 +1,8 @@
 """Task definitions: prompts, the agent protocol, tool semantics and rewards (pure Python).
 
-``TASKS`` is the registry of built-in prompt sets (the job spec's ``task.name`` is
-validated against it); :func:`load_problems` is how every service gets a job's prompts.
+``TASKS`` is the registry of built-in prompt sets: each is a kind of dataset in
+``libra.data.DATASET_KINDS`` (``[task] kind`` or the older ``name``), which is how every
+service gets a job's prompts; :func:`load_problems` generates one set directly.
 """
 
 from collections.abc import Callable, Sequence
@@ -32,7 +33,8 @@ TASK_SYSTEM_PROMPTS: dict[str, str] = {"calc-words": CALC_WORDS_SYSTEM_PROMPT}
 
 
 def load_problems(name: str, seed: int, num_prompts: int) -> list[Problem]:
-    """The prompts of task ``name`` (equal arguments give equal lists on every host)."""
+    """The problems of task ``name`` (equal arguments give equal lists on every host);
+    services read prompts through ``libra.data.open_job_dataset`` instead."""
     return list(TASKS[name](seed, num_prompts))
 
 

@@ -21,6 +21,7 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
 from libra.chat.job import chat_format
+from libra.data import DatasetSplit, open_job_dataset
 from libra.jobspec import JobSpec
 from libra.models.hf import default_device, load_causal_lm, load_tokenizer
 from libra.models.tiny import (
@@ -30,7 +31,7 @@ from libra.models.tiny import (
     encode_segments,
     save_model_dir,
 )
-from libra.tasks import chat_demonstration, load_problems
+from libra.tasks import chat_demonstration
 from libra.tasks.arith import demonstration
 from libra.training.samples import SftExample, TrainSample
 from libra.training.tensors import state_checksum
@@ -70,13 +71,19 @@ class JobBackend:
         a, task = self._spec.algorithm, self._spec.task
         if a.sft_steps == 0:
             return {"sft_steps": 0}
-        problems = load_problems(task.name, task.seed, task.num_prompts)
-        count = min(NUM_DEMONSTRATIONS, max(a.sft_steps * a.sft_batch_size, len(problems)))
-        examples = _demonstrations(self._spec, self._tokenizer, problems, count)
+        prompts = open_job_dataset(task).train
+        count = min(NUM_DEMONSTRATIONS, max(a.sft_steps * a.sft_batch_size, len(prompts)))
+        problems = prompts.problems()
+        if problems is not None:  # a built-in task: demonstrations made from its problems
+            examples = _demonstrations(self._spec, self._tokenizer, problems, count)
+            extra: dict[str, float] = {}
+        else:  # a file dataset: each row's task.demonstration_field conversation
+            examples, skipped = _row_demonstrations(self._spec, self._tokenizer, prompts, count)
+            extra = {"sft_rows_skipped": skipped}
         started = time.perf_counter()
         losses = self._backend.sft(examples, a.sft_steps, a.sft_batch_size, a.sft_learning_rate)
         return {"sft_steps": a.sft_steps, "sft_loss_first": losses[0],
-                "sft_loss_last": losses[-1], "sft_s": time.perf_counter() - started}
+                "sft_loss_last": losses[-1], "sft_s": time.perf_counter() - started, **extra}
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         a = self._spec.algorithm
@@ -156,6 +163,32 @@ def _demonstrations(spec: JobSpec, tokenizer: object, problems: list,
         ids, mask = chat.demonstration(messages)
         examples.append(SftExample(token_ids=ids, loss_mask=mask))
     return examples
+
+
+def _row_demonstrations(spec: JobSpec, tokenizer: object, prompts: DatasetSplit,
+                        count: int) -> tuple[list[SftExample], int]:
+    """``count`` warm-start examples from the rows' conversations, in the serving order
+    (equal on every rank), and how many rows were skipped because they could not be
+    rendered (the submit check renders only the first rows; see docs/datasets.md)."""
+    chat = chat_format(spec, tokenizer)
+    examples: list[SftExample] = []
+    bad: set[str] = set()  # prompt ids ("row-<index>") of rows skipped
+    draw, misses = 0, 0
+    while len(examples) < count:
+        if misses >= len(prompts):
+            raise ValueError(f"no demonstration of the dataset renders ({len(bad)} bad rows)")
+        drawn = prompts.draw_renderable(draw)
+        draw += drawn.num_draws
+        bad.update(f"row-{error.row}" for error in drawn.skipped)
+        try:
+            ids, mask = chat.demonstration(drawn.row.demonstration() or [])
+        except ValueError:  # the template refuses the conversation
+            bad.add(drawn.row.prompt_id)
+            misses += 1
+            continue
+        misses = 0
+        examples.append(SftExample(token_ids=ids, loss_mask=mask))
+    return examples, len(bad)
 
 
 class TorchBackendFactory:

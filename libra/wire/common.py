@@ -72,7 +72,8 @@ def tool_state_from_proto(msg: pb.ToolReturnState) -> t.ToolReturnState:
 _TRAJ_SCALARS = ("trajectory_id", "job_id", "group_id", "prompt_id", "prompt_text",
                  "reference", "failure_reason", "num_prompt_tokens", "reward", "num_turns",
                  "instance_id", "bucket", "num_migrations", "created_at_ms",
-                 "finished_at_ms", "final_text", "attempt", "partial_turn_tokens")
+                 "finished_at_ms", "final_text", "attempt", "partial_turn_tokens",
+                 "prompt_messages_json")
 _TRAJ_LISTS = ("token_ids", "loss_mask", "logprobs", "token_versions",
                "tool_return_positions")
 

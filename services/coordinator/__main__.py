@@ -26,6 +26,7 @@ from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.dataset_check import check_dataset
 from services.coordinator.elastic import ElasticWiring
 from services.coordinator.model_check import check_job_model
 from services.coordinator.planner.live import live_planner
@@ -66,7 +67,7 @@ def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore
         trainer=GrpcTrainerClient(peers.trainer, peers.rpc_timeout_s),
         scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
         clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
-        elastic=elastic_wiring(cfg), model_check=check_job_model,
+        elastic=elastic_wiring(cfg), model_check=check_job_model, dataset_check=check_dataset,
         tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
         reconcile=ReconcileWiring(
             GrpcTrainerClient(peers.trainer, min(STATUS_TIMEOUT_S, peers.rpc_timeout_s)),

@@ -2,9 +2,10 @@
 
 A job is validated completely before anything is stored, so an invalid spec leaves
 nothing behind: the schema here, then the model (an injected :class:`ModelCheck`: can
-this machine load and train ``model.path``?). A valid job is stored PENDING, then the
-trainer and the scheduler are told to start it; if either refuses, whatever started is
-stopped, the job is deleted and the caller gets the error.
+this machine load and train ``model.path``?) and the dataset (an injected
+:class:`DatasetCheck`: does ``task.path`` read, with the mapped fields?). A valid job is
+stored PENDING, then the trainer and the scheduler are told to start it; if either
+refuses, whatever started is stopped, the job is deleted and the caller gets the error.
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ class ModelCheck(Protocol):
     def __call__(self, spec: JobSpec) -> None: ...
 
 
+class DatasetCheck(Protocol):
+    """Checks a parsed spec's dataset before the job is stored (blocking: it reads the
+    file). Raises InvalidArgument naming the field and row (``task.prompt_field: row 3
+    has no field 'question'``); the service wires ``services/coordinator/dataset_check.py``.
+    """
+
+    def __call__(self, spec: JobSpec) -> None: ...
+
+
 class ToolCatalog(Protocol):
     """The tool gateway's ListTools: ``[{"name", "description", "args_schema", ...}]``."""
 
@@ -68,8 +78,8 @@ class ToolCatalog(Protocol):
 class CoordinatorCore:
     """Public job API and worker registry.
 
-    ``model_check`` None skips the model check: unit tests that exercise the lifecycle
-    with the built-in model build the core that way; ``__main__`` always passes one.
+    ``model_check`` / ``dataset_check`` None skip that check: unit tests that exercise
+    the lifecycle build the core that way; ``__main__`` always passes both.
     ``reconcile`` None turns reconciliation off (``reconcile.py``; ``__main__`` wires it).
     """
 
@@ -77,6 +87,7 @@ class CoordinatorCore:
                  clock: Clock, run_root: Path, elastic: ElasticWiring | None = None,
                  *, model_check: ModelCheck | None = None,
                  tool_catalog: ToolCatalog | None = None,
+                 dataset_check: DatasetCheck | None = None,
                  reconcile: ReconcileWiring | None = None) -> None:
         self._store = store
         self._trainer = trainer
@@ -85,6 +96,7 @@ class CoordinatorCore:
         self._run_root = run_root
         self._elastic = elastic
         self._model_check = model_check
+        self._dataset_check = dataset_check
         self._tool_catalog = tool_catalog
         # Per job: its elastic loop, or None when the job is not elastic (cached).
         self._elastic_loops: dict[str, ElasticLoop | None] = {}
@@ -105,6 +117,8 @@ class CoordinatorCore:
             # Off the event loop: it reads config/tokenizer files (about a second), and
             # leases must keep renewing meanwhile.
             await asyncio.to_thread(self._model_check, spec)
+        if self._dataset_check is not None:
+            await asyncio.to_thread(self._dataset_check, spec)  # a 1M-row file: seconds
         spec = await self._resolve_tools(spec)
         async with self._lifecycle_lock:
             await self._refuse_if_busy()

@@ -22,6 +22,7 @@ a handed-over one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -173,7 +174,15 @@ class ArithAgent(_AgentBase):
         super().__init__(spec, tokenizer, tokenizer.stop_token_ids, strings)
 
     def start(self, traj: t.Trajectory) -> None:
-        """Tokenize the prompt of a fresh trajectory (a handed-over one keeps its tokens)."""
+        """Tokenize the prompt of a fresh trajectory (a handed-over one keeps its tokens).
+
+        Raises:
+            ValueError: The prompt is chat messages (the job spec refuses such a dataset
+                for the arith format at submit; this is the backstop).
+        """
+        if traj.prompt_messages_json:
+            raise ValueError("the arith tag agent renders text prompts only; a messages "
+                             "dataset needs a chat tool_call_format (hermes)")
         if not traj.token_ids:
             self._start_with(traj, self._tokenizer.encode_prompt(traj.prompt_text))
 
@@ -197,9 +206,26 @@ class ChatAgent(_AgentBase):
         super().__init__(spec, tokenizer, chat.stop_token_ids, self._parser.stop_strings)
 
     def start(self, traj: t.Trajectory) -> None:
-        if not traj.token_ids:
-            self._start_with(traj, self._chat.prompt_ids(
-                [{"role": "user", "content": traj.prompt_text}]))
+        """Render the prompt of a fresh trajectory with the model's template: the row's
+        chat messages when it has them, else one user message of ``prompt_text`` (the
+        job's system prompt goes first unless the messages bring their own).
+
+        Raises:
+            ValueError: The messages are malformed or the template refuses them (the
+                rollout fails that trajectory; the job goes on).
+        """
+        if traj.token_ids:
+            return
+        messages = prompt_messages(traj)
+        try:
+            ids = self._chat.prompt_ids(messages)
+        except ValueError:
+            raise
+        except Exception as exc:  # the template refuses the row's messages (jinja error)
+            if not traj.prompt_messages_json:
+                raise
+            raise ValueError(f"the chat template cannot render the messages: {exc}") from exc
+        self._start_with(traj, ids)
 
     def _turn_text(self, ids: list[int]) -> str:
         # The turn's end token is the template's, not the model's words (nor its answer).
@@ -215,6 +241,23 @@ class ChatAgent(_AgentBase):
                     for item in results]
         closed = bool(traj.token_ids) and traj.token_ids[-1] in self._chat.stop_token_ids
         return list(self._chat.tool_turn_ids(messages, turn_closed=closed))
+
+
+def prompt_messages(traj: t.Trajectory) -> list[dict[str, Any]]:
+    """The trajectory's prompt as chat messages.
+
+    Raises:
+        ValueError: ``prompt_messages_json`` is not a JSON list of messages.
+    """
+    if not traj.prompt_messages_json:
+        return [{"role": "user", "content": traj.prompt_text}]
+    try:
+        messages = json.loads(traj.prompt_messages_json)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"prompt_messages_json is not JSON: {exc}") from exc
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ValueError("prompt_messages_json is not a list of messages")
+    return messages
 
 
 def _is_one_of(ids: list[int], token_ids: set[int]) -> bool:

@@ -312,8 +312,13 @@ class RolloutCore(MovesMixin, LendingMixin):
         traj = entry.trajectory
         traj.instance_id = self.settings.instance_id
         traj.bucket = self.settings.bucket
-        ctx.agent.start(traj)
         act = _Active(entry, traj)
+        try:
+            ctx.agent.start(traj)
+        except ValueError as exc:  # a prompt this job's agent cannot render
+            ctx.active[traj.trajectory_id] = act
+            await self._fail(ctx, act, f"prompt: {exc}")
+            return
         if traj.partial_turn_tokens:  # interrupted where it was handed over: resume it
             act.turn_prefix = traj.token_ids[-traj.partial_turn_tokens:]
             traj.partial_turn_tokens = 0

@@ -43,16 +43,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from libra import types as t
 from libra.clock import Clock
+from libra.data import DatasetRow, DatasetSplit, open_job_dataset
 from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.ids import group_id, trajectory_id
 from libra.jobspec import JobSpec, job_spec_from_json
-from libra.tasks import Problem, load_problems
 from services.scheduler.policy.base import PlacementPolicy, TrajectoryDescriptor
 from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
@@ -89,10 +88,12 @@ class JobRun:
     spec: JobSpec
     policy: PlacementPolicy
     policy_store: FlushablePolicyStore
-    problems: list[Problem]
+    # The job's training prompts (libra/data): rows by draw, in the seeded epoch order.
+    prompts: DatasetSplit
     last_step: int = 0
-    order: list[int] = field(default_factory=list)
+    # Draws taken from ``prompts`` (admitted groups plus rows skipped as unrenderable).
     next_group: int = 0
+    num_skipped_rows: int = 0
     decisions: collections.Counter[str] = field(default_factory=collections.Counter)
     migrations: int = 0
     # Live instances and loads as of the last tick: decisions at tool returns route
@@ -163,7 +164,9 @@ class SchedulerCore:
         if job_id in self._jobs:
             return
         spec = job_spec_from_json(spec_json)
-        problems = load_problems(spec.task.name, spec.task.seed, spec.task.num_prompts)
+        # Off the event loop: a file dataset's first open converts it to Arrow (seconds
+        # for millions of rows; the coordinator's check usually did it already).
+        dataset = await asyncio.to_thread(open_job_dataset, spec.task)
         # What a previous scheduler process left (tree, ring, pinned trajectories).
         policy_store = await self._store.open_policy_store(job_id)
         policy = make_policy(spec.layout.policy, build_layout(spec),
@@ -172,7 +175,7 @@ class SchedulerCore:
         await self._store.ensure_finish_group(job_id)
         if job_id in self._jobs:  # started concurrently meanwhile
             return
-        self._jobs[job_id] = JobRun(job_id, spec, policy, policy_store, problems,
+        self._jobs[job_id] = JobRun(job_id, spec, policy, policy_store, dataset.train,
                                     last_step=last_step)
         logger.info(
             "[job] scheduling job_id=%s policy=%s buckets=%s step=%d",
@@ -273,27 +276,27 @@ class SchedulerCore:
         # The group index is the cumulative admission count, so prompts continue where a
         # previous scheduler process stopped.
         run.next_group = max(run.next_group, group_index)
-        problem = self._next_problem(run)
-        gid = group_id(run.job_id, group_index, problem.prompt_id)
+        row = self._next_row(run)
+        gid = group_id(run.job_id, group_index, row.prompt_id)
         now_ms = self._clock.now_ms()
         return [t.Trajectory(
             trajectory_id=trajectory_id(gid, sample), job_id=t.JobId(run.job_id),
-            group_id=gid, prompt_id=problem.prompt_id, prompt_text=problem.prompt,
-            reference=str(problem.answer), created_at_ms=now_ms)
+            group_id=gid, prompt_id=row.prompt_id, prompt_text=row.prompt_text,
+            reference=row.reference, prompt_messages_json=row.prompt_messages_json,
+            created_at_ms=now_ms)
             for sample in range(run.spec.algorithm.samples_per_prompt)]
 
-    def _next_problem(self, run: JobRun) -> Problem:
+    def _next_row(self, run: JobRun) -> DatasetRow:
         # Epoch-wise shuffle so every prompt recurs (the prefix tree learns per prompt).
-        if run.next_group >= len(run.order):
-            epoch = len(run.order) // max(len(run.problems), 1)
-            run.order.extend(
-                random.Random(run.spec.task.seed * 1000 + epoch).sample(
-                    range(len(run.problems)), len(run.problems)
-                )
-            )
-        index = run.order[run.next_group]
-        run.next_group += 1
-        return run.problems[index]
+        # A row that cannot be rendered (the submit check renders only the first rows) is
+        # skipped and counted instead of stalling the job.
+        drawn = run.prompts.draw_renderable(run.next_group)
+        run.next_group += drawn.num_draws
+        for error in drawn.skipped:
+            run.num_skipped_rows += 1
+            logger.warning("[dataset] skipped a row that cannot be rendered job_id=%s "
+                           "error=%s", run.job_id, error)
+        return drawn.row
 
     async def _place_pending(self, run: JobRun, writes: TickWrites) -> None:
         if run.pending is None:
@@ -476,6 +479,7 @@ class SchedulerCore:
             "pending": len(run.pending or {}),
             "decisions": dict(run.decisions),
             "migrations": run.migrations,
+            "skipped_rows": run.num_skipped_rows,
             "counters": await self._store.counters(job_id),
             "policy_stats": run.policy.stats(),
         }

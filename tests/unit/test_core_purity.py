@@ -1,6 +1,6 @@
-"""Each service core imports no grpc, redis, torch or generated protobuf code (house rule:
-pure core, thin shell). Checked in a fresh interpreter so other tests' imports don't hide
-a violation."""
+"""Each service core imports no grpc, redis, torch, datasets or generated protobuf code
+(house rule: pure core, thin shell; ``datasets`` loads lazily on the first file dataset).
+Checked in a fresh interpreter so other tests' imports don't hide a violation."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("grpc", "redis", "torch", "transformers", "vllm", "libra.proto")
+HEAVY = ("grpc", "redis", "torch", "transformers", "vllm", "libra.proto", "datasets",
+         "pyarrow", "pandas")
 
 
 @pytest.mark.parametrize("module", [

@@ -101,3 +101,15 @@ def test_relative_model_path_is_made_absolute_against_the_cwd(spec_file, tmp_pat
 def test_absolute_model_path_is_kept(spec_file, tmp_path):
     _, spec = load_spec(spec_file, ["model.kind=hf", f"model.path={tmp_path}/m"])
     assert spec.model.path == f"{tmp_path}/m"
+
+
+def test_relative_dataset_paths_resolve_against_the_current_directory(
+        tmp_path: Path, monkeypatch) -> None:
+    spec_file = tmp_path / "job.toml"
+    spec_file.write_text('[task]\nkind = "jsonl"\npath = "data/d.jsonl"\n'
+                         'eval_path = "data/e.jsonl"\nprompt_field = "q"\nreference_field = "a"\n'
+                         "[algorithm]\nsft_steps = 0\n")
+    monkeypatch.chdir(tmp_path)
+    data, spec = load_spec(spec_file, [])
+    assert spec.task.path == str(tmp_path / "data" / "d.jsonl")
+    assert data["task"]["eval_path"] == str(tmp_path / "data" / "e.jsonl")

@@ -39,7 +39,17 @@ def make_trajectory(num_turns: int = 2, reward: float = 1.0) -> t.Trajectory:
                      t.ToolReturnState("code", t.SizeClass.MEDIUM, t.ToolStatus.FAILURE)],
         tool_return_positions=[4, 6], instance_id="rollout-1", bucket="long",
         num_migrations=1, created_at_ms=111, finished_at_ms=222, final_text="4", attempt=2,
-        partial_turn_tokens=1)
+        partial_turn_tokens=1,
+        prompt_messages_json='[{"content": "2+2?", "role": "user"}]')
+
+
+def test_trajectory_builder_sets_every_field() -> None:
+    # So the round trip below covers a field added later (the wire must carry it).
+    traj, blank = make_trajectory(), t.Trajectory(
+        t.TrajectoryId(""), t.JobId(""), t.GroupId(""), t.PromptId(""), "", "")
+    same = [f.name for f in dataclasses.fields(t.Trajectory)
+            if getattr(traj, f.name) == getattr(blank, f.name)]
+    assert same == []
 
 
 # -- wire -----------------------------------------------------------------------------

@@ -136,3 +136,37 @@ def test_a_chat_job_without_tool_schemas_is_a_clear_error(tok) -> None:
                    task=TaskSpec(tool_call_format="hermes"))
     with pytest.raises(ValueError, match="tools.schemas has no entry for enabled tool"):
         agent.build_agent(bare, tok)
+
+
+# -- prompts from a messages dataset --------------------------------------------------
+
+ROW_MESSAGES = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Add 2 and 3."},
+                {"role": "assistant", "content": "Which tool?"},
+                {"role": "user", "content": "The calculator."}]
+
+
+def test_a_messages_row_is_rendered_as_its_messages(tok) -> None:
+    traj = new_traj()
+    traj.prompt_messages_json = json.dumps(ROW_MESSAGES)
+    agent.build_agent(spec(), tok).start(traj)
+    # Its own system message replaces the job's default; every message is in the prompt.
+    assert traj.token_ids == chat_format(spec(), tok.tokenizer).prompt_ids(ROW_MESSAGES)
+    assert "You are terse." in tok.decode(traj.token_ids)
+    assert traj.num_prompt_tokens == len(traj.token_ids)
+
+
+def test_a_text_prompt_still_renders_as_one_user_message(tok) -> None:
+    traj = new_traj()
+    agent.build_agent(spec(), tok).start(traj)
+    assert traj.token_ids == chat_format(spec(), tok.tokenizer).prompt_ids(
+        [{"role": "user", "content": traj.prompt_text}])
+
+
+@pytest.mark.parametrize("bad", ["not json", '{"role": "user"}', '["user"]'])
+def test_malformed_messages_raise_value_error(tok, bad: str) -> None:
+    traj = new_traj()
+    traj.prompt_messages_json = bad
+    with pytest.raises(ValueError, match="prompt_messages_json"):
+        agent.build_agent(spec(), tok).start(traj)
+    assert traj.token_ids == []

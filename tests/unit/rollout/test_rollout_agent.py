@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from libra import types as t
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
 from services.rollout import agent
@@ -156,3 +158,11 @@ def test_next_request_is_capped_by_the_room_left() -> None:
 def test_next_request_is_none_when_the_context_is_full() -> None:
     tok = make_tokenizer(max_context_tokens=7)
     assert arith(tok).next_request(started(tok), seed=None) is None
+
+
+def test_arith_agent_refuses_a_messages_prompt() -> None:
+    traj = make_task()
+    traj.prompt_messages_json = '[{"role": "user", "content": "1+2?"}]'
+    with pytest.raises(ValueError, match="text prompts only"):
+        arith().start(traj)
+    assert traj.token_ids == []

@@ -273,3 +273,17 @@ async def test_tool_calls_carry_the_jobs_tool_settings(rig: Rig) -> None:
     call = rig.tools.calls[0]
     assert (call["tool"], call["args"]) == ("calculator", {"expression": "1+2"})
     assert call["options"] == {"transient_failure_rate": 0.25}
+
+
+# -- a prompt the agent cannot render ----------------------------------------------------
+
+async def test_prompt_the_agent_cannot_render_fails_that_trajectory_only(rig: Rig) -> None:
+    bad = make_task(0)
+    bad.prompt_messages_json = '[{"role": "user", "content": "1+2?"}]'  # arith: text only
+    rig.engine.queue("<ans>3</ans>")
+    await rig.place(bad)
+    await rig.place(make_task(1))
+    published = {traj.trajectory_id: traj for traj in await rig.run_until_published(2)}
+    assert published["tr-0"].status is t.TrajectoryStatus.FAILED
+    assert published["tr-0"].failure_reason.startswith("prompt: the arith tag agent")
+    assert published["tr-1"].status is t.TrajectoryStatus.FINISHED
