@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import torch
 from safetensors.torch import load as load_bytes
@@ -66,8 +67,9 @@ class JobBackend:
         """Train as one rank of the default process group (see distributed.py)."""
         self._backend.enable_data_parallel(parallelism, device)
 
-    def warm_start(self) -> dict[str, float]:
-        """Supervised steps on synthetic demonstrations (a deliberate mix of habits)."""
+    def warm_start(self, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float]:
+        """Supervised steps on the job's demonstrations; ends early once ``should_stop``
+        (asked before every step) says so."""
         a, task = self._spec.algorithm, self._spec.task
         if a.sft_steps == 0:
             return {"sft_steps": 0}
@@ -81,8 +83,11 @@ class JobBackend:
             examples, skipped = _row_demonstrations(self._spec, self._tokenizer, prompts, count)
             extra = {"sft_rows_skipped": skipped}
         started = time.perf_counter()
-        losses = self._backend.sft(examples, a.sft_steps, a.sft_batch_size, a.sft_learning_rate)
-        return {"sft_steps": a.sft_steps, "sft_loss_first": losses[0],
+        losses = self._backend.sft(examples, a.sft_steps, a.sft_batch_size, a.sft_learning_rate,
+                                   should_stop)
+        if not losses:
+            return {"sft_steps": 0, "sft_stopped": 1.0}
+        return {"sft_steps": len(losses), "sft_loss_first": losses[0],
                 "sft_loss_last": losses[-1], "sft_s": time.perf_counter() - started, **extra}
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:

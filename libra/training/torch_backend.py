@@ -37,7 +37,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,7 +196,8 @@ class TorchTrainerBackend:
         return self._model
 
     def sft(
-        self, examples: Sequence[SftExample], num_steps: int, batch_size: int, lr: float
+        self, examples: Sequence[SftExample], num_steps: int, batch_size: int, lr: float,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> list[float]:
         """Supervised warm start: token-mean cross-entropy on masked (trainable) tokens.
 
@@ -204,12 +205,17 @@ class TorchTrainerBackend:
         linearly to 10% of ``lr``: a short, high-LR run reaches a much lower loss this way
         than at a constant rate, which matters on a 60-second CPU budget.
 
+        ``should_stop`` is asked before every step (a cancelled job's warm start ends
+        there instead of running minutes in its thread).
+
         Returns:
-            The loss of every step.
+            The loss of every step taken.
         """
         losses: list[float] = []
         self._model.train()
         for step in range(num_steps):
+            if should_stop():
+                break
             batch = self._rng.sample(list(examples), k=min(batch_size, len(examples)))
             batch, weight = self._shard(batch)
             padded = right_pad([(example.token_ids, example.loss_mask) for example in batch],

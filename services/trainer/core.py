@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -62,7 +64,7 @@ _PLACED = "placed:"
 
 
 class Backend(Protocol):
-    def warm_start(self) -> dict[str, float]: ...
+    def warm_start(self, should_stop: Callable[[], bool] = ...) -> dict[str, float]: ...
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]: ...
 
@@ -102,6 +104,9 @@ class TrainerCore:
         self._reports = CoordinatorReporter(coordinator, clock, report_retry, sleep)
         self._task: asyncio.Task | None = None
         self._cleaning_up = False  # the job's task is in its final cleanup
+        # Set by a stop: the warm start (minutes in a thread that cancellation cannot
+        # reach) checks it before every SFT step.
+        self._stop_requested = threading.Event()
         # Set while a job with elastic.enabled trains: the hybrids' gradient domain.
         self._elastic: ElasticTrainer | None = None
         self.job_id = ""
@@ -125,6 +130,7 @@ class TrainerCore:
         self.message = ""
         self._reports.new_run()
         self._cleaning_up = False
+        self._stop_requested = threading.Event()
         self._task = asyncio.create_task(
             self._run_job(job_id, job_spec_from_json(spec_json), resume))
 
@@ -154,6 +160,7 @@ class TrainerCore:
         assert self._task is not None
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + STOP_TIMEOUT_S
+        self._stop_requested.set()
         self._task.cancel()
         while not self._task.done() and (left_s := deadline_s - loop.time()) > 0:
             await asyncio.wait({self._task}, timeout=min(CANCEL_REPEAT_S, left_s))
@@ -275,7 +282,7 @@ class TrainerCore:
         if resume:
             ckpt = await asyncio.to_thread(checkpoint.latest, run_dir / "checkpoints")
         if ckpt is None:
-            warm = await asyncio.to_thread(backend.warm_start)
+            warm = await asyncio.to_thread(backend.warm_start, self._stop_requested.is_set)
             logger.info("[warmup] done job_id=%s %s", job_id, warm)
         else:
             await asyncio.to_thread(backend.load_checkpoint, str(ckpt.path))

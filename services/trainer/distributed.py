@@ -39,6 +39,7 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -217,7 +218,10 @@ class DistributedJobBackend:
             worker.start()
         return workers
 
-    def warm_start(self) -> dict[str, float]:
+    def warm_start(self, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float]:
+        # The ranks step together (collectives): one that stopped alone would hang the
+        # others, so a cancel waits for the whole warm start here.
+        del should_stop
         return self._call("warm_start")[0]
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:

@@ -25,7 +25,7 @@ class FakeBackend:
     metrics: dict[str, float] = field(default_factory=lambda: {"loss": 0.25, "kl": 0.0})
     loaded_checkpoints: list[str] = field(default_factory=list)
 
-    def warm_start(self) -> dict[str, float]:
+    def warm_start(self, should_stop=lambda: False) -> dict[str, float]:
         self.warm_started += 1
         return {"sft_steps": 0}
 

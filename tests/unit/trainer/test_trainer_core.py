@@ -7,6 +7,8 @@ import asyncio
 import hashlib
 import logging
 import math
+import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -450,3 +452,27 @@ async def test_a_non_finite_step_is_recorded_as_an_event(rig: Rig) -> None:
     await rig.run_job()
     events = await rig.r.xrange(keys.events(JOB))
     assert [e[b"kind"] for _, e in events] == [b"step_skipped_nonfinite"]
+
+
+async def test_a_stop_during_the_warm_start_ends_it_and_frees_the_trainer(rig: Rig) -> None:
+    """The warm start runs in a thread cancellation cannot reach; it asks before every
+    SFT step whether to stop, so a cancelled job does not keep the trainer busy."""
+    in_warm_start = threading.Event()
+    stopped_early = threading.Event()
+
+    def slow_warm_start(should_stop) -> dict[str, float]:  # noqa: ANN001
+        in_warm_start.set()
+        while not should_stop():  # minutes of SFT steps, one check each
+            time.sleep(0.01)
+        stopped_early.set()
+        return {"sft_steps": 0}
+
+    rig.backend.warm_start = slow_warm_start
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await asyncio.to_thread(in_warm_start.wait, 5.0)
+    await core.stop_job(JOB)
+    assert core._task.done()
+    # The thread sees the stop at its next check (before the next SFT step).
+    assert await asyncio.to_thread(stopped_early.wait, 5.0)
+    await core.start_job(JOB)  # not "busy with" the stopped job
