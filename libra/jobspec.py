@@ -118,6 +118,9 @@ class AlgorithmSpec:
     sft_learning_rate: float = 5e-3
     sft_batch_size: int = 16
     checkpoint_interval: int = 5
+    micro_batch_size: int = 0
+    """Sequences per forward/backward of a training step (0: the whole batch); the
+    gradients accumulate to the same update with the activations of fewer sequences."""
     seed: int = 0
 
 
@@ -296,6 +299,8 @@ def _validate_ranges(spec: JobSpec) -> None:
     _require(a.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
     _require(math.isfinite(a.is_cap) and a.is_cap >= 1.0, "algorithm.is_cap",
              "must be a finite number >= 1 (a cap below 1 would down-weight on-policy tokens)")
+    _require(a.micro_batch_size >= 0, "algorithm.micro_batch_size",
+             "must be >= 0 (0 = the whole batch in one forward/backward)")
     _require(a.checkpoint_interval >= 0, "algorithm.checkpoint_interval",
              "must be >= 0 (0 = never checkpoint)")
     _require(a.learning_rate > 0, "algorithm.learning_rate", "must be > 0")

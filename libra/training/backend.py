@@ -55,7 +55,8 @@ class JobBackend:
             model, pad_token_id=pad_id if pad_id is not None else self._tokenizer.eos_token_id,
             seed=a.seed, learning_rate=a.learning_rate, max_grad_norm=a.max_grad_norm,
             num_threads=num_threads, device=device,
-            gradient_checkpointing=spec.model.gradient_checkpointing)
+            gradient_checkpointing=spec.model.gradient_checkpointing,
+            micro_batch_size=a.micro_batch_size)
         if write_model_dir:
             save_model_dir(model, self._tokenizer, model_dir)
 

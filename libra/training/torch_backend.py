@@ -100,6 +100,10 @@ class TorchTrainerBackend:
         device: ``cpu``, ``cuda`` or ``cuda:<n>``; None: CUDA when visible, else CPU.
         gradient_checkpointing: Recompute each decoder layer's activations in backward
             (``model.gradient_checkpointing_enable``): less memory, ~1/3 more compute.
+        micro_batch_size: Sequences per forward/backward of a PPO step on one rank (0: the
+            whole batch); gradients accumulate, so the update is the same, and the
+            activations (the ``[B, T, vocab]`` logits above all) of only that many
+            sequences are held at once.
     """
 
     def __init__(
@@ -114,8 +118,10 @@ class TorchTrainerBackend:
         num_threads: int = 1,
         device: str | None = None,
         gradient_checkpointing: bool = False,
+        micro_batch_size: int = 0,
     ) -> None:
         torch.set_num_threads(num_threads)
+        self._micro_batch_size = micro_batch_size
         torch.manual_seed(seed)
         self._model = model
         self._publish_dtype = _floating_dtype(model)
@@ -256,6 +262,9 @@ class TorchTrainerBackend:
             weights were left untouched).
         """
         samples, weight = self._shard(samples)
+        if self._world == 1 and 0 < self._micro_batch_size < len(samples):
+            return self._accumulated_step(samples, lr=lr, clip_eps=clip_eps, kl_coef=kl_coef,
+                                          is_cap=is_cap)
         pl = self.policy_loss(samples, clip_eps=clip_eps, kl_coef=kl_coef, is_cap=is_cap)
         loss, metrics, recompute_s, started = pl.loss, pl.metrics, pl.recompute_s, pl.started
         # 3) Backward, clip, step (or skip on a non-finite loss or gradient).
@@ -275,6 +284,35 @@ class TorchTrainerBackend:
         metrics["recompute_s"], metrics["fwd_bwd_s"] = max_over_ranks(
             [recompute_s, metrics["fwd_bwd_s"]], self._world)
         return metrics
+
+    def _accumulated_step(self, samples: Sequence[TrainSample], *, lr: float | None,
+                          clip_eps: float, kl_coef: float,
+                          is_cap: float | None) -> dict[str, float]:
+        """:meth:`train_step` in micro-batches (one rank): each micro-batch's token-mean
+        loss weighted by its share of the batch's tokens, so the accumulated gradient is
+        the whole batch's; metrics are token-weighted the same way."""
+        size = self._micro_batch_size
+        total = float(sum(sum(sample.loss_mask) for sample in samples)) or 1.0
+        self._optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {"loss": 0.0, "recompute_s": 0.0, "fwd_bwd_s": 0.0}
+        finite = True
+        for start in range(0, len(samples), size):
+            pl = self.policy_loss(samples[start:start + size], clip_eps=clip_eps,
+                                  kl_coef=kl_coef, is_cap=is_cap)
+            share = pl.num_tokens / total
+            finite = finite and bool(torch.isfinite(pl.loss))
+            if finite:
+                (pl.loss * share).backward()
+            for name, value in {**pl.metrics, "loss": float(pl.loss.detach())}.items():
+                sums[name] = sums.get(name, 0.0) + value * share
+            sums["recompute_s"] += pl.recompute_s
+            sums["fwd_bwd_s"] += time.perf_counter() - pl.started
+        lr = self._learning_rate if lr is None else lr
+        grad_norm = self._clip_and_step(lr) if finite else math.nan
+        self._optimizer.zero_grad(set_to_none=True)
+        self._model.eval()
+        return {**sums, "num_tokens": total, "grad_norm": grad_norm,
+                "is_skipped": float(not math.isfinite(grad_norm))}
 
     def policy_loss(self, samples: Sequence[TrainSample], *, clip_eps: float,
                     kl_coef: float, is_cap: float | None) -> PolicyLoss:

@@ -181,3 +181,35 @@ def test_cuda_training_publishes_weights_a_cpu_engine_serves(hf_model_dir, tmp_p
     with torch.no_grad():
         trainer = backend._token_logprobs(ids, torch.ones_like(ids))[0, len(prompt):].cpu()
     assert (trainer - torch.tensor(result.logprobs)).abs().max().item() < 0.05
+
+
+def test_micro_batches_give_the_whole_batchs_update(hf_model_dir) -> None:
+    """Accumulating token-weighted micro-batch gradients equals one step on the batch."""
+    from transformers import AutoModelForCausalLM
+
+    from libra.training.samples import TrainSample
+    from libra.training.torch_backend import TorchTrainerBackend
+    from libra.types import GroupId, TrajectoryId
+
+    path = hf_model_dir("qwen2")
+    gen = torch.Generator().manual_seed(0)
+    samples = []
+    for index, length in enumerate([9, 14, 6, 11, 8]):  # uneven: token weights matter
+        ids = torch.randint(5, 300, (length,), generator=gen).tolist()
+        mask = [0, 0, 0] + [1] * (length - 3)
+        samples.append(TrainSample(token_ids=ids, loss_mask=mask,
+                                   rollout_logprobs=[-1.0] * length,
+                                   advantage=float(index % 3 - 1), group_id=GroupId("g"),
+                                   trajectory_id=TrajectoryId(f"t{index}")))
+    results = {}
+    for micro in (0, 2):
+        backend = TorchTrainerBackend(AutoModelForCausalLM.from_pretrained(path),
+                                      pad_token_id=0, device="cpu", micro_batch_size=micro,
+                                      learning_rate=1e-2)
+        metrics = backend.train_step(samples, is_cap=2.0)
+        results[micro] = (metrics, {k: v.clone() for k, v in backend.model.state_dict().items()})
+    (whole, whole_w), (micro, micro_w) = results[0], results[2]
+    for name, tensor in whole_w.items():
+        assert torch.allclose(tensor, micro_w[name], atol=1e-5), name
+    for name in ("loss", "grad_norm", "num_tokens", "clip_fraction"):
+        assert whole[name] == pytest.approx(micro[name], rel=1e-4, abs=1e-6), name
