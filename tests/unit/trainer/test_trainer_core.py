@@ -476,3 +476,4 @@ async def test_a_stop_during_the_warm_start_ends_it_and_frees_the_trainer(rig: R
     # The thread sees the stop at its next check (before the next SFT step).
     assert await asyncio.to_thread(stopped_early.wait, 5.0)
     await core.start_job(JOB)  # not "busy with" the stopped job
+    await core.stop_job(JOB)  # and end this one's warm start too (its thread would linger)
