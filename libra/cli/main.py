@@ -26,8 +26,9 @@ from libra import types as t
 from libra.cli import model, run, sim, stack, tool
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument, LibraError
-from libra.jobspec import JobSpec, apply_overrides, job_spec_from_dict, parse_document
+from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.report import build_report, write_report
+from libra.spec_overrides import apply_overrides
 
 FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 

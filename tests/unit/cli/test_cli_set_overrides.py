@@ -1,7 +1,7 @@
 """``libra run|submit SPEC --set section.key=value``: overrides are validated like the
 file before anything starts, and a relative ``model.path`` becomes absolute.
 
-Real: the CLI parser, jobspec.apply_overrides and the spec validation. "Nothing started"
+Real: the CLI parser, spec_overrides.apply_overrides and the spec validation. "Nothing started"
 is observed on disk: ``libra run`` creates ``RUN_ROOT/.libra`` as its first act of
 starting the stack, and ``submit`` is given a coordinator address nothing listens on.
 """

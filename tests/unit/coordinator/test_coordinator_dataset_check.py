@@ -12,23 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from libra.clock import FakeClock
 from libra.errors import InvalidArgument
 from libra.jobspec import JobSpec
-from services.coordinator.core import CoordinatorCore
 from services.coordinator.dataset_check import check_dataset
-from services.coordinator.store import InMemoryCoordinatorStore
-from tests.fakes.runner import FakeRunner
 from tests.fixtures.data_files import word_rows, write_jsonl
-
-
-class Built:
-    def __init__(self, dataset_check=check_dataset) -> None:
-        clock = FakeClock()
-        self.store = InMemoryCoordinatorStore(clock)
-        self.trainer, self.scheduler = FakeRunner(), FakeRunner()
-        self.core = CoordinatorCore(self.store, self.trainer, self.scheduler, clock,
-                                    Path("/tmp/libra-test-runs"), dataset_check=dataset_check)
+from tests.unit.coordinator.checked_core import Built, refused
 
 
 def jsonl_spec(path: Path | str, extra: str = "") -> str:
@@ -37,28 +25,23 @@ def jsonl_spec(path: Path | str, extra: str = "") -> str:
             "[algorithm]\nnum_steps = 2\nsft_steps = 0\nprompts_per_step = 2\n")
 
 
-async def _refused(built: Built, spec: str) -> InvalidArgument:
-    with pytest.raises(InvalidArgument) as err:
-        await built.core.create_job(spec, "toml")
-    assert await built.store.list_jobs() == []
-    assert built.trainer.started == [] and built.scheduler.started == []
-    return err.value
 
 
 async def test_missing_dataset_is_refused_and_nothing_is_created(tmp_path, datasets_cache):
-    err = await _refused(Built(), jsonl_spec(tmp_path / "missing.jsonl"))
+    err = await refused(Built(dataset_check=check_dataset), jsonl_spec(tmp_path / "missing.jsonl"))
     assert err.field == "task.path" and "does not exist" in err.reason
 
 
 async def test_row_without_the_mapped_field_is_refused_naming_the_row(tmp_path, datasets_cache):
     rows = word_rows(8)
     del rows[3]["question"]
-    err = await _refused(Built(), jsonl_spec(write_jsonl(tmp_path / "d.jsonl", rows)))
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    err = await refused(Built(dataset_check=check_dataset), jsonl_spec(path))
     assert str(err) == "task.prompt_field: row 3 has no field 'question'"
 
 
 async def test_a_good_dataset_creates_the_job(tmp_path, datasets_cache):
-    built = Built()
+    built = Built(dataset_check=check_dataset)
     job = await built.core.create_job(
         jsonl_spec(write_jsonl(tmp_path / "d.jsonl", word_rows(8)), "eval_fraction = 0.25\n"),
         "toml")
@@ -77,7 +60,7 @@ async def test_the_check_sees_the_parsed_spec_after_schema_validation():
 
 
 async def test_builtin_task_passes_the_real_check():
-    built = Built()
+    built = Built(dataset_check=check_dataset)
     await built.core.create_job('[task]\nkind = "calc-words"\n[algorithm]\nnum_steps = 2\n',
                                 "toml")
     assert len(await built.store.list_jobs()) == 1

@@ -14,22 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from libra.clock import FakeClock
 from libra.errors import InvalidArgument
 from libra.jobspec import JobSpec
-from services.coordinator.core import CoordinatorCore
 from services.coordinator.model_check import check_job_model
-from services.coordinator.store import InMemoryCoordinatorStore
-from tests.fakes.runner import FakeRunner
-
-
-class Built:
-    def __init__(self, model_check=check_job_model) -> None:
-        clock = FakeClock()
-        self.store = InMemoryCoordinatorStore(clock)
-        self.trainer, self.scheduler = FakeRunner(), FakeRunner()
-        self.core = CoordinatorCore(self.store, self.trainer, self.scheduler, clock,
-                                    Path("/tmp/libra-test-runs"), model_check=model_check)
+from tests.unit.coordinator.checked_core import Built, refused
 
 
 def hf_spec(path: Path | str, extra: str = "") -> str:
@@ -37,35 +25,29 @@ def hf_spec(path: Path | str, extra: str = "") -> str:
             '[algorithm]\nnum_steps = 2\n')
 
 
-async def _refused(built: Built, spec: str) -> InvalidArgument:
-    with pytest.raises(InvalidArgument) as err:
-        await built.core.create_job(spec, "toml")
-    assert await built.store.list_jobs() == []
-    assert built.trainer.started == [] and built.scheduler.started == []
-    return err.value
 
 
 async def test_missing_model_dir_is_refused_and_nothing_is_created(tmp_path):
-    err = await _refused(Built(), hf_spec(tmp_path / "missing"))
+    err = await refused(Built(model_check=check_job_model), hf_spec(tmp_path / "missing"))
     assert err.field == "model.path" and "does not exist" in err.reason
 
 
 async def test_dir_without_tokenizer_is_refused(hf_model_dir, tmp_path):
     folder = Path(shutil.copytree(hf_model_dir("llama"), tmp_path / "m"))
     (folder / "tokenizer.json").unlink()
-    err = await _refused(Built(), hf_spec(folder))
+    err = await refused(Built(model_check=check_job_model), hf_spec(folder))
     assert "has no tokenizer files" in err.reason
 
 
 async def test_hermes_with_a_template_that_ignores_tools_is_refused(hf_model_dir):
     spec = hf_spec(hf_model_dir("llama"), 'tool_template = "model"\n[task]\n'
                    'tool_call_format = "hermes"\n')
-    err = await _refused(Built(), spec)
+    err = await refused(Built(model_check=check_job_model), spec)
     assert err.field == "model.tool_template"
 
 
 async def test_a_good_hf_model_creates_the_job(hf_model_dir):
-    built = Built()
+    built = Built(model_check=check_job_model)
     job = await built.core.create_job(hf_spec(hf_model_dir("qwen3")), "toml")
     assert [j.job_id for j in await built.store.list_jobs()] == [job.job_id]
     assert built.trainer.started == [job.job_id]
@@ -82,6 +64,6 @@ async def test_the_check_sees_the_parsed_spec_after_schema_validation():
 
 
 async def test_the_built_in_model_needs_no_model_directory():
-    built = Built()
+    built = Built(model_check=check_job_model)
     job = await built.core.create_job('name = "tiny"\n', "toml")
     assert built.trainer.started == [job.job_id]
