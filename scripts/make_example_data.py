@@ -30,6 +30,7 @@ for _path in (ROOT, ROOT / "scripts"):  # the project, and the example_data gene
         sys.path.insert(0, str(_path))
 
 from example_data import almanac, receipts, write_jsonl  # noqa: E402
+
 from libra.tasks import calc_words_problems, chat_demonstration  # noqa: E402
 
 # name -> (problem seed, rows); the eval set uses another seed, so it is held out.
