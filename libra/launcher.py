@@ -39,6 +39,7 @@ class ServiceProc:
     port: int
     metrics_port: int
     log_path: str
+    """The service's log (written by its logging, rotated by size)."""
     pid: int = 0
     restarts: int = 0
     proc: subprocess.Popen | None = field(default=None, repr=False)
@@ -46,6 +47,12 @@ class ServiceProc:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def out_path(self) -> str:
+        """What the process writes outside its logging (a crash before logging starts,
+        libraries printing); beside ``log_path``, never rotated (it stays small)."""
+        return str(Path(self.log_path).with_suffix(".out"))
 
 
 def state_path(run_root: Path) -> Path:
@@ -85,14 +92,15 @@ def _plan(stack: dict[str, Any], run_root: Path, redis_url: str) -> list[Service
     out = []
     for name, module, port, extra in specs:
         metrics = next(pool)
+        log_path = str(logs / f"{name}.log")
         args = [f"--server.port={port}", f"--server.metrics-port={metrics}",
+                f"--telemetry.log-file={log_path}",
                 f"--server.shutdown-grace-s={stack.get('shutdown_grace_s', 10.0)}"]
         if module != "services.toolgateway":
             args += common
         else:
             args += [f"--peers.coordinator=127.0.0.1:{ports['coordinator']}"]
-        out.append(ServiceProc(name, module, args + extra, port, metrics,
-                               str(logs / f"{name}.log")))
+        out.append(ServiceProc(name, module, args + extra, port, metrics, log_path))
     return out
 
 
@@ -120,7 +128,7 @@ class Supervisor:
     def _spawn(self, svc: ServiceProc) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-        log = open(svc.log_path, "ab")  # noqa: SIM115 - the child owns it
+        log = open(svc.out_path, "ab")  # noqa: SIM115 - the child owns it
         svc.proc = subprocess.Popen([sys.executable, "-m", svc.module, *svc.args], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
