@@ -23,6 +23,7 @@ from services.coordinator.store_scripts import (
     ACQUIRE_LUA,
     APPEND_STEP_LUA,
     CHANGE_ROLE_LUA,
+    PRUNE_WORKER_LUA,
     RELEASE_LUA,
     RENEW_LUA,
 )
@@ -169,6 +170,7 @@ class RedisCoordinatorStore:
         self._release = redis.register_script(RELEASE_LUA)
         self._change_role = redis.register_script(CHANGE_ROLE_LUA)
         self._append_step = redis.register_script(APPEND_STEP_LUA)
+        self._prune_worker = redis.register_script(PRUNE_WORKER_LUA)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[R]]) -> R:
         """Run ``call`` again with exponential backoff while Redis is unreachable.
@@ -282,6 +284,9 @@ class RedisCoordinatorStore:
                 h, pttl = await pipe.execute()
             if h:
                 leases.append(_lease_from_hash(h, pttl, now_ms))
+            else:  # expired: forget the id, or the set grows with every worker ever seen
+                await self._prune_worker(keys=[keys.lease(worker_id), keys.WORKERS],
+                                         args=[worker_id])
         return leases
 
     async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,

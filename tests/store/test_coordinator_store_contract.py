@@ -218,6 +218,18 @@ async def test_live_leases_drop_expired_ones(sut: StoreUnderTest) -> None:
     assert [x.worker_id for x in await sut.store.live_leases()] == ["long"]
 
 
+async def test_redis_forgets_the_ids_of_expired_workers(redis: Any) -> None:
+    # The workers set would otherwise keep every id ever seen (a 7-day stack: thousands).
+    store = RedisCoordinatorStore(redis, SystemClock())
+    for worker_id in ("gone", "live"):
+        await store.acquire_lease(make_lease(worker_id, ttl_ms=10_000))
+    await redis.delete(keys.lease("gone"))  # as if its TTL ran out
+    assert [x.worker_id for x in await store.live_leases()] == ["live"]
+    assert await redis.smembers(keys.WORKERS) == {"live"}
+    await store.acquire_lease(make_lease("gone", ttl_ms=10_000))  # back: listed again
+    assert [x.worker_id for x in await store.live_leases()] == ["gone", "live"]
+
+
 async def test_reacquire_after_expiry_gets_a_newer_epoch(sut: StoreUnderTest) -> None:
     first = await sut.store.acquire_lease(make_lease(ttl_ms=SHORT_TTL_MS))
     await sut.expire(SHORT_TTL_MS + 60)
