@@ -9,7 +9,8 @@ Schema (stable; later versions only add keys)::
                 "bucket_occupancy": {bucket: int}, ...}],
      "events": [{"ts_ms", "kind", "step", "worker_id", "epoch", "reason", ...}],
      "trajectories": {"produced", "trained", "dropped_stale", "dropped_failed",
-                      "failed", "admitted", "requeued", "in_flight_at_end"},
+                      "failed", "admitted", "requeued", "duplicate_publishes",
+                      "in_flight_at_end"},
      "reward": {"first_10pct_mean", "last_10pct_mean", "improvement"},
      "throughput": {"trajectories_per_s"}}
 """
@@ -56,6 +57,7 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
             "dropped_failed": counters.get("dropped_failed", 0),
             "failed": counters.get("failed", 0), "admitted": counters.get("admitted", 0),
             "requeued": counters.get("requeued", 0),
+            "duplicate_publishes": counters.get("duplicate_publishes", 0),
             "in_flight_at_end": produced - consumed,
         },
         "reward": {"first_10pct_mean": round(first, 4), "last_10pct_mean": round(last, 4),
