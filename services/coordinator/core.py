@@ -186,8 +186,11 @@ class CoordinatorCore:
         await self._store.delete_job(job_id)
 
     async def get_job(self, job_id: str) -> tuple[t.Job, list[dict[str, Any]], dict[str, int]]:
+        """The job, its step records, and its counters with the measured backlog
+        (``in_flight_*``, see ``CoordinatorStore.backlog``)."""
         job = await self._store.get_job(job_id)
-        return job, await self._store.steps(job_id), await self._store.counters(job_id)
+        counters = {**await self._store.counters(job_id), **await self._store.backlog(job_id)}
+        return job, await self._store.steps(job_id), counters
 
     async def list_jobs(self) -> list[t.Job]:
         return await self._store.list_jobs()

@@ -85,3 +85,10 @@ PRUNE_WORKER_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 return redis.call('SREM', KEYS[2], ARGV[1])
 """
+
+# KEYS[1] = stream; ARGV[1] = an entry id
+# Returns how many entries come after that id (a consumer group's undelivered entries on
+# servers without XINFO's lag), without sending them to the client.
+COUNT_AFTER_LUA = """
+return #redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+')
+"""
