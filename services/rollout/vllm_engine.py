@@ -144,7 +144,26 @@ class _LibraWorkerExtension:
         # parameters, so a bare model.load_weights fails after the first load).
         self.reload_weights(  # type: ignore[attr-defined]
             weights_iterator=iter(state.items()), is_checkpoint_format=True)
+        self._libra_refresh_tied_head()
         return len(state)
+
+    def _libra_refresh_tied_head(self) -> None:
+        """Re-process the output layer of a model with tied embeddings after a reload.
+
+        Such a model (SmolLM2, Qwen3-0.6B, ...) shares one tensor between
+        ``embed_tokens`` and ``lm_head`` and its checkpoints hold it once, so the reload
+        updates the tensor through the embedding and never visits ``lm_head``. But the
+        head's own post-load processing (on CPU: the GEMM repacking of its weight) made
+        a copy at start-up, which kept sampling from the first policy's output layer
+        (measured: log-probs 0.29 off the trainer's; exact once re-processed).
+        """
+        text_config = self.vllm_config.model_config.hf_text_config  # type: ignore[attr-defined]
+        if not getattr(text_config, "tie_word_embeddings", False):
+            return
+        head = getattr(self.model_runner.get_model(), "lm_head", None)  # type: ignore[attr-defined]
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
 
 
 class VllmEngine:
