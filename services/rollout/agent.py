@@ -33,6 +33,7 @@ from libra.chat.toolcalls import ParsedTurn, ToolCall, get_parser
 from libra.jobspec import JobSpec
 from libra.tasks.arith import format_tool_output
 from services.rollout.engine_types import GenerationRequest, GenerationResult
+from services.rollout.transcript import build_transcript
 
 # The causal signal of a call that never reached a tool (unknown name, bad JSON, a turn
 # cut mid-call): one bounded tool type, so the prefix tree's keys stay few.
@@ -95,6 +96,8 @@ class Agent(Protocol):
     def apply_tool_results(self, traj: t.Trajectory,
                            results: Sequence[ToolTurnResult]) -> None: ...
 
+    def transcript(self, traj: t.Trajectory) -> tuple[t.TranscriptMessage, ...]: ...
+
 
 class _AgentBase:
     """Token bookkeeping both agents share."""
@@ -150,6 +153,11 @@ class _AgentBase:
         for item in results:
             traj.tool_states.append(item.result.state)
             traj.tool_return_positions.append(traj.num_generated_tokens)
+
+    def transcript(self, traj: t.Trajectory) -> tuple[t.TranscriptMessage, ...]:
+        """The finished trajectory as messages, for the reward (services/rollout/
+        transcript.py)."""
+        return build_transcript(traj, prompt_messages(traj), self._turn_text, self._parse)
 
     def _turn_text(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)

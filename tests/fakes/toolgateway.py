@@ -54,8 +54,9 @@ class FakeToolGateway:
             raise Unavailable("tool gateway down")
         return self.results.popleft() if self.results else tool_result()
 
-    async def score(self, trajectory_id: str, reward: str, final_text: str, reference: str,
-                    extra: dict[str, Any] | None = None) -> float:
-        self.scores.append({"trajectory_id": trajectory_id, "reward": reward,
-                            "final_text": final_text, "reference": reference})
-        return self.reward
+    async def score(self, request: t.ScoreInput, timeout_s: float | None = None
+                    ) -> t.ScoreOutput:
+        self.scores.append({"trajectory_id": request.trajectory_id, "reward": request.reward,
+                            "final_text": request.final_text, "reference": request.reference,
+                            "request": request})
+        return t.ScoreOutput(self.reward)
