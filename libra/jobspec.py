@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from libra.agents import check_builtin_agent
 from libra.errors import InvalidArgument
 from libra.rewardspec import RewardSpec, check_plugin_name, validate_reward
 from libra.tasks import TASKS
@@ -262,6 +263,8 @@ def _validate_ranges(spec: JobSpec) -> None:
              f"one of {SUPPORTED_TOOL_CALL_FORMATS}")
     _require(spec.model.kind == "hf" or t.tool_call_format == "arith",
              "task.tool_call_format", "the tiny-llama model speaks only the arith format")
+    check_plugin_name(t.agent, "task.agent")  # plugins: the coordinator, at submit
+    check_builtin_agent(t.agent, t.tool_call_format)
     _require(1 <= t.max_turns <= 64, "task.max_turns", "must be in [1, 64]")
     _require(1 <= t.max_new_tokens_per_turn <= 4096, "task.max_new_tokens_per_turn",
              "must be in [1, 4096]")

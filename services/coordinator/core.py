@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from libra import types as t
+from libra.agents import check_agent_name
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, InvalidArgument, LibraError, Unavailable
 from libra.ids import new_job_id
@@ -126,6 +127,7 @@ class CoordinatorCore:
     async def create_job(self, spec_text: str, spec_format: str) -> t.Job:
         """Validate, store and start a job; atomic from the caller's point of view."""
         spec = parse_job_spec(spec_text, spec_format)
+        check_agent_name(spec.task.agent)  # built-ins + libra.agents entry points
         if self._model_check is not None:
             # Off the event loop: it reads config/tokenizer files (about a second), and
             # leases must keep renewing meanwhile.

@@ -46,6 +46,7 @@ from libra.jobspec import JobSpec, ModelSpec, job_spec_from_json
 from libra.rewardspec import REWARD_FAILURE_PREFIX
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout import agent
+from services.rollout.agent_registry import build_agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.lend import LendingMixin
 from services.rollout.lending import ChannelOpener, TrainerLoader
@@ -344,7 +345,7 @@ class RolloutCore(MovesMixin, LendingMixin):
                         bucket.max_batch_size if bucket else self.settings.max_batch_size)
         engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy,
                                                     tp_degree, spec.model)
-        job_agent = await asyncio.to_thread(agent.build_agent, spec, tokenizer)
+        job_agent = await asyncio.to_thread(build_agent, spec, tokenizer)
         await self._load_verified(job_id, engine, policy)
         self._job = (job_id, _JobContext(spec, engine, job_agent, max_batch))
         logger.info("[job] serving job_id=%s policy_version=%d max_batch_size=%d", job_id,
