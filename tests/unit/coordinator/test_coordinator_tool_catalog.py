@@ -123,3 +123,12 @@ async def test_a_reward_the_gateway_lacks_is_refused_naming_the_available_ones(
     assert ("has no reward 'nope' (it has: composite, exact_match, format, my_verifier)"
             in err.value.reason)
     assert await store.list_jobs() == []
+
+
+async def test_an_agent_neither_built_in_nor_installed_is_refused_at_submit() -> None:
+    core, store = build(FakeCatalog())
+    text = spec().replace('[task]\n', '[task]\nagent = "react"\n')
+    with pytest.raises(InvalidArgument) as err:
+        await core.create_job(text, "toml")
+    assert err.value.field == "task.agent" and "available: auto, arith, chat" in err.value.reason
+    assert await store.list_jobs() == []
