@@ -2,6 +2,7 @@
 budget (``reward.max_failures``) that fails a job whose reward keeps failing.
 
 Same rig as test_trainer_core.py: real Redis store, fake backend and coordinator."""
+# ruff: noqa: F811 - the imported ``rig`` fixture is a parameter of every test
 
 from __future__ import annotations
 
