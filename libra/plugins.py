@@ -84,6 +84,25 @@ def entry_point_names(group: str) -> list[str]:
     return sorted({ep.name for ep in importlib.metadata.entry_points(group=group)})
 
 
+def _load(ep: importlib.metadata.EntryPoint, group: str) -> Any:
+    try:
+        return ep.load()
+    except Exception as exc:  # noqa: BLE001 - any import-time fault of a plugin
+        raise PluginError(f"entry point {ep.name!r} = {ep.value!r} (group {group}) "
+                          f"failed to load: {type(exc).__name__}: {exc}") from exc
+
+
+def load_entry_point(group: str, name: str) -> Any | None:
+    """Import the entry point ``name`` of ``group`` only; None when none is installed.
+
+    Raises:
+        PluginError: It is installed but fails to import (named, with the error).
+    """
+    for ep in importlib.metadata.entry_points(group=group, name=name):
+        return _load(ep, group)
+    return None
+
+
 def load_entry_points(group: str) -> list[tuple[str, Any]]:
     """Import every entry point of ``group``: ``[(name, object), ...]`` sorted by name.
 
@@ -94,13 +113,5 @@ def load_entry_points(group: str) -> list[tuple[str, Any]]:
         PluginError: An entry point cannot be imported (or raises while importing); the
             message names the group, the entry point, its target and the error.
     """
-    loaded = []
     eps = sorted(importlib.metadata.entry_points(group=group), key=lambda ep: ep.name)
-    for ep in eps:
-        try:
-            obj = ep.load()
-        except Exception as exc:  # noqa: BLE001 - any import-time fault of a plugin
-            raise PluginError(f"entry point {ep.name!r} = {ep.value!r} (group {group}) "
-                              f"failed to load: {type(exc).__name__}: {exc}") from exc
-        loaded.append((ep.name, obj))
-    return loaded
+    return [(ep.name, _load(ep, group)) for ep in eps]

@@ -10,15 +10,17 @@ helpers) or a function returning an ``Agent``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from libra import agents as names
 from libra.chat.job import chat_format
 from libra.jobspec import JobSpec
-from libra.plugins import AGENTS_GROUP, PluginError, load_entry_points
+from libra.plugins import AGENTS_GROUP, PluginError, load_entry_point
 from services.rollout.agent import Agent, ArithAgent, ChatAgent, Tokenizer
 
+logger = logging.getLogger(__name__)
 AgentFactory = Callable[[JobSpec, Tokenizer], Agent]
 _REQUIRED = ("start", "next_request", "apply_generation", "apply_tool_results", "transcript")
 
@@ -55,9 +57,42 @@ def build_agent(spec: JobSpec, tokenizer: Tokenizer) -> Agent:
             import, or what it builds is not an ``Agent``.
     """
     name = resolve_agent_name(spec)
-    factories = _builtin_factories()
-    if name not in factories:
-        factories.update(load_entry_points(AGENTS_GROUP))
-    if name not in factories:
-        raise PluginError(f"unknown agent {name!r} (available: {', '.join(sorted(factories))})")
-    return _check_agent(factories[name](spec, tokenizer), name)
+    # Only the job's own plugin is imported: a broken neighbour must not take it down.
+    factory = _builtin_factories().get(name) or load_entry_point(AGENTS_GROUP, name)
+    if factory is None:
+        raise PluginError(f"unknown agent {name!r} (available: "
+                          f"{', '.join(names.agent_names()[1:])})")
+    return _check_agent(factory(spec, tokenizer), name)
+
+
+class AgentUnavailable(ValueError):
+    """The job's agent cannot be built on this rollout (its start fails every trajectory)."""
+
+
+class _UnavailableAgent:
+    """Stands in for an agent that failed to build: each trajectory of the job fails at
+    ``start`` with the reason (named entry point and error), visible in the job's
+    failures, instead of the rollout's loop dying on every job it serves."""
+
+    max_context_tokens = 0
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def start(self, traj: Any) -> None:
+        raise AgentUnavailable(self.reason)
+
+    def _never(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a trajectory of an unavailable agent never starts")
+
+    next_request = apply_generation = apply_tool_results = transcript = _never
+
+
+def build_agent_or_stand_in(spec: JobSpec, tokenizer: Tokenizer) -> Agent:
+    """``build_agent``, or (on ``PluginError``) a stand-in that fails the job's
+    trajectories with ``agent: <the error>``."""
+    try:
+        return build_agent(spec, tokenizer)
+    except PluginError as exc:
+        logger.error("[job] agent %r unavailable on this rollout: %s", spec.task.agent, exc)
+        return _UnavailableAgent(f"agent: {exc}")

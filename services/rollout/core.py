@@ -46,7 +46,7 @@ from libra.jobspec import JobSpec, ModelSpec, job_spec_from_json
 from libra.rewardspec import REWARD_FAILURE_PREFIX
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout import agent
-from services.rollout.agent_registry import build_agent
+from services.rollout.agent_registry import AgentUnavailable, build_agent_or_stand_in
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.lend import LendingMixin
 from services.rollout.lending import ChannelOpener, TrainerLoader
@@ -319,9 +319,10 @@ class RolloutCore(MovesMixin, LendingMixin):
         act = _Active(entry, traj)
         try:
             ctx.agent.start(traj)
-        except ValueError as exc:  # a prompt this job's agent cannot render
+        except ValueError as exc:  # a prompt this job's agent cannot render (or no agent)
             ctx.active[traj.trajectory_id] = act
-            await self._fail(ctx, act, f"prompt: {exc}")
+            await self._fail(ctx, act, str(exc) if isinstance(exc, AgentUnavailable)
+                             else f"prompt: {exc}")
             return
         if traj.partial_turn_tokens:  # interrupted where it was handed over: resume it
             act.turn_prefix = traj.token_ids[-traj.partial_turn_tokens:]
@@ -345,7 +346,7 @@ class RolloutCore(MovesMixin, LendingMixin):
                         bucket.max_batch_size if bucket else self.settings.max_batch_size)
         engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy,
                                                     tp_degree, spec.model)
-        job_agent = await asyncio.to_thread(build_agent, spec, tokenizer)
+        job_agent = await asyncio.to_thread(build_agent_or_stand_in, spec, tokenizer)
         await self._load_verified(job_id, engine, policy)
         self._job = (job_id, _JobContext(spec, engine, job_agent, max_batch))
         logger.info("[job] serving job_id=%s policy_version=%d max_batch_size=%d", job_id,

@@ -171,3 +171,21 @@ def test_malformed_messages_raise_value_error(tok, bad: str) -> None:
     with pytest.raises(ValueError, match="prompt_messages_json"):
         build_agent(spec(), tok).start(traj)
     assert traj.token_ids == []
+
+
+def test_the_transcript_has_the_turns_calls_and_tool_returns(tok) -> None:
+    loop = build_agent(spec(), tok)
+    traj = new_traj()
+    loop.start(traj)
+    outcome = loop.apply_generation(traj, turn(tok, CALL))
+    loop.apply_tool_results(traj, [agent.ToolTurnResult("calculator", tool_result("84"))])
+    loop.apply_generation(traj, turn(tok, "It is 84."))
+    messages = loop.transcript(traj)
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[0].content == "What is 12*7?"
+    (call,) = messages[1].tool_calls
+    assert (call.name, json.loads(call.arguments_json)) == ("calculator", {"expression": "12*7"})
+    assert outcome.calls[0].name == "calculator"
+    assert (messages[2].name, messages[2].tool_status) == ("calculator", "success")
+    assert "84" in messages[2].content
+    assert messages[3].content.strip() == "It is 84."

@@ -121,3 +121,22 @@ async def test_a_plugin_agent_runs_inside_the_batched_loop(redis_server, tmp_pat
         assert (traj.status, traj.num_turns, len(traj.tool_states)) == (
             t.TrajectoryStatus.FINISHED, 1, 1)
     assert rig.tools.scores == []  # ended without an answer: nothing to score
+
+
+@pytest.mark.parametrize("agent_name, reason", [
+    ("not_installed", "agent: unknown agent 'not_installed' (available: arith, chat, broken)"),
+    ("broken", "agent: entry point 'broken' = 'libra_broken_agent:Agent' (group libra.agents) "
+               "failed to load: ImportError: needs gym"),
+])
+async def test_an_agent_this_rollout_cannot_build_fails_the_jobs_trajectories(
+        redis_server, tmp_path, monkeypatch, agent_name, reason) -> None:
+    install_plugin_dist(tmp_path / "dist", monkeypatch, "libra_broken_agent",
+                        "raise ImportError('needs gym')\n",
+                        {AGENTS_GROUP: {"broken": "libra_broken_agent:Agent"}})
+    spec = JobSpec(task=TaskSpec(agent=agent_name), tools=ToolsSpec(call_timeout_s=5.0))
+    async with started_rig(redis_server.url, tmp_path, spec=spec) as rig:
+        await rig.place(make_task(0))
+        (traj,) = await rig.run_until_published()
+        assert rig.core.num_active == 0  # the loop goes on: no crash
+    assert (traj.status, traj.failure_reason) == (t.TrajectoryStatus.FAILED, reason)
+    assert rig.engine.requests == []
