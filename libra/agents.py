@@ -15,6 +15,9 @@ from libra.plugins import AGENTS_GROUP, entry_point_names
 AUTO = "auto"
 ARITH = "arith"
 CHAT = "chat"
+# Starts ``failure_reason`` of a trajectory whose agent could not be built on its rollout
+# (the rollout sets it; the trainer then fails the job with that reason).
+AGENT_FAILURE_PREFIX = "agent unavailable:"
 # ``auto`` picks by the job's tool-call format: arith -> the tag agent, else the chat agent.
 BUILTIN_AGENTS = (AUTO, ARITH, CHAT)
 

@@ -90,9 +90,10 @@ class _UnavailableAgent:
 
 def build_agent_or_stand_in(spec: JobSpec, tokenizer: Tokenizer) -> Agent:
     """``build_agent``, or (on ``PluginError``) a stand-in that fails the job's
-    trajectories with ``agent: <the error>``."""
+    trajectories with ``agent unavailable: <the error>`` (the trainer then fails the job
+    with it)."""
     try:
         return build_agent(spec, tokenizer)
     except PluginError as exc:
         logger.error("[job] agent %r unavailable on this rollout: %s", spec.task.agent, exc)
-        return _UnavailableAgent(f"agent: {exc}")
+        return _UnavailableAgent(f"{names.AGENT_FAILURE_PREFIX} {exc}")

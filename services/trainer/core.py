@@ -46,13 +46,9 @@ from libra.weight_sync import write_manifest
 from services.trainer import checkpoint
 from services.trainer.elastic import GradientDomain, HybridSession
 from services.trainer.elastic_step import ElasticTrainer
+from services.trainer.failures import JobFailure, RewardFailureBudget, component_means
 from services.trainer.grpo import GroupBuffer, group_advantages, staleness
 from services.trainer.reports import CoordinatorReporter
-from services.trainer.reward_stats import (
-    RewardFailureBudget,
-    RewardFailuresExhausted,
-    component_means,
-)
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.coordinator import CoordinatorApi
@@ -210,7 +206,7 @@ class TrainerCore:
             raise
         except Exception as exc:
             self.phase = "failed"
-            self.message = str(exc) if isinstance(exc, RewardFailuresExhausted) else (
+            self.message = str(exc) if isinstance(exc, JobFailure) else (
                 f"trainer: {exc}")
             logger.exception("[job] training failed job_id=%s", job_id)
             await self._reports.report_job_done(job_id, t.JobState.FAILED, self.message)
@@ -386,7 +382,7 @@ class TrainerCore:
             logger.warning("[reject] trajectory_id=%s %s", traj.trajectory_id, problem)
             return "dropped_failed"
         if traj.status is not t.TrajectoryStatus.FINISHED:
-            self._reward_budget.observe(traj)  # raises once the reward's budget is spent
+            self._reward_budget.observe(traj)  # raises when the failure ends the job
             return "dropped_failed"
         if staleness(self.policy_version, traj) > spec.algorithm.max_staleness:
             return "dropped_stale"

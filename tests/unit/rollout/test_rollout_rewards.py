@@ -124,9 +124,10 @@ async def test_a_plugin_agent_runs_inside_the_batched_loop(redis_server, tmp_pat
 
 
 @pytest.mark.parametrize("agent_name, reason", [
-    ("not_installed", "agent: unknown agent 'not_installed' (available: arith, chat, broken)"),
-    ("broken", "agent: entry point 'broken' = 'libra_broken_agent:Agent' (group libra.agents) "
-               "failed to load: ImportError: needs gym"),
+    ("not_installed", "agent unavailable: unknown agent 'not_installed' (available: arith, "
+                      "chat, broken)"),
+    ("broken", "agent unavailable: entry point 'broken' = 'libra_broken_agent:Agent' (group "
+               "libra.agents) failed to load: ImportError: needs gym"),
 ])
 async def test_an_agent_this_rollout_cannot_build_fails_the_jobs_trajectories(
         redis_server, tmp_path, monkeypatch, agent_name, reason) -> None:

@@ -1,5 +1,6 @@
-"""The trainer and rewards: per-step means of the reward components, and the failure
-budget (``reward.max_failures``) that fails a job whose reward keeps failing.
+"""The trainer and trajectory failures: per-step means of the reward components, the
+failure budget (``reward.max_failures``) that fails a job whose reward keeps failing, and
+an agent unavailable on a rollout, which fails the job at once.
 
 Same rig as test_trainer_core.py: real Redis store, fake backend and coordinator."""
 # ruff: noqa: F811 - the imported ``rig`` fixture is a parameter of every test
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from libra import redis_keys as keys
 from libra import types as t
+from libra.agents import AGENT_FAILURE_PREFIX
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
 from libra.rewardspec import REWARD_FAILURE_PREFIX, RewardSpec
 from tests.unit.trainer.test_trainer_core import (  # noqa: F401 - the rig fixture
@@ -64,3 +66,13 @@ async def test_failures_below_the_budget_and_other_failures_do_not_fail_the_job(
     await rig.write(reward_failed(0, 0, "once"), *tool_failed, *make_group(2))
     await rig.run_job()
     assert rig.coordinator.done == [(JOB, t.JobState.SUCCEEDED, "trained 1 steps")]
+
+
+async def test_an_agent_unavailable_on_a_rollout_fails_the_job_with_its_reason(
+        rig: Rig) -> None:
+    await set_spec(rig, RewardSpec(), num_steps=5)
+    traj = make_trajectory(0, 0, status=t.TrajectoryStatus.FAILED)
+    traj.failure_reason = f"{AGENT_FAILURE_PREFIX} unknown agent 'react' (available: arith)"
+    await rig.write(traj)
+    await rig.run_job()
+    assert rig.coordinator.done == [(JOB, t.JobState.FAILED, traj.failure_reason)]

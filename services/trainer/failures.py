@@ -1,4 +1,8 @@
-"""Rewards as the trainer sees them: the failure budget and per-step component means.
+"""Trajectory failures that end a job, and the per-step means of reward components.
+
+A trajectory whose agent could not be built on its rollout (``AGENT_FAILURE_PREFIX``:
+not installed there, or its entry point fails to import) fails the job at once: every
+other trajectory of the job would fail the same way.
 
 A trajectory whose reward failed (raised, timed out, non-finite or out-of-range score)
 reaches the trainer as FAILED with a ``failure_reason`` starting with
@@ -13,10 +17,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from libra import types as t
+from libra.agents import AGENT_FAILURE_PREFIX
 from libra.rewardspec import REWARD_FAILURE_PREFIX, RewardSpec
 
 
-class RewardFailuresExhausted(RuntimeError):
+class JobFailure(RuntimeError):
+    """A trajectory failure that ends the job; the message is the job's error."""
+
+
+class RewardFailuresExhausted(JobFailure):
     """The job's reward failed ``reward.max_failures`` trajectories."""
 
 
@@ -28,13 +37,17 @@ class RewardFailureBudget:
         self.num_failures = 0
 
     def observe(self, traj: t.Trajectory) -> None:
-        """Count ``traj`` if its reward failed.
+        """Count ``traj`` if its reward failed; end the job if its agent is unavailable.
 
         Raises:
             RewardFailuresExhausted: This failure reached ``reward.max_failures``.
+            JobFailure: The job's agent could not be built on a rollout.
         """
-        if (traj.status is not t.TrajectoryStatus.FAILED
-                or not traj.failure_reason.startswith(REWARD_FAILURE_PREFIX)):
+        if traj.status is not t.TrajectoryStatus.FAILED:
+            return
+        if traj.failure_reason.startswith(AGENT_FAILURE_PREFIX):
+            raise JobFailure(traj.failure_reason)
+        if not traj.failure_reason.startswith(REWARD_FAILURE_PREFIX):
             return
         self.num_failures += 1
         if self.num_failures >= self._spec.max_failures:
