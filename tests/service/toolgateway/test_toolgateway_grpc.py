@@ -213,3 +213,6 @@ async def test_cli_finds_the_gateway_in_the_stack_state(gateway, tmp_path, capsy
     assert await asyncio.to_thread(cli_main, argv) == 0
     assert [s["name"] for s in json.loads(capsys.readouterr().out)] == [
         "calculator", "python", "search"]
+    argv = ["--run-root", str(tmp_path), "tool", "rewards", "--json"]
+    assert await asyncio.to_thread(cli_main, argv) == 0
+    assert "composite" in [r["name"] for r in json.loads(capsys.readouterr().out)]
