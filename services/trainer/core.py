@@ -116,7 +116,7 @@ class TrainerCore:
         self.step = 0
         self.policy_version = -1
         self.message = ""  # how the last job ended here (phase done or failed)
-        self._reward_budget = RewardFailureBudget(RewardSpec())
+        self._failures = RewardFailureBudget(RewardSpec())
 
     def status(self) -> t.TrainerStatus:
         return t.TrainerStatus(job_id=self.job_id, phase=self.phase, step=self.step,
@@ -131,7 +131,7 @@ class TrainerCore:
             raise NotFound(f"job {job_id!r} not found")
         self.job_id, self.phase, self.step, self.policy_version = job_id, "warmup", 0, -1
         self.message = ""
-        self._reward_budget = RewardFailureBudget(job_spec_from_json(spec_json).reward)
+        self._failures = RewardFailureBudget(job_spec_from_json(spec_json).reward)
         self._reports.new_run()
         self._cleaning_up = False
         self._stop_requested = threading.Event()
@@ -382,7 +382,7 @@ class TrainerCore:
             logger.warning("[reject] trajectory_id=%s %s", traj.trajectory_id, problem)
             return "dropped_failed"
         if traj.status is not t.TrajectoryStatus.FINISHED:
-            self._reward_budget.observe(traj)  # raises when the failure ends the job
+            self._failures.observe(traj)  # raises when the failure ends the job
             return "dropped_failed"
         if staleness(self.policy_version, traj) > spec.algorithm.max_staleness:
             return "dropped_stale"
