@@ -4,18 +4,33 @@ Rebuilt from what the trajectory already carries, so a handed-over trajectory ne
 nothing extra: the prompt messages, then the generated part split into runs of the
 loss mask: a run of model tokens (mask 1) is one assistant turn, parsed again for its
 tool calls; a run of context tokens (mask 0) holds the returns of that turn's calls
-(``tool_states`` give each return's tool and status, in order). A turn with several
-calls has one context run: its text goes on the turn's first tool message, the others
-carry tool and status only.
+(``tool_states`` give each return's tool and status, in order). Each tool message's
+content is that return's own text where the rendering marks returns (the Hermes/Qwen
+``<tool_response>`` blocks, the arith ``<res>``/``<err>`` tags) and their number matches;
+otherwise the run's whole text (template markup included) goes on the turn's first tool
+message and the others carry tool and status only.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 
 from libra import types as t
 from libra.chat.toolcalls import ParsedTurn
+
+_RETURN = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>|(<(res|err)>.*?</\3>)",
+                     re.S)
+
+
+def split_returns(text: str, num_returns: int) -> list[str]:
+    """The text of each of ``num_returns`` returns rendered together in ``text``."""
+    found = [m.group(1) if m.group(1) is not None else m.group(2)
+             for m in _RETURN.finditer(text)]
+    if len(found) == num_returns:
+        return found
+    return [text] + [""] * (num_returns - 1)
 
 
 def _runs(traj: t.Trajectory) -> Iterator[tuple[int, int, int]]:
@@ -47,10 +62,11 @@ def build_transcript(traj: t.Trajectory, prompt: list[dict], decode: Callable[[l
         # end of the prompt).
         ends = [i for i, pos in enumerate(traj.tool_return_positions)
                 if pos == end - traj.num_prompt_tokens and i >= num_returns]
+        texts = split_returns(text, max(len(ends), 1))
         for k, index in enumerate(ends or [None]):
             state = traj.tool_states[index] if index is not None else None
             messages.append(t.TranscriptMessage(
-                "tool", text if k == 0 else "", name=state.tool_type if state else "",
+                "tool", texts[k], name=state.tool_type if state else "",
                 tool_status=state.status.value if state else ""))
         num_returns += len(ends)
     return tuple(messages)

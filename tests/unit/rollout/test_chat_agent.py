@@ -189,3 +189,17 @@ def test_the_transcript_has_the_turns_calls_and_tool_returns(tok) -> None:
     assert (messages[2].name, messages[2].tool_status) == ("calculator", "success")
     assert "84" in messages[2].content
     assert messages[3].content.strip() == "It is 84."
+
+
+def test_each_of_several_returns_gets_its_own_text_in_the_transcript(tok) -> None:
+    loop = build_agent(spec(), tok)
+    traj = new_traj()
+    loop.start(traj)
+    loop.apply_generation(traj, turn(tok, CALL + "\n" + CALL.replace("12*7", "1+1")))
+    loop.apply_tool_results(traj, [agent.ToolTurnResult("calculator", tool_result("84")),
+                                   agent.ToolTurnResult("calculator", tool_result("2"))])
+    loop.apply_generation(traj, turn(tok, "84 and 2."))
+    tools = [m for m in loop.transcript(traj) if m.role == "tool"]
+    # Both fixtures' renderings wrap each return in <tool_response> (Qwen2's own template,
+    # the shipped Hermes one for Llama).
+    assert [m.content for m in tools] == ["84", "2"]
