@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
+from libra.agents import check_builtin_agent
 from libra.errors import InvalidArgument
+from libra.rewardspec import RewardSpec, check_plugin_name, validate_reward
 from libra.tasks import TASKS
 from libra.taskspec import TaskSpec, normalise_task, validate_task_source
 
@@ -33,10 +35,6 @@ SUPPORTED_TOOL_CALL_FORMATS = ("arith", "hermes")
 # ``tools``, else the shipped one).
 SUPPORTED_TOOL_TEMPLATES = ("auto", "model", "hermes")
 SUPPORTED_POLICIES = ("least_loaded", "cmlfq", "length_aware", "la_mlfq", "toolcount")
-SUPPORTED_TOOLS = ("calculator", "python", "search")
-# Built-in rewards of the tool gateway (plugins registered there are accepted too when
-# listed in the gateway's extra_rewards; the spec names built-ins only for now).
-SUPPORTED_REWARDS = ("exact_match", "numeric", "code_tests", "llm_judge")
 _BUCKET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
@@ -93,11 +91,6 @@ class ToolsSpec:
         if tool == "search" and self.search_corpus:
             return {"corpus_paths": list(self.search_corpus)}
         return {}
-
-
-@dataclass(frozen=True, kw_only=True)
-class RewardSpec:
-    name: str = "exact_match"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,19 +263,19 @@ def _validate_ranges(spec: JobSpec) -> None:
              f"one of {SUPPORTED_TOOL_CALL_FORMATS}")
     _require(spec.model.kind == "hf" or t.tool_call_format == "arith",
              "task.tool_call_format", "the tiny-llama model speaks only the arith format")
+    check_plugin_name(t.agent, "task.agent")  # plugins: the coordinator, at submit
+    check_builtin_agent(t.agent, t.tool_call_format)
     _require(1 <= t.max_turns <= 64, "task.max_turns", "must be in [1, 64]")
     _require(1 <= t.max_new_tokens_per_turn <= 4096, "task.max_new_tokens_per_turn",
              "must be in [1, 4096]")
     _require(len(spec.tools.enabled) >= 1, "tools.enabled", "at least one tool")
     _require(spec.tools.call_timeout_s > 0, "tools.call_timeout_s", "must be > 0")
-    _require(spec.reward.name in SUPPORTED_REWARDS, "reward.name",
-             f"one of {SUPPORTED_REWARDS}")
+    validate_reward(spec.reward)  # the names: the coordinator, against the gateway
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size",
                  "max_position_embeddings"):
         _require(getattr(spec.model, name) >= 1, f"model.{name}", "must be >= 1")
-    for tool in spec.tools.enabled:
-        _require(tool in SUPPORTED_TOOLS, "tools.enabled", f"unknown tool {tool!r} "
-                 f"(known: {', '.join(SUPPORTED_TOOLS)})")
+    for i, tool in enumerate(spec.tools.enabled):
+        check_plugin_name(tool, f"tools.enabled[{i}]")  # which exist: the gateway's list
     # The arith format's agent speaks the calculator protocol; other tools ride along.
     _require(t.tool_call_format != "arith" or spec.tools.enabled[0] == "calculator",
              "tools.enabled", "the arith tool-call format calls the calculator: list it first")

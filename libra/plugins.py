@@ -1,13 +1,17 @@
-"""One resolver for every extension point given as a dotted path.
+"""One resolver for every extension point: dotted paths and Python entry points.
 
 Reward functions, tools and policies are named in config as ``"package.module:Name"``
 (or ``"package.module.Name"``) and resolved here, so every plugin error reads the same
-way: which part of the path is wrong and what was expected.
+way: which part of the path is wrong and what was expected. Installed distributions
+register plugins as entry points in the groups ``libra.tools``, ``libra.rewards`` and
+``libra.agents`` (docs/plugins.md); every registry loads them through
+:func:`load_entry_points`.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Any
 
 
@@ -65,3 +69,49 @@ def load_object(path: str, expected: type | None = None) -> Any:
     if expected is not None:
         _check_type(path, obj, expected)
     return obj
+
+
+# Entry-point groups, one per kind of plugin (pyproject: [project.entry-points."libra.tools"]).
+TOOLS_GROUP = "libra.tools"
+REWARDS_GROUP = "libra.rewards"
+AGENTS_GROUP = "libra.agents"
+
+
+def entry_point_names(group: str) -> list[str]:
+    """Names registered under ``group`` by installed distributions, from their metadata
+    only (nothing is imported): what a process that must not load the plugin (the
+    coordinator) can check a spec against."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=group)})
+
+
+def _load(ep: importlib.metadata.EntryPoint, group: str) -> Any:
+    try:
+        return ep.load()
+    except Exception as exc:  # noqa: BLE001 - any import-time fault of a plugin
+        raise PluginError(f"entry point {ep.name!r} = {ep.value!r} (group {group}) "
+                          f"failed to load: {type(exc).__name__}: {exc}") from exc
+
+
+def load_entry_point(group: str, name: str) -> Any | None:
+    """Import the entry point ``name`` of ``group`` only; None when none is installed.
+
+    Raises:
+        PluginError: It is installed but fails to import (named, with the error).
+    """
+    for ep in importlib.metadata.entry_points(group=group, name=name):
+        return _load(ep, group)
+    return None
+
+
+def load_entry_points(group: str) -> list[tuple[str, Any]]:
+    """Import every entry point of ``group``: ``[(name, object), ...]`` sorted by name.
+
+    A broken plugin fails the whole load instead of being skipped: a job that names it
+    would otherwise be refused at submit as "unknown", hiding the real error.
+
+    Raises:
+        PluginError: An entry point cannot be imported (or raises while importing); the
+            message names the group, the entry point, its target and the error.
+    """
+    eps = sorted(importlib.metadata.entry_points(group=group), key=lambda ep: ep.name)
+    return [(ep.name, _load(ep, group)) for ep in eps]

@@ -66,6 +66,9 @@ class TaskSpec:
     tool_call_format: str = "arith"
     system_prompt: str = ""
     """``hermes``: the system message (empty: the task's default)."""
+    agent: str = "auto"
+    """The agent loop: ``auto`` (by tool_call_format), ``arith``, ``chat``, or a
+    ``libra.agents`` entry point installed on the rollout (libra/agents.py)."""
 
     @property
     def resolved_kind(self) -> str:

@@ -145,6 +145,10 @@ class Trajectory:
     # The prompt as chat messages (JSON list) when the dataset row has messages; "" for a
     # text prompt. ``prompt_text`` then holds their joined contents (length, logs).
     prompt_messages_json: str = ""
+    # Named parts of ``reward`` (a composite reward's components), set with it.
+    reward_components: dict[str, float] = field(default_factory=dict)
+    # The dataset row's metadata (task.metadata_field) as JSON; "" when none.
+    metadata_json: str = ""
 
     @property
     def num_generated_tokens(self) -> int:
@@ -278,3 +282,50 @@ class PolicyInfo:
     sha256: str
     model_dir: str
     published_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptToolCall:
+    """A well-formed tool call parsed from an assistant turn."""
+
+    name: str
+    arguments_json: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptMessage:
+    """One message of a finished trajectory as a reward reads it."""
+
+    role: str
+    """``system``, ``user``, ``assistant`` or ``tool``."""
+    content: str
+    tool_calls: tuple[TranscriptToolCall, ...] = ()
+    """assistant: the well-formed calls of the turn."""
+    name: str = ""
+    """tool: the tool that answered (``invalid``: the call never reached a tool)."""
+    tool_status: str = ""
+    """tool: ``success``, ``failure`` or ``timeout``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreInput:
+    """A finished trajectory to score (rollout -> tool gateway ``Score``)."""
+
+    trajectory_id: str
+    reward: str
+    final_text: str
+    reference: str = ""
+    messages: tuple[TranscriptMessage, ...] = ()
+    metadata_json: str = ""
+    """The dataset row's metadata as JSON ("" when none)."""
+    num_turns: int = 0
+    options_json: str = ""
+    """Job-level reward settings (``RewardSpec.options()``) as JSON."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreOutput:
+    """The reward of a trajectory plus its named parts."""
+
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)

@@ -148,8 +148,9 @@ async def measure_scoring(gateway: Any, spec: Any, trajs: list[t.Trajectory]) ->
         if not traj.final_text:
             out[traj.trajectory_id] = 0.0
             continue
-        out[traj.trajectory_id] = await _timed(gateway.score(
-            traj.trajectory_id, spec.reward.name, traj.final_text, traj.reference))
+        out[traj.trajectory_id] = await _timed(gateway.score(t.ScoreInput(
+            traj.trajectory_id, spec.reward.name, traj.final_text, traj.reference,
+            options_json=spec.reward.options_json())))
     return out
 
 

@@ -5,6 +5,7 @@ Examples:
   libra tool run python --args '{"code": "print(1)"}' --local      in-process, no stack needed
   libra tool run search --args '{"query": "x"}' --toolgateway 127.0.0.1:50054
   libra tool list --json
+  libra tool rewards --local                                         the registered rewards
 
 ``run`` prints the result as JSON (status, output, error, payload_tokens, size_class,
 latency_ms, state, truncated) and exits 0 when the tool succeeded, 1 when it failed or
@@ -104,9 +105,30 @@ async def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_rewards(args: argparse.Namespace) -> int:
+    if args.local:
+        from services.toolgateway.local import list_rewards
+
+        rewards = list_rewards()
+    else:
+        from libra.clients.toolgateway import GrpcToolGatewayClient
+
+        client = GrpcToolGatewayClient(_address(args))
+        try:
+            rewards = await client.list_rewards()
+        finally:
+            await client.close()
+    if args.json:
+        print(json.dumps(rewards, indent=2))
+    else:
+        for reward in rewards:
+            print(f"{reward['name']}  {reward['description']}")
+    return 0
+
+
 def register(sub: Any) -> None:
-    """Add ``tool run`` and ``tool list`` to the CLI's subparsers."""
-    parser = sub.add_parser("tool", help="run one tool call, or list the tools",
+    """Add ``tool run``, ``tool list`` and ``tool rewards`` to the CLI's subparsers."""
+    parser = sub.add_parser("tool", help="run one tool call, or list the tools or rewards",
                             description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     tool_sub = parser.add_subparsers(dest="tool_command", required=True)
@@ -129,3 +151,5 @@ def register(sub: Any) -> None:
                    help="the call's deadline (default 15000)")
     p.add_argument("--call-id", default="", help="call id (default: random)")
     add("list", cmd_list, "the tools with their argument schemas")
+    add("rewards", cmd_rewards, "the rewards a job may name in [reward] (built-ins, entry "
+                                "points, the gateway's extra_rewards)")

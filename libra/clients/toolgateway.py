@@ -10,6 +10,7 @@ from libra.clients.base import GrpcClientBase
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
 from libra.wire.common import tool_state_from_proto, tool_status_from_proto
+from libra.wire.toolgateway import score_input_to_proto, score_output_from_proto
 
 
 class ToolGatewayApi(Protocol):
@@ -17,8 +18,8 @@ class ToolGatewayApi(Protocol):
                       deadline_ms: int, options: dict[str, Any] | None = None
                       ) -> t.ToolResult: ...
 
-    async def score(self, trajectory_id: str, reward: str, final_text: str, reference: str,
-                    extra: dict[str, Any] | None = None) -> float: ...
+    async def score(self, request: t.ScoreInput, timeout_s: float | None = None
+                    ) -> t.ScoreOutput: ...
 
 
 class GrpcToolGatewayClient(GrpcClientBase):
@@ -39,12 +40,19 @@ class GrpcToolGatewayClient(GrpcClientBase):
                             resp.payload_tokens, resp.latency_ms,
                             tool_state_from_proto(resp.state), resp.truncated)
 
-    async def score(self, trajectory_id: str, reward: str, final_text: str, reference: str,
-                    extra: dict[str, Any] | None = None) -> float:
-        resp = await self._call(self._stub.Score, pb.ScoreRequest(
-            trajectory_id=trajectory_id, reward=reward, final_text=final_text,
-            reference=reference, extra_json=json.dumps(extra or {})), idempotent=True)
-        return resp.reward
+    async def score(self, request: t.ScoreInput, timeout_s: float | None = None
+                    ) -> t.ScoreOutput:
+        """Score a finished trajectory (``timeout_s``: the RPC deadline; give the job's
+        ``reward.timeout_s`` plus a margin so the gateway's own timeout answers first)."""
+        resp = await self._call(self._stub.Score, score_input_to_proto(request),
+                                idempotent=True, timeout_s=timeout_s)
+        return score_output_from_proto(resp)
+
+    async def list_rewards(self) -> list[dict[str, str]]:
+        """``[{"name", "description"}, ...]`` of the gateway's registered rewards."""
+        resp = await self._call(self._stub.ListRewards, pb.ListRewardsRequest(),
+                                idempotent=True)
+        return [{"name": r.name, "description": r.description} for r in resp.rewards]
 
     async def list_tools(self) -> list[dict[str, Any]]:
         resp = await self._call(self._stub.ListTools, pb.ListToolsRequest(), idempotent=True)

@@ -73,7 +73,7 @@ _TRAJ_SCALARS = ("trajectory_id", "job_id", "group_id", "prompt_id", "prompt_tex
                  "reference", "failure_reason", "num_prompt_tokens", "reward", "num_turns",
                  "instance_id", "bucket", "num_migrations", "created_at_ms",
                  "finished_at_ms", "final_text", "attempt", "partial_turn_tokens",
-                 "prompt_messages_json")
+                 "prompt_messages_json", "metadata_json")
 _TRAJ_LISTS = ("token_ids", "loss_mask", "logprobs", "token_versions",
                "tool_return_positions")
 
@@ -84,6 +84,7 @@ def trajectory_to_proto(traj: t.Trajectory) -> pb.Trajectory:
     for name in _TRAJ_LISTS:
         getattr(msg, name).extend(getattr(traj, name))
     msg.tool_states.extend(tool_state_to_proto(s) for s in traj.tool_states)
+    msg.reward_components.update(traj.reward_components)
     return msg
 
 
@@ -93,6 +94,7 @@ def trajectory_from_proto(msg: pb.Trajectory) -> t.Trajectory:
     for name in _TRAJ_LISTS:
         setattr(traj, name, list(getattr(msg, name)))
     traj.tool_states = [tool_state_from_proto(s) for s in msg.tool_states]
+    traj.reward_components = dict(msg.reward_components)
     return traj
 
 

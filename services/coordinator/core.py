@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from libra import types as t
+from libra.agents import check_agent_name
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, InvalidArgument, LibraError, Unavailable
 from libra.ids import new_job_id
@@ -70,9 +71,22 @@ class DatasetCheck(Protocol):
 
 
 class ToolCatalog(Protocol):
-    """The tool gateway's ListTools: ``[{"name", "description", "args_schema", ...}]``."""
+    """The tool gateway's ListTools (``[{"name", "description", "args_schema", ...}]``) and
+    ListRewards (``[{"name", "description"}]``): its registries, the only lists of names."""
 
     async def list_tools(self) -> list[dict[str, Any]]: ...
+
+    async def list_rewards(self) -> list[dict[str, Any]]: ...
+
+
+def _check_rewards(spec: JobSpec, known: list[str]) -> None:
+    """Every reward the job calls (a composite's parts too) is registered on the gateway."""
+    fields = ["reward.name"] + [f"reward.components[{i}].name"
+                                for i in range(len(spec.reward.components))]
+    for path, name in zip(fields, spec.reward.names(), strict=True):
+        if name not in known:
+            raise InvalidArgument(path, f"the tool gateway has no reward {name!r} (it has: "
+                                        f"{', '.join(known)})")
 
 
 class CoordinatorCore:
@@ -113,6 +127,7 @@ class CoordinatorCore:
     async def create_job(self, spec_text: str, spec_format: str) -> t.Job:
         """Validate, store and start a job; atomic from the caller's point of view."""
         spec = parse_job_spec(spec_text, spec_format)
+        check_agent_name(spec.task.agent)  # built-ins + libra.agents entry points
         if self._model_check is not None:
             # Off the event loop: it reads config/tokenizer files (about a second), and
             # leases must keep renewing meanwhile.
@@ -154,6 +169,7 @@ class CoordinatorCore:
             return spec
         try:
             catalog = {tool["name"]: tool for tool in await self._tool_catalog.list_tools()}
+            rewards = sorted(r["name"] for r in await self._tool_catalog.list_rewards())
         except LibraError as exc:
             if spec.task.tool_call_format == "arith":
                 return spec  # the tag protocol renders no schemas: the gateway may come later
@@ -164,6 +180,7 @@ class CoordinatorCore:
             if name not in catalog:
                 raise InvalidArgument(f"tools.enabled[{index}]", f"the tool gateway has no tool "
                                       f"{name!r} (it has: {', '.join(sorted(catalog))})")
+        _check_rewards(spec, rewards)
         schemas = [ToolSchema(name=name, description=catalog[name].get("description", ""),
                               parameters_json=json.dumps(catalog[name].get("args_schema", {}),
                                                          sort_keys=True))

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from libra import types as t
-from libra.chat.job import chat_format
 from libra.chat.toolcalls import ParsedTurn, ToolCall, get_parser
 from libra.jobspec import JobSpec
 from libra.tasks.arith import format_tool_output
 from services.rollout.engine_types import GenerationRequest, GenerationResult
+from services.rollout.transcript import build_transcript
 
 # The causal signal of a call that never reached a tool (unknown name, bad JSON, a turn
 # cut mid-call): one bounded tool type, so the prefix tree's keys stay few.
@@ -80,7 +80,30 @@ def invalid_call_result(error: str, tool_type: str = INVALID_TOOL_TYPE) -> t.Too
 
 
 class Agent(Protocol):
-    """One job's agent loop (the rollout core holds one per job)."""
+    """One job's agent loop (the rollout core holds one per job; ``task.agent`` picks it,
+    services/rollout/agent_registry.py builds it, docs/plugins.md shows a plugin).
+
+    The agent never generates: the core batches every ready trajectory's
+    ``next_request`` into one engine call, runs the calls a turn asks for on the tool
+    gateway, and reports every tool return to the scheduler. The agent owns the text:
+
+    - ``start``: tokenize the prompt of a fresh trajectory (a handed-over one already has
+      tokens: leave them); raise ``ValueError`` for a prompt it cannot render (that
+      trajectory fails, the job goes on).
+    - ``next_request``: the next turn's request, or None to stop (the trajectory then
+      finishes without an answer, reward 0, not scored). Stop conditions live here and in
+      ``apply_generation``: context full (``max_context_tokens``), turns used up
+      (``task.max_turns``).
+    - ``apply_generation``: append the sampled turn (mask 1) and say what it asks for: a
+      ``TurnOutcome`` with calls (and malformed-call errors the model should read), or
+      ``finished`` with the ``final_answer`` the reward scores.
+    - ``apply_tool_results``: append what the model reads of the returns (mask 0,
+      version -1) and record each return's ``state`` and position on the trajectory.
+    - ``transcript``: the finished trajectory as messages for the reward.
+
+    Everything needed to go on must live in the trajectory (a move hands it to another
+    instance, which continues with its own agent).
+    """
 
     max_context_tokens: int
 
@@ -94,6 +117,8 @@ class Agent(Protocol):
 
     def apply_tool_results(self, traj: t.Trajectory,
                            results: Sequence[ToolTurnResult]) -> None: ...
+
+    def transcript(self, traj: t.Trajectory) -> tuple[t.TranscriptMessage, ...]: ...
 
 
 class _AgentBase:
@@ -150,6 +175,11 @@ class _AgentBase:
         for item in results:
             traj.tool_states.append(item.result.state)
             traj.tool_return_positions.append(traj.num_generated_tokens)
+
+    def transcript(self, traj: t.Trajectory) -> tuple[t.TranscriptMessage, ...]:
+        """The finished trajectory as messages, for the reward (services/rollout/
+        transcript.py)."""
+        return build_transcript(traj, prompt_messages(traj), self._turn_text, self._parse)
 
     def _turn_text(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)
@@ -283,10 +313,3 @@ def append_context(traj: t.Trajectory, ids: Sequence[int]) -> None:
     traj.loss_mask.extend([0] * len(ids))
     traj.logprobs.extend([0.0] * len(ids))
     traj.token_versions.extend([-1] * len(ids))
-
-
-def build_agent(spec: JobSpec, tokenizer: Tokenizer) -> Agent:
-    """The job's agent: the tag protocol, or the chat protocol over the model's template."""
-    if spec.task.tool_call_format == "arith":
-        return ArithAgent(spec, tokenizer)
-    return ChatAgent(spec, tokenizer, chat_format(spec, tokenizer.tokenizer))

@@ -43,8 +43,10 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import LeaseLost, LibraError
 from libra.jobspec import JobSpec, ModelSpec, job_spec_from_json
+from libra.rewardspec import REWARD_FAILURE_PREFIX
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout import agent
+from services.rollout.agent_registry import AgentUnavailable, build_agent_or_stand_in
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.lend import LendingMixin
 from services.rollout.lending import ChannelOpener, TrainerLoader
@@ -59,6 +61,8 @@ if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at ru
 
 logger = logging.getLogger(__name__)
 
+# Extra wait for a Score RPC beyond the job's reward.timeout_s (the gateway's own).
+SCORE_DEADLINE_MARGIN_S = 5.0
 # While every pinned trajectory waits on a tool, how often the loop still looks at the
 # inbox for new work.
 WAIT_FOR_TOOLS_S = 0.02
@@ -315,9 +319,10 @@ class RolloutCore(MovesMixin, LendingMixin):
         act = _Active(entry, traj)
         try:
             ctx.agent.start(traj)
-        except ValueError as exc:  # a prompt this job's agent cannot render
+        except ValueError as exc:  # a prompt this job's agent cannot render (or no agent)
             ctx.active[traj.trajectory_id] = act
-            await self._fail(ctx, act, f"prompt: {exc}")
+            await self._fail(ctx, act, str(exc) if isinstance(exc, AgentUnavailable)
+                             else f"prompt: {exc}")
             return
         if traj.partial_turn_tokens:  # interrupted where it was handed over: resume it
             act.turn_prefix = traj.token_ids[-traj.partial_turn_tokens:]
@@ -341,7 +346,7 @@ class RolloutCore(MovesMixin, LendingMixin):
                         bucket.max_batch_size if bucket else self.settings.max_batch_size)
         engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy,
                                                     tp_degree, spec.model)
-        job_agent = await asyncio.to_thread(agent.build_agent, spec, tokenizer)
+        job_agent = await asyncio.to_thread(build_agent_or_stand_in, spec, tokenizer)
         await self._load_verified(job_id, engine, policy)
         self._job = (job_id, _JobContext(spec, engine, job_agent, max_batch))
         logger.info("[job] serving job_id=%s policy_version=%d max_batch_size=%d", job_id,
@@ -534,13 +539,21 @@ class RolloutCore(MovesMixin, LendingMixin):
     async def _finish(self, ctx: _JobContext, act: _Active, final_answer: str | None) -> None:
         traj = act.traj
         if final_answer is not None:
+            reward = ctx.spec.reward
+            request = t.ScoreInput(
+                traj.trajectory_id, reward.name, final_answer, traj.reference,
+                ctx.agent.transcript(traj), traj.metadata_json, traj.num_turns,
+                reward.options_json())
             try:
-                traj.reward = await self.profile.timed("score", self._tools.score(
-                    traj.trajectory_id, ctx.spec.reward.name, final_answer, traj.reference),
-                    traj.trajectory_id)
+                # The gateway times the reward out itself; the RPC waits a little longer
+                # so that its answer (naming the reward) arrives first.
+                out = await self.profile.timed("score", self._tools.score(
+                    request, reward.timeout_s + SCORE_DEADLINE_MARGIN_S), traj.trajectory_id)
             except LibraError as exc:
-                await self._fail(ctx, act, f"scoring: {exc}")
+                # The trainer counts these against reward.max_failures (by the prefix).
+                await self._fail(ctx, act, f"{REWARD_FAILURE_PREFIX} {reward.name}: {exc}")
                 return
+            traj.reward, traj.reward_components = out.reward, dict(out.components)
         traj.final_text = final_answer or ""
         traj.status = t.TrajectoryStatus.FINISHED
         await self._publish(ctx, act)

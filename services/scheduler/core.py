@@ -283,7 +283,7 @@ class SchedulerCore:
             trajectory_id=trajectory_id(gid, sample), job_id=t.JobId(run.job_id),
             group_id=gid, prompt_id=row.prompt_id, prompt_text=row.prompt_text,
             reference=row.reference, prompt_messages_json=row.prompt_messages_json,
-            created_at_ms=now_ms)
+            metadata_json=row.metadata_json, created_at_ms=now_ms)
             for sample in range(run.spec.algorithm.samples_per_prompt)]
 
     def _next_row(self, run: JobRun) -> DatasetRow:

@@ -18,15 +18,12 @@ import sys  # noqa: E402
 
 from libra.config import load_config, redact  # noqa: E402
 from libra.grpcx import Registration, serve  # noqa: E402
+from libra.plugins import PluginError  # noqa: E402
 from libra.proto.toolgateway.v1 import toolgateway_pb2, toolgateway_pb2_grpc  # noqa: E402
 from libra.telemetry import init_logging, init_tracing  # noqa: E402
 from services.toolgateway.config import ToolGatewayConfig  # noqa: E402
 from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits  # noqa: E402
-from services.toolgateway.rewards import (  # noqa: E402
-    RewardRegistry,
-    builtin_rewards,
-    load_reward,
-)
+from services.toolgateway.rewards import build_reward_registry  # noqa: E402
 from services.toolgateway.sandbox import (  # noqa: E402
     IsolationUnavailable,
     SandboxConfig,
@@ -36,9 +33,8 @@ from services.toolgateway.servicer import ToolGatewayServicer  # noqa: E402
 from services.toolgateway.tools import (  # noqa: E402
     CalculatorConfig,
     SearchConfig,
-    ToolRegistry,
+    build_tool_registry,
     builtin_tools,
-    load_tool,
 )
 
 logger = logging.getLogger("services.toolgateway")
@@ -60,7 +56,13 @@ def check_fork_safety() -> bool:
 def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
     """Wire the sandbox, the built-in and plugin tools and rewards into the core.
 
+    Plugins come from ``libra.tools`` / ``libra.rewards`` entry points and the config's
+    dotted paths. A plugin that fails to import stops the gateway (``PluginError`` naming
+    the entry point and the error): skipping it would only move the failure to submit
+    time, as an "unknown tool" that hides the cause.
+
     Raises:
+        PluginError: A plugin cannot be loaded or breaks its contract.
         IsolationUnavailable: ``require_network_isolation`` is set and this kernel (or
             user) does not allow a network namespace. Without the flag the sandbox logs a
             warning instead and sandboxed code can reach the network.
@@ -68,14 +70,10 @@ def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
     sandbox = SubprocessSandbox(SandboxConfig(
         require_network_isolation=cfg.require_network_isolation))
     search = SearchConfig(corpus_paths=tuple(cfg.search_corpus)) if cfg.search_corpus else None
-    tools = ToolRegistry(builtin_tools(
+    tools = build_tool_registry(builtin_tools(
         sandbox, CalculatorConfig(transient_failure_rate=cfg.calculator_transient_failure_rate),
-        search, python_timeout_s=cfg.python_timeout_s))
-    for path in cfg.extra_tools:
-        tools.register(load_tool(path))
-    rewards = RewardRegistry(builtin_rewards(sandbox))
-    for path in cfg.extra_rewards:
-        rewards.register(load_reward(path))
+        search, python_timeout_s=cfg.python_timeout_s), cfg.extra_tools)
+    rewards = build_reward_registry(sandbox, cfg.extra_rewards)
     limits = ToolGatewayLimits(max_concurrency_per_tool=cfg.max_concurrency_per_tool,
                                max_queue_depth_per_tool=cfg.max_queue_depth_per_tool)
     return ToolGatewayCore(tools, rewards, limits)
@@ -94,6 +92,9 @@ def run(cfg: ToolGatewayConfig) -> int:
     """Build the core and serve until stopped; 2 when the host cannot meet the config."""
     try:
         core = build_core(cfg)
+    except PluginError as exc:
+        logger.error("[startup] refusing to start: %s", exc)
+        return 2
     except IsolationUnavailable as exc:
         logger.error("[startup] refusing to start: %s. Run the gateway where unshare("
                      "CLONE_NEWNET) is allowed (root or CAP_SYS_ADMIN, or unprivileged user "

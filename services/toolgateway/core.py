@@ -33,8 +33,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from libra.types import SizeClass, SizeThresholds, ToolReturnState, ToolStatus
-from services.toolgateway.errors import DeadlineExceeded, Internal, ResourceExhausted
+from libra.types import SizeClass, SizeThresholds, ToolReturnState, ToolStatus, TranscriptMessage
+from services.toolgateway.errors import (
+    DeadlineExceeded,
+    Internal,
+    ResourceExhausted,
+    ToolGatewayError,
+)
+from services.toolgateway.rewards.base import RewardContractError, check_output
+from services.toolgateway.rewards.composite import composite_weights
 from services.toolgateway.rewards.registry import RewardRegistry
 from services.toolgateway.tools.base import Tool, ToolContext, ToolOutput
 from services.toolgateway.tools.registry import ToolRegistry
@@ -70,6 +77,8 @@ class ToolGatewayLimits:
     """Extra time before the core's own backstop cancels a tool that ignores its timeout."""
     max_retry_after_ms: int = 10000
     """Upper bound of the retry-after hint."""
+    reward_timeout_s: float = 30.0
+    """Longest one Score may take when the job sets no ``reward.timeout_s``."""
     size_thresholds: SizeThresholds = field(default_factory=SizeThresholds)
     """Token thresholds of the size classes."""
 
@@ -127,22 +136,39 @@ class ToolResult:
 
 @dataclass(frozen=True, slots=True)
 class ScoreRequest:
-    """A finished trajectory to score."""
+    """A finished trajectory to score (the whole of it: see rewards/base.py)."""
 
     trajectory_id: str
     reward: str
     final_text: str
     reference: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[TranscriptMessage, ...] = ()
+    """The prompt, each assistant turn (with its parsed calls), each tool return."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The dataset row's metadata (task.metadata_field)."""
+    num_turns: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    """The job's reward settings (``RewardSpec.options()``: components, llm_judge,
+    timeout_s)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ScoreResult:
-    """A reward in [0, 1] and the reward's details."""
+    """A reward, its named components, and the reward's details."""
 
     trajectory_id: str
     reward: float
     details: dict[str, Any] = field(default_factory=dict)
+    components: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RewardInfo:
+    """A registered reward as ListRewards reports it."""
+
+    name: str
+    description: str
 
 
 class _ToolLane:
@@ -298,20 +324,41 @@ class ToolGatewayCore:
             is_truncated=is_truncated,
         )
 
+    def list_rewards(self) -> list[RewardInfo]:
+        """All registered rewards, sorted by name."""
+        return [RewardInfo(r.name, r.description)
+                for r in sorted(self._rewards, key=lambda r: r.name)]
+
     async def score(self, request: ScoreRequest) -> ScoreResult:
         """Score a finished trajectory with the named reward.
 
         Raises:
-            UnknownReward: The reward is not registered.
-            Internal: The reward returned a value outside [0, 1] or not a number.
+            UnknownReward: The reward (or a composite's component) is not registered.
+            Internal: The reward raised, ran past its timeout, or returned a score that is
+                not a finite number in [0, 1] (a composite: [0, sum of weights]); the
+                message names the reward.
             Unavailable: A remote judge failed (raised by the reward).
         """
         reward = self._rewards.get(request.reward)
-        out = await reward.score(request)
-        value = out.reward
-        if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-            raise Internal(f"reward {request.reward!r} returned {value!r}, not a number in [0, 1]")
-        return ScoreResult(request.trajectory_id, float(value), dict(out.details))
+        timeout_s = float(request.options.get("timeout_s") or self._limits.reward_timeout_s)
+        try:
+            out = await asyncio.wait_for(reward.score(request), timeout_s)
+            upper = (sum(w for _, w in composite_weights(request.options))
+                     if request.options.get("components") else 1.0)
+            out = check_output(request.reward, out, max_reward=upper)
+        except ToolGatewayError:
+            raise  # unknown component, judge unavailable: already an API error
+        except TimeoutError:
+            raise Internal(f"reward {request.reward!r} timed out after {timeout_s:g}s") from None
+        except RewardContractError as exc:
+            raise Internal(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - a plugin fault fails this trajectory
+            logger.warning("[reward] reward=%s trajectory_id=%s raised %s: %s", request.reward,
+                           request.trajectory_id, type(exc).__name__, exc)
+            raise Internal(f"reward {request.reward!r} raised {type(exc).__name__}: {exc}"
+                           ) from exc
+        return ScoreResult(request.trajectory_id, float(out.reward), dict(out.details),
+                           {k: float(v) for k, v in out.components.items()})
 
 
 def _truncate(text: str, max_chars: int) -> tuple[str, bool]:

@@ -1,4 +1,4 @@
-"""The gateway in-process, for ``libra tool run --local`` and ``libra tool list --local``.
+"""The gateway in-process, for ``libra tool run|list|rewards --local``.
 
 The CLI lives in ``libra`` and must not import ``services`` at module import time, so it
 imports this module lazily. Results and errors come back as the same ``libra.types`` and
@@ -61,3 +61,8 @@ def list_tools(cfg: ToolGatewayConfig | None = None) -> list[dict[str, Any]]:
     """The tool specs in the shape ``GrpcToolGatewayClient.list_tools`` returns."""
     return [{"name": s.name, "description": s.description, "args_schema": s.args_schema,
              "idempotent": s.idempotent} for s in _core(cfg).list_tools()]
+
+
+def list_rewards(cfg: ToolGatewayConfig | None = None) -> list[dict[str, str]]:
+    """The rewards in the shape ``GrpcToolGatewayClient.list_rewards`` returns."""
+    return [{"name": r.name, "description": r.description} for r in _core(cfg).list_rewards()]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+from libra import types as t
 from libra.errors import InvalidArgument
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
 from libra.wire.common import tool_state_to_proto, tool_status_to_proto
+from libra.wire.toolgateway import score_input_from_proto, score_output_to_proto
 from services.toolgateway.core import ScoreRequest, ToolCall, ToolGatewayCore
 
 
@@ -19,6 +21,14 @@ def _json_object(field: str, text: str) -> dict:
     if not isinstance(value, dict):
         raise InvalidArgument(field, "must be a JSON object")
     return value
+
+
+def score_request(req: t.ScoreInput, extra_json: str = "") -> ScoreRequest:
+    """The core's request for a wire Score request (JSON fields checked, named)."""
+    return ScoreRequest(req.trajectory_id, req.reward, req.final_text, req.reference,
+                        _json_object("extra_json", extra_json), req.messages,
+                        _json_object("metadata_json", req.metadata_json), req.num_turns,
+                        _json_object("options_json", req.options_json))
 
 
 class ToolGatewayServicer(pb_grpc.ToolGatewayServiceServicer):
@@ -41,10 +51,15 @@ class ToolGatewayServicer(pb_grpc.ToolGatewayServiceServicer):
             truncated=result.is_truncated)
 
     async def Score(self, request, context):  # noqa: N802, ANN001
-        result = await self._core.score(ScoreRequest(
-            request.trajectory_id, request.reward, request.final_text, request.reference,
-            _json_object("extra_json", request.extra_json)))
-        return pb.ScoreResponse(reward=result.reward, details_json=json.dumps(result.details))
+        result = await self._core.score(score_request(score_input_from_proto(request),
+                                                      request.extra_json))
+        return score_output_to_proto(t.ScoreOutput(result.reward, result.components),
+                                     json.dumps(result.details))
+
+    async def ListRewards(self, request, context):  # noqa: N802, ANN001
+        return pb.ListRewardsResponse(rewards=[
+            pb.RewardInfo(name=r.name, description=r.description)
+            for r in self._core.list_rewards()])
 
     async def ListTools(self, request, context):  # noqa: N802, ANN001
         return pb.ListToolsResponse(tools=[

@@ -39,12 +39,14 @@ from libra.clock import Clock
 from libra.errors import FailedPrecondition, NotFound
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.retry import RetryPolicy, Sleep
+from libra.rewardspec import RewardSpec
 from libra.training import channel as ch
 from libra.training.samples import TrainSample
 from libra.weight_sync import write_manifest
 from services.trainer import checkpoint
 from services.trainer.elastic import GradientDomain, HybridSession
 from services.trainer.elastic_step import ElasticTrainer
+from services.trainer.failures import JobFailure, RewardFailureBudget, component_means
 from services.trainer.grpo import GroupBuffer, group_advantages, staleness
 from services.trainer.reports import CoordinatorReporter
 
@@ -114,6 +116,7 @@ class TrainerCore:
         self.step = 0
         self.policy_version = -1
         self.message = ""  # how the last job ended here (phase done or failed)
+        self._failures = RewardFailureBudget(RewardSpec())
 
     def status(self) -> t.TrainerStatus:
         return t.TrainerStatus(job_id=self.job_id, phase=self.phase, step=self.step,
@@ -128,6 +131,7 @@ class TrainerCore:
             raise NotFound(f"job {job_id!r} not found")
         self.job_id, self.phase, self.step, self.policy_version = job_id, "warmup", 0, -1
         self.message = ""
+        self._failures = RewardFailureBudget(job_spec_from_json(spec_json).reward)
         self._reports.new_run()
         self._cleaning_up = False
         self._stop_requested = threading.Event()
@@ -201,7 +205,9 @@ class TrainerCore:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.phase, self.message = "failed", f"trainer: {exc}"
+            self.phase = "failed"
+            self.message = str(exc) if isinstance(exc, JobFailure) else (
+                f"trainer: {exc}")
             logger.exception("[job] training failed job_id=%s", job_id)
             await self._reports.report_job_done(job_id, t.JobState.FAILED, self.message)
             return
@@ -385,6 +391,7 @@ class TrainerCore:
             logger.warning("[reject] trajectory_id=%s %s", traj.trajectory_id, problem)
             return "dropped_failed"
         if traj.status is not t.TrajectoryStatus.FINISHED:
+            self._failures.observe(traj)  # raises when the failure ends the job
             return "dropped_failed"
         if staleness(self.policy_version, traj) > spec.algorithm.max_staleness:
             return "dropped_stale"
@@ -416,6 +423,7 @@ class TrainerCore:
         return {"reward_mean": sum(rewards) / len(rewards), "num_trajectories": len(trajs),
                 "rollout_s": round(batch.wait_s, 4), "train_s": round(train_s, 4),
                 "dropped_stale": batch.dropped_stale, "dropped_failed": batch.dropped_failed,
+                "reward_components": component_means(trajs),
                 "turns_mean": sum(tr.num_turns for tr in trajs) / len(trajs),
                 "tokens_mean": sum(tr.num_generated_tokens for tr in trajs) / len(trajs),
                 **hybrids,

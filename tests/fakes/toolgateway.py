@@ -36,6 +36,8 @@ class FakeToolGateway:
     calls: list[dict[str, Any]] = field(default_factory=list)
     scores: list[dict[str, Any]] = field(default_factory=list)
     on_execute: Any = None  # optional async callback run inside execute
+    components: dict[str, float] = field(default_factory=dict)  # returned with the reward
+    score_error: Exception | None = None  # raised by every score call when set
 
     async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],
                       deadline_ms: int, options: dict[str, Any] | None = None
@@ -54,8 +56,11 @@ class FakeToolGateway:
             raise Unavailable("tool gateway down")
         return self.results.popleft() if self.results else tool_result()
 
-    async def score(self, trajectory_id: str, reward: str, final_text: str, reference: str,
-                    extra: dict[str, Any] | None = None) -> float:
-        self.scores.append({"trajectory_id": trajectory_id, "reward": reward,
-                            "final_text": final_text, "reference": reference})
-        return self.reward
+    async def score(self, request: t.ScoreInput, timeout_s: float | None = None
+                    ) -> t.ScoreOutput:
+        self.scores.append({"trajectory_id": request.trajectory_id, "reward": request.reward,
+                            "final_text": request.final_text, "reference": request.reference,
+                            "request": request, "timeout_s": timeout_s})
+        if self.score_error is not None:
+            raise self.score_error
+        return t.ScoreOutput(self.reward, dict(self.components))

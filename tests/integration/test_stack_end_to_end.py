@@ -56,6 +56,31 @@ async def test_invalid_spec_is_refused_naming_the_field(running_stack: dict) -> 
     await client.close()
 
 
+async def test_a_composite_reward_job_records_its_components_per_step(
+        running_stack: dict) -> None:
+    """The spec names rewards the gateway registered (checked at submit over ListRewards);
+    the rollout sends the whole trajectory; the step records carry the component means."""
+    client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
+    spec = json.loads(small_job(num_steps=2))
+    spec["reward"] = {"name": "composite", "components": [
+        {"name": spec.get("reward", {}).get("name", "exact_match"), "weight": 1.0},
+        {"name": "format", "weight": 0.5}]}
+    job = await client.create_job(json.dumps(spec), "json")
+    job, steps, _ = await wait_for_job(client, job.job_id)
+    assert job.state is t.JobState.SUCCEEDED, job.message
+    for step in steps:
+        components = step["reward_components"]
+        assert set(components) <= {spec["reward"]["components"][0]["name"], "format"}
+        assert all(0.0 <= v <= 1.0 for v in components.values())
+    assert any("format" in step["reward_components"] for step in steps)
+    spec["reward"]["components"][1]["name"] = "no_such_reward"
+    with pytest.raises(InvalidArgument) as err:
+        await client.create_job(json.dumps(spec), "json")
+    assert err.value.field == "reward.components[1].name"
+    assert "has no reward 'no_such_reward' (it has: code_tests, composite" in err.value.reason
+    await client.close()
+
+
 def test_status_json_lists_every_service_healthy(running_stack: dict) -> None:
     out = subprocess.run([sys.executable, "-m", "libra.cli.main", "--run-root",
                           running_stack["run_root"], "status", "--json"], cwd=ROOT,

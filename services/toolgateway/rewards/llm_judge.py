@@ -5,20 +5,29 @@ token bucket (requests per second with a burst) and carry a timeout. The reply m
 contain a score in [0, 1] ("0.8", "Score: 1", "score=0.25"); the last such number wins.
 HTTP errors, timeouts and unparsable replies raise ``Unavailable`` (retryable): a
 missing judgement must not silently become reward 0.
+
+Per job: the spec's ``[reward.llm_judge]`` arrives in the request's
+``options["llm_judge"]`` (endpoint, model, prompt template, rate, timeout, and the *name*
+of the environment variable holding the API key, read here on the gateway); one HTTP
+client and token bucket is kept per distinct setting. Without it the gateway's own
+``LlmJudgeConfig`` (if any) is used, else the call fails naming the missing section.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from libra.config import env_flag
 from services.toolgateway.errors import Unavailable
-from services.toolgateway.rewards.base import RewardOutput
+from services.toolgateway.rewards.base import RewardContractError, RewardOutput
 
 if TYPE_CHECKING:
     from services.toolgateway.core import ScoreRequest
@@ -26,7 +35,7 @@ if TYPE_CHECKING:
 _SCORE_RE = re.compile(r"(?<![\d.])(?:0(?:\.\d+)?|1(?:\.0+)?)(?![\d.])")
 _PROMPT = (
     "Grade the answer against the reference. Reply with a single score between 0 and 1.\n"
-    "Question/context: {context}\nReference: {reference}\nAnswer: {answer}\nScore:"
+    "Question/context: {question}\nReference: {reference}\nAnswer: {answer}\nScore:"
 )
 
 
@@ -48,6 +57,9 @@ class LlmJudgeConfig:
     """Token-bucket capacity."""
     max_tokens: int = 16
     """Completion length limit sent to the judge."""
+    prompt_template: str = ""
+    """``str.format`` text with {question}, {reference}, {answer}, {transcript}; empty:
+    the built-in grading prompt."""
 
     def __post_init__(self) -> None:
         if self.requests_per_s <= 0 or self.burst < 1:
@@ -87,33 +99,81 @@ def parse_score(text: str) -> float | None:
     return float(matches[-1]) if matches else None
 
 
+def config_from_options(options: dict[str, Any]) -> LlmJudgeConfig:
+    """A job's ``[reward.llm_judge]`` (as sent in the Score options) as a config; the API
+    key is read from the environment variable the spec names."""
+    raw = dict(options)
+    key_env = raw.pop("api_key_env", "")
+    fields = {f.name for f in dataclasses.fields(LlmJudgeConfig)}
+    kwargs = {k: v for k, v in raw.items() if k in fields and k != "api_key"}
+    kwargs["burst"] = max(1, int(kwargs.get("requests_per_s", 5.0)))
+    return LlmJudgeConfig(api_key=env_flag(key_env) if key_env else "", **kwargs)
+
+
+def _transcript_text(request: ScoreRequest) -> str:
+    return "\n".join(f"{m.role}{'(' + m.name + ')' if m.name else ''}: {m.content}"
+                     for m in request.messages)
+
+
+def _question(request: ScoreRequest) -> str:
+    users = [m.content for m in request.messages if m.role == "user"]
+    return request.extra.get("question", "") or (users[0] if users else "")
+
+
+class _Judge:
+    """One endpoint setting: its HTTP client and rate limit."""
+
+    def __init__(self, config: LlmJudgeConfig, client: httpx.AsyncClient | None = None):
+        self.config = config
+        self.bucket = TokenBucket(config.requests_per_s, config.burst)
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.client = client or httpx.AsyncClient(
+            base_url=config.base_url, timeout=config.timeout_s, headers=headers)
+
+
 class LlmJudgeReward:
-    """Asks an LLM to grade the final text against the reference."""
+    """Asks an LLM to grade the final text against the reference (always registered; a
+    job configures its endpoint in ``[reward.llm_judge]``)."""
 
     name = "llm_judge"
     description = "LLM-as-judge score in [0, 1] via an OpenAI-compatible endpoint."
 
-    def __init__(self, config: LlmJudgeConfig, client: httpx.AsyncClient | None = None):
-        self._config = config
-        self._bucket = TokenBucket(config.requests_per_s, config.burst)
-        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._client = client or httpx.AsyncClient(
-            base_url=config.base_url, timeout=config.timeout_s, headers=headers)
+    def __init__(self, config: LlmJudgeConfig | None = None,
+                 client: httpx.AsyncClient | None = None):
+        self._default = None if config is None else _Judge(config, client)
+        self._per_job: dict[str, _Judge] = {}
 
     async def aclose(self) -> None:
-        """Close the HTTP client."""
-        await self._client.aclose()
+        """Close the HTTP clients."""
+        for judge in [self._default, *self._per_job.values()]:
+            if judge is not None:
+                await judge.client.aclose()
+
+    def _judge_for(self, request: ScoreRequest) -> _Judge:
+        options = request.options.get("llm_judge")
+        if options:
+            key = json.dumps(options, sort_keys=True)
+            if key not in self._per_job:
+                self._per_job[key] = _Judge(config_from_options(options))
+            return self._per_job[key]
+        if self._default is None:
+            raise RewardContractError("llm_judge has no endpoint: set [reward.llm_judge] "
+                                      "base_url and model in the job spec")
+        return self._default
 
     async def score(self, request: ScoreRequest) -> RewardOutput:
         """One rate-limited judge call."""
-        await self._bucket.acquire()
-        prompt = _PROMPT.format(context=request.extra.get("question", ""),
-                                reference=request.reference, answer=request.final_text)
-        body = {"model": self._config.model, "temperature": 0.0,
-                "max_tokens": self._config.max_tokens,
+        judge = self._judge_for(request)
+        await judge.bucket.acquire()
+        template = judge.config.prompt_template or _PROMPT
+        prompt = template.format(question=_question(request), reference=request.reference,
+                                 answer=request.final_text,
+                                 transcript=_transcript_text(request))
+        body = {"model": judge.config.model, "temperature": 0.0,
+                "max_tokens": judge.config.max_tokens,
                 "messages": [{"role": "user", "content": prompt}]}
         try:
-            resp = await self._client.post("/v1/chat/completions", json=body)
+            resp = await judge.client.post("/v1/chat/completions", json=body)
             resp.raise_for_status()
             content = resp.json()["choices"][0]["message"]["content"]
         except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:

@@ -1,4 +1,5 @@
-"""Reward registry: name -> reward, with dotted-path loading of user rewards."""
+"""Reward registry: name -> reward, with entry-point and dotted-path loading of user
+rewards."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import inspect
 from collections.abc import Iterable
 from typing import Any
 
-from libra.plugins import PluginError, load_object
+from libra.plugins import REWARDS_GROUP, PluginError, load_entry_points, load_object
 from services.toolgateway.errors import UnknownReward
 from services.toolgateway.rewards.base import Reward
 
@@ -25,12 +26,26 @@ def check_reward(obj: Any, origin: str) -> Reward:
     return obj
 
 
-def load_reward(path: str) -> Reward:
-    """Resolve a dotted path to a reward (instantiating a class with no arguments)."""
-    obj = load_object(path)
+def make_reward(obj: Any, origin: str) -> Reward:
+    """A reward from a plugin object: a class is instantiated with no arguments."""
     if inspect.isclass(obj):
         obj = obj()
-    return check_reward(obj, path)
+    return check_reward(obj, origin)
+
+
+def load_reward(path: str) -> Reward:
+    """Resolve a dotted path to a reward (instantiating a class with no arguments)."""
+    return make_reward(load_object(path), path)
+
+
+def entry_point_rewards() -> list[Reward]:
+    """The rewards installed distributions register in the ``libra.rewards`` group.
+
+    Raises:
+        PluginError: An entry point fails to import or is not a reward (named).
+    """
+    return [make_reward(obj, f"entry point {name!r}")
+            for name, obj in load_entry_points(REWARDS_GROUP)]
 
 
 class RewardRegistry:
@@ -58,3 +73,6 @@ class RewardRegistry:
     def names(self) -> list[str]:
         """Registered reward names, sorted."""
         return sorted(self._rewards)
+
+    def __iter__(self):
+        return iter(self._rewards.values())

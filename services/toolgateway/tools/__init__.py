@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from services.toolgateway.sandbox import Sandbox
 from services.toolgateway.tools.base import Tool, ToolContext, ToolOutput
 from services.toolgateway.tools.calculator import CalculatorConfig, CalculatorTool
 from services.toolgateway.tools.python_exec import PythonTool
-from services.toolgateway.tools.registry import ToolRegistry, load_tool
+from services.toolgateway.tools.registry import ToolRegistry, entry_point_tools, load_tool
 from services.toolgateway.tools.search import SearchConfig, SearchTool
 
 
@@ -18,5 +20,23 @@ def builtin_tools(sandbox: Sandbox, calculator: CalculatorConfig | None = None,
             SearchTool(search)]
 
 
+def build_tool_registry(builtins: Iterable[Tool], extra_paths: Iterable[str] = ()
+                        ) -> ToolRegistry:
+    """The gateway's tools: built-ins, then ``libra.tools`` entry points, then the
+    config's dotted paths.
+
+    Raises:
+        PluginError: A plugin fails to import or breaks the contract (named).
+        ValueError: Two tools share a name.
+    """
+    registry = ToolRegistry(builtins)
+    for tool in entry_point_tools():
+        registry.register(tool)
+    for path in extra_paths:
+        registry.register(load_tool(path))
+    return registry
+
+
 __all__ = ["CalculatorConfig", "CalculatorTool", "PythonTool", "SearchConfig", "SearchTool",
-           "Tool", "ToolContext", "ToolOutput", "ToolRegistry", "builtin_tools", "load_tool"]
+           "Tool", "ToolContext", "ToolOutput", "ToolRegistry", "build_tool_registry",
+           "builtin_tools", "load_tool"]

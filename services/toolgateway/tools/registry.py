@@ -1,7 +1,8 @@
 """Tool registry: the name -> tool map the core dispatches on, plus args validation.
 
-User tools come in as dotted paths (``"pkg.mod:MyTool"``), resolved by
-``libra.plugins.load_object``; a class is instantiated without arguments.
+User tools come in as entry points (group ``libra.tools``) or dotted paths
+(``"pkg.mod:MyTool"``), both resolved by ``libra.plugins``; a class is instantiated
+without arguments.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import jsonschema
 
-from libra.plugins import PluginError, load_object
+from libra.plugins import TOOLS_GROUP, PluginError, load_entry_points, load_object
 from services.toolgateway.errors import InvalidArgument, UnknownTool
 from services.toolgateway.tools.base import Tool
 
@@ -34,12 +35,26 @@ def check_tool(obj: Any, origin: str) -> Tool:
     return obj
 
 
-def load_tool(path: str) -> Tool:
-    """Resolve a dotted path to a tool (instantiating a class with no arguments)."""
-    obj = load_object(path)
+def make_tool(obj: Any, origin: str) -> Tool:
+    """A tool from a plugin object: a class is instantiated with no arguments."""
     if inspect.isclass(obj):
         obj = obj()
-    return check_tool(obj, path)
+    return check_tool(obj, origin)
+
+
+def load_tool(path: str) -> Tool:
+    """Resolve a dotted path to a tool (instantiating a class with no arguments)."""
+    return make_tool(load_object(path), path)
+
+
+def entry_point_tools() -> list[Tool]:
+    """The tools installed distributions register in the ``libra.tools`` group.
+
+    Raises:
+        PluginError: An entry point fails to import or is not a tool (named).
+    """
+    return [make_tool(obj, f"entry point {name!r}")
+            for name, obj in load_entry_points(TOOLS_GROUP)]
 
 
 def _field_name(error: jsonschema.ValidationError) -> str:

@@ -127,13 +127,36 @@ async def test_full_lane_maps_to_resource_exhausted(start_gateway):
     ("numeric", "I think 41", "42", 0.0),
 ])
 async def test_score(gateway, reward, final_text, reference, expected):
-    assert await gateway.client.score("traj", reward, final_text, reference) == expected
+    out = await gateway.client.score(t.ScoreInput("traj", reward, final_text, reference))
+    assert out.reward == expected
 
 
 async def test_score_unknown_reward_is_invalid_argument(gateway):
     with pytest.raises(InvalidArgument) as info:
-        await gateway.client.score("traj", "nope", "x", "y")
+        await gateway.client.score(t.ScoreInput("traj", "nope", "x", "y"))
     assert info.value.field == "reward" and "exact_match" in info.value.reason
+
+
+async def test_list_rewards_returns_the_registry(gateway):
+    rewards = {r["name"]: r for r in await gateway.client.list_rewards()}
+    assert sorted(rewards) == ["code_tests", "composite", "exact_match", "format",
+                               "llm_judge", "numeric"]
+    assert all(r["description"] for r in rewards.values())
+
+
+async def test_composite_score_carries_the_transcript_and_its_components(gateway):
+    messages = (t.TranscriptMessage("user", "2+2?"),
+                t.TranscriptMessage("assistant", "<call>", (t.TranscriptToolCall("calculator",
+                                                                                 "{}"),)),
+                t.TranscriptMessage("tool", "err", name="invalid", tool_status="failure"),
+                t.TranscriptMessage("assistant", "4"))
+    options = {"components": [{"name": "exact_match", "weight": 1.0},
+                              {"name": "format", "weight": 0.5}]}
+    out = await gateway.client.score(t.ScoreInput(
+        "traj", "composite", "4", "4", messages, "", 2, json.dumps(options)))
+    # format: answer present (0.5) + 0 of 1 calls well formed (0) = 0.5
+    assert out.components == {"exact_match": 1.0, "format": 0.5}
+    assert out.reward == pytest.approx(1.0 + 0.5 * 0.5)
 
 
 async def test_list_tools_returns_schemas(gateway):
@@ -190,3 +213,6 @@ async def test_cli_finds_the_gateway_in_the_stack_state(gateway, tmp_path, capsy
     assert await asyncio.to_thread(cli_main, argv) == 0
     assert [s["name"] for s in json.loads(capsys.readouterr().out)] == [
         "calculator", "python", "search"]
+    argv = ["--run-root", str(tmp_path), "tool", "rewards", "--json"]
+    assert await asyncio.to_thread(cli_main, argv) == 0
+    assert "composite" in [r["name"] for r in json.loads(capsys.readouterr().out)]

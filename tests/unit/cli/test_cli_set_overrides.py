@@ -76,9 +76,9 @@ def test_run_with_a_missing_spec_file_exits_2(capsys, tmp_path):
 
 def test_submit_with_bad_override_exits_2_without_calling_the_coordinator(capsys, spec_file):
     code, out, err = run_cli(capsys, "--coordinator", NOBODY, "submit", str(spec_file),
-                             "--set", "tools.enabled=[\"nuke\"]")
+                             "--set", "tools.enabled=[\"rm -rf\"]")
     assert code == 2 and out == ""
-    assert "tools.enabled: unknown tool 'nuke'" in err
+    assert "tools.enabled[0]: 'rm -rf' is not a plugin name" in err
 
 
 def test_overrides_apply_in_order_and_list_items_by_index(spec_file):

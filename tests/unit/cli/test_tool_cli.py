@@ -81,6 +81,14 @@ def test_local_list(capsys):
     assert tools["python"]["args_schema"]["required"] == ["code"]
 
 
+def test_local_rewards_lists_the_registry(capsys):
+    code, out, _ = run_cli(capsys, "tool", "rewards", "--local", "--json")
+    rewards = {r["name"]: r["description"] for r in json.loads(out)}
+    assert code == 0 and sorted(rewards) == ["code_tests", "composite", "exact_match",
+                                             "format", "llm_judge", "numeric"]
+    assert "Weighted sum" in rewards["composite"]
+
+
 def test_no_gateway_is_a_clear_error(capsys, tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["--run-root", str(tmp_path), "tool", "run", "calculator", "--args", "{}"])

@@ -1,6 +1,7 @@
 """CoordinatorCore + the tool catalog: at submit the enabled tools are checked against
-the gateway's ListTools and their schemas frozen into the stored spec; an unknown tool
-or (for a chat job) an unreachable gateway creates nothing.
+the gateway's ListTools and their schemas frozen into the stored spec, and the rewards
+(a composite's components too) against its ListRewards; an unknown tool or reward or
+(for a chat job) an unreachable gateway creates nothing.
 
 Real: the job spec parser, ``InMemoryCoordinatorStore``. Fakes: the catalog (the tool
 gateway client's ``list_tools``), the runners, ``FakeClock``.
@@ -28,6 +29,10 @@ CATALOG = [
 ]
 
 
+REWARDS = [{"name": "exact_match", "description": "x"}, {"name": "format", "description": "y"},
+           {"name": "composite", "description": "z"}, {"name": "my_verifier", "description": ""}]
+
+
 class FakeCatalog:
     def __init__(self, tools: list[dict] | None = None, down: bool = False) -> None:
         self.tools = tools if tools is not None else CATALOG
@@ -37,6 +42,11 @@ class FakeCatalog:
         if self.down:
             raise Unavailable("tool gateway down")
         return self.tools
+
+    async def list_rewards(self) -> list[dict]:
+        if self.down:
+            raise Unavailable("tool gateway down")
+        return REWARDS
 
 
 def build(catalog: FakeCatalog) -> tuple[CoordinatorCore, InMemoryCoordinatorStore]:
@@ -91,3 +101,34 @@ async def test_an_arith_job_does_not_need_the_gateway_at_submit() -> None:
     core, _ = build(FakeCatalog(down=True))
     job = await core.create_job(spec(fmt="arith", tools='["calculator"]'), "toml")
     assert job_spec_from_json(job.spec_json).tools.schemas == []
+
+
+async def test_a_plugin_reward_the_gateway_registered_is_accepted() -> None:
+    core, _ = build(FakeCatalog())
+    job = await core.create_job(spec() + '[reward]\nname = "my_verifier"\n', "toml")
+    assert job_spec_from_json(job.spec_json).reward.name == "my_verifier"
+
+
+@pytest.mark.parametrize("reward, field", [
+    ('[reward]\nname = "nope"\n', "reward.name"),
+    ('[reward]\nname = "composite"\n[[reward.components]]\nname = "format"\n'
+     '[[reward.components]]\nname = "nope"\nweight = 0.5\n', "reward.components[1].name"),
+])
+async def test_a_reward_the_gateway_lacks_is_refused_naming_the_available_ones(
+        reward: str, field: str) -> None:
+    core, store = build(FakeCatalog())
+    with pytest.raises(InvalidArgument) as err:
+        await core.create_job(spec() + reward, "toml")
+    assert err.value.field == field
+    assert ("has no reward 'nope' (it has: composite, exact_match, format, my_verifier)"
+            in err.value.reason)
+    assert await store.list_jobs() == []
+
+
+async def test_an_agent_neither_built_in_nor_installed_is_refused_at_submit() -> None:
+    core, store = build(FakeCatalog())
+    text = spec().replace('[task]\n', '[task]\nagent = "react"\n')
+    with pytest.raises(InvalidArgument) as err:
+        await core.create_job(text, "toml")
+    assert err.value.field == "task.agent" and "available: auto, arith, chat" in err.value.reason
+    assert await store.list_jobs() == []

@@ -13,6 +13,7 @@ from libra.chat.job import chat_format, openai_tools
 from libra.jobspec import JobSpec, ModelSpec, TaskSpec, ToolSchema, ToolsSpec
 from libra.models.hf import load_tokenizer
 from services.rollout import agent
+from services.rollout.agent_registry import build_agent
 from services.rollout.backend import HfTokenizer
 from services.rollout.engine_types import GenerationResult
 from tests.fakes.toolgateway import tool_result
@@ -50,7 +51,7 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*7"}}
 
 
 def test_the_prompt_is_the_chat_formats_rendering_with_the_jobs_tools(tok) -> None:
-    loop = agent.build_agent(spec(), tok)
+    loop = build_agent(spec(), tok)
     traj = new_traj()
     loop.start(traj)
     chat = chat_format(spec(), tok.tokenizer)
@@ -61,7 +62,7 @@ def test_the_prompt_is_the_chat_formats_rendering_with_the_jobs_tools(tok) -> No
 
 
 def test_a_hermes_turn_asks_for_its_calls_and_a_plain_turn_answers(tok) -> None:
-    loop = agent.build_agent(spec(), tok)
+    loop = build_agent(spec(), tok)
     traj = new_traj()
     loop.start(traj)
     outcome = loop.apply_generation(traj, turn(tok, CALL + "<|im_end|>"))
@@ -73,7 +74,7 @@ def test_a_hermes_turn_asks_for_its_calls_and_a_plain_turn_answers(tok) -> None:
 
 
 def test_the_tool_turn_is_what_the_template_renders_and_is_not_trained(tok) -> None:
-    loop = agent.build_agent(spec(), tok)
+    loop = build_agent(spec(), tok)
     chat = chat_format(spec(), tok.tokenizer)
     traj = new_traj()
     loop.start(traj)
@@ -90,7 +91,7 @@ def test_the_tool_turn_is_what_the_template_renders_and_is_not_trained(tok) -> N
 
 
 def test_a_turn_cut_by_its_budget_is_closed_before_the_tool_turn(tok) -> None:
-    loop = agent.build_agent(spec(), tok)
+    loop = build_agent(spec(), tok)
     chat = chat_format(spec(), tok.tokenizer)
     traj = new_traj()
     loop.start(traj)
@@ -105,7 +106,7 @@ def test_a_turn_cut_by_its_budget_is_closed_before_the_tool_turn(tok) -> None:
 
 
 def test_a_failed_call_reads_as_an_error_message(tok) -> None:
-    loop = agent.build_agent(spec(), tok)
+    loop = build_agent(spec(), tok)
     traj = new_traj()
     loop.start(traj)
     loop.apply_generation(traj, turn(tok, CALL + "<|im_end|>"))
@@ -115,7 +116,7 @@ def test_a_failed_call_reads_as_an_error_message(tok) -> None:
 
 
 def test_the_turn_limit_ends_a_trajectory_that_still_calls(tok) -> None:
-    loop = agent.build_agent(spec(max_turns=1), tok)
+    loop = build_agent(spec(max_turns=1), tok)
     traj = new_traj()
     loop.start(traj)
     outcome = loop.apply_generation(traj, turn(tok, CALL + "<|im_end|>"))
@@ -123,7 +124,7 @@ def test_the_turn_limit_ends_a_trajectory_that_still_calls(tok) -> None:
 
 
 def test_requests_stop_on_the_chat_formats_stop_tokens(tok) -> None:
-    loop = agent.build_agent(spec(), tok)
+    loop = build_agent(spec(), tok)
     traj = new_traj()
     loop.start(traj)
     request = loop.next_request(traj, seed=1)
@@ -135,7 +136,7 @@ def test_a_chat_job_without_tool_schemas_is_a_clear_error(tok) -> None:
     bare = JobSpec(model=ModelSpec(kind="hf", path="/unused"),
                    task=TaskSpec(tool_call_format="hermes"))
     with pytest.raises(ValueError, match="tools.schemas has no entry for enabled tool"):
-        agent.build_agent(bare, tok)
+        build_agent(bare, tok)
 
 
 # -- prompts from a messages dataset --------------------------------------------------
@@ -149,7 +150,7 @@ ROW_MESSAGES = [{"role": "system", "content": "You are terse."},
 def test_a_messages_row_is_rendered_as_its_messages(tok) -> None:
     traj = new_traj()
     traj.prompt_messages_json = json.dumps(ROW_MESSAGES)
-    agent.build_agent(spec(), tok).start(traj)
+    build_agent(spec(), tok).start(traj)
     # Its own system message replaces the job's default; every message is in the prompt.
     assert traj.token_ids == chat_format(spec(), tok.tokenizer).prompt_ids(ROW_MESSAGES)
     assert "You are terse." in tok.decode(traj.token_ids)
@@ -158,7 +159,7 @@ def test_a_messages_row_is_rendered_as_its_messages(tok) -> None:
 
 def test_a_text_prompt_still_renders_as_one_user_message(tok) -> None:
     traj = new_traj()
-    agent.build_agent(spec(), tok).start(traj)
+    build_agent(spec(), tok).start(traj)
     assert traj.token_ids == chat_format(spec(), tok.tokenizer).prompt_ids(
         [{"role": "user", "content": traj.prompt_text}])
 
@@ -168,5 +169,37 @@ def test_malformed_messages_raise_value_error(tok, bad: str) -> None:
     traj = new_traj()
     traj.prompt_messages_json = bad
     with pytest.raises(ValueError, match="prompt_messages_json"):
-        agent.build_agent(spec(), tok).start(traj)
+        build_agent(spec(), tok).start(traj)
     assert traj.token_ids == []
+
+
+def test_the_transcript_has_the_turns_calls_and_tool_returns(tok) -> None:
+    loop = build_agent(spec(), tok)
+    traj = new_traj()
+    loop.start(traj)
+    outcome = loop.apply_generation(traj, turn(tok, CALL))
+    loop.apply_tool_results(traj, [agent.ToolTurnResult("calculator", tool_result("84"))])
+    loop.apply_generation(traj, turn(tok, "It is 84."))
+    messages = loop.transcript(traj)
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[0].content == "What is 12*7?"
+    (call,) = messages[1].tool_calls
+    assert (call.name, json.loads(call.arguments_json)) == ("calculator", {"expression": "12*7"})
+    assert outcome.calls[0].name == "calculator"
+    assert (messages[2].name, messages[2].tool_status) == ("calculator", "success")
+    assert "84" in messages[2].content
+    assert messages[3].content.strip() == "It is 84."
+
+
+def test_each_of_several_returns_gets_its_own_text_in_the_transcript(tok) -> None:
+    loop = build_agent(spec(), tok)
+    traj = new_traj()
+    loop.start(traj)
+    loop.apply_generation(traj, turn(tok, CALL + "\n" + CALL.replace("12*7", "1+1")))
+    loop.apply_tool_results(traj, [agent.ToolTurnResult("calculator", tool_result("84")),
+                                   agent.ToolTurnResult("calculator", tool_result("2"))])
+    loop.apply_generation(traj, turn(tok, "84 and 2."))
+    tools = [m for m in loop.transcript(traj) if m.role == "tool"]
+    # Both fixtures' renderings wrap each return in <tool_response> (Qwen2's own template,
+    # the shipped Hermes one for Llama).
+    assert [m.content for m in tools] == ["84", "2"]

@@ -142,6 +142,26 @@ class Trajectory(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RewardComponentsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     GROUP_ID_FIELD_NUMBER: _builtins.int
@@ -168,6 +188,8 @@ class Trajectory(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     PARTIAL_TURN_TOKENS_FIELD_NUMBER: _builtins.int
     PROMPT_MESSAGES_JSON_FIELD_NUMBER: _builtins.int
+    REWARD_COMPONENTS_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     job_id: _builtins.str
     group_id: _builtins.str
@@ -198,6 +220,8 @@ class Trajectory(_message.Message):
     dataset row has messages; empty for a text prompt (prompt_text). Chat agents render
     these with the model's template; prompt_text then holds their joined contents.
     """
+    metadata_json: _builtins.str
+    """The dataset row's metadata (task.metadata_field) as JSON; empty when none."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Prompt plus every generated and tool token so far."""
@@ -219,6 +243,10 @@ class Trajectory(_message.Message):
     @_builtins.property
     def tool_return_positions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Token position (after the prompt) at which each tool return ended."""
+
+    @_builtins.property
+    def reward_components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Named parts of the reward (a composite reward's components), set with reward."""
 
     def __init__(
         self,
@@ -249,10 +277,12 @@ class Trajectory(_message.Message):
         attempt: _builtins.int = ...,
         partial_turn_tokens: _builtins.int = ...,
         prompt_messages_json: _builtins.str = ...,
+        reward_components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        metadata_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bucket", b"bucket", "created_at_ms", b"created_at_ms", "failure_reason", b"failure_reason", "final_text", b"final_text", "finished_at_ms", b"finished_at_ms", "group_id", b"group_id", "instance_id", b"instance_id", "job_id", b"job_id", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "num_migrations", b"num_migrations", "num_prompt_tokens", b"num_prompt_tokens", "num_turns", b"num_turns", "partial_turn_tokens", b"partial_turn_tokens", "prompt_id", b"prompt_id", "prompt_messages_json", b"prompt_messages_json", "prompt_text", b"prompt_text", "reference", b"reference", "reward", b"reward", "status", b"status", "token_ids", b"token_ids", "token_versions", b"token_versions", "tool_return_positions", b"tool_return_positions", "tool_states", b"tool_states", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bucket", b"bucket", "created_at_ms", b"created_at_ms", "failure_reason", b"failure_reason", "final_text", b"final_text", "finished_at_ms", b"finished_at_ms", "group_id", b"group_id", "instance_id", b"instance_id", "job_id", b"job_id", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "metadata_json", b"metadata_json", "num_migrations", b"num_migrations", "num_prompt_tokens", b"num_prompt_tokens", "num_turns", b"num_turns", "partial_turn_tokens", b"partial_turn_tokens", "prompt_id", b"prompt_id", "prompt_messages_json", b"prompt_messages_json", "prompt_text", b"prompt_text", "reference", b"reference", "reward", b"reward", "reward_components", b"reward_components", "status", b"status", "token_ids", b"token_ids", "token_versions", b"token_versions", "tool_return_positions", b"tool_return_positions", "tool_states", b"tool_states", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,27 +25,41 @@ _sym_db = _symbol_database.Default()
 from libra.proto.common.v1 import common_pb2 as libra_dot_proto_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,libra/proto/toolgateway/v1/toolgateway.proto\x12\x1alibra.proto.toolgateway.v1\x1a\"libra/proto/common/v1/common.proto\"\x8c\x01\n\x16\x45xecuteToolCallRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x11\n\targs_json\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x05 \x01(\x03\x12\x14\n\x0coptions_json\x18\x06 \x01(\t\"\xe1\x01\n\x17\x45xecuteToolCallResponse\x12\x31\n\x06status\x18\x01 \x01(\x0e\x32!.libra.proto.common.v1.ToolStatus\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x16\n\x0epayload_tokens\x18\x04 \x01(\x05\x12\x12\n\nlatency_ms\x18\x05 \x01(\x03\x12\x35\n\x05state\x18\x06 \x01(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x11\n\ttruncated\x18\x07 \x01(\x08\"p\n\x0cScoreRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\t\x12\x12\n\nfinal_text\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\"5\n\rScoreResponse\x12\x0e\n\x06reward\x18\x01 \x01(\x02\x12\x14\n\x0c\x64\x65tails_json\x18\x02 \x01(\t\"\x12\n\x10ListToolsRequest\"[\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x18\n\x10\x61rgs_schema_json\x18\x03 \x01(\t\x12\x12\n\nidempotent\x18\x04 \x01(\x08\"H\n\x11ListToolsResponse\x12\x33\n\x05tools\x18\x01 \x03(\x0b\x32$.libra.proto.toolgateway.v1.ToolSpec2\xd8\x02\n\x12ToolGatewayService\x12z\n\x0f\x45xecuteToolCall\x12\x32.libra.proto.toolgateway.v1.ExecuteToolCallRequest\x1a\x33.libra.proto.toolgateway.v1.ExecuteToolCallResponse\x12\\\n\x05Score\x12(.libra.proto.toolgateway.v1.ScoreRequest\x1a).libra.proto.toolgateway.v1.ScoreResponse\x12h\n\tListTools\x12,.libra.proto.toolgateway.v1.ListToolsRequest\x1a-.libra.proto.toolgateway.v1.ListToolsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,libra/proto/toolgateway/v1/toolgateway.proto\x12\x1alibra.proto.toolgateway.v1\x1a\"libra/proto/common/v1/common.proto\"\x8c\x01\n\x16\x45xecuteToolCallRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x11\n\targs_json\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x05 \x01(\x03\x12\x14\n\x0coptions_json\x18\x06 \x01(\t\"\xe1\x01\n\x17\x45xecuteToolCallResponse\x12\x31\n\x06status\x18\x01 \x01(\x0e\x32!.libra.proto.common.v1.ToolStatus\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x16\n\x0epayload_tokens\x18\x04 \x01(\x05\x12\x12\n\nlatency_ms\x18\x05 \x01(\x03\x12\x35\n\x05state\x18\x06 \x01(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x11\n\ttruncated\x18\x07 \x01(\x08\"\xf1\x01\n\x0cScoreRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\t\x12\x12\n\nfinal_text\x18\x03 \x01(\t\x12\x11\n\treference\x18\x04 \x01(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\x12?\n\x08messages\x18\x06 \x03(\x0b\x32-.libra.proto.toolgateway.v1.TranscriptMessage\x12\x15\n\rmetadata_json\x18\x07 \x01(\t\x12\x11\n\tnum_turns\x18\x08 \x01(\x05\x12\x14\n\x0coptions_json\x18\t \x01(\t\":\n\x12TranscriptToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"\x99\x01\n\x11TranscriptMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x42\n\ntool_calls\x18\x03 \x03(\x0b\x32..libra.proto.toolgateway.v1.TranscriptToolCall\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x13\n\x0btool_status\x18\x05 \x01(\t\"\xb7\x01\n\rScoreResponse\x12\x0e\n\x06reward\x18\x01 \x01(\x02\x12\x14\n\x0c\x64\x65tails_json\x18\x02 \x01(\t\x12M\n\ncomponents\x18\x03 \x03(\x0b\x32\x39.libra.proto.toolgateway.v1.ScoreResponse.ComponentsEntry\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x14\n\x12ListRewardsRequest\"/\n\nRewardInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"N\n\x13ListRewardsResponse\x12\x37\n\x07rewards\x18\x01 \x03(\x0b\x32&.libra.proto.toolgateway.v1.RewardInfo\"\x12\n\x10ListToolsRequest\"[\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x18\n\x10\x61rgs_schema_json\x18\x03 \x01(\t\x12\x12\n\nidempotent\x18\x04 \x01(\x08\"H\n\x11ListToolsResponse\x12\x33\n\x05tools\x18\x01 \x03(\x0b\x32$.libra.proto.toolgateway.v1.ToolSpec2\xc8\x03\n\x12ToolGatewayService\x12z\n\x0f\x45xecuteToolCall\x12\x32.libra.proto.toolgateway.v1.ExecuteToolCallRequest\x1a\x33.libra.proto.toolgateway.v1.ExecuteToolCallResponse\x12\\\n\x05Score\x12(.libra.proto.toolgateway.v1.ScoreRequest\x1a).libra.proto.toolgateway.v1.ScoreResponse\x12h\n\tListTools\x12,.libra.proto.toolgateway.v1.ListToolsRequest\x1a-.libra.proto.toolgateway.v1.ListToolsResponse\x12n\n\x0bListRewards\x12..libra.proto.toolgateway.v1.ListRewardsRequest\x1a/.libra.proto.toolgateway.v1.ListRewardsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'libra.proto.toolgateway.v1.toolgateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SCORERESPONSE_COMPONENTSENTRY']._loaded_options = None
+  _globals['_SCORERESPONSE_COMPONENTSENTRY']._serialized_options = b'8\001'
   _globals['_EXECUTETOOLCALLREQUEST']._serialized_start=113
   _globals['_EXECUTETOOLCALLREQUEST']._serialized_end=253
   _globals['_EXECUTETOOLCALLRESPONSE']._serialized_start=256
   _globals['_EXECUTETOOLCALLRESPONSE']._serialized_end=481
-  _globals['_SCOREREQUEST']._serialized_start=483
-  _globals['_SCOREREQUEST']._serialized_end=595
-  _globals['_SCORERESPONSE']._serialized_start=597
-  _globals['_SCORERESPONSE']._serialized_end=650
-  _globals['_LISTTOOLSREQUEST']._serialized_start=652
-  _globals['_LISTTOOLSREQUEST']._serialized_end=670
-  _globals['_TOOLSPEC']._serialized_start=672
-  _globals['_TOOLSPEC']._serialized_end=763
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=765
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=837
-  _globals['_TOOLGATEWAYSERVICE']._serialized_start=840
-  _globals['_TOOLGATEWAYSERVICE']._serialized_end=1184
+  _globals['_SCOREREQUEST']._serialized_start=484
+  _globals['_SCOREREQUEST']._serialized_end=725
+  _globals['_TRANSCRIPTTOOLCALL']._serialized_start=727
+  _globals['_TRANSCRIPTTOOLCALL']._serialized_end=785
+  _globals['_TRANSCRIPTMESSAGE']._serialized_start=788
+  _globals['_TRANSCRIPTMESSAGE']._serialized_end=941
+  _globals['_SCORERESPONSE']._serialized_start=944
+  _globals['_SCORERESPONSE']._serialized_end=1127
+  _globals['_SCORERESPONSE_COMPONENTSENTRY']._serialized_start=1078
+  _globals['_SCORERESPONSE_COMPONENTSENTRY']._serialized_end=1127
+  _globals['_LISTREWARDSREQUEST']._serialized_start=1129
+  _globals['_LISTREWARDSREQUEST']._serialized_end=1149
+  _globals['_REWARDINFO']._serialized_start=1151
+  _globals['_REWARDINFO']._serialized_end=1198
+  _globals['_LISTREWARDSRESPONSE']._serialized_start=1200
+  _globals['_LISTREWARDSRESPONSE']._serialized_end=1278
+  _globals['_LISTTOOLSREQUEST']._serialized_start=1280
+  _globals['_LISTTOOLSREQUEST']._serialized_end=1298
+  _globals['_TOOLSPEC']._serialized_start=1300
+  _globals['_TOOLSPEC']._serialized_end=1391
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=1393
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=1465
+  _globals['_TOOLGATEWAYSERVICE']._serialized_start=1468
+  _globals['_TOOLGATEWAYSERVICE']._serialized_end=1924
 # @@protoc_insertion_point(module_scope)

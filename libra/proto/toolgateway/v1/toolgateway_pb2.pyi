@@ -105,12 +105,29 @@ class ScoreRequest(_message.Message):
     FINAL_TEXT_FIELD_NUMBER: _builtins.int
     REFERENCE_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
+    NUM_TURNS_FIELD_NUMBER: _builtins.int
+    OPTIONS_JSON_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     reward: _builtins.str
     final_text: _builtins.str
     reference: _builtins.str
     extra_json: _builtins.str
     """Extra reward arguments as a JSON object."""
+    metadata_json: _builtins.str
+    """The dataset row's metadata (task.metadata_field) as JSON; empty when none."""
+    num_turns: _builtins.int
+    options_json: _builtins.str
+    """Job-level reward settings from the spec as a JSON object (composite components,
+    the llm_judge endpoint, timeout_s); empty for the gateway's defaults.
+    """
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___TranscriptMessage]:
+        """The whole trajectory as messages: the prompt, each assistant turn (with the tool
+        calls parsed from it) and each tool return, in order.
+        """
+
     def __init__(
         self,
         *,
@@ -119,36 +136,183 @@ class ScoreRequest(_message.Message):
         final_text: _builtins.str = ...,
         reference: _builtins.str = ...,
         extra_json: _builtins.str = ...,
+        messages: _abc.Iterable[Global___TranscriptMessage] | None = ...,
+        metadata_json: _builtins.str = ...,
+        num_turns: _builtins.int = ...,
+        options_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["extra_json", b"extra_json", "final_text", b"final_text", "reference", b"reference", "reward", b"reward", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["extra_json", b"extra_json", "final_text", b"final_text", "messages", b"messages", "metadata_json", b"metadata_json", "num_turns", b"num_turns", "options_json", b"options_json", "reference", b"reference", "reward", b"reward", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ScoreRequest: _TypeAlias = ScoreRequest  # noqa: Y015
 
 @_typing.final
+class TranscriptToolCall(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    arguments_json: _builtins.str
+    """The call's arguments as a JSON object."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TranscriptToolCall: _TypeAlias = TranscriptToolCall  # noqa: Y015
+
+@_typing.final
+class TranscriptMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    TOOL_STATUS_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    """system, user, assistant or tool."""
+    content: _builtins.str
+    name: _builtins.str
+    """tool: the tool that answered ("invalid" for a call that never reached a tool)."""
+    tool_status: _builtins.str
+    """tool: success, failure or timeout."""
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___TranscriptToolCall]:
+        """assistant: the well-formed calls parsed from the turn."""
+
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        content: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___TranscriptToolCall] | None = ...,
+        name: _builtins.str = ...,
+        tool_status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role", "tool_calls", b"tool_calls", "tool_status", b"tool_status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TranscriptMessage: _TypeAlias = TranscriptMessage  # noqa: Y015
+
+@_typing.final
 class ScoreResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ComponentsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REWARD_FIELD_NUMBER: _builtins.int
     DETAILS_JSON_FIELD_NUMBER: _builtins.int
+    COMPONENTS_FIELD_NUMBER: _builtins.int
     reward: _builtins.float
     details_json: _builtins.str
+    @_builtins.property
+    def components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Named parts of the score (a composite's per-component scores)."""
+
     def __init__(
         self,
         *,
         reward: _builtins.float = ...,
         details_json: _builtins.str = ...,
+        components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["details_json", b"details_json", "reward", b"reward"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["components", b"components", "details_json", b"details_json", "reward", b"reward"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ScoreResponse: _TypeAlias = ScoreResponse  # noqa: Y015
+
+@_typing.final
+class ListRewardsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRewardsRequest: _TypeAlias = ListRewardsRequest  # noqa: Y015
+
+@_typing.final
+class RewardInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    description: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RewardInfo: _TypeAlias = RewardInfo  # noqa: Y015
+
+@_typing.final
+class ListRewardsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REWARDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rewards(self) -> _containers.RepeatedCompositeFieldContainer[Global___RewardInfo]: ...
+    def __init__(
+        self,
+        *,
+        rewards: _abc.Iterable[Global___RewardInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rewards", b"rewards"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRewardsResponse: _TypeAlias = ListRewardsResponse  # noqa: Y015
 
 @_typing.final
 class ListToolsRequest(_message.Message):

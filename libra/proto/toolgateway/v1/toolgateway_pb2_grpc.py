@@ -49,6 +49,11 @@ class ToolGatewayServiceStub:
                 request_serializer=libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListToolsRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListToolsResponse.FromString,
                 _registered_method=True)
+        self.ListRewards = channel.unary_unary(
+                '/libra.proto.toolgateway.v1.ToolGatewayService/ListRewards',
+                request_serializer=libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListRewardsRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListRewardsResponse.FromString,
+                _registered_method=True)
 
 
 class ToolGatewayServiceServicer:
@@ -72,6 +77,12 @@ class ToolGatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRewards(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolGatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +100,11 @@ def add_ToolGatewayServiceServicer_to_server(servicer, server):
                     servicer.ListTools,
                     request_deserializer=libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListToolsRequest.FromString,
                     response_serializer=libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListToolsResponse.SerializeToString,
+            ),
+            'ListRewards': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRewards,
+                    request_deserializer=libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListRewardsRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListRewardsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +188,33 @@ class ToolGatewayService:
             '/libra.proto.toolgateway.v1.ToolGatewayService/ListTools',
             libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListToolsRequest.SerializeToString,
             libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListToolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRewards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.toolgateway.v1.ToolGatewayService/ListRewards',
+            libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListRewardsRequest.SerializeToString,
+            libra_dot_proto_dot_toolgateway_dot_v1_dot_toolgateway__pb2.ListRewardsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,7 @@ class ToolGatewayServiceStub:
     ExecuteToolCall: _grpc.UnaryUnaryMultiCallable[_toolgateway_pb2.ExecuteToolCallRequest, _toolgateway_pb2.ExecuteToolCallResponse]
     Score: _grpc.UnaryUnaryMultiCallable[_toolgateway_pb2.ScoreRequest, _toolgateway_pb2.ScoreResponse]
     ListTools: _grpc.UnaryUnaryMultiCallable[_toolgateway_pb2.ListToolsRequest, _toolgateway_pb2.ListToolsResponse]
+    ListRewards: _grpc.UnaryUnaryMultiCallable[_toolgateway_pb2.ListRewardsRequest, _toolgateway_pb2.ListRewardsResponse]
 
 @_typing.type_check_only
 class ToolGatewayServiceAsyncStub(ToolGatewayServiceStub):
@@ -41,6 +42,7 @@ class ToolGatewayServiceAsyncStub(ToolGatewayServiceStub):
     ExecuteToolCall: _aio.UnaryUnaryMultiCallable[_toolgateway_pb2.ExecuteToolCallRequest, _toolgateway_pb2.ExecuteToolCallResponse]  # type: ignore[assignment]
     Score: _aio.UnaryUnaryMultiCallable[_toolgateway_pb2.ScoreRequest, _toolgateway_pb2.ScoreResponse]  # type: ignore[assignment]
     ListTools: _aio.UnaryUnaryMultiCallable[_toolgateway_pb2.ListToolsRequest, _toolgateway_pb2.ListToolsResponse]  # type: ignore[assignment]
+    ListRewards: _aio.UnaryUnaryMultiCallable[_toolgateway_pb2.ListRewardsRequest, _toolgateway_pb2.ListRewardsResponse]  # type: ignore[assignment]
 
 class ToolGatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -63,5 +65,12 @@ class ToolGatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _toolgateway_pb2.ListToolsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_toolgateway_pb2.ListToolsResponse, _abc.Awaitable[_toolgateway_pb2.ListToolsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListRewards(
+        self,
+        request: _toolgateway_pb2.ListRewardsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_toolgateway_pb2.ListRewardsResponse, _abc.Awaitable[_toolgateway_pb2.ListRewardsResponse]]: ...
 
 def add_ToolGatewayServiceServicer_to_server(servicer: ToolGatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

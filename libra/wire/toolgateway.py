@@ -1,0 +1,39 @@
+"""Tool gateway messages <-> ``libra.types``: the Score request (the whole trajectory)
+and its response. Used by the gateway's servicer and by its client."""
+
+from __future__ import annotations
+
+from libra import types as t
+from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
+
+
+def score_input_to_proto(req: t.ScoreInput) -> pb.ScoreRequest:
+    return pb.ScoreRequest(
+        trajectory_id=req.trajectory_id, reward=req.reward, final_text=req.final_text,
+        reference=req.reference, metadata_json=req.metadata_json, num_turns=req.num_turns,
+        options_json=req.options_json,
+        messages=[pb.TranscriptMessage(
+            role=m.role, content=m.content, name=m.name, tool_status=m.tool_status,
+            tool_calls=[pb.TranscriptToolCall(name=c.name, arguments_json=c.arguments_json)
+                        for c in m.tool_calls])
+            for m in req.messages])
+
+
+def score_input_from_proto(msg: pb.ScoreRequest) -> t.ScoreInput:
+    messages = tuple(
+        t.TranscriptMessage(m.role, m.content,
+                            tuple(t.TranscriptToolCall(c.name, c.arguments_json or "{}")
+                                  for c in m.tool_calls),
+                            m.name, m.tool_status)
+        for m in msg.messages)
+    return t.ScoreInput(msg.trajectory_id, msg.reward, msg.final_text, msg.reference, messages,
+                        msg.metadata_json, msg.num_turns, msg.options_json)
+
+
+def score_output_to_proto(out: t.ScoreOutput, details_json: str = "{}") -> pb.ScoreResponse:
+    return pb.ScoreResponse(reward=out.reward, details_json=details_json,
+                            components=out.components)
+
+
+def score_output_from_proto(msg: pb.ScoreResponse) -> t.ScoreOutput:
+    return t.ScoreOutput(msg.reward, dict(msg.components))
