@@ -21,6 +21,7 @@ from libra.grpcx import Registration, serve  # noqa: E402
 from libra.plugins import PluginError  # noqa: E402
 from libra.proto.toolgateway.v1 import toolgateway_pb2, toolgateway_pb2_grpc  # noqa: E402
 from libra.telemetry import init_logging, init_tracing  # noqa: E402
+from services.toolgateway import metrics as lane_metrics  # noqa: E402
 from services.toolgateway.config import ToolGatewayConfig  # noqa: E402
 from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits  # noqa: E402
 from services.toolgateway.rewards import build_reward_registry  # noqa: E402
@@ -82,6 +83,7 @@ def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
 async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None) -> None:
     check_fork_safety()
     core = core or build_core(cfg)
+    lane_metrics.register(core)
     name = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name
     registration = Registration(toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server,
                                 ToolGatewayServicer(core), name)

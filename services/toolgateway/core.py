@@ -171,6 +171,16 @@ class RewardInfo:
     description: str
 
 
+@dataclass(frozen=True, slots=True)
+class LaneStats:
+    """One tool's lane at one moment."""
+
+    tool: str
+    num_running: int
+    num_waiting: int
+    limit: int
+
+
 class _ToolLane:
     """Concurrency slots plus a bounded wait queue for one tool."""
 
@@ -178,6 +188,7 @@ class _ToolLane:
         self.limit = limit
         self.queue_depth = queue_depth
         self.num_waiting = 0
+        self.num_running = 0
         self.ewma_latency_ms = 100.0  # prior until calls are observed
         self._slots = asyncio.Semaphore(limit)
 
@@ -191,6 +202,7 @@ class _ToolLane:
             # A free slot is taken without suspending, so calls arriving in the same
             # event-loop tick see the updated count (wait_for would defer it to a task).
             await self._slots.acquire()
+            self.num_running += 1
             return
         if self.num_waiting >= self.queue_depth:
             raise ResourceExhausted(f"tool {tool!r}: {self.limit} running and "
@@ -202,9 +214,11 @@ class _ToolLane:
             raise DeadlineExceeded(f"tool {tool!r}: deadline passed while queued") from None
         finally:
             self.num_waiting -= 1
+        self.num_running += 1
 
     def release(self, latency_ms: float) -> None:
         self.ewma_latency_ms = 0.8 * self.ewma_latency_ms + 0.2 * latency_ms
+        self.num_running -= 1
         self._slots.release()
 
 
@@ -236,6 +250,11 @@ class ToolGatewayCore:
                             lim.max_queue_depth_per_tool)
             for name in self._tools.names()
         }
+
+    def lane_stats(self) -> list[LaneStats]:
+        """Per tool: calls running and waiting now, and the slot limit (metrics)."""
+        return [LaneStats(name, lane.num_running, lane.num_waiting, lane.limit)
+                for name, lane in sorted(self._lanes.items())]
 
     def list_tools(self) -> list[ToolSpec]:
         """Specs of all registered tools, sorted by name."""

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -64,14 +65,34 @@ async def _until_no_children(pid: int, timeout_s: float = 60.0) -> list[int]:
     return children
 
 
+def _lane(metrics_port: int, tool: str = "python") -> tuple[int, int]:
+    """(running, waiting) calls of ``tool``, from the gateway's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+    values = {}
+    for line in text.decode().splitlines():
+        for name in ("libra_tool_calls_running", "libra_tool_calls_waiting"):
+            if line.startswith(f'{name}{{tool="{tool}"}}'):
+                values[name] = int(float(line.split()[-1]))
+    return values["libra_tool_calls_running"], values["libra_tool_calls_waiting"]
+
+
+async def _until_lane_empty(metrics_port: int, timeout_s: float = 60.0) -> tuple[int, int]:
+    """Poll until the cancelled calls left the python lane (the server learns of a
+    client's cancel asynchronously); bounded."""
+    deadline = time.monotonic() + timeout_s
+    while (lane := _lane(metrics_port)) != (0, 0) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return lane
+
+
 @pytest.fixture
-async def gateway_process(tmp_path: Path) -> AsyncIterator[tuple[subprocess.Popen, str]]:
-    port = free_ports(1)[0]
+async def gateway_process(tmp_path: Path) -> AsyncIterator[tuple[subprocess.Popen, str, int]]:
+    port, metrics_port = free_ports(2)
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
     log = open(tmp_path / "toolgateway.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.toolgateway", f"--server.port={port}",
-         "--server.metrics-port=-1", f"--max-concurrency-per-tool={LIMIT}",
+         f"--server.metrics-port={metrics_port}", f"--max-concurrency-per-tool={LIMIT}",
          f"--max-queue-depth-per-tool={QUEUE}", "--calculator-transient-failure-rate=0",
          f"--python-timeout-s={HOLD_S}"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -88,7 +109,7 @@ async def gateway_process(tmp_path: Path) -> AsyncIterator[tuple[subprocess.Pope
                 assert time.monotonic() < deadline, "gateway did not start within 30 s"
                 await asyncio.sleep(0.2)
         await client.close()
-        yield proc, address
+        yield proc, address, metrics_port
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -111,7 +132,7 @@ async def _outcome(call) -> str:
     return res.status.value + (f": {res.error}" if res.error else "")
 
 
-async def _held_burst(client: GrpcToolGatewayClient) -> collections.Counter:
+async def _held_burst(client: GrpcToolGatewayClient, metrics_port: int) -> collections.Counter:
     """NUM_CALLS calls that never finish by themselves: count the refusals, then cancel
     the admitted ones (running or queued) and check they were still pending."""
     deadline_ms = int(HOLD_S * 1000)
@@ -125,6 +146,8 @@ async def _held_burst(client: GrpcToolGatewayClient) -> collections.Counter:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         outcomes.update(task.result() for task in done)
     outcomes["admitted_and_pending"] = len(pending)
+    # The gateway's own view while they are held: every slot taken, the queue full.
+    outcomes["lane_running"], outcomes["lane_waiting"] = _lane(metrics_port)
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
@@ -138,15 +161,16 @@ async def _fitting_burst(client: GrpcToolGatewayClient) -> collections.Counter:
 
 
 async def test_200_concurrent_calls_against_8_slots(gateway_process):
-    proc, address = gateway_process
+    proc, address, metrics_port = gateway_process
     client = GrpcToolGatewayClient(address, timeout_s=HOLD_S)
     try:
         warm = await client.execute("load", "warm", "python", {"code": "print(1)"}, 10_000)
         assert warm.status is t.ToolStatus.SUCCESS, warm
         rss_before_kib = _status_kib(proc.pid, "VmRSS")
         start = time.monotonic()
-        held = await _held_burst(client)
+        held = await _held_burst(client, metrics_port)
         wall_s = time.monotonic() - start
+        assert await _until_lane_empty(metrics_port) == (0, 0)
         rss_after_first_kib = _status_kib(proc.pid, "VmRSS")
         fitting = await _fitting_burst(client)
         rss_after_second_kib = _status_kib(proc.pid, "VmRSS")
@@ -158,7 +182,8 @@ async def test_200_concurrent_calls_against_8_slots(gateway_process):
 
         # Backpressure, not an unbounded queue: 8 running + 64 waiting, the rest refused.
         assert held == {"RESOURCE_EXHAUSTED": NUM_CALLS - LIMIT - QUEUE,
-                        "admitted_and_pending": LIMIT + QUEUE}, held
+                        "admitted_and_pending": LIMIT + QUEUE,
+                        "lane_running": LIMIT, "lane_waiting": QUEUE}, held
         # The cancelled calls gave their slots back and left no process; every admitted
         # call runs.
         assert fitting == {"success": LIMIT + QUEUE}, fitting
