@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 # How long stop_job waits for the cancelled training task (it answers an RPC).
 STOP_TIMEOUT_S = 5.0
+# How long a start waits for the previous job's task to send its job-done report.
+END_REPORT_WAIT_S = 10.0
 # How often a stop delivers the cancellation again while the task has not ended.
 CANCEL_REPEAT_S = 0.2
 
@@ -121,6 +123,11 @@ class TrainerCore:
 
     async def start_job(self, job_id: str, resume: bool = False) -> None:
         """Start training a job; ``resume`` continues from its newest checkpoint."""
+        if self._task is not None and not self._task.done() and self.phase in ("done",
+                                                                                "failed"):
+            # The last job ended and its task is sending the job-done report, on which
+            # the coordinator starts the next queued job: let the report finish.
+            await asyncio.wait({self._task}, timeout=END_REPORT_WAIT_S)
         if self._task is not None and not self._task.done():
             raise FailedPrecondition(f"trainer is busy with job {self.job_id}")
         spec_json = await self._store.job_spec_json(job_id)
