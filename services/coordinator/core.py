@@ -177,7 +177,6 @@ class CoordinatorCore:
             await self._stop_runners(job.job_id)
             raise
         job.state = t.JobState.RUNNING
-        job.message = ""
         job.queue_position = 0
         job.updated_at_ms = self._clock.now_ms()
         await self._store.put_job(job)
