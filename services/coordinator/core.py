@@ -170,6 +170,8 @@ class CoordinatorCore:
         """PENDING -> RUNNING once the trainer and the scheduler took the job; on a
         refusal both are stopped again and the error is raised."""
         resume = job.num_resumes > 0
+        # A resumed job plans from scratch: its previous run's elastic loop was stopped.
+        self._elastic_loops.pop(job.job_id, None)
         try:
             await self._trainer.start_job(job.job_id, resume=resume)
             await self._scheduler.start_job(job.job_id, resume=resume)
