@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 RPC_TOTAL = Counter("libra_rpc_server_total", "RPCs handled", ["service", "method", "code"])
 RPC_SECONDS = Histogram("libra_rpc_server_seconds", "RPC latency", ["service", "method"])
+# How often a service checks the dependency it cannot work without (its Redis).
+HEALTH_PROBE_INTERVAL_S = 1.0
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -141,6 +143,13 @@ class Server:
         logger.info("[startup] serving service=%s address=%s:%d metrics_port=%d",
                     self.service, self._cfg.host, self.port, self.metrics_port)
 
+    async def set_serving(self, serving: bool) -> None:
+        """Health of the whole server and each service (ignored once shutting down)."""
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ["", *(r.service_name for r in self._registrations)]:
+            await self.health.set(name, status)
+
     async def stop(self, drain: Callable[[float], Awaitable[None]] | None = None) -> None:
         """Stop taking work, drain within the grace period, then stop the server."""
         if self._stopped.is_set():
@@ -167,19 +176,46 @@ def _start_metrics(host: str, port: int) -> Any:
     return server
 
 
+async def watch_dependency(server: Server, probe: Callable[[], Awaitable[Any]],
+                           interval_s: float = HEALTH_PROBE_INTERVAL_S) -> None:
+    """Report NOT_SERVING while ``probe`` fails (Redis unreachable), SERVING once it
+    answers again; one log line per change, so an outage does not flood the log."""
+    healthy = True
+    while True:
+        try:
+            await asyncio.wait_for(probe(), timeout=interval_s * 2)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+            error = exc
+        if (error is None) != healthy:
+            healthy = error is None
+            await server.set_serving(healthy)
+            if healthy:
+                logger.info("[health] dependency reachable again: SERVING")
+            else:
+                logger.warning("[health] dependency unreachable (%s: %s): NOT_SERVING until "
+                               "it answers", type(error).__name__, error)
+        await asyncio.sleep(interval_s)
+
+
 async def serve(service: str, cfg: ServerConfig, registrations: Iterable[Registration],
                 run: Callable[[], Awaitable[None]] | None = None,
                 drain: Callable[[float], Awaitable[None]] | None = None,
-                on_started: Callable[[Server], Awaitable[None]] | None = None) -> None:
+                on_started: Callable[[Server], Awaitable[None]] | None = None,
+                health_probe: Callable[[], Awaitable[Any]] | None = None) -> None:
     """Serve until SIGTERM/SIGINT (or until ``run`` returns), then shut down gracefully.
 
     Args:
         run: the service's long-lived loop (started after the server is up).
         drain: called on shutdown with the grace period in seconds.
         on_started: called once the port is bound (registration with the coordinator).
+        health_probe: checks a dependency the service cannot work without (its Redis's
+            PING); health is NOT_SERVING while it fails (``watch_dependency``).
     """
     server = Server(service, cfg, registrations)
     await server.start()
+    watcher = (None if health_probe is None
+               else asyncio.create_task(watch_dependency(server, health_probe)))
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -194,13 +230,16 @@ async def serve(service: str, cfg: ServerConfig, registrations: Iterable[Registr
     done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     if loop_task is not None and loop_task in done and loop_task.exception() is not None:
         logger.error("[shutdown] main loop failed", exc_info=loop_task.exception())
+        if watcher is not None:
+            watcher.cancel()
         await server.stop(drain)
         raise SystemExit(1)
     logger.info("[shutdown] stop requested service=%s", service)
     await server.stop(drain)
-    if loop_task is not None and not loop_task.done():
-        loop_task.cancel()
-        await asyncio.gather(loop_task, return_exceptions=True)
+    for task in (loop_task, watcher):
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,22 @@ class ServiceProc:
     port: int
     metrics_port: int
     log_path: str
+    """The service's log (written by its logging, rotated by size)."""
     pid: int = 0
     restarts: int = 0
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    started_at_s: float = field(default=0.0, repr=False)
+    """When this process was spawned (the supervisor's monotonic clock)."""
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def out_path(self) -> str:
+        """What the process writes outside its logging (a crash before logging starts,
+        libraries printing); beside ``log_path``, never rotated (it stays small)."""
+        return str(Path(self.log_path).with_suffix(".out"))
 
 
 def state_path(run_root: Path) -> Path:
@@ -85,27 +95,33 @@ def _plan(stack: dict[str, Any], run_root: Path, redis_url: str) -> list[Service
     out = []
     for name, module, port, extra in specs:
         metrics = next(pool)
+        log_path = str(logs / f"{name}.log")
         args = [f"--server.port={port}", f"--server.metrics-port={metrics}",
+                f"--telemetry.log-file={log_path}",
                 f"--server.shutdown-grace-s={stack.get('shutdown_grace_s', 10.0)}"]
         if module != "services.toolgateway":
             args += common
         else:
             args += [f"--peers.coordinator=127.0.0.1:{ports['coordinator']}"]
-        out.append(ServiceProc(name, module, args + extra, port, metrics,
-                               str(logs / f"{name}.log")))
+        out.append(ServiceProc(name, module, args + extra, port, metrics, log_path))
     return out
 
 
 class Supervisor:
     """Starts the stack, restarts crashed services, stops everything by pid."""
 
-    def __init__(self, run_root: Path, stack_file: Path) -> None:
+    def __init__(self, run_root: Path, stack_file: Path,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.run_root = run_root.resolve()
         self.stack = tomllib.loads(stack_file.read_text())
         self.redis: EmbeddedRedis | None = None
         self.redis_url = env_flag("REDIS_URL")
+        self.redis_restarts = 0
         self.services: list[ServiceProc] = []
         self._stopping = False
+        self._clock = clock
+        self._restart_limit = int(self.stack.get("restart_limit", 3))
+        self._stable_s = float(self.stack.get("restart_reset_s", 300.0))
 
     def start(self) -> None:
         (self.run_root / ".libra" / "logs").mkdir(parents=True, exist_ok=True)
@@ -120,40 +136,77 @@ class Supervisor:
     def _spawn(self, svc: ServiceProc) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-        log = open(svc.log_path, "ab")  # noqa: SIM115 - the child owns it
+        log = open(svc.out_path, "ab")  # noqa: SIM115 - the child owns it
         svc.proc = subprocess.Popen([sys.executable, "-m", svc.module, *svc.args], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         svc.pid = svc.proc.pid
+        svc.started_at_s = self._clock()
         logger.info("[start] service=%s pid=%d address=%s", svc.name, svc.pid, svc.address)
 
     def _write_state(self) -> None:
         state = {"supervisor_pid": os.getpid(), "run_root": str(self.run_root),
                  "redis_url": self.redis_url,
                  "redis_pid": self.redis.pid if self.redis else None,
+                 "redis_restarts": self.redis_restarts,
                  "services": [{f.name: getattr(s, f.name) for f in fields(ServiceProc)
-                               if f.name != "proc"} for s in self.services]}
+                               if f.name not in ("proc", "started_at_s")}
+                              for s in self.services]}
         path = state_path(self.run_root)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(path)
 
     def supervise(self) -> None:
-        """Restart services that exit while the stack is up (bounded), until stopped."""
-        limit = int(self.stack.get("restart_limit", 3))
+        """Restart what exits while the stack is up, until stopped."""
         while not self._stopping:
-            for svc in self.services:
-                code = svc.proc.poll() if svc.proc else None
-                if code is None or self._stopping:
-                    continue
-                if svc.restarts >= limit:
-                    continue
-                svc.restarts += 1
-                logger.warning("[restart] service=%s exit=%s restart=%d", svc.name, code,
-                               svc.restarts)
-                self._spawn(svc)
-                self._write_state()
+            self.supervise_once()
             time.sleep(0.5)
+
+    def supervise_once(self) -> None:
+        """One pass: Redis first (every service needs it), then each service."""
+        changed = self._check_redis()
+        for svc in self.services:
+            if self._stopping:
+                return
+            changed |= self._check_service(svc)
+        if changed:
+            self._write_state()
+
+    def _check_service(self, svc: ServiceProc) -> bool:
+        """Restart ``svc`` if it exited (bounded by ``restart_limit``); a service that
+        stayed up ``restart_reset_s`` gets its budget back, so rare crashes over a long
+        run never exhaust it. Returns whether the state changed."""
+        code = svc.proc.poll() if svc.proc else None
+        if code is None:
+            if svc.restarts and self._clock() - svc.started_at_s >= self._stable_s:
+                logger.info("[restart] service=%s stable for %.0fs: restart budget reset",
+                            svc.name, self._stable_s)
+                svc.restarts = 0
+                return True
+            return False
+        if svc.restarts >= self._restart_limit:
+            return False
+        svc.restarts += 1
+        logger.warning("[restart] service=%s exit=%s restart=%d", svc.name, code,
+                       svc.restarts)
+        self._spawn(svc)
+        return True
+
+    def _check_redis(self) -> bool:
+        """Restart the embedded Redis on its port from its AOF when it died (the services'
+        clients reconnect to the same URL). A failed start is retried on the next pass."""
+        if self.redis is None or self.redis.process.poll() is None:
+            return False
+        logger.warning("[restart] redis exit=%s port=%d: restarting from its AOF",
+                       self.redis.process.returncode, self.redis.port)
+        try:
+            self.redis = start_redis(self.redis.data_dir, port=self.redis.port)
+        except RuntimeError as exc:
+            logger.error("[restart] redis did not come back (retrying): %s", exc)
+            return False
+        self.redis_restarts += 1
+        return True
 
     def stop(self, *_args: Any) -> None:
         """SIGTERM every child by pid, wait out the grace period, SIGKILL the rest."""

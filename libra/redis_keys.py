@@ -113,6 +113,13 @@ def trained_ids(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:trained"
 
 
+def published_ids(job_id: str) -> str:
+    """Set of trajectory ids published to the job's stream: a repeat publish (a retry
+    whose first try was applied before its reply was lost, e.g. across a Redis restart)
+    is recognised and counted as ``duplicate_publishes`` instead of appended twice."""
+    return f"{PREFIX}:job:{job_id}:published"
+
+
 def history(job_id: str) -> str:
     """Stream of per-step records (JSON), capped at HISTORY_MAXLEN."""
     return f"{PREFIX}:job:{job_id}:history"
@@ -162,6 +169,6 @@ def job_keys(job_id: str) -> list[str]:
     """Keys that belong to one job (expired together when the job ends)."""
     return [job(job_id), trajectories(job_id), policy(job_id), counters(job_id),
             load(job_id), assignments(job_id), tasks(job_id), pending(job_id),
-            trained_ids(job_id),
+            trained_ids(job_id), published_ids(job_id),
             history(job_id), step_index(job_id), events(job_id), sched_trajectories(job_id),
             sched_records(job_id), sched_recent(job_id), sched_tree(job_id)]

@@ -9,7 +9,9 @@ Schema (stable; later versions only add keys)::
                 "bucket_occupancy": {bucket: int}, ...}],
      "events": [{"ts_ms", "kind", "step", "worker_id", "epoch", "reason", ...}],
      "trajectories": {"produced", "trained", "dropped_stale", "dropped_failed",
-                      "failed", "admitted", "requeued", "in_flight_at_end"},
+                      "failed", "admitted", "requeued", "duplicate_publishes",
+                      "in_flight_at_end", "running_at_end", "pending_admission_at_end",
+                      "unaccounted", "accounting"},
      "reward": {"first_10pct_mean", "last_10pct_mean", "improvement"},
      "throughput": {"trajectories_per_s"}}
 """
@@ -42,7 +44,6 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
     steps = [{**s, "hybrid_workers": int(s.get("hybrid_workers", 0))} for s in steps]
     first, last = reward_windows(steps)
     produced = counters.get("produced", 0) + counters.get("failed", 0)
-    consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
     trained = counters.get("trained", 0)
     train_wall_s = sum(s.get("wall_s", 0.0) for s in steps)
     return {
@@ -56,13 +57,34 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
             "dropped_failed": counters.get("dropped_failed", 0),
             "failed": counters.get("failed", 0), "admitted": counters.get("admitted", 0),
             "requeued": counters.get("requeued", 0),
-            "in_flight_at_end": produced - consumed,
+            "duplicate_publishes": counters.get("duplicate_publishes", 0),
+            **_in_flight(produced, counters),
         },
         "reward": {"first_10pct_mean": round(first, 4), "last_10pct_mean": round(last, 4),
                    "improvement": round(last - first, 4)},
         "throughput": {"trajectories_per_s": round(trained / train_wall_s, 3)
                        if train_wall_s else 0.0},
     }
+
+
+def _in_flight(produced: int, counters: dict[str, int]) -> dict[str, Any]:
+    """The in-flight terms of the accounting identity, measured when the counters carry
+    the queues' backlog (``in_flight_*``: the coordinator reads them from Redis).
+
+    ``unaccounted`` = produced - (trained + dropped_stale + dropped_failed +
+    in_flight_at_end): 0 when every published trajectory is trained, dropped or still
+    waiting; anything else is a loss (> 0) or a double count (< 0). Without a measured
+    backlog, ``in_flight_at_end`` is the difference and ``accounting`` says so.
+    """
+    consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
+    if "in_flight_unconsumed" not in counters:
+        return {"in_flight_at_end": produced - consumed, "unaccounted": 0,
+                "accounting": "derived"}
+    in_flight = counters["in_flight_unconsumed"]
+    return {"in_flight_at_end": in_flight,
+            "running_at_end": counters.get("in_flight_running", 0),
+            "pending_admission_at_end": counters.get("in_flight_pending_admission", 0),
+            "unaccounted": produced - consumed - in_flight, "accounting": "measured"}
 
 
 def write_report(report: dict[str, Any], run_dir: Path) -> tuple[Path, Path | None]:

@@ -22,6 +22,13 @@ class TelemetryConfig:
     log_json: bool = knob(False, "structured JSON log lines instead of key=value text")
     otlp_endpoint: str = knob("", "OTLP gRPC endpoint for traces (host:port); empty = no export")
     trace_console: bool = knob(False, "print finished spans to stderr (debugging)")
+    log_file: str = knob("", "write logs to this file, rotated by size (empty: stderr)")
+    log_max_bytes: int = knob(50 * 1024 * 1024, "rotate the log file past this size")
+    log_backup_count: int = knob(3, "rotated log files kept beside the current one")
+    log_max_message_chars: int = knob(4096, "longer log messages are cut (client strings)")
+    log_repeat_burst: int = knob(10, "records of one warning/error template per window; "
+                                     "the rest are counted, not written")
+    log_repeat_window_s: float = knob(60.0, "window of log_repeat_burst")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

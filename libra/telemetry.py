@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
@@ -22,6 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
+from libra.log_hygiene import RepeatLimiter, SafeMessages
 from libra.service_config import TelemetryConfig
 
 _instrumented = False
@@ -46,17 +49,41 @@ class _JsonFormatter(logging.Formatter):
 
 
 def init_logging(service: str, cfg: TelemetryConfig) -> None:
-    """Configure the root logger once per process (text key=value or JSON lines)."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Configure the root logger once per process (text key=value or JSON lines).
+
+    Every record is escaped, clipped and rate-limited (libra/log_hygiene.py); with
+    ``log_file`` the lines go to that file, rotated by size, instead of stderr.
+    """
+    handler = _handler(cfg)
     if cfg.log_json:
         handler.setFormatter(_JsonFormatter(service))
     else:
         handler.setFormatter(logging.Formatter(
             f"%(asctime)s level=%(levelname)s service={service} logger=%(name)s %(message)s"))
+    # The limiter keys on the message template, so it runs before the message is rendered.
+    handler.addFilter(RepeatLimiter(cfg.log_repeat_burst, cfg.log_repeat_window_s))
+    handler.addFilter(SafeMessages(cfg.log_max_message_chars))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(cfg.log_level.upper())
     logging.Formatter.converter = time.gmtime
+    sys.excepthook = _log_uncaught
+
+
+def _log_uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """A crash's traceback goes to the service's log too, not only to stderr."""
+    logging.getLogger("uncaught").critical("process ends on %s", exc_type.__name__,
+                                           exc_info=(exc_type, exc, tb))
+    sys.__excepthook__(exc_type, exc, tb)
+
+
+def _handler(cfg: TelemetryConfig) -> logging.Handler:
+    if not cfg.log_file:
+        return logging.StreamHandler(sys.stderr)
+    Path(cfg.log_file).parent.mkdir(parents=True, exist_ok=True)
+    return logging.handlers.RotatingFileHandler(
+        cfg.log_file, maxBytes=cfg.log_max_bytes, backupCount=cfg.log_backup_count,
+        encoding="utf-8")
 
 
 def init_tracing(service: str, cfg: TelemetryConfig,

@@ -1,15 +1,17 @@
 """Write the example datasets shipped in deploy/data/ (deterministic: same bytes each run).
 
-``deploy/data/calc-words.jsonl`` (training) and ``calc-words-eval.jsonl`` (held out) are
-the built-in ``calc-words`` task as JSON Lines, read by
-``deploy/configs/smollm2-calc-jsonl.toml`` (``[task] kind = "jsonl"``). Each row:
-
-- ``question``: the word problem (the prompt);
-- ``answer``: the integer answer as text (the reward's reference);
-- ``metadata``: ``{"expression": ..., "source": "calc-words", "seed": ...}``;
-- ``demonstration``: a warm-start conversation (user, assistant tool calls, tool results,
-  final answer), the same mixture of habits the built-in warm start generates, with the
-  example config's calculator failure rate and turn limit.
+- ``calc-words.jsonl`` (training) and ``calc-words-eval.jsonl`` (held out): the built-in
+  ``calc-words`` task as JSON Lines, read by ``deploy/configs/smollm2-calc-jsonl.toml``.
+  Each row: ``question`` (the word problem), ``answer`` (the integer answer as text),
+  ``metadata`` (``{"expression", "source", "seed"}``) and ``demonstration`` (a warm-start
+  conversation with the same mixture of habits the built-in warm start generates, with
+  the example config's calculator failure rate and turn limit).
+- ``almanac-corpus.txt``, ``almanac.jsonl``, ``almanac-eval.jsonl``: questions that need
+  the search and python tools (scripts/example_data/almanac.py;
+  ``deploy/configs/almanac-tools.toml``).
+- ``receipts.jsonl``, ``receipts-eval.jsonl``: chat-message prompts for the python tool
+  and a composite reward (scripts/example_data/receipts.py;
+  ``deploy/configs/receipts-composite.toml``).
 
 Usage: ``.venv/bin/python scripts/make_example_data.py [--out deploy/data]``.
 """
@@ -17,15 +19,17 @@ Usage: ``.venv/bin/python scripts/make_example_data.py [--out deploy/data]``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):  # the project, and the example_data generators
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from example_data import almanac, receipts, write_jsonl  # noqa: E402
 
 from libra.tasks import calc_words_problems, chat_demonstration  # noqa: E402
 
@@ -50,21 +54,20 @@ def build_rows(seed: int, num_rows: int) -> list[dict[str, Any]]:
     return rows
 
 
-def render(rows: list[dict[str, Any]]) -> str:
-    """JSON Lines text (one compact object per line, keys sorted)."""
-    return "".join(json.dumps(row, sort_keys=True, separators=(",", ":")) + "\n"
-                   for row in rows)
+def write_all(out: Path) -> list[Path]:
+    """Write every example dataset into ``out``; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [write_jsonl(out / name, build_rows(seed, num_rows))
+             for name, (seed, num_rows) in FILES.items()]
+    return [*paths, *almanac.write(out), *receipts.write(out)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "deploy" / "data")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, (seed, num_rows) in FILES.items():
-        path = args.out / name
-        path.write_text(render(build_rows(seed, num_rows)))
-        print(f"wrote {path} ({num_rows} rows, {path.stat().st_size} bytes)")
+    for path in write_all(args.out):
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
     return 0
 
 

@@ -67,7 +67,8 @@ def _job_row(job: t.Job) -> dict[str, Any]:
 def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec]:
     """The spec document with ``--set`` overrides applied, and its validated spec.
 
-    Relative ``model.path``, ``task.path`` and ``task.eval_path`` are made absolute
+    Relative ``model.path``, ``task.path``, ``task.eval_path`` and the files of
+    ``tools.search_corpus`` are made absolute
     against the current directory: the services resolve paths from their own working
     directories, which may differ.
     Raises InvalidArgument naming the field, before anything is started or sent.
@@ -78,12 +79,23 @@ def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec
         path.suffix.lower(), "toml")), overrides)
     for name, key in _PATH_FIELDS:
         section = data.get(name)
-        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key]:
-            section[key] = str(Path(section[key]).expanduser().resolve())
+        if isinstance(section, dict) and key in section:
+            section[key] = _absolute(section[key])
     return data, job_spec_from_dict(data)
 
 
-_PATH_FIELDS = (("model", "path"), ("task", "path"), ("task", "eval_path"))
+_PATH_FIELDS = (("model", "path"), ("task", "path"), ("task", "eval_path"),
+                ("tools", "search_corpus"))
+
+
+def _absolute(value: Any) -> Any:
+    """A non-empty path string (or each in a list) resolved; anything else unchanged
+    (the spec's validation names a wrong type)."""
+    if isinstance(value, list):
+        return [_absolute(item) for item in value]
+    if isinstance(value, str) and value:
+        return str(Path(value).expanduser().resolve())
+    return value
 
 
 async def _submit(client: GrpcCoordinatorClient, data: dict[str, Any],

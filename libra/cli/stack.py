@@ -52,8 +52,9 @@ def _wait_until_serving(run_root: Path, timeout_s: float) -> dict[str, Any]:
         dead = [row for row in rows if row["health"] == "DEAD"]
         dead_polls = dead_polls + 1 if dead else 0
         if dead_polls >= 20:  # ~6 s dead: the supervisor gave up restarting it
-            raise RuntimeError(f"service {dead[0]['name']} exited at start-up; see "
-                               f"{dead[0]['log']}")
+            log = Path(dead[0]["log"])
+            raise RuntimeError(f"service {dead[0]['name']} exited at start-up; see {log} "
+                               f"and {log.with_suffix('.out')}")
         time.sleep(0.3)
     raise RuntimeError(f"stack not healthy within {timeout_s:.0f}s; see "
                        f"{run_root / '.libra' / 'logs'}")

@@ -1,4 +1,5 @@
-"""GRPO advantages and the PPO-clip loss used by the trainer backend.
+"""The PPO-clip loss used by the trainer backend (GRPO advantages are computed before
+any tensor exists, by ``services/trainer/grpo.py``, and arrive with each sample).
 
 Every function is a small formula over tensors so that it can be checked against
 hand-computed values; ``torch_backend`` composes them into a training step.
@@ -6,45 +7,7 @@ hand-computed values; ``torch_backend`` composes them into a training step.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-
 import torch
-
-ZERO_VARIANCE_STD = 1e-6
-"""Groups whose reward std is below this are treated as carrying no signal."""
-
-
-def group_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
-    """Group-relative advantages: ``(r - mean) / (std + 1e-6)`` within each group.
-
-    The std is the population std (divide by n). A group with near-zero variance gets 0
-    (nothing to prefer), and a singleton group keeps its raw reward, since it has no
-    baseline to compare against.
-
-    Args:
-        rewards: One outcome reward per trajectory.
-        group_ids: The group of each trajectory (same prompt, same policy).
-
-    Returns:
-        A float32 tensor of advantages, in input order.
-    """
-    if len(rewards) != len(group_ids):
-        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
-    values = torch.tensor(list(rewards), dtype=torch.float32)
-    advantages = torch.zeros_like(values)
-    members: dict[Hashable, list[int]] = {}
-    for index, group_id in enumerate(group_ids):
-        members.setdefault(group_id, []).append(index)
-    for indices in members.values():
-        group = values[indices]
-        if len(indices) == 1:
-            advantages[indices] = group
-            continue
-        std = group.std(correction=0)
-        if std < ZERO_VARIANCE_STD:
-            continue
-        advantages[indices] = (group - group.mean()) / (std + ZERO_VARIANCE_STD)
-    return advantages
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

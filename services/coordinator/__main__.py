@@ -109,7 +109,8 @@ async def main(cfg: CoordinatorConfig) -> None:
         if http is not None:
             http.should_exit = True
 
-    await serve("coordinator", cfg.server, [registration], run=run_http, drain=drain)
+    await serve("coordinator", cfg.server, [registration], run=run_http, drain=drain,
+                health_probe=redis.ping)
     await redis.aclose()
 
 

@@ -214,9 +214,12 @@ class CoordinatorCore:
                 logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
 
     async def get_job(self, job_id: str) -> tuple[t.Job, list[dict[str, Any]], dict[str, int]]:
+        """The job, its step records, and its counters with the measured backlog
+        (``in_flight_*``, see ``CoordinatorStore.backlog``)."""
         job = await self._store.get_job(job_id)
         job.queue_position = await self._queue.position(job_id)
-        return job, await self._store.steps(job_id), await self._store.counters(job_id)
+        counters = {**await self._store.counters(job_id), **await self._store.backlog(job_id)}
+        return job, await self._store.steps(job_id), counters
 
     async def list_jobs(self) -> list[t.Job]:
         """Every job, with its place in the queue (``queue_position``, 0 = not queued)."""

@@ -23,6 +23,8 @@ from services.coordinator.store_scripts import (
     ACQUIRE_LUA,
     APPEND_STEP_LUA,
     CHANGE_ROLE_LUA,
+    COUNT_AFTER_LUA,
+    PRUNE_WORKER_LUA,
     RELEASE_LUA,
     RENEW_LUA,
 )
@@ -102,6 +104,14 @@ class CoordinatorStore(Protocol):
         ...
 
     async def counters(self, job_id: str) -> dict[str, int]: ...
+
+    async def backlog(self, job_id: str) -> dict[str, int]:
+        """What is still in flight, measured from the queues themselves (not counted):
+        ``in_flight_unconsumed`` (published, not yet acknowledged by the trainer),
+        ``in_flight_running`` (assigned to an instance) and
+        ``in_flight_pending_admission`` (admitted, not yet placed). Lets the report check
+        the accounting identity with an independent term."""
+        ...
 
     async def acquire_lease(self, lease: t.Lease) -> t.Lease: ...
 
@@ -193,6 +203,8 @@ class RedisCoordinatorStore:
         self._release = redis.register_script(RELEASE_LUA)
         self._change_role = redis.register_script(CHANGE_ROLE_LUA)
         self._append_step = redis.register_script(APPEND_STEP_LUA)
+        self._prune_worker = redis.register_script(PRUNE_WORKER_LUA)
+        self._count_after = redis.register_script(COUNT_AFTER_LUA)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[R]]) -> R:
         """Run ``call`` again with exponential backoff while Redis is unreachable.
@@ -291,6 +303,35 @@ class RedisCoordinatorStore:
         raw = await self._retrying("counters", lambda: self._r.hgetall(keys.counters(job_id)))
         return {k: int(v) for k, v in raw.items()}
 
+    async def backlog(self, job_id: str) -> dict[str, int]:
+        return await self._retrying("backlog", lambda: self._read_backlog(job_id))
+
+    async def _read_backlog(self, job_id: str) -> dict[str, int]:
+        stream = keys.trajectories(job_id)
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.xlen(stream)
+            pipe.hlen(keys.assignments(job_id))
+            pipe.hlen(keys.pending(job_id))
+            length, running, pending = await pipe.execute()
+        unconsumed = length  # no trainer group yet: nothing was consumed
+        if length:
+            for group in await self._r.xinfo_groups(stream):
+                if group["name"] == keys.TRAINER_GROUP:
+                    unconsumed = await self._undelivered(stream, group) + int(group["pending"])
+        return {"in_flight_unconsumed": unconsumed, "in_flight_running": running,
+                "in_flight_pending_admission": pending}
+
+    async def _undelivered(self, stream: str, group: dict[str, Any]) -> int:
+        """Entries the group was never given: Redis >= 7 reports ``lag`` (exact, as the
+        stream is never trimmed); older servers get the tail after the group's last
+        delivered id counted (short: the trainer reads as entries arrive)."""
+        if group.get("lag") is not None:
+            return int(group["lag"])
+        # Counted on the server: the entries hold binary trajectories this client (which
+        # decodes replies as text) must not read.
+        return int(await self._count_after(keys=[stream],
+                                           args=[group["last-delivered-id"]]))
+
     async def acquire_lease(self, lease: t.Lease) -> t.Lease:
         fields = _lease_to_hash(lease)
         fields.pop("epoch")
@@ -330,6 +371,9 @@ class RedisCoordinatorStore:
                 h, pttl = await pipe.execute()
             if h:
                 leases.append(_lease_from_hash(h, pttl, now_ms))
+            else:  # expired: forget the id, or the set grows with every worker ever seen
+                await self._prune_worker(keys=[keys.lease(worker_id), keys.WORKERS],
+                                         args=[worker_id])
         return leases
 
     async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,
@@ -419,6 +463,9 @@ class InMemoryCoordinatorStore:
 
     async def counters(self, job_id: str) -> dict[str, int]:
         return dict(self._counters.get(job_id, {}))
+
+    async def backlog(self, job_id: str) -> dict[str, int]:
+        return {}  # no queues in memory: the report falls back to the difference
 
     def _live(self, worker_id: str) -> t.Lease | None:
         lease = self._leases.get(worker_id)

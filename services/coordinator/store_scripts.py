@@ -76,3 +76,19 @@ if redis.call('HGET', KEYS[1], 'epoch') == ARGV[1] then
 end
 return 0
 """
+
+# KEYS[1] = lease key, KEYS[2] = workers set; ARGV[1] = worker id
+# Drops the id from the set when its lease has expired; atomic with the check, so an
+# acquire in between (hash first, then SADD) can never lose its membership.
+# Returns 1 when the id was dropped, 0 when its lease is live again.
+PRUNE_WORKER_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return redis.call('SREM', KEYS[2], ARGV[1])
+"""
+
+# KEYS[1] = stream; ARGV[1] = an entry id
+# Returns how many entries come after that id (a consumer group's undelivered entries on
+# servers without XINFO's lag), without sending them to the client.
+COUNT_AFTER_LUA = """
+return #redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+')
+"""

@@ -96,7 +96,7 @@ async def main(cfg: RolloutConfig) -> None:
     registration = Registration(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
                                 RolloutServicer(core, engine_calls(loader)), name)
     await serve("rollout", cfg.server, [registration], run=core.run, drain=core.drain,
-                on_started=register)
+                on_started=register, health_probe=redis.ping)
     await redis.aclose()
 
 

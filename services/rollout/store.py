@@ -4,7 +4,9 @@ The only module of the rollout service that imports redis. Publishing a finished
 trajectory is one Lua script (atomic): check that the instance's lease is still held at
 its epoch (fencing: a zombie instance whose lease expired or was granted anew cannot
 publish), append to the job's trajectory stream, acknowledge the inbox entry, count it -
-so a crash can re-deliver (pending entry) but never lose it. The stream entry carries
+so a crash can re-deliver (pending entry) but never lose it; and idempotent per
+trajectory id, so a retry whose first try was applied (its reply lost, Redis restarted)
+is counted as ``duplicate_publishes``, never appended twice. The stream entry carries
 ``total_tokens`` and ``status`` beside the trajectory: the scheduler reads them (its
 own consumer group) to give the slot back without decoding the trajectory.
 
@@ -19,6 +21,7 @@ first).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +29,8 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,15 +67,24 @@ class RolloutStore(Protocol):
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
 
 
-# KEYS[1] = lease hash, KEYS[2] = trajectory stream, KEYS[3] = inbox, KEYS[4] = counters
+# KEYS[1] = lease hash, KEYS[2] = trajectory stream, KEYS[3] = inbox, KEYS[4] = counters,
+# KEYS[5] = published ids
 # ARGV[1] = lease epoch, ARGV[2] = inbox group, ARGV[3] = inbox entry id,
-# ARGV[4] = counter field, ARGV[5..] = field/value pairs of the stream entry.
-# Returns 1 when published, 0 when the lease is gone or held at another epoch.
+# ARGV[4] = counter field, ARGV[5..] = field/value pairs of the stream entry, starting
+# with "trajectory_id", <id>.
+# Returns 1 when published, 2 when this trajectory id was published before (the entry is
+# acked and the repeat counted, nothing appended), 0 when the lease is gone or held at
+# another epoch.
 _PUBLISH_LUA = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5))
+local is_new = redis.call('SADD', KEYS[5], ARGV[6]) == 1
+if is_new then redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5)) end
 redis.pcall('XACK', KEYS[3], ARGV[2], ARGV[3])
 redis.pcall('XDEL', KEYS[3], ARGV[3])
+if not is_new then
+  redis.call('HINCRBY', KEYS[4], 'duplicate_publishes', 1)
+  return 2
+end
 redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 return 1
 """
@@ -140,16 +154,21 @@ class RedisRolloutStore(JobRecordReader):
     async def publish(self, traj: t.Trajectory, instance_id: str, entry_id: str,
                       lease_epoch: int) -> bool:
         """Publish a finished trajectory if this instance still holds its lease at
-        ``lease_epoch``; False (nothing written) when fenced off."""
+        ``lease_epoch``; False (nothing written) when fenced off. Idempotent per
+        trajectory id: a repeat acks its inbox entry and is counted, not appended."""
         failed = traj.status is t.TrajectoryStatus.FAILED
         published = await self._publish(
             keys=[keys.lease(instance_id), keys.trajectories(traj.job_id),
-                  keys.inbox(instance_id), keys.counters(traj.job_id)],
+                  keys.inbox(instance_id), keys.counters(traj.job_id),
+                  keys.published_ids(traj.job_id)],
             args=[str(lease_epoch), keys.ROLLOUT_GROUP, entry_id,
                   "failed" if failed else "produced",
                   "trajectory_id", traj.trajectory_id, "data", encode_trajectory(traj),
                   "total_tokens", str(traj.num_generated_tokens),
                   "status", traj.status.value, "instance_id", instance_id])
+        if published == 2:
+            logger.info("[publish] repeat of trajectory_id=%s recognised (counted, not "
+                        "appended)", traj.trajectory_id)
         return bool(published)
 
     async def handoff(self, traj: t.Trajectory, instance_id: str, entry_id: str,

@@ -70,7 +70,7 @@ def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
     search = SearchConfig(corpus_paths=tuple(cfg.search_corpus)) if cfg.search_corpus else None
     tools = ToolRegistry(builtin_tools(
         sandbox, CalculatorConfig(transient_failure_rate=cfg.calculator_transient_failure_rate),
-        search))
+        search, python_timeout_s=cfg.python_timeout_s))
     for path in cfg.extra_tools:
         tools.register(load_tool(path))
     rewards = RewardRegistry(builtin_rewards(sandbox))

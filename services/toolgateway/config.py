@@ -18,6 +18,7 @@ class ToolGatewayConfig:
                                              "RESOURCE_EXHAUSTED")
     calculator_transient_failure_rate: float = knob(
         0.25, "share of calculator calls that fail with 'busy' (a flaky tool, by call id)")
+    python_timeout_s: float = knob(10.0, "wall-clock limit of one sandboxed python call")
     search_corpus: list[str] = knob([], "text files indexed by the search tool (BM25)")
     extra_tools: list[str] = knob([], "plugin tools by dotted path (module:Name)")
     extra_rewards: list[str] = knob([], "plugin rewards by dotted path (module:Name)")

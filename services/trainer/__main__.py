@@ -42,7 +42,8 @@ async def main(cfg: TrainerConfig) -> None:
                            trainer_pb2.DESCRIPTOR.services_by_name["GradientChannel"].full_name)
     # A job still RUNNING lost its trainer (this process was restarted): take it up.
     await core.resume()
-    await serve("trainer", cfg.server, [registration, channel], drain=core.drain)
+    await serve("trainer", cfg.server, [registration, channel], drain=core.drain,
+                health_probe=redis.ping)
     await redis.aclose()
 
 

@@ -19,6 +19,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from libra.weight_sync import sha256_file
 
@@ -37,10 +38,13 @@ class Checkpoint:
     path: Path
     step: int
     policy_version: int
+    step_report: dict[str, Any] | None = None
+    """The step's report to the coordinator (``{"record", "key"}``), kept so a resume
+    can send it again: the process may have stopped between this write and the report."""
 
 
 def save(root: Path, step: int, policy_version: int, write: Callable[[str], list[str]],
-         keep: int = 2) -> Checkpoint:
+         keep: int = 2, step_report: dict[str, Any] | None = None) -> Checkpoint:
     """Write a checkpoint of ``step`` atomically and prune all but the newest ``keep``.
 
     Args:
@@ -49,6 +53,7 @@ def save(root: Path, step: int, policy_version: int, write: Callable[[str], list
         policy_version: Version published with these weights.
         write: Writes the backend's files into the folder it is given; returns their names.
         keep: Checkpoints to keep (the newest).
+        step_report: The step's report (JSON-able), returned again by :func:`latest`.
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{step:06d}"
@@ -57,7 +62,8 @@ def save(root: Path, step: int, policy_version: int, write: Callable[[str], list
     tmp.mkdir()
     names = write(str(tmp))
     meta = {"step": step, "policy_version": policy_version,
-            "files": {name: sha256_file(tmp / name) for name in names}}
+            "files": {name: sha256_file(tmp / name) for name in names},
+            "step_report": step_report}
     (tmp / META).write_text(json.dumps(meta, indent=1))
     # A step redone after a resume replaces the checkpoint of the same step.
     if final.exists():
@@ -65,7 +71,7 @@ def save(root: Path, step: int, policy_version: int, write: Callable[[str], list
     os.rename(tmp, final)
     for old in _folders(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    return Checkpoint(final, step, policy_version)
+    return Checkpoint(final, step, policy_version, step_report)
 
 
 def latest(root: Path) -> Checkpoint | None:
@@ -94,7 +100,7 @@ def latest(root: Path) -> Checkpoint | None:
         if actual != digest:
             raise CheckpointError(f"corrupt checkpoint file {path}: sha256 {actual} does not "
                                   f"match {digest} recorded in {meta_path}")
-    return Checkpoint(folder, step, version)
+    return Checkpoint(folder, step, version, meta.get("step_report"))
 
 
 def _folders(root: Path) -> list[Path]:

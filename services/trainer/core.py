@@ -260,11 +260,12 @@ class TrainerCore:
                 record["publish_s"] = await self._publish(job_id, backend, run_dir, model_dir,
                                                           self.policy_version + 1)
             self.step += 1
-            if a.checkpoint_interval and self.step % a.checkpoint_interval == 0:
-                record["checkpoint_s"] = await self._checkpoint(backend, run_dir)
-            # 4) Report the step.
             record.update(step=self.step, policy_version=self.policy_version,
                           wall_s=round(time.perf_counter() - started, 4))
+            if a.checkpoint_interval and self.step % a.checkpoint_interval == 0:
+                record["checkpoint_s"] = await self._checkpoint(job_id, backend, run_dir,
+                                                                record)
+            # 4) Report the step.
             # Retried while the coordinator is away: a restart of it delays, never fails.
             await self._reports.report_step(job_id, record)
 
@@ -296,6 +297,9 @@ class TrainerCore:
             self.step = ckpt.step
             logger.info("[resume] from checkpoint job_id=%s step=%d path=%s", job_id,
                         ckpt.step, ckpt.path)
+            if ckpt.step_report is not None:  # a repeat if it was delivered (same key)
+                await self._reports.report_step(job_id, ckpt.step_report["record"],
+                                                ckpt.step_report["key"])
         if not resume:
             return 0
         # Never reuse a version number: rollout instances load only newer versions.
@@ -304,10 +308,15 @@ class TrainerCore:
                                        checkpoint=str(ckpt.path) if ckpt else "")
         return max(last, ckpt.policy_version if ckpt else -1) + 1
 
-    async def _checkpoint(self, backend: Backend, run_dir: Path) -> float:
+    async def _checkpoint(self, job_id: str, backend: Backend, run_dir: Path,
+                          record: dict[str, Any]) -> float:
+        """Write the checkpoint of ``self.step`` with the step's report (sent again at a
+        resume: a stop between this write and the report would lose the record)."""
         started = time.perf_counter()
+        report = {"record": dict(record), "key": self._reports.step_key(job_id, self.step)}
         ckpt = await asyncio.to_thread(checkpoint.save, run_dir / "checkpoints", self.step,
-                                       self.policy_version, backend.save_checkpoint)
+                                       self.policy_version, backend.save_checkpoint,
+                                       step_report=report)
         logger.info("[checkpoint] step=%d path=%s", self.step, ckpt.path)
         return round(time.perf_counter() - started, 4)
 

@@ -86,10 +86,6 @@ async def test_coordinator_killed_mid_job_the_job_succeeds_with_exact_accounting
     await client.close()
 
 
-@pytest.mark.skip(reason="flaky under load (2 of 5 runs, 2026-12-01): after the resumed job "
-                  "SUCCEEDED, the next CreateJob got UNAVAILABLE 'connection refused' from the "
-                  "new coordinator (restart_limit=0); cause not found yet - see the closing "
-                  "note of session 8")
 async def test_a_job_running_when_the_stack_went_down_is_resumed_when_it_comes_up(
         tmp_path: Path) -> None:
     run_root = tmp_path / "runs"

@@ -218,6 +218,18 @@ async def test_live_leases_drop_expired_ones(sut: StoreUnderTest) -> None:
     assert [x.worker_id for x in await sut.store.live_leases()] == ["long"]
 
 
+async def test_redis_forgets_the_ids_of_expired_workers(redis: Any) -> None:
+    # The workers set would otherwise keep every id ever seen (a 7-day stack: thousands).
+    store = RedisCoordinatorStore(redis, SystemClock())
+    for worker_id in ("gone", "live"):
+        await store.acquire_lease(make_lease(worker_id, ttl_ms=10_000))
+    await redis.delete(keys.lease("gone"))  # as if its TTL ran out
+    assert [x.worker_id for x in await store.live_leases()] == ["live"]
+    assert await redis.smembers(keys.WORKERS) == {"live"}
+    await store.acquire_lease(make_lease("gone", ttl_ms=10_000))  # back: listed again
+    assert [x.worker_id for x in await store.live_leases()] == ["gone", "live"]
+
+
 async def test_reacquire_after_expiry_gets_a_newer_epoch(sut: StoreUnderTest) -> None:
     first = await sut.store.acquire_lease(make_lease(ttl_ms=SHORT_TTL_MS))
     await sut.expire(SHORT_TTL_MS + 60)
@@ -316,3 +328,22 @@ async def test_events_keep_their_order_and_fields(sut: StoreUnderTest) -> None:
         {"ts_ms": 5, "kind": "plan", "inputs": {"a": 1}},
         {"ts_ms": 6, "kind": "released", "epoch": 3}]
     assert await sut.store.events("job-2") == []
+
+
+async def test_redis_backlog_measures_what_is_still_in_flight(redis: Any) -> None:
+    store = RedisCoordinatorStore(redis, SystemClock())
+    assert await store.backlog("job-1") == {"in_flight_unconsumed": 0, "in_flight_running": 0,
+                                            "in_flight_pending_admission": 0}
+    stream = keys.trajectories("job-1")
+    for i in range(5):
+        await redis.xadd(stream, {"trajectory_id": f"tr-{i}"})
+    assert (await store.backlog("job-1"))["in_flight_unconsumed"] == 5  # no trainer yet
+    await redis.xgroup_create(stream, keys.TRAINER_GROUP, id="0")
+    reply = await redis.xreadgroup(keys.TRAINER_GROUP, "trainer-0", {stream: ">"}, count=3)
+    ids = [entry_id for entry_id, _ in reply[0][1]]
+    await redis.xack(stream, keys.TRAINER_GROUP, ids[0])
+    await redis.hset(keys.assignments("job-1"), mapping={"tr-7": "ro-0", "tr-8": "ro-1"})
+    await redis.hset(keys.pending("job-1"), "tr-9", "task")
+    # 2 delivered and not acked + 2 never delivered; 2 running; 1 waiting for a place.
+    assert await store.backlog("job-1") == {"in_flight_unconsumed": 4, "in_flight_running": 2,
+                                            "in_flight_pending_admission": 1}

@@ -52,3 +52,17 @@ async def test_publish_without_a_lease_writes_nothing(redis_bytes: aioredis.Redi
     entry_id = await inbox_entry(r, store)
     assert not await store.publish(finished(), HERE, entry_id, 1)
     assert await r.xlen(keys.trajectories(JOB)) == 0
+
+
+async def test_a_repeat_publish_of_a_trajectory_is_counted_not_appended(
+        redis_bytes: aioredis.Redis) -> None:
+    # The first try was applied but its reply lost (Redis restarted): the retry must not
+    # make the trainer see the trajectory twice, nor count it produced twice.
+    r, store = redis_bytes, RedisRolloutStore(redis_bytes)
+    await r.hset(keys.lease(HERE), mapping={"role": "core-rollout", "epoch": 4})
+    assert await store.publish(finished(), HERE, await inbox_entry(r, store), 4)
+    assert await store.publish(finished(), HERE, await inbox_entry(r, store), 4)
+    assert await r.xlen(keys.trajectories(JOB)) == 1
+    assert await r.xlen(keys.inbox(HERE)) == 0  # the repeat's entry is acked too
+    counters = await r.hgetall(keys.counters(JOB))
+    assert (counters[b"produced"], counters[b"duplicate_publishes"]) == (b"1", b"1")

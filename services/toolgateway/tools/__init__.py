@@ -11,9 +11,11 @@ from services.toolgateway.tools.search import SearchConfig, SearchTool
 
 
 def builtin_tools(sandbox: Sandbox, calculator: CalculatorConfig | None = None,
-                  search: SearchConfig | None = None) -> list[Tool]:
+                  search: SearchConfig | None = None,
+                  python_timeout_s: float = 10.0) -> list[Tool]:
     """The built-in tools: calculator, python (in ``sandbox``) and search."""
-    return [CalculatorTool(calculator), PythonTool(sandbox), SearchTool(search)]
+    return [CalculatorTool(calculator), PythonTool(sandbox, timeout_s=python_timeout_s),
+            SearchTool(search)]
 
 
 __all__ = ["CalculatorConfig", "CalculatorTool", "PythonTool", "SearchConfig", "SearchTool",

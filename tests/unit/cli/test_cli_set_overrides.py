@@ -113,3 +113,11 @@ def test_relative_dataset_paths_resolve_against_the_current_directory(
     data, spec = load_spec(spec_file, [])
     assert spec.task.path == str(tmp_path / "data" / "d.jsonl")
     assert data["task"]["eval_path"] == str(tmp_path / "data" / "e.jsonl")
+
+
+def test_relative_search_corpus_files_resolve_against_the_current_directory(
+        spec_file, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    data, spec = load_spec(spec_file, ['tools.search_corpus=["c.txt", "/abs/d.txt"]'])
+    assert spec.tools.search_corpus == [str(tmp_path / "c.txt"), "/abs/d.txt"]
+    assert data["tools"]["search_corpus"] == spec.tools.search_corpus

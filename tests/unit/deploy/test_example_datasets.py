@@ -1,5 +1,5 @@
-"""The shipped example dataset (deploy/data/, written by scripts/make_example_data.py)
-and its job spec (deploy/configs/smollm2-calc-jsonl.toml): the files are what the script
+"""The shipped example datasets (deploy/data/, written by scripts/make_example_data.py)
+and the calc-words job spec (deploy/configs/smollm2-calc-jsonl.toml): the files are what the script
 writes, the spec parses, its dataset passes the submit check, and it is the built-in
 calc-words example with prompts read from a file. Nothing is trained here."""
 
@@ -34,11 +34,12 @@ def jsonl_spec(monkeypatch):
     return load_spec(CONFIGS / "smollm2-calc-jsonl.toml", [])[1]
 
 
-def test_shipped_files_are_what_the_script_writes() -> None:
-    script = _script()
-    for name, (seed, num_rows) in script.FILES.items():
-        shipped = (ROOT / "deploy" / "data" / name).read_text()
-        assert shipped == script.render(script.build_rows(seed, num_rows)), name
+def test_shipped_files_are_what_the_script_writes(tmp_path: Path) -> None:
+    written = _script().write_all(tmp_path)
+    assert len(written) == 7
+    for path in written:
+        shipped = ROOT / "deploy" / "data" / path.name
+        assert shipped.read_bytes() == path.read_bytes(), path.name
 
 
 def test_the_jsonl_spec_is_the_builtin_example_but_for_its_task(jsonl_spec) -> None:

@@ -18,7 +18,9 @@ from services.trainer.config import TrainerConfig
 SHARED = [
     "server.enable_reflection", "server.host", "server.metrics_port", "server.port",
     "server.shutdown_grace_s",
-    "telemetry.log_json", "telemetry.log_level", "telemetry.otlp_endpoint",
+    "telemetry.log_backup_count", "telemetry.log_file", "telemetry.log_json",
+    "telemetry.log_level", "telemetry.log_max_bytes", "telemetry.log_max_message_chars",
+    "telemetry.log_repeat_burst", "telemetry.log_repeat_window_s", "telemetry.otlp_endpoint",
     "telemetry.trace_console",
 ]
 PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.toolgateway",
@@ -41,7 +43,8 @@ SNAPSHOT: dict[type, list[str]] = {
         "redis_url", "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "extra_rewards", "extra_tools",
-        "max_concurrency_per_tool", "max_queue_depth_per_tool", "require_network_isolation",
+        "max_concurrency_per_tool", "max_queue_depth_per_tool", "python_timeout_s",
+        "require_network_isolation",
         "search_corpus"]),
 }
 

@@ -1,4 +1,5 @@
-"""Unit tests for GRPO advantages and the PPO-clip loss, against hand-computed values."""
+"""Unit tests for the PPO-clip loss and its parts, against hand-computed values
+(GRPO advantages: tests/unit/trainer/test_grpo.py)."""
 
 import math
 
@@ -7,29 +8,10 @@ import torch
 
 from libra.training.loss import (
     behaviour_weights,
-    group_advantages,
     kl_estimate,
     masked_mean,
     ppo_clip_loss,
 )
-
-
-def test_group_advantages_normalise_within_each_group():
-    advantages = group_advantages([1.0, 0.0, 1.0, 1.0, 0.5], ["a", "a", "b", "b", "c"])
-    # Group a: mean 0.5, population std 0.5 -> +-1 (up to the 1e-6 epsilon).
-    assert advantages[0].item() == pytest.approx(1.0, abs=1e-5)
-    assert advantages[1].item() == pytest.approx(-1.0, abs=1e-5)
-    # Group b has no variance: no signal. Singleton c keeps its raw reward.
-    assert advantages[2].item() == 0.0 and advantages[3].item() == 0.0
-    assert advantages[4].item() == 0.5
-
-
-def test_group_advantages_uncentred_group_of_three():
-    advantages = group_advantages([1.0, 0.0, 0.0], [7, 7, 7])
-    std = math.sqrt(2.0 / 9.0)
-    assert advantages.tolist() == pytest.approx(
-        [(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rel=1e-4
-    )
 
 
 def test_masked_mean_ignores_masked_positions_and_handles_empty_masks():

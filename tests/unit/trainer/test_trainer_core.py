@@ -24,6 +24,7 @@ from libra.errors import FailedPrecondition, NotFound
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
 from libra.retry import RetryPolicy
 from libra.wire.common import encode_trajectory
+from services.trainer import checkpoint
 from services.trainer.core import TrainerCore
 from services.trainer.store import RedisTrainerStore
 from tests.fakes.coordinator import FakeCoordinator
@@ -421,6 +422,39 @@ async def test_resume_continues_from_the_checkpoint_and_trains_nothing_twice(rig
     counters = await rig.counters()
     assert counters["trained"] == await rig.r.scard(keys.trained_ids(JOB)) == 10
     assert counters["produced"] - counters["trained"] == 2  # group 5: in the stream
+
+
+async def test_resume_sends_the_checkpoint_steps_report_the_stop_may_have_lost(
+        rig: Rig) -> None:
+    # The stack stopped after the checkpoint of step 2 was written and before its report
+    # reached the coordinator (the integration test saw step 8 missing this way).
+    await rig.set_spec(num_steps=3, checkpoint_interval=2, max_staleness=10)
+    await rig.r.zadd(keys.JOBS_INDEX, {JOB: 1})
+    report = {"record": {"step": 2, "policy_version": 2, "loss": 0.5}, "key": f"{JOB}:2:run-a"}
+    checkpoint.save(rig.tmp / "checkpoints", 2, 2, rig.backend.save_checkpoint,
+                    step_report=report)
+    await rig.write(*make_group(0))
+    core = rig.new_core()
+    await core.resume()
+    await rig.run_job(core)
+    assert [(s["step"], s.get("loss")) for _, s in rig.coordinator.steps][:1] == [(2, 0.5)]
+    assert [s["step"] for _, s in rig.coordinator.steps] == [2, 3]
+    assert rig.coordinator.num_repeats == 0
+
+
+async def test_a_delivered_checkpoint_report_sent_again_at_resume_is_a_repeat(
+        rig: Rig) -> None:
+    await rig.set_spec(num_steps=2, checkpoint_interval=2, max_staleness=10)
+    await rig.r.zadd(keys.JOBS_INDEX, {JOB: 1})
+    await rig.write(*make_group(0), *make_group(1))
+    await rig.run_job()
+    assert [s["step"] for _, s in rig.coordinator.steps] == [1, 2]
+    await rig.r.hset(keys.job(JOB), "state", "running")  # as if it was still running
+    core = rig.new_core()
+    await core.resume()
+    await rig.run_job(core)
+    assert [s["step"] for _, s in rig.coordinator.steps] == [1, 2]  # nothing stored twice
+    assert rig.coordinator.num_repeats == 1
 
 
 async def test_resume_without_a_checkpoint_warm_starts_again(rig: Rig) -> None:

@@ -1,0 +1,68 @@
+"""The example jobs beside the demo run through the whole stack with a tiny random
+Hugging Face model (their SmolLM2 runs are measured in the closing notes, not here):
+their datasets load, their tools answer, their rewards score, two RL steps train.
+
+- deploy/configs/almanac-tools.toml: search (BM25 over the shipped corpus) + python.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from libra import types as t
+from libra.cli import stack
+from libra.cli.main import load_spec
+from libra.clients.coordinator import GrpcCoordinatorClient
+from libra.jobspec import job_spec_from_json
+from tests.fixtures.hf_models import make_model_dir
+from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
+
+pytestmark = pytest.mark.integration
+
+CONTEXT_TOKENS = 4096
+BRIEF = ["algorithm.num_steps=2", "algorithm.sft_steps=1", "algorithm.sft_batch_size=2",
+         "algorithm.prompts_per_step=2", "algorithm.samples_per_prompt=2",
+         "algorithm.checkpoint_interval=0", "task.max_turns=2",
+         "task.max_new_tokens_per_turn=16", f"model.max_context_tokens={CONTEXT_TOKENS}",
+         f"layout.buckets=[{{name = \"short\", max_tokens = {CONTEXT_TOKENS // 2}}}, "
+         f"{{name = \"long\", max_tokens = {CONTEXT_TOKENS}}}]"]
+
+
+@pytest.fixture(scope="module")
+def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir("qwen2", tmp_path_factory.mktemp("tiny-qwen2"),
+                          max_position_embeddings=CONTEXT_TOKENS)
+
+
+async def _run(stack_state: dict, config: str, model: Path, monkeypatch) -> t.Job:
+    monkeypatch.chdir(ROOT)  # the configs' relative paths resolve against the repo root
+    data, _ = load_spec(ROOT / "deploy" / "configs" / config,
+                        [*BRIEF, f"model.path={json.dumps(str(model))}"])
+    # The submit checks read the model and the dataset: seconds on a loaded machine.
+    client = GrpcCoordinatorClient(stack.coordinator_address(stack_state), timeout_s=120.0)
+    try:
+        job = await client.create_job(json.dumps(data), "json")
+        job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=600)
+    finally:
+        await client.close()
+    assert job.state is t.JobState.SUCCEEDED, job.message
+    assert [s["step"] for s in steps] == [1, 2]
+    assert counters["trained"] == 2 * 2 * 2
+    return job
+
+
+async def test_almanac_tools_runs_with_search_and_python(running_stack: dict, tiny_model: Path,
+                                                         monkeypatch) -> None:
+    job = await _run(running_stack, "almanac-tools.toml", tiny_model, monkeypatch)
+    spec = job_spec_from_json(job.spec_json)
+    assert [s.name for s in spec.tools.schemas] == ["search", "python"]
+    assert spec.tools.search_corpus == [str(ROOT / "deploy" / "data" / "almanac-corpus.txt")]
