@@ -12,8 +12,9 @@ Reports to the coordinator (steps, the job's end) go through ``CoordinatorReport
 (``reports.py``): retried with backoff while it is unreachable and keyed, so a
 coordinator restart only delays the step loop and never fails the job.
 
-Resume (:meth:`TrainerCore.resume`, called at start-up): a job still RUNNING lost its
-trainer, so it restarts from the newest checkpoint (model, optimizer, RNG, step) instead
+Resume (:meth:`TrainerCore.resume`, called at start-up; ``start_job(resume=True)`` from
+the coordinator's reconciliation or its ResumeJob of a cancelled or failed job): the job
+lost its trainer, so it restarts from the newest checkpoint (model, optimizer, RNG, step) instead
 of the warm start. Redis kept the rest: entries delivered but not acked are re-read
 (pending), and trajectories acked since the checkpoint are in the idempotency set, so
 they are never trained again. Their step's effect on the weights is lost and the step
