@@ -11,6 +11,14 @@ PREFIX = "libra"
 # Job index (sorted set: job_id scored by creation time). Lists jobs; never expires.
 JOBS_INDEX = f"{PREFIX}:jobs"
 
+# The job queue (sorted set: job_id of each queued PENDING job, scored so that a higher
+# priority comes first and equal priorities keep submit order; see the coordinator's
+# store). Never expires: a queued job waits for its turn, across coordinator restarts.
+JOB_QUEUE = f"{PREFIX}:queue"
+
+# Submit order of queued jobs (INCR per enqueue: the FIFO tie-break). Never expires.
+JOB_QUEUE_SEQ = f"{PREFIX}:queue:seq"
+
 # Registry of workers that ever held a lease (set). The lease key itself expires.
 WORKERS = f"{PREFIX}:workers"
 

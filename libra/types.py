@@ -219,6 +219,13 @@ class Job:
     step: int = 0
     policy_version: int = 0
     run_dir: str = ""
+    priority: int = 0
+    """Queue priority: higher starts first, FIFO among equals."""
+    queue_position: int = 0
+    """1 = next to start, 2 = after it, ...; 0 = not queued (read from the queue, not
+    stored with the job)."""
+    num_resumes: int = 0
+    """Times the job was restarted from its newest checkpoint (``libra resume``)."""
 
 
 # The trainer's phases (GetTrainerStatus): idle before any job and after a stop; warmup

@@ -5,7 +5,11 @@ Examples:
   libra up / libra down                  start / stop Redis + the five services
   libra status --json                    each service: name, pid, address, health, and
                                          its worker lease: role, epoch, bucket
-  libra submit JOB.toml; libra jobs      submit to a running stack; list jobs
+  libra submit JOB.toml; libra jobs      submit to a running stack; list jobs (a job
+                                         submitted while one runs waits in the queue)
+  libra submit JOB.toml --priority 5     queue ahead of lower priorities
+  libra resume JOB                       restart a cancelled/failed job from its
+                                         newest checkpoint, same id
   libra run JOB.toml --set algorithm.num_steps=20 --set model.dtype=bfloat16
                                          override spec fields (validated like the file)
   libra model import --smollm2           a GGUF -> Hugging Face directory (docs/models.md)
@@ -55,7 +59,9 @@ def _client(args: argparse.Namespace) -> GrpcCoordinatorClient:
 
 def _job_row(job: t.Job) -> dict[str, Any]:
     return {"job_id": job.job_id, "name": job.name, "state": job.state.value,
-            "step": job.step, "policy_version": job.policy_version, "message": job.message}
+            "queue_position": job.queue_position, "priority": job.priority,
+            "step": job.step, "policy_version": job.policy_version,
+            "num_resumes": job.num_resumes, "message": job.message}
 
 
 def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec]:
@@ -92,8 +98,9 @@ def _absolute(value: Any) -> Any:
     return value
 
 
-async def _submit(client: GrpcCoordinatorClient, data: dict[str, Any]) -> t.Job:
-    return await client.create_job(json.dumps(data), "json")
+async def _submit(client: GrpcCoordinatorClient, data: dict[str, Any],
+                  priority: int = 0) -> t.Job:
+    return await client.create_job(json.dumps(data), "json", priority)
 
 
 def _check_model_here(spec: JobSpec) -> None:
@@ -133,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 async def cmd_submit(args: argparse.Namespace) -> int:
     data, _spec = load_spec(args.job, args.set)
     client = _client(args)
-    job = await _submit(client, data)
+    job = await _submit(client, data, args.priority)
     _print(_job_row(job), args.json)
     return 0
 
@@ -145,6 +152,11 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
     _print(_job_row(await _client(args).cancel_job(args.job_id)), args.json)
+    return 0
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    _print(_job_row(await _client(args).resume_job(args.job_id, args.priority)), args.json)
     return 0
 
 
@@ -223,18 +235,31 @@ def build_parser() -> argparse.ArgumentParser:
     add("down", cmd_down, "stop what `libra up` started, by pid")
     add("status", cmd_status, "name, pid, address, health and lease (role, epoch, "
         "bucket) of each service")
-    p = add("submit", cmd_submit, "submit a job spec to the running stack")
+    p = add("submit", cmd_submit, "submit a job spec to the running stack; while another "
+            "job runs it waits PENDING in the queue (docs/jobs.md)")
     p.add_argument("job", type=Path)
     _add_set(p)
-    add("jobs", cmd_jobs, "list jobs")
-    p = add("cancel", cmd_cancel, "cancel a job")
+    _add_priority(p)
+    add("jobs", cmd_jobs, "list jobs: state, queue_position (1 = starts next, 0 = not "
+        "queued), priority, step")
+    p = add("cancel", cmd_cancel, "cancel a job (a queued one just leaves the queue)")
     p.add_argument("job_id")
+    p = add("resume", cmd_resume, "restart a cancelled or failed job from its newest "
+            "checkpoint under the same id (queued while another job runs)")
+    p.add_argument("job_id")
+    _add_priority(p)
     p = add("report", cmd_report, "write report.json and the reward curve of a job")
     p.add_argument("job_id")
     tool.register(sub)
     sim.register(sub)
     model.register(sub)
     return parser
+
+
+def _add_priority(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--priority", type=int, default=0, metavar="N",
+                   help="queue priority in [-1000, 1000]: higher starts first, FIFO among "
+                   "equals (default 0)")
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:

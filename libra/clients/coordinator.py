@@ -40,9 +40,17 @@ class GrpcCoordinatorClient(GrpcClientBase):
         super().__init__(address, timeout_s)
         self._stub = pb_grpc.CoordinatorServiceStub(self._channel)
 
-    async def create_job(self, spec: str, spec_format: str = "toml") -> t.Job:
-        resp = await self._call(self._stub.CreateJob,
-                                pb.CreateJobRequest(spec=spec, spec_format=spec_format))
+    async def create_job(self, spec: str, spec_format: str = "toml",
+                         priority: int = 0) -> t.Job:
+        """Create a job; PENDING with a ``queue_position`` while another job runs."""
+        resp = await self._call(self._stub.CreateJob, pb.CreateJobRequest(
+            spec=spec, spec_format=spec_format, priority=priority))
+        return job_from_proto(resp.job)
+
+    async def resume_job(self, job_id: str, priority: int = 0) -> t.Job:
+        """Restart a cancelled or failed job from its newest checkpoint (same id)."""
+        resp = await self._call(self._stub.ResumeJob,
+                                pb.ResumeJobRequest(job_id=job_id, priority=priority))
         return job_from_proto(resp.job)
 
     async def get_job(self, job_id: str) -> tuple[t.Job, list[dict], dict]:

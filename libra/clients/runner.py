@@ -19,7 +19,8 @@ class GrpcTrainerClient(GrpcClientBase):
         self._stub = tpb_grpc.TrainerServiceStub(self._channel)
 
     async def start_job(self, job_id: str, resume: bool = False) -> None:
-        """Start a job; ``resume`` continues a RUNNING one from its newest checkpoint."""
+        """Start a job; ``resume`` continues it from its newest checkpoint (a RUNNING job
+        no trainer holds, or a cancelled or failed one resumed)."""
         await self._call(self._stub.StartJob, tpb.StartJobRequest(job_id=job_id,
                                                                   resume=resume))
 

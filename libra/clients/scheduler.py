@@ -91,8 +91,11 @@ class GrpcSchedulerClient(GrpcClientBase):
         self.num_report_answers = 0
         self.num_report_streams = 0
 
-    async def start_job(self, job_id: str) -> None:
-        await self._call(self._stub.StartJob, spb.StartJobRequest(job_id=job_id))
+    async def start_job(self, job_id: str, resume: bool = False) -> None:
+        """Schedule a job; ``resume``: it ran before and ended (its assigned trajectories
+        are re-queued, admission continues from its counters)."""
+        await self._call(self._stub.StartJob, spb.StartJobRequest(job_id=job_id,
+                                                                  resume=resume))
 
     async def stop_job(self, job_id: str) -> None:
         await self._call(self._stub.StopJob, spb.StopJobRequest(job_id=job_id),

@@ -24,7 +24,7 @@ def job_state_from_proto(value: int) -> t.JobState:
 
 
 _FIELDS = ("job_id", "name", "spec_json", "created_at_ms", "updated_at_ms", "message", "step",
-           "policy_version", "run_dir")
+           "policy_version", "run_dir", "priority", "queue_position", "num_resumes")
 
 
 def job_to_proto(job: t.Job) -> pb.Job:

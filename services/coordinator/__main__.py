@@ -68,6 +68,7 @@ def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore
         scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
         clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
         elastic=elastic_wiring(cfg), model_check=check_job_model, dataset_check=check_dataset,
+        max_queued_jobs=cfg.max_queued_jobs,
         tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
         reconcile=ReconcileWiring(
             GrpcTrainerClient(peers.trainer, min(STATUS_TIMEOUT_S, peers.rpc_timeout_s)),

@@ -21,10 +21,15 @@ class CoordinatorConfig:
         " (also once at start-up): one no trainer works on is resumed or ended")
     trainer_lost_s: float = knob(
         60.0, "a trainer unreachable this long is taken for gone: its running job fails")
+    max_queued_jobs: int = knob(
+        100, "jobs that may wait in the queue while one runs; a submit beyond it is "
+        "refused (RESOURCE_EXHAUSTED / HTTP 429)")
 
     def __post_init__(self) -> None:
         if self.reconcile_interval_s <= 0:
             raise ValueError(f"reconcile_interval_s must be > 0, got "
                              f"{self.reconcile_interval_s}")
+        if self.max_queued_jobs < 0:
+            raise ValueError(f"max_queued_jobs must be >= 0, got {self.max_queued_jobs}")
         if self.trainer_lost_s < 0:
             raise ValueError(f"trainer_lost_s must be >= 0, got {self.trainer_lost_s}")

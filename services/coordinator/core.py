@@ -3,9 +3,15 @@
 A job is validated completely before anything is stored, so an invalid spec leaves
 nothing behind: the schema here, then the model (an injected :class:`ModelCheck`: can
 this machine load and train ``model.path``?) and the dataset (an injected
-:class:`DatasetCheck`: does ``task.path`` read, with the mapped fields?). A valid job is
-stored PENDING, then the trainer and the scheduler are told to start it; if either
-refuses, whatever started is stopped, the job is deleted and the caller gets the error.
+:class:`DatasetCheck`: does ``task.path`` read, with the mapped fields?). When nothing
+runs, a valid job is stored PENDING, then the trainer and the scheduler are told to
+start it; if either refuses, whatever started is stopped, the job is deleted and the
+caller gets the error. While another job is active it waits PENDING in the job queue
+(``jobqueue.py``), which starts the next job whenever the active one ends.
+
+A CANCELLED or FAILED job with a checkpoint can be resumed under its id
+(:meth:`CoordinatorCore.resume_job`): queued like a new job, then started with the
+trainer's and the scheduler's ``resume`` flag (newest checkpoint, counters continued).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from libra.clock import Clock
 from libra.errors import FailedPrecondition, InvalidArgument, LibraError, Unavailable
 from libra.ids import new_job_id
 from libra.jobspec import ElasticSpec, JobSpec, ToolSchema, job_spec_from_json, parse_job_spec
+from services.coordinator.checkpoints import CheckpointProbe, newest_checkpoint_step
 from services.coordinator.elastic import ElasticExecutor, ElasticLoop, ElasticWiring
+from services.coordinator.jobqueue import DEFAULT_MAX_QUEUED_JOBS, JobQueue, check_priority
 from services.coordinator.reconcile import Reconciler, ReconcileWiring, Verdict
 from services.coordinator.store import CoordinatorStore, StepAppend, step_of
 
@@ -45,7 +53,9 @@ ROLE_MOVES: dict[t.WorkerRole, tuple[t.WorkerRole, ...]] = {
 class JobRunner(Protocol):
     """What the coordinator needs from the trainer and the scheduler."""
 
-    async def start_job(self, job_id: str) -> None: ...
+    async def start_job(self, job_id: str, resume: bool = False) -> None:
+        """Start a job; ``resume``: it ran before (newest checkpoint, counters continued)."""
+        ...
 
     async def stop_job(self, job_id: str) -> None: ...
 
@@ -95,6 +105,8 @@ class CoordinatorCore:
     ``model_check`` / ``dataset_check`` None skip that check: unit tests that exercise
     the lifecycle build the core that way; ``__main__`` always passes both.
     ``reconcile`` None turns reconciliation off (``reconcile.py``; ``__main__`` wires it).
+    ``max_queued_jobs`` bounds the job queue; ``checkpoint_probe`` finds a resumed job's
+    checkpoint.
     """
 
     def __init__(self, store: CoordinatorStore, trainer: JobRunner, scheduler: JobRunner,
@@ -102,7 +114,9 @@ class CoordinatorCore:
                  *, model_check: ModelCheck | None = None,
                  tool_catalog: ToolCatalog | None = None,
                  dataset_check: DatasetCheck | None = None,
-                 reconcile: ReconcileWiring | None = None) -> None:
+                 reconcile: ReconcileWiring | None = None,
+                 max_queued_jobs: int = DEFAULT_MAX_QUEUED_JOBS,
+                 checkpoint_probe: CheckpointProbe = newest_checkpoint_step) -> None:
         self._store = store
         self._trainer = trainer
         self._scheduler = scheduler
@@ -119,13 +133,19 @@ class CoordinatorCore:
         # awaits and all start, a cancel could end a job half created, and a
         # reconciliation could take a job being created for an orphan (one coordinator).
         self._lifecycle_lock = asyncio.Lock()
+        self._queue = JobQueue(store, self._launch, self._finish, clock,
+                               self._lifecycle_lock, max_queued_jobs)
+        self._checkpoint_probe = checkpoint_probe
         self._reconciler = (None if reconcile is None else Reconciler(
-            store, reconcile, scheduler, self._end_job, self._lifecycle_lock, clock))
+            store, reconcile, scheduler, self._end_job, self._lifecycle_lock, clock,
+            after_pass=self.start_next_job))
 
     # -- jobs ---------------------------------------------------------------------------
 
-    async def create_job(self, spec_text: str, spec_format: str) -> t.Job:
-        """Validate, store and start a job; atomic from the caller's point of view."""
+    async def create_job(self, spec_text: str, spec_format: str, priority: int = 0) -> t.Job:
+        """Validate, store and start a job - or queue it while another is active (a full
+        queue refuses it: ResourceExhausted). Atomic from the caller's point of view."""
+        check_priority(priority)
         spec = parse_job_spec(spec_text, spec_format)
         check_agent_name(spec.task.agent)  # built-ins + libra.agents entry points
         if self._model_check is not None:
@@ -136,29 +156,45 @@ class CoordinatorCore:
             await asyncio.to_thread(self._dataset_check, spec)  # a 1M-row file: seconds
         spec = await self._resolve_tools(spec)
         async with self._lifecycle_lock:
-            await self._refuse_if_busy()
             now_ms = self._clock.now_ms()
             job_id = new_job_id(spec.name)
-            run_dir = self._run_root / job_id
             job = t.Job(job_id=job_id, name=spec.name, state=t.JobState.PENDING,
                         spec_json=spec.to_json(), created_at_ms=now_ms, updated_at_ms=now_ms,
-                        run_dir=str(run_dir))
-            await self._store.put_job(job)
-            await self._start(job)
-        logger.info("[job] created job_id=%s name=%s", job_id, spec.name)
+                        run_dir=str(self._run_root / job_id), priority=priority)
+            if await self._queue.must_wait():
+                job = await self._queue.add(job)
+                self._kick()  # the queue may be waiting on nothing (a restart)
+            else:
+                await self._store.put_job(job)
+                await self._start(job)
+        logger.info("[job] created job_id=%s name=%s state=%s", job_id, spec.name,
+                    job.state.value)
         return job
 
     async def _start(self, job: t.Job) -> None:
-        """PENDING -> RUNNING once the trainer and the scheduler took the job."""
+        """Start a new job; a refusal deletes it (it never existed for the caller)."""
         try:
-            await self._trainer.start_job(job.job_id)
-            await self._scheduler.start_job(job.job_id)
+            await self._launch(job)
         except BaseException:
             # Not only LibraError: a cancelled request or an unexpected error must not
             # leave a PENDING job behind, which would refuse every later job.
-            await self._undo_start(job.job_id)
+            await self._store.delete_job(job.job_id)
+            raise
+
+    async def _launch(self, job: t.Job) -> None:
+        """PENDING -> RUNNING once the trainer and the scheduler took the job; on a
+        refusal both are stopped again and the error is raised."""
+        resume = job.num_resumes > 0
+        # A resumed job plans from scratch: its previous run's elastic loop was stopped.
+        self._elastic_loops.pop(job.job_id, None)
+        try:
+            await self._trainer.start_job(job.job_id, resume=resume)
+            await self._scheduler.start_job(job.job_id, resume=resume)
+        except BaseException:
+            await self._stop_runners(job.job_id)
             raise
         job.state = t.JobState.RUNNING
+        job.queue_position = 0
         job.updated_at_ms = self._clock.now_ms()
         await self._store.put_job(job)
 
@@ -187,42 +223,66 @@ class CoordinatorCore:
                    for name in spec.tools.enabled]
         return dataclasses.replace(spec, tools=dataclasses.replace(spec.tools, schemas=schemas))
 
-    async def _refuse_if_busy(self) -> None:
-        # One job at a time: the core training group trains one policy.
-        for job in await self._store.list_jobs():
-            if not job.state.is_terminal:
-                raise FailedPrecondition(
-                    f"job {job.job_id} is {job.state.value}; cancel it or wait for it to end")
-
-    async def _undo_start(self, job_id: str) -> None:
+    async def _stop_runners(self, job_id: str) -> None:
         for runner in (self._scheduler, self._trainer):
             try:
                 await runner.stop_job(job_id)
-            except LibraError:
-                logger.warning("[job] stop during rollback failed job_id=%s", job_id)
-        await self._store.delete_job(job_id)
+            except LibraError as exc:
+                logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
 
     async def get_job(self, job_id: str) -> tuple[t.Job, list[dict[str, Any]], dict[str, int]]:
         """The job, its step records, and its counters with the measured backlog
         (``in_flight_*``, see ``CoordinatorStore.backlog``)."""
         job = await self._store.get_job(job_id)
+        job.queue_position = await self._queue.position(job_id)
         counters = {**await self._store.counters(job_id), **await self._store.backlog(job_id)}
         return job, await self._store.steps(job_id), counters
 
     async def list_jobs(self) -> list[t.Job]:
-        return await self._store.list_jobs()
+        """Every job, with its place in the queue (``queue_position``, 0 = not queued)."""
+        jobs, positions = await self._store.list_jobs(), await self._queue.positions()
+        for job in jobs:
+            job.queue_position = positions.get(job.job_id, 0)
+        return jobs
 
     async def cancel_job(self, job_id: str, reason: str = "") -> t.Job:
+        """End a job CANCELLED; a queued one leaves the queue without the trainer or the
+        scheduler being called."""
         async with self._lifecycle_lock:  # after a create of it, never in the middle
             job = await self._store.get_job(job_id)
             if job.state.is_terminal:
                 return job
-            for runner in (self._scheduler, self._trainer):
-                try:
-                    await runner.stop_job(job_id)
-                except LibraError as exc:
-                    logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
-            return await self._finish(job, t.JobState.CANCELLED, reason or "cancelled by user")
+            if not await self._queue.remove(job_id):
+                await self._stop_runners(job_id)
+            job = await self._finish(job, t.JobState.CANCELLED, reason or "cancelled by user")
+            self._kick()
+            return job
+
+    async def resume_job(self, job_id: str, priority: int = 0) -> t.Job:
+        """Restart a CANCELLED or FAILED job from its newest checkpoint, under its id.
+
+        Checked before anything changes: NotFound (unknown id), FailedPrecondition (not
+        cancelled or failed; no checkpoint). Then it is queued like a new job, or started
+        at once when nothing is active (a refused start leaves it FAILED and raises).
+        """
+        check_priority(priority)
+        async with self._lifecycle_lock:
+            job = await self._queue.resume(job_id, priority, self._checkpoint_probe)
+        if job.state is t.JobState.FAILED:
+            raise FailedPrecondition(f"job {job_id} could not be resumed: {job.message}")
+        logger.info("[job] resumed job_id=%s state=%s", job_id, job.state.value)
+        return job
+
+    async def start_next_job(self) -> t.Job | None:
+        """Start the queue's head if nothing is active (see jobqueue.py)."""
+        return await self._queue.start_next_locked()
+
+    def _kick(self) -> None:
+        self._queue.kick()
+
+    async def settle(self) -> None:
+        """Wait for the background starts of queued jobs (tests)."""
+        await self._queue.settle()
 
     # -- reconciliation ---------------------------------------------------------------
 
@@ -317,7 +377,7 @@ class CoordinatorCore:
     async def _end_job(self, job_id: str, state: t.JobState, message: str) -> None:
         """report_job_done under the lifecycle lock (the reconciler holds it already)."""
         job = await self._store.get_job(job_id)
-        if job.state.is_terminal:
+        if job.state.is_terminal or await self._queue.position(job_id):
             if job.state is not state:
                 logger.warning("[job] end report ignored job_id=%s state=%s: already %s",
                                job_id, state.value, job.state.value)
@@ -330,12 +390,14 @@ class CoordinatorCore:
             except LibraError as exc:
                 logger.warning("[job] stop failed job_id=%s error=%s", job_id, exc)
         await self._finish(job, state, message)
+        self._kick()
 
     async def _finish(self, job: t.Job, state: t.JobState, message: str) -> t.Job:
         if (loop := self._elastic_loops.get(job.job_id)) is not None:
             loop.stop()  # lent instances go back to rollout (in the background)
         job.state = state
         job.message = message
+        job.queue_position = 0
         job.updated_at_ms = self._clock.now_ms()
         await self._store.put_job(job)
         logger.info("[job] ended job_id=%s state=%s message=%s", job.job_id, state.value,

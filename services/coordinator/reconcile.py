@@ -10,9 +10,9 @@ then every ``interval_s``, and acts on what it hears (:func:`decide`):
 =========  ===============================  ==========================================
 job        trainer                          action
 =========  ===============================  ==========================================
-PENDING    (any)                            fail: only an earlier coordinator process
+PENDING    (any; a queued job is skipped)      fail: only an earlier coordinator process
                                             can leave one (this one holds the lifecycle
-                                            lock across a create)
+                                            lock across a create and a queue start)
 RUNNING    working on it                    nothing
 RUNNING    done with it                     succeed with the trainer's message
 RUNNING    failed with it                   fail with the trainer's message
@@ -23,6 +23,9 @@ RUNNING    idle or on another job           resume from the newest checkpoint (t
                                             restarted trainer resumes RUNNING jobs
 (any)      unreachable >= trainer_lost_s    fail
 =========  ===============================  ==========================================
+
+After each pass ``after_pass`` runs (the core starts the job queue's head when nothing is
+active: that covers jobs queued before a coordinator restart).
 
 Every action is recorded as a ``job_reconciled`` event (action, reason). Each job is
 handled under the core's lifecycle lock, so a pass never interleaves with a create or
@@ -64,7 +67,7 @@ class TrainerControl(Protocol):
 class StepRunner(Protocol):
     """The scheduler's side of a job (a resumed job is scheduled again)."""
 
-    async def start_job(self, job_id: str) -> None: ...
+    async def start_job(self, job_id: str, resume: bool = False) -> None: ...
 
     async def stop_job(self, job_id: str) -> None: ...
 
@@ -142,7 +145,8 @@ class Reconciler:
 
     def __init__(self, store: CoordinatorStore, wiring: ReconcileWiring,
                  scheduler: StepRunner, end_job: EndJob, lock: asyncio.Lock,
-                 clock: Clock) -> None:
+                 clock: Clock,
+                 after_pass: Callable[[], Awaitable[object]] | None = None) -> None:
         self._store = store
         self._trainer = wiring.trainer
         self._settings = wiring.settings
@@ -151,6 +155,7 @@ class Reconciler:
         self._end_job = end_job
         self._lock = lock
         self._clock = clock
+        self._after_pass = after_pass
         self._unreachable_since_s: float | None = None
         self._num_resumes: dict[str, int] = {}
 
@@ -172,8 +177,12 @@ class Reconciler:
                 continue
             async with self._lock:
                 job = await self._store.get_job(listed.job_id)  # as of now, under the lock
-                if not job.state.is_terminal:
+                # A queued job waits for its turn: nobody is meant to work on it yet.
+                queued = job.job_id in await self._store.queued_job_ids()
+                if not job.state.is_terminal and not queued:
                     verdicts[job.job_id] = await self._reconcile(job)
+        if self._after_pass is not None:
+            await self._after_pass()
         return verdicts
 
     async def _reconcile(self, job: t.Job) -> Verdict:

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -25,6 +25,17 @@ class CreateJobBody(BaseModel):
 
     spec: str = Field(description="the job spec document (see docs/jobspec.md)")
     format: str = Field("toml", description="toml, json or yaml")
+    priority: int = Field(0, description="queue priority in [-1000, 1000]: higher starts "
+                          "first, FIFO among equals (used while another job runs)")
+
+
+class ResumeJobBody(BaseModel):
+    """Options of a resume."""
+
+    priority: int = Field(0, description="queue priority, as for a new job")
+
+
+_PRIORITY_QUERY = Query(None, description="queue priority (overrides the body's)")
 
 
 def _job_json(job: t.Job) -> dict[str, Any]:
@@ -53,9 +64,12 @@ def build_app(core: CoordinatorCore) -> FastAPI:
             body["field"] = field
         return JSONResponse(status_code=_HTTP_STATUS.get(code, 500), content=body)
 
-    @app.post("/v1/jobs", status_code=201, summary="Create and start a job")
-    async def create_job(body: CreateJobBody) -> dict[str, Any]:
-        return _job_json(await core.create_job(body.spec, body.format))
+    @app.post("/v1/jobs", status_code=201,
+              summary="Create and start a job (queued PENDING while another job runs)")
+    async def create_job(body: CreateJobBody,
+                         priority: int | None = _PRIORITY_QUERY) -> dict[str, Any]:
+        return _job_json(await core.create_job(
+            body.spec, body.format, body.priority if priority is None else priority))
 
     @app.get("/v1/jobs", summary="List jobs")
     async def list_jobs() -> list[dict[str, Any]]:
@@ -76,6 +90,13 @@ def build_app(core: CoordinatorCore) -> FastAPI:
     @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
     async def cancel_job(job_id: str) -> dict[str, Any]:
         return _job_json(await core.cancel_job(job_id))
+
+    @app.post("/v1/jobs/{job_id}/resume",
+              summary="Restart a cancelled or failed job from its newest checkpoint")
+    async def resume_job(job_id: str, body: ResumeJobBody | None = None,
+                         priority: int | None = _PRIORITY_QUERY) -> dict[str, Any]:
+        chosen = priority if priority is not None else (body.priority if body else 0)
+        return _job_json(await core.resume_job(job_id, chosen))
 
     @app.get("/v1/workers", summary="Live worker leases (worker_id, role, bucket, epoch, "
              "address, expires_at_ms, ttl_ms)")

@@ -16,7 +16,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
         self._core = core
 
     async def CreateJob(self, request, context):  # noqa: N802, ANN001
-        job = await self._core.create_job(request.spec, request.spec_format or "toml")
+        job = await self._core.create_job(request.spec, request.spec_format or "toml",
+                                          request.priority)
         return pb.CreateJobResponse(job=job_to_proto(job))
 
     async def GetJob(self, request, context):  # noqa: N802, ANN001
@@ -33,6 +34,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
     async def CancelJob(self, request, context):  # noqa: N802, ANN001
         job = await self._core.cancel_job(request.job_id, request.reason)
         return pb.CancelJobResponse(job=job_to_proto(job))
+
+    async def ResumeJob(self, request, context):  # noqa: N802, ANN001
+        job = await self._core.resume_job(request.job_id, request.priority)
+        return pb.ResumeJobResponse(job=job_to_proto(job))
 
     async def AcquireLease(self, request, context):  # noqa: N802, ANN001
         lease = await self._core.acquire_lease(request.worker_id, role_from_proto(request.role),

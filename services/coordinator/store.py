@@ -37,6 +37,16 @@ R = TypeVar("R")
 RETRY_ATTEMPTS = 5
 RETRY_FIRST_DELAY_S = 0.1
 
+# Queue scores: (MAX_PRIORITY - priority) * QUEUE_SEQ_SPAN + submit sequence, so a higher
+# priority sorts first and equal ones keep submit order. Both parts stay exact in a
+# double (Redis scores): 2001 * 2**32 < 2**53.
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+QUEUE_SEQ_SPAN = 2**32
+
+
+def queue_score(priority: int, seq: int) -> float:
+    return float((MAX_PRIORITY - priority) * QUEUE_SEQ_SPAN + seq % QUEUE_SEQ_SPAN)
+
 
 class StepAppend(enum.Enum):
     """What storing a step report did (step reports are keyed by job + step)."""
@@ -71,6 +81,18 @@ class CoordinatorStore(Protocol):
     async def list_jobs(self) -> list[t.Job]: ...
 
     async def delete_job(self, job_id: str) -> None: ...
+
+    async def enqueue_job(self, job: t.Job) -> None:
+        """Store ``job`` (PENDING) and append it to the queue by its priority, at once."""
+        ...
+
+    async def dequeue_job(self, job_id: str) -> bool:
+        """Take a job off the queue; False when it was not queued."""
+        ...
+
+    async def queued_job_ids(self) -> list[str]:
+        """The queue, next job first."""
+        ...
 
     async def append_step(self, job_id: str, record: dict[str, Any],
                           idempotency_key: str = "") -> StepAppend:
@@ -141,7 +163,8 @@ def _job_to_hash(job: t.Job) -> dict[str, str]:
             "spec_json": job.spec_json, "created_at_ms": str(job.created_at_ms),
             "updated_at_ms": str(job.updated_at_ms), "message": job.message,
             "step": str(job.step), "policy_version": str(job.policy_version),
-            "run_dir": job.run_dir}
+            "run_dir": job.run_dir, "priority": str(job.priority),
+            "num_resumes": str(job.num_resumes)}
 
 
 def _job_from_hash(h: dict[str, str]) -> t.Job:
@@ -149,7 +172,8 @@ def _job_from_hash(h: dict[str, str]) -> t.Job:
                  spec_json=h["spec_json"], created_at_ms=int(h["created_at_ms"]),
                  updated_at_ms=int(h["updated_at_ms"]), message=h.get("message", ""),
                  step=int(h.get("step", 0)), policy_version=int(h.get("policy_version", 0)),
-                 run_dir=h.get("run_dir", ""))
+                 run_dir=h.get("run_dir", ""), priority=int(h.get("priority", 0)),
+                 num_resumes=int(h.get("num_resumes", 0)))
 
 
 def _lease_to_hash(lease: t.Lease) -> dict[str, str]:
@@ -205,14 +229,34 @@ class RedisCoordinatorStore:
     async def put_job(self, job: t.Job) -> None:
         await self._retrying("put_job", lambda: self._write_job(job))
 
-    async def _write_job(self, job: t.Job) -> None:
+    async def _write_job(self, job: t.Job, queue_score_: float | None = None) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.hset(keys.job(job.job_id), mapping=_job_to_hash(job))
             pipe.zadd(keys.JOBS_INDEX, {job.job_id: job.created_at_ms})
-            if job.state.is_terminal:
-                for key in keys.job_keys(job.job_id):
+            # A job that ended keeps its keys for FINISHED_JOB_TTL_MS; one resumed (no
+            # longer terminal) keeps them for good again.
+            for key in keys.job_keys(job.job_id):
+                if job.state.is_terminal:
                     pipe.pexpire(key, keys.FINISHED_JOB_TTL_MS)
+                else:
+                    pipe.persist(key)
+            if queue_score_ is not None:
+                pipe.zadd(keys.JOB_QUEUE, {job.job_id: queue_score_})
             await pipe.execute()
+
+    async def enqueue_job(self, job: t.Job) -> None:
+        # A lost reply to INCR only skips a number: the order of the queue holds.
+        seq = await self._retrying("enqueue_job", lambda: self._r.incr(keys.JOB_QUEUE_SEQ))
+        score = queue_score(job.priority, int(seq))
+        await self._retrying("enqueue_job", lambda: self._write_job(job, score))
+
+    async def dequeue_job(self, job_id: str) -> bool:
+        return bool(await self._retrying("dequeue_job",
+                                         lambda: self._r.zrem(keys.JOB_QUEUE, job_id)))
+
+    async def queued_job_ids(self) -> list[str]:
+        return list(await self._retrying("queued_job_ids",
+                                         lambda: self._r.zrange(keys.JOB_QUEUE, 0, -1)))
 
     async def get_job(self, job_id: str) -> t.Job:
         h = await self._retrying("get_job", lambda: self._r.hgetall(keys.job(job_id)))
@@ -222,9 +266,12 @@ class RedisCoordinatorStore:
 
     async def list_jobs(self) -> list[t.Job]:
         ids = await self._r.zrange(keys.JOBS_INDEX, 0, -1)
+        async with self._r.pipeline(transaction=False) as pipe:  # one round trip
+            for job_id in ids:
+                pipe.hgetall(keys.job(job_id))
+            hashes = await pipe.execute()
         jobs = []
-        for job_id in ids:
-            h = await self._r.hgetall(keys.job(job_id))
+        for job_id, h in zip(ids, hashes, strict=True):
             if h:
                 jobs.append(_job_from_hash(h))
             else:  # expired: keep the index tidy
@@ -234,6 +281,7 @@ class RedisCoordinatorStore:
     async def delete_job(self, job_id: str) -> None:
         await self._r.delete(*keys.job_keys(job_id))
         await self._r.zrem(keys.JOBS_INDEX, job_id)
+        await self._r.zrem(keys.JOB_QUEUE, job_id)
 
     async def append_step(self, job_id: str, record: dict[str, Any],
                           idempotency_key: str = "") -> StepAppend:
@@ -366,6 +414,8 @@ class InMemoryCoordinatorStore:
         self._leases: dict[str, t.Lease] = {}
         self._events: dict[str, list[dict[str, Any]]] = {}
         self._fence = 0
+        self._queue: dict[str, float] = {}  # job_id -> queue score
+        self._queue_seq = 0
 
     async def put_job(self, job: t.Job) -> None:
         self._jobs[job.job_id] = job
@@ -378,7 +428,19 @@ class InMemoryCoordinatorStore:
     async def list_jobs(self) -> list[t.Job]:
         return sorted(self._jobs.values(), key=lambda j: j.created_at_ms)
 
+    async def enqueue_job(self, job: t.Job) -> None:
+        self._queue_seq += 1
+        self._jobs[job.job_id] = job
+        self._queue[job.job_id] = queue_score(job.priority, self._queue_seq)
+
+    async def dequeue_job(self, job_id: str) -> bool:
+        return self._queue.pop(job_id, None) is not None
+
+    async def queued_job_ids(self) -> list[str]:
+        return sorted(self._queue, key=self._queue.__getitem__)
+
     async def delete_job(self, job_id: str) -> None:
+        self._queue.pop(job_id, None)
         self._jobs.pop(job_id, None)
         self._steps.pop(job_id, None)
         self._counters.pop(job_id, None)

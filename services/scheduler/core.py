@@ -157,7 +157,9 @@ class SchedulerCore:
         self._epochs: dict[str, int] = {}
         self._epochs_at_s = float("-inf")
 
-    async def start_job(self, job_id: str) -> None:
+    async def start_job(self, job_id: str, resume: bool = False) -> None:
+        """Schedule a job. ``resume``: the job ended (cancelled, failed) and is resumed;
+        admission continues from its counters in Redis either way."""
         spec_json = await self._store.job_spec_json(job_id)
         if spec_json is None:
             raise NotFound(f"job {job_id!r} not found")
@@ -175,8 +177,10 @@ class SchedulerCore:
         await self._store.ensure_finish_group(job_id)
         if job_id in self._jobs:  # started concurrently meanwhile
             return
-        self._jobs[job_id] = JobRun(job_id, spec, policy, policy_store, dataset.train,
-                                    last_step=last_step)
+        run = JobRun(job_id, spec, policy, policy_store, dataset.train, last_step=last_step)
+        if resume:
+            await self._requeue_all(run)
+        self._jobs[job_id] = run
         logger.info(
             "[job] scheduling job_id=%s policy=%s buckets=%s step=%d",
             job_id,
@@ -361,6 +365,17 @@ class SchedulerCore:
                 instance_id,
                 len(traj_ids),
             )
+
+    async def _requeue_all(self, run: JobRun) -> None:
+        """A resumed job: when it ended, the rollout instances dropped its trajectories
+        (acked, never published), so everything assigned goes back to the queue and its
+        loads restart from zero. A copy still unread in an inbox may run too; the
+        trainer keeps one copy per trajectory id (duplicates are acked, not trained)."""
+        assigned = await self._store.assignments(run.job_id)
+        for traj_id in assigned:
+            await self._requeue(run, traj_id)
+        await self._store.clear_load(run.job_id)
+        logger.info("[job] resumed job_id=%s requeued=%d", run.job_id, len(assigned))
 
     async def _requeue(self, run: JobRun, traj_id: str) -> None:
         traj = await self._store.task(run.job_id, traj_id)

@@ -26,7 +26,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self._core = core
 
     async def StartJob(self, request, context):  # noqa: N802, ANN001
-        await self._core.start_job(request.job_id)
+        await self._core.start_job(request.job_id, resume=request.resume)
         return pb.StartJobResponse()
 
     async def StopJob(self, request, context):  # noqa: N802, ANN001

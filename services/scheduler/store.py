@@ -93,6 +93,10 @@ class SchedulerStore(Protocol):
 
     async def forget_instance(self, job_id: str, instance_id: str) -> None: ...
 
+    async def clear_load(self, job_id: str) -> None:
+        """Forget the job's per-instance loads (nothing of it is assigned any more)."""
+        ...
+
     async def job_step(self, job_id: str) -> int: ...
 
     async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
@@ -290,6 +294,9 @@ class RedisSchedulerStore(JobRecordReader):
             pipe.delete(keys.inbox(instance_id))
             pipe.hdel(keys.load(job_id), instance_id)
             await pipe.execute()
+
+    async def clear_load(self, job_id: str) -> None:
+        await self._r.delete(keys.load(job_id))
 
 
 

@@ -12,8 +12,9 @@ Reports to the coordinator (steps, the job's end) go through ``CoordinatorReport
 (``reports.py``): retried with backoff while it is unreachable and keyed, so a
 coordinator restart only delays the step loop and never fails the job.
 
-Resume (:meth:`TrainerCore.resume`, called at start-up): a job still RUNNING lost its
-trainer, so it restarts from the newest checkpoint (model, optimizer, RNG, step) instead
+Resume (:meth:`TrainerCore.resume`, called at start-up; ``start_job(resume=True)`` from
+the coordinator's reconciliation or its ResumeJob of a cancelled or failed job): the job
+lost its trainer, so it restarts from the newest checkpoint (model, optimizer, RNG, step) instead
 of the warm start. Redis kept the rest: entries delivered but not acked are re-read
 (pending), and trajectories acked since the checkpoint are in the idempotency set, so
 they are never trained again. Their step's effect on the weights is lost and the step
@@ -58,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 # How long stop_job waits for the cancelled training task (it answers an RPC).
 STOP_TIMEOUT_S = 5.0
+# How long a start waits for the previous job's task to send its job-done report.
+END_REPORT_WAIT_S = 10.0
 # How often a stop delivers the cancellation again while the task has not ended.
 CANCEL_REPEAT_S = 0.2
 
@@ -124,6 +127,11 @@ class TrainerCore:
 
     async def start_job(self, job_id: str, resume: bool = False) -> None:
         """Start training a job; ``resume`` continues from its newest checkpoint."""
+        if self._task is not None and not self._task.done() and self.phase in ("done",
+                                                                                "failed"):
+            # The last job ended and its task is sending the job-done report, on which
+            # the coordinator starts the next queued job: let the report finish.
+            await asyncio.wait({self._task}, timeout=END_REPORT_WAIT_S)
         if self._task is not None and not self._task.done():
             raise FailedPrecondition(f"trainer is busy with job {self.job_id}")
         spec_json = await self._store.job_spec_json(job_id)

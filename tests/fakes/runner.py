@@ -19,15 +19,18 @@ class FakeRunner:
     def __init__(self, start_error: Exception | None = None,
                  stop_error: LibraError | None = None) -> None:
         self.started: list[str] = []
+        self.resumed: list[str] = []  # started with resume=True
         self.stopped: list[str] = []
         self.start_error = start_error
         self.stop_error = stop_error
 
-    async def start_job(self, job_id: str) -> None:
+    async def start_job(self, job_id: str, resume: bool = False) -> None:
         await asyncio.sleep(0)
         if self.start_error is not None:
             raise self.start_error
         self.started.append(job_id)
+        if resume:
+            self.resumed.append(job_id)
 
     async def stop_job(self, job_id: str) -> None:
         await asyncio.sleep(0)
@@ -50,12 +53,9 @@ class FakeTrainer(FakeRunner):
         super().__init__(start_error, stop_error)
         self.current = t.TrainerStatus(job_id="", phase="idle")
         self.status_error: LibraError | None = None
-        self.resumed: list[str] = []
 
     async def start_job(self, job_id: str, resume: bool = False) -> None:
-        await super().start_job(job_id)
-        if resume:
-            self.resumed.append(job_id)
+        await super().start_job(job_id, resume)
         self.current = t.TrainerStatus(job_id=job_id, phase="warmup")
 
     async def stop_job(self, job_id: str) -> None:

@@ -125,20 +125,16 @@ async def test_grpc_unknown_job_raises_not_found(client: GrpcCoordinatorClient) 
         await client.get_job("missing")
 
 
-async def test_grpc_second_job_raises_failed_precondition(
-        client: GrpcCoordinatorClient) -> None:
+async def test_grpc_second_job_is_queued_pending(client: GrpcCoordinatorClient) -> None:
     await client.create_job(VALID_SPEC)
-    with pytest.raises(FailedPrecondition):
-        await client.create_job(VALID_SPEC)
+    second = await client.create_job(VALID_SPEC)
+    assert (second.state, second.queue_position) == (t.JobState.PENDING, 1)
 
 
-async def test_concurrent_creates_admit_exactly_one_job(client: GrpcCoordinatorClient) -> None:
-    results = await asyncio.gather(*(client.create_job(VALID_SPEC) for _ in range(4)),
-                                   return_exceptions=True)
-    created = [r for r in results if isinstance(r, t.Job)]
-    refused = [r for r in results if isinstance(r, FailedPrecondition)]
-    assert (len(created), len(refused)) == (1, 3)
-    assert len(await client.list_jobs()) == 1
+async def test_concurrent_creates_start_exactly_one_job(client: GrpcCoordinatorClient) -> None:
+    results = await asyncio.gather(*(client.create_job(VALID_SPEC) for _ in range(4)))
+    assert sorted(r.state.value for r in results) == ["pending"] * 3 + ["running"]
+    assert sorted(j.queue_position for j in await client.list_jobs()) == [0, 1, 2, 3]
 
 
 async def test_grpc_lease_round_trip_and_fencing(client: GrpcCoordinatorClient) -> None:
@@ -262,10 +258,11 @@ async def test_rest_post_invalid_job_returns_400_with_field(http: httpx.AsyncCli
     assert (await http.get("/v1/jobs")).json() == []
 
 
-async def test_rest_second_job_returns_409(http: httpx.AsyncClient) -> None:
+async def test_rest_second_job_is_queued(http: httpx.AsyncClient) -> None:
     await http.post("/v1/jobs", json={"spec": VALID_SPEC})
     resp = await http.post("/v1/jobs", json={"spec": VALID_SPEC})
-    assert resp.status_code == 409
+    assert resp.status_code == 201
+    assert (resp.json()["state"], resp.json()["queue_position"]) == ("pending", 1)
 
 
 async def test_rest_get_job_returns_job_with_steps(http: httpx.AsyncClient,

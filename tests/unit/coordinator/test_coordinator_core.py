@@ -113,12 +113,12 @@ async def test_rollback_still_deletes_job_when_stop_also_fails() -> None:
     assert await store.list_jobs() == []
 
 
-async def test_second_job_while_one_runs_raises_failed_precondition() -> None:
+async def test_second_job_while_one_runs_is_queued_pending_without_starting() -> None:
     core, store, trainer, _, _ = make_core()
     await core.create_job(VALID_SPEC, "toml")
-    with pytest.raises(FailedPrecondition):
-        await core.create_job(VALID_SPEC, "toml")
-    assert len(await store.list_jobs()) == 1
+    second = await core.create_job(VALID_SPEC, "toml")
+    assert second.state is t.JobState.PENDING and second.queue_position == 1
+    assert len(await store.list_jobs()) == 2
     assert len(trainer.started) == 1
 
 
@@ -131,14 +131,13 @@ class YieldingStore(InMemoryCoordinatorStore):
         return jobs
 
 
-async def test_concurrent_creates_start_exactly_one_job() -> None:
+async def test_concurrent_creates_start_exactly_one_job_and_queue_the_rest() -> None:
     clock = FakeClock()
     trainer = FakeRunner()
     core = CoordinatorCore(YieldingStore(clock), trainer, FakeRunner(), clock, Path("/tmp"))
-    results = await asyncio.gather(*(core.create_job(VALID_SPEC, "toml") for _ in range(3)),
-                                   return_exceptions=True)
-    assert sorted(type(r).__name__ for r in results) == [
-        "FailedPrecondition", "FailedPrecondition", "Job"]
+    results = await asyncio.gather(*(core.create_job(VALID_SPEC, "toml") for _ in range(3)))
+    await core.settle()
+    assert sorted(r.state.value for r in results) == ["pending", "pending", "running"]
     assert len(trainer.started) == 1
 
 

@@ -38,7 +38,8 @@ TRAIN_BOUND = {"train_s": 3.0, "rollout_s": 1.0, "reward_mean": 0.5, "num_trajec
 
 
 class Rig:
-    def __init__(self, *, wired: bool = True) -> None:
+    def __init__(self, *, wired: bool = True,
+                 run_root: Path = Path("/tmp/libra-test-runs")) -> None:
         self.clock = FakeClock()
         self.store = InMemoryCoordinatorStore(self.clock)
         self.rollouts: dict[str, FakeRollout] = {}
@@ -46,8 +47,7 @@ class Rig:
                                rollouts=lambda address: self.rollouts[address],
                                trainer_address="trainer:1", rpc_deadline_s=0.05)
         self.core = CoordinatorCore(self.store, FakeRunner(), FakeRunner(), self.clock,
-                                    Path("/tmp/libra-test-runs"),
-                                    elastic=wiring if wired else None)
+                                    run_root, elastic=wiring if wired else None)
 
     async def lease(self, worker_id: str, role: t.WorkerRole) -> t.Lease:
         self.rollouts[worker_id] = FakeRollout(worker_id, self.store)
@@ -159,3 +159,19 @@ async def test_elastic_job_without_wiring_still_records_steps() -> None:
 async def test_events_of_unknown_job_raise_not_found() -> None:
     with pytest.raises(NotFound):
         await Rig().core.job_events("nope")
+
+
+async def test_a_resumed_job_plans_with_a_fresh_elastic_loop(tmp_path: Path) -> None:
+    rig = Rig(run_root=tmp_path)
+    job = await rig.core.create_job(ELASTIC_SPEC, "toml")
+    await rig.step(job.job_id, 1)
+    first = rig.core.elastic_loop(job.job_id)
+    assert first is not None
+    await rig.core.cancel_job(job.job_id)  # stops the loop: it releases everything
+    checkpoint = Path(job.run_dir) / "checkpoints" / "step_000001"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "meta.json").write_text('{"step": 1, "policy_version": 0, "files": {}}')
+    await rig.core.resume_job(job.job_id)
+    await rig.step(job.job_id, 2)
+    second = rig.core.elastic_loop(job.job_id)
+    assert second is not None and second is not first

@@ -246,9 +246,9 @@ async def test_a_cancel_during_a_create_ends_the_job_cancelled() -> None:
     gate = asyncio.Event()
     started = rig.scheduler.start_job
 
-    async def slow_start(job_id: str) -> None:
+    async def slow_start(job_id: str, resume: bool = False) -> None:
         await gate.wait()
-        await started(job_id)
+        await started(job_id, resume)
 
     rig.scheduler.start_job = slow_start  # type: ignore[method-assign]
     create = asyncio.create_task(rig.core.create_job(SPEC, "toml"))
@@ -293,14 +293,14 @@ async def test_a_failing_pass_is_logged_and_the_next_one_runs(
         return await listed()
 
     async def sleep_twice(delay_s: float) -> None:
-        if calls == 2:
+        if calls >= 2:  # the second pass lists again (and so does its queue start)
             raise asyncio.CancelledError
 
     rig.store.list_jobs = flaky_list  # type: ignore[method-assign]
     rig.core._reconciler._sleep = sleep_twice  # type: ignore[union-attr]
     with pytest.raises(asyncio.CancelledError):
         await rig.core.run_reconciler()
-    assert calls == 2
+    assert calls >= 2
     assert "[reconcile] pass failed" in caplog.text
 
 

@@ -27,8 +27,8 @@ PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.t
          "peers.trainer"]
 
 SNAPSHOT: dict[type, list[str]] = {
-    CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "reconcile_interval_s",
-                               "redis_url", "run_root", "trainer_lost_s"]),
+    CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "max_queued_jobs",
+                               "reconcile_interval_s", "redis_url", "run_root", "trainer_lost_s"]),
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
         *SHARED, *PEERS, "bucket", "engine", "instance_id",

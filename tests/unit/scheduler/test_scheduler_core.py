@@ -171,3 +171,36 @@ async def test_stats_report_policy_and_counters(r: aioredis.Redis) -> None:
     stats = await core.stats(JOB)
     assert stats["policy"] == "cmlfq"
     assert json.dumps(stats)
+
+
+async def test_a_resumed_job_requeues_what_was_assigned_and_continues_admission(
+        r: aioredis.Redis) -> None:
+    await add_instance(r, "rollout-0", "short")
+    core = await started(r, make_spec(prompts=2, samples=2, staleness=0))
+    await core._tick(core._jobs[JOB])
+    assigned = await core._store.assignments(JOB)
+    assert len(assigned) == 4 and (await counters(r))["admitted_groups"] == 2
+    # The job was cancelled: its instance acked and dropped those trajectories.
+    await core.stop_job(JOB)
+    resumed = SchedulerCore(RedisSchedulerStore(r), FakeClock())
+    await resumed.start_job(JOB, resume=True)
+    assert await resumed._store.assignments(JOB) == {}
+    assert not await r.exists(keys.load(JOB))
+    assert (await counters(r))["requeued"] == 4
+    await resumed._tick(resumed._jobs[JOB])
+    # Placed again (same trajectory ids, attempt 1); no new group: the budget is spent.
+    assert sorted(await resumed._store.assignments(JOB)) == sorted(assigned)
+    assert (await counters(r))["admitted_groups"] == 2
+    await r.hincrby(keys.counters(JOB), "trained_groups", 2)
+    await resumed._tick(resumed._jobs[JOB])
+    assert (await counters(r))["admitted_groups"] == 4  # admission continues
+
+
+async def test_a_plain_start_keeps_assignments_of_live_instances(r: aioredis.Redis) -> None:
+    await add_instance(r, "rollout-0", "short")
+    core = await started(r, make_spec(prompts=1, samples=2))
+    await core._tick(core._jobs[JOB])
+    restarted = SchedulerCore(RedisSchedulerStore(r), FakeClock())
+    await restarted.start_job(JOB)  # a scheduler restart, not a resume
+    assert len(await restarted._store.assignments(JOB)) == 2
+    assert (await counters(r)).get("requeued", 0) == 0

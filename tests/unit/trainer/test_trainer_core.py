@@ -511,3 +511,49 @@ async def test_a_stop_during_the_warm_start_ends_it_and_frees_the_trainer(rig: R
     assert await asyncio.to_thread(stopped_early.wait, 5.0)
     await core.start_job(JOB)  # not "busy with" the stopped job
     await core.stop_job(JOB)  # and end this one's warm start too (its thread would linger)
+
+
+class GatedCoordinator(FakeCoordinator):
+    """Holds every job-done report until ``gate`` opens (the reply is in flight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.reporting = asyncio.Event()
+
+    async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
+        self.reporting.set()
+        await self.gate.wait()
+        await super().report_job_done(job_id, state, message)
+
+
+async def _ended_but_reporting(rig: Rig) -> TrainerCore:
+    rig.coordinator = GatedCoordinator()
+    core = rig.new_core()
+    await rig.write(*make_group(0))
+    await core.start_job(JOB)
+    await asyncio.wait_for(rig.coordinator.reporting.wait(), 5.0)
+    assert core.phase == "done" and not core._task.done()
+    return core
+
+
+async def test_a_start_waits_for_the_previous_jobs_done_report(rig: Rig) -> None:
+    # The coordinator starts the next queued job when the job-done report arrives, so
+    # that start can reach the trainer before the report's reply does.
+    core = await _ended_but_reporting(rig)
+    start = asyncio.create_task(core.start_job(JOB))
+    await asyncio.sleep(0)
+    assert not start.done()
+    rig.coordinator.gate.set()
+    await asyncio.wait_for(start, 5.0)
+    assert rig.coordinator.done[0][1] is t.JobState.SUCCEEDED
+    assert core.phase in ("warmup", "training")
+
+
+async def test_a_start_is_refused_busy_when_the_report_never_finishes(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("services.trainer.core.END_REPORT_WAIT_S", 0.01)
+    core = await _ended_but_reporting(rig)
+    with pytest.raises(FailedPrecondition, match="busy"):
+        await core.start_job(JOB)
+    rig.coordinator.gate.set()

@@ -57,6 +57,9 @@ class Job(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     RUN_DIR_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    NUM_RESUMES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     name: _builtins.str
     state: Global___JobState.ValueType
@@ -68,6 +71,12 @@ class Job(_message.Message):
     step: _builtins.int
     policy_version: _builtins.int
     run_dir: _builtins.str
+    priority: _builtins.int
+    """Queue priority (higher starts first; FIFO among equals)."""
+    queue_position: _builtins.int
+    """1 = the next job to start, 2 = the one after, ...; 0 = not queued."""
+    num_resumes: _builtins.int
+    """Times the job was restarted from a checkpoint with ResumeJob."""
     def __init__(
         self,
         *,
@@ -81,10 +90,13 @@ class Job(_message.Message):
         step: _builtins.int = ...,
         policy_version: _builtins.int = ...,
         run_dir: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        queue_position: _builtins.int = ...,
+        num_resumes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "job_id", b"job_id", "message", b"message", "name", b"name", "policy_version", b"policy_version", "run_dir", b"run_dir", "spec_json", b"spec_json", "state", b"state", "step", b"step", "updated_at_ms", b"updated_at_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "job_id", b"job_id", "message", b"message", "name", b"name", "num_resumes", b"num_resumes", "policy_version", b"policy_version", "priority", b"priority", "queue_position", b"queue_position", "run_dir", b"run_dir", "spec_json", b"spec_json", "state", b"state", "step", b"step", "updated_at_ms", b"updated_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -96,19 +108,25 @@ class CreateJobRequest(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     SPEC_FORMAT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     spec: _builtins.str
     """The job spec document."""
     spec_format: _builtins.str
     """"toml", "json" or "yaml"."""
+    priority: _builtins.int
+    """Queue priority in [-1000, 1000] (higher starts first; FIFO among equals); used
+    when another job is running.
+    """
     def __init__(
         self,
         *,
         spec: _builtins.str = ...,
         spec_format: _builtins.str = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "spec_format", b"spec_format"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["priority", b"priority", "spec", b"spec", "spec_format", b"spec_format"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -266,6 +284,49 @@ class CancelJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelJobResponse: _TypeAlias = CancelJobResponse  # noqa: Y015
+
+@_typing.final
+class ResumeJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    priority: _builtins.int
+    """Queue priority, as in CreateJobRequest."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        priority: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "priority", b"priority"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeJobRequest: _TypeAlias = ResumeJobRequest  # noqa: Y015
+
+@_typing.final
+class ResumeJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> Global___Job: ...
+    def __init__(
+        self,
+        *,
+        job: Global___Job | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeJobResponse: _TypeAlias = ResumeJobResponse  # noqa: Y015
 
 @_typing.final
 class AcquireLeaseRequest(_message.Message):

@@ -54,6 +54,11 @@ class CoordinatorServiceStub:
                 request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
+        self.ResumeJob = channel.unary_unary(
+                '/libra.proto.coordinator.v1.CoordinatorService/ResumeJob',
+                request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ResumeJobRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ResumeJobResponse.FromString,
+                _registered_method=True)
         self.AcquireLease = channel.unary_unary(
                 '/libra.proto.coordinator.v1.CoordinatorService/AcquireLease',
                 request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.AcquireLeaseRequest.SerializeToString,
@@ -114,6 +119,14 @@ class CoordinatorServiceServicer:
 
     def CancelJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeJob(self, request, context):
+        """Restart a CANCELLED or FAILED job from its newest checkpoint under the same id
+        (queued like a new job while another runs).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -184,6 +197,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.CancelJobRequest.FromString,
                     response_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'ResumeJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeJob,
+                    request_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ResumeJobRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ResumeJobResponse.SerializeToString,
             ),
             'AcquireLease': grpc.unary_unary_rpc_method_handler(
                     servicer.AcquireLease,
@@ -329,6 +347,33 @@ class CoordinatorService:
             '/libra.proto.coordinator.v1.CoordinatorService/CancelJob',
             libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.CancelJobRequest.SerializeToString,
             libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.CancelJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.coordinator.v1.CoordinatorService/ResumeJob',
+            libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ResumeJobRequest.SerializeToString,
+            libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ResumeJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,10 @@ class CoordinatorServiceStub:
     GetJob: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GetJobRequest, _coordinator_pb2.GetJobResponse]
     ListJobs: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListJobsRequest, _coordinator_pb2.ListJobsResponse]
     CancelJob: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.CancelJobRequest, _coordinator_pb2.CancelJobResponse]
+    ResumeJob: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ResumeJobRequest, _coordinator_pb2.ResumeJobResponse]
+    """Restart a CANCELLED or FAILED job from its newest checkpoint under the same id
+    (queued like a new job while another runs).
+    """
     AcquireLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AcquireLeaseRequest, _coordinator_pb2.AcquireLeaseResponse]
     RenewLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RenewLeaseRequest, _coordinator_pb2.RenewLeaseResponse]
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReleaseLeaseRequest, _coordinator_pb2.ReleaseLeaseResponse]
@@ -53,6 +57,10 @@ class CoordinatorServiceAsyncStub(CoordinatorServiceStub):
     GetJob: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GetJobRequest, _coordinator_pb2.GetJobResponse]  # type: ignore[assignment]
     ListJobs: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListJobsRequest, _coordinator_pb2.ListJobsResponse]  # type: ignore[assignment]
     CancelJob: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.CancelJobRequest, _coordinator_pb2.CancelJobResponse]  # type: ignore[assignment]
+    ResumeJob: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ResumeJobRequest, _coordinator_pb2.ResumeJobResponse]  # type: ignore[assignment]
+    """Restart a CANCELLED or FAILED job from its newest checkpoint under the same id
+    (queued like a new job while another runs).
+    """
     AcquireLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AcquireLeaseRequest, _coordinator_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
     RenewLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RenewLeaseRequest, _coordinator_pb2.RenewLeaseResponse]  # type: ignore[assignment]
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReleaseLeaseRequest, _coordinator_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
@@ -92,6 +100,16 @@ class CoordinatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.CancelJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.CancelJobResponse, _abc.Awaitable[_coordinator_pb2.CancelJobResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ResumeJob(
+        self,
+        request: _coordinator_pb2.ResumeJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ResumeJobResponse, _abc.Awaitable[_coordinator_pb2.ResumeJobResponse]]:
+        """Restart a CANCELLED or FAILED job from its newest checkpoint under the same id
+        (queued like a new job while another runs).
+        """
 
     @_abc_1.abstractmethod
     def AcquireLease(

@@ -25,43 +25,43 @@ _sym_db = _symbol_database.Default()
 from libra.proto.common.v1 import common_pb2 as libra_dot_proto_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(libra/proto/scheduler/v1/scheduler.proto\x12\x18libra.proto.scheduler.v1\x1a\"libra/proto/common/v1/common.proto\"!\n\x0fStartJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10StartJobResponse\" \n\x0eStopJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fStopJobResponse\"\xb8\x01\n\x17ReportToolReturnRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x35\n\x05state\x18\x03 \x01(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x15\n\rtokens_so_far\x18\x04 \x01(\x05\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\x12\x13\n\x0blease_epoch\x18\x06 \x01(\x03\"\x94\x01\n\x18ReportToolReturnResponse\x12\x38\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32(.libra.proto.scheduler.v1.DecisionAction\x12\x15\n\rtarget_bucket\x18\x02 \x01(\t\x12\x17\n\x0ftarget_instance\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xb7\x01\n\x15ReportFinishedRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x37\n\x06status\x18\x04 \x01(\x0e\x32\'.libra.proto.common.v1.TrajectoryStatus\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\x12\x13\n\x0blease_epoch\x18\x06 \x01(\x03\"\x18\n\x16ReportFinishedResponse\"\x87\x01\n\x10ToolReturnReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x35\n\x05state\x18\x03 \x01(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x15\n\rtokens_so_far\x18\x04 \x01(\x05\"\xc1\x01\n\x18ReportToolReturnsRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x13\n\x0blease_epoch\x18\x02 \x01(\x03\x12;\n\x07reports\x18\x03 \x03(\x0b\x32*.libra.proto.scheduler.v1.ToolReturnReport\x12\x10\n\x08\x62\x61tch_id\x18\x04 \x01(\x04\x12\x14\n\x0c\x61nswer_stays\x18\x05 \x01(\x08\x12\x16\n\x0emax_unanswered\x18\x06 \x01(\r\"\x9d\x01\n\x12ToolReturnDecision\x12\x38\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32(.libra.proto.scheduler.v1.DecisionAction\x12\x15\n\rtarget_bucket\x18\x02 \x01(\t\x12\x17\n\x0ftarget_instance\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"}\n\x19ReportToolReturnsResponse\x12?\n\tdecisions\x18\x01 \x03(\x0b\x32,.libra.proto.scheduler.v1.ToolReturnDecision\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x04\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"*\n\x18GetSchedulerStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"/\n\x19GetSchedulerStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t*e\n\x0e\x44\x65\x63isionAction\x12\x1f\n\x1b\x44\x45\x43ISION_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x45\x43ISION_ACTION_STAY\x10\x01\x12\x18\n\x14\x44\x45\x43ISION_ACTION_MOVE\x10\x02\x32\xbf\x05\n\x10SchedulerService\x12\x61\n\x08StartJob\x12).libra.proto.scheduler.v1.StartJobRequest\x1a*.libra.proto.scheduler.v1.StartJobResponse\x12^\n\x07StopJob\x12(.libra.proto.scheduler.v1.StopJobRequest\x1a).libra.proto.scheduler.v1.StopJobResponse\x12y\n\x10ReportToolReturn\x12\x31.libra.proto.scheduler.v1.ReportToolReturnRequest\x1a\x32.libra.proto.scheduler.v1.ReportToolReturnResponse\x12z\n\x0bToolReturns\x12\x32.libra.proto.scheduler.v1.ReportToolReturnsRequest\x1a\x33.libra.proto.scheduler.v1.ReportToolReturnsResponse(\x01\x30\x01\x12s\n\x0eReportFinished\x12/.libra.proto.scheduler.v1.ReportFinishedRequest\x1a\x30.libra.proto.scheduler.v1.ReportFinishedResponse\x12|\n\x11GetSchedulerStats\x12\x32.libra.proto.scheduler.v1.GetSchedulerStatsRequest\x1a\x33.libra.proto.scheduler.v1.GetSchedulerStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(libra/proto/scheduler/v1/scheduler.proto\x12\x18libra.proto.scheduler.v1\x1a\"libra/proto/common/v1/common.proto\"1\n\x0fStartJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06resume\x18\x02 \x01(\x08\"\x12\n\x10StartJobResponse\" \n\x0eStopJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fStopJobResponse\"\xb8\x01\n\x17ReportToolReturnRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x35\n\x05state\x18\x03 \x01(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x15\n\rtokens_so_far\x18\x04 \x01(\x05\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\x12\x13\n\x0blease_epoch\x18\x06 \x01(\x03\"\x94\x01\n\x18ReportToolReturnResponse\x12\x38\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32(.libra.proto.scheduler.v1.DecisionAction\x12\x15\n\rtarget_bucket\x18\x02 \x01(\t\x12\x17\n\x0ftarget_instance\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xb7\x01\n\x15ReportFinishedRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x37\n\x06status\x18\x04 \x01(\x0e\x32\'.libra.proto.common.v1.TrajectoryStatus\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\x12\x13\n\x0blease_epoch\x18\x06 \x01(\x03\"\x18\n\x16ReportFinishedResponse\"\x87\x01\n\x10ToolReturnReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x35\n\x05state\x18\x03 \x01(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x15\n\rtokens_so_far\x18\x04 \x01(\x05\"\xc1\x01\n\x18ReportToolReturnsRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x13\n\x0blease_epoch\x18\x02 \x01(\x03\x12;\n\x07reports\x18\x03 \x03(\x0b\x32*.libra.proto.scheduler.v1.ToolReturnReport\x12\x10\n\x08\x62\x61tch_id\x18\x04 \x01(\x04\x12\x14\n\x0c\x61nswer_stays\x18\x05 \x01(\x08\x12\x16\n\x0emax_unanswered\x18\x06 \x01(\r\"\x9d\x01\n\x12ToolReturnDecision\x12\x38\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32(.libra.proto.scheduler.v1.DecisionAction\x12\x15\n\rtarget_bucket\x18\x02 \x01(\t\x12\x17\n\x0ftarget_instance\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"}\n\x19ReportToolReturnsResponse\x12?\n\tdecisions\x18\x01 \x03(\x0b\x32,.libra.proto.scheduler.v1.ToolReturnDecision\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x04\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"*\n\x18GetSchedulerStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"/\n\x19GetSchedulerStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t*e\n\x0e\x44\x65\x63isionAction\x12\x1f\n\x1b\x44\x45\x43ISION_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x45\x43ISION_ACTION_STAY\x10\x01\x12\x18\n\x14\x44\x45\x43ISION_ACTION_MOVE\x10\x02\x32\xbf\x05\n\x10SchedulerService\x12\x61\n\x08StartJob\x12).libra.proto.scheduler.v1.StartJobRequest\x1a*.libra.proto.scheduler.v1.StartJobResponse\x12^\n\x07StopJob\x12(.libra.proto.scheduler.v1.StopJobRequest\x1a).libra.proto.scheduler.v1.StopJobResponse\x12y\n\x10ReportToolReturn\x12\x31.libra.proto.scheduler.v1.ReportToolReturnRequest\x1a\x32.libra.proto.scheduler.v1.ReportToolReturnResponse\x12z\n\x0bToolReturns\x12\x32.libra.proto.scheduler.v1.ReportToolReturnsRequest\x1a\x33.libra.proto.scheduler.v1.ReportToolReturnsResponse(\x01\x30\x01\x12s\n\x0eReportFinished\x12/.libra.proto.scheduler.v1.ReportFinishedRequest\x1a\x30.libra.proto.scheduler.v1.ReportFinishedResponse\x12|\n\x11GetSchedulerStats\x12\x32.libra.proto.scheduler.v1.GetSchedulerStatsRequest\x1a\x33.libra.proto.scheduler.v1.GetSchedulerStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'libra.proto.scheduler.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECISIONACTION']._serialized_start=1478
-  _globals['_DECISIONACTION']._serialized_end=1579
+  _globals['_DECISIONACTION']._serialized_start=1494
+  _globals['_DECISIONACTION']._serialized_end=1595
   _globals['_STARTJOBREQUEST']._serialized_start=106
-  _globals['_STARTJOBREQUEST']._serialized_end=139
-  _globals['_STARTJOBRESPONSE']._serialized_start=141
-  _globals['_STARTJOBRESPONSE']._serialized_end=159
-  _globals['_STOPJOBREQUEST']._serialized_start=161
-  _globals['_STOPJOBREQUEST']._serialized_end=193
-  _globals['_STOPJOBRESPONSE']._serialized_start=195
-  _globals['_STOPJOBRESPONSE']._serialized_end=212
-  _globals['_REPORTTOOLRETURNREQUEST']._serialized_start=215
-  _globals['_REPORTTOOLRETURNREQUEST']._serialized_end=399
-  _globals['_REPORTTOOLRETURNRESPONSE']._serialized_start=402
-  _globals['_REPORTTOOLRETURNRESPONSE']._serialized_end=550
-  _globals['_REPORTFINISHEDREQUEST']._serialized_start=553
-  _globals['_REPORTFINISHEDREQUEST']._serialized_end=736
-  _globals['_REPORTFINISHEDRESPONSE']._serialized_start=738
-  _globals['_REPORTFINISHEDRESPONSE']._serialized_end=762
-  _globals['_TOOLRETURNREPORT']._serialized_start=765
-  _globals['_TOOLRETURNREPORT']._serialized_end=900
-  _globals['_REPORTTOOLRETURNSREQUEST']._serialized_start=903
-  _globals['_REPORTTOOLRETURNSREQUEST']._serialized_end=1096
-  _globals['_TOOLRETURNDECISION']._serialized_start=1099
-  _globals['_TOOLRETURNDECISION']._serialized_end=1256
-  _globals['_REPORTTOOLRETURNSRESPONSE']._serialized_start=1258
-  _globals['_REPORTTOOLRETURNSRESPONSE']._serialized_end=1383
-  _globals['_GETSCHEDULERSTATSREQUEST']._serialized_start=1385
-  _globals['_GETSCHEDULERSTATSREQUEST']._serialized_end=1427
-  _globals['_GETSCHEDULERSTATSRESPONSE']._serialized_start=1429
-  _globals['_GETSCHEDULERSTATSRESPONSE']._serialized_end=1476
-  _globals['_SCHEDULERSERVICE']._serialized_start=1582
-  _globals['_SCHEDULERSERVICE']._serialized_end=2285
+  _globals['_STARTJOBREQUEST']._serialized_end=155
+  _globals['_STARTJOBRESPONSE']._serialized_start=157
+  _globals['_STARTJOBRESPONSE']._serialized_end=175
+  _globals['_STOPJOBREQUEST']._serialized_start=177
+  _globals['_STOPJOBREQUEST']._serialized_end=209
+  _globals['_STOPJOBRESPONSE']._serialized_start=211
+  _globals['_STOPJOBRESPONSE']._serialized_end=228
+  _globals['_REPORTTOOLRETURNREQUEST']._serialized_start=231
+  _globals['_REPORTTOOLRETURNREQUEST']._serialized_end=415
+  _globals['_REPORTTOOLRETURNRESPONSE']._serialized_start=418
+  _globals['_REPORTTOOLRETURNRESPONSE']._serialized_end=566
+  _globals['_REPORTFINISHEDREQUEST']._serialized_start=569
+  _globals['_REPORTFINISHEDREQUEST']._serialized_end=752
+  _globals['_REPORTFINISHEDRESPONSE']._serialized_start=754
+  _globals['_REPORTFINISHEDRESPONSE']._serialized_end=778
+  _globals['_TOOLRETURNREPORT']._serialized_start=781
+  _globals['_TOOLRETURNREPORT']._serialized_end=916
+  _globals['_REPORTTOOLRETURNSREQUEST']._serialized_start=919
+  _globals['_REPORTTOOLRETURNSREQUEST']._serialized_end=1112
+  _globals['_TOOLRETURNDECISION']._serialized_start=1115
+  _globals['_TOOLRETURNDECISION']._serialized_end=1272
+  _globals['_REPORTTOOLRETURNSRESPONSE']._serialized_start=1274
+  _globals['_REPORTTOOLRETURNSRESPONSE']._serialized_end=1399
+  _globals['_GETSCHEDULERSTATSREQUEST']._serialized_start=1401
+  _globals['_GETSCHEDULERSTATSREQUEST']._serialized_end=1443
+  _globals['_GETSCHEDULERSTATSRESPONSE']._serialized_start=1445
+  _globals['_GETSCHEDULERSTATSRESPONSE']._serialized_end=1492
+  _globals['_SCHEDULERSERVICE']._serialized_start=1598
+  _globals['_SCHEDULERSERVICE']._serialized_end=2301
 # @@protoc_insertion_point(module_scope)

@@ -42,15 +42,22 @@ class StartJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    resume: _builtins.bool
+    """The job is resumed from a checkpoint after it ended (cancelled or failed): the
+    rollout instances dropped its trajectories then, so every assigned one is re-queued;
+    admission continues from the job's counters.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        resume: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "resume", b"resume"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

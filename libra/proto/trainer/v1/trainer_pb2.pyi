@@ -26,8 +26,9 @@ class StartJobRequest(_message.Message):
     RESUME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     resume: _builtins.bool
-    """Continue a RUNNING job from its newest checkpoint instead of the warm start (the
-    coordinator's reconciliation takes up a job no trainer holds).
+    """Continue the job from its newest checkpoint instead of the warm start: a RUNNING
+    job no trainer holds (the coordinator's reconciliation), or a cancelled or failed
+    job restarted with the coordinator's ResumeJob.
     """
     def __init__(
         self,
