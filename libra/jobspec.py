@@ -121,6 +121,9 @@ class AlgorithmSpec:
     micro_batch_size: int = 0
     """Sequences per forward/backward of a training step (0: the whole batch); the
     gradients accumulate to the same update with the activations of fewer sequences."""
+    keep_weight_versions: int = 3
+    """Published weight versions kept on disk (the newest; 0 keeps all). A version a
+    live rollout instance has loaded or is loading is never deleted."""
     seed: int = 0
 
 
@@ -301,6 +304,8 @@ def _validate_ranges(spec: JobSpec) -> None:
              "must be a finite number >= 1 (a cap below 1 would down-weight on-policy tokens)")
     _require(a.micro_batch_size >= 0, "algorithm.micro_batch_size",
              "must be >= 0 (0 = the whole batch in one forward/backward)")
+    _require(a.keep_weight_versions >= 0, "algorithm.keep_weight_versions",
+             "must be >= 0 (0 = keep every published version)")
     _require(a.checkpoint_interval >= 0, "algorithm.checkpoint_interval",
              "must be >= 0 (0 = never checkpoint)")
     _require(a.learning_rate > 0, "algorithm.learning_rate", "must be > 0")

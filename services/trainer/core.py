@@ -39,6 +39,7 @@ from libra.clock import Clock
 from libra.errors import FailedPrecondition, NotFound
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.retry import RetryPolicy, Sleep
+from libra.run_dir import prune_weight_versions, weights_file
 from libra.training import channel as ch
 from libra.training.samples import TrainSample
 from libra.weight_sync import write_manifest
@@ -252,6 +253,8 @@ class TrainerCore:
             if (self.step + 1) % a.sync_interval == 0:
                 record["publish_s"] = await self._publish(job_id, backend, run_dir, model_dir,
                                                           self.policy_version + 1)
+                record["weights_pruned"] = await self._prune_weights(job_id, run_dir,
+                                                                     a.keep_weight_versions)
             self.step += 1
             if a.checkpoint_interval and self.step % a.checkpoint_interval == 0:
                 record["checkpoint_s"] = await self._checkpoint(backend, run_dir)
@@ -296,6 +299,18 @@ class TrainerCore:
         await self._store.record_event(job_id, "trainer_resumed", step=str(self.step),
                                        checkpoint=str(ckpt.path) if ckpt else "")
         return max(last, ckpt.policy_version if ckpt else -1) + 1
+
+    async def _prune_weights(self, job_id: str, run_dir: Path, keep: int) -> int:
+        """Delete published versions beyond the newest ``keep`` that no live rollout
+        instance holds or fetches; returns how many went."""
+        if keep == 0:
+            return 0
+        in_use = await self._store.weights_in_use(job_id)
+        pruned = await asyncio.to_thread(prune_weight_versions, run_dir, keep, in_use)
+        if pruned:
+            logger.info("[weights] pruned job_id=%s versions=%s kept_in_use=%s", job_id,
+                        pruned, sorted(in_use))
+        return len(pruned)
 
     async def _checkpoint(self, backend: Backend, run_dir: Path) -> float:
         started = time.perf_counter()
@@ -427,7 +442,7 @@ class TrainerCore:
                        version: int) -> float:
         """Write and announce a version; returns the seconds it took."""
         started = time.perf_counter()
-        path = run_dir / "weights" / f"v{version:06d}.safetensors"
+        path = weights_file(run_dir, version)
         await asyncio.to_thread(backend.save_weights, str(path))
         # The pointer names the chunked manifest and carries the manifest's own sha256.
         manifest, digest = await asyncio.to_thread(write_manifest, path, version)
