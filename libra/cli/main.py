@@ -28,6 +28,7 @@ from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument, LibraError
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.report import build_report, write_report
+from libra.run_dir import is_dir_reference
 from libra.spec_overrides import apply_overrides
 
 FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -61,9 +62,9 @@ def _job_row(job: t.Job) -> dict[str, Any]:
 def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec]:
     """The spec document with ``--set`` overrides applied, and its validated spec.
 
-    Relative ``model.path``, ``task.path`` and ``task.eval_path`` are made absolute
-    against the current directory: the services resolve paths from their own working
-    directories, which may differ.
+    Relative ``model.path``, ``task.path``, ``task.eval_path`` and a directory given as
+    ``algorithm.init_from`` are made absolute against the current directory: the
+    services resolve paths from their own working directories, which may differ.
     Raises InvalidArgument naming the field, before anything is started or sent.
     """
     if not path.is_file():
@@ -74,6 +75,10 @@ def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec
         section = data.get(name)
         if isinstance(section, dict) and isinstance(section.get(key), str) and section[key]:
             section[key] = str(Path(section[key]).expanduser().resolve())
+    algorithm = data.get("algorithm")
+    init_from = algorithm.get("init_from") if isinstance(algorithm, dict) else None
+    if isinstance(init_from, str) and is_dir_reference(init_from):  # not a job id
+        algorithm["init_from"] = str(Path(init_from).expanduser().resolve())
     return data, job_spec_from_dict(data)
 
 

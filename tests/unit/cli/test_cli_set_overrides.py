@@ -113,3 +113,12 @@ def test_relative_dataset_paths_resolve_against_the_current_directory(
     data, spec = load_spec(spec_file, [])
     assert spec.task.path == str(tmp_path / "data" / "d.jsonl")
     assert data["task"]["eval_path"] == str(tmp_path / "data" / "e.jsonl")
+
+
+def test_init_from_directory_is_made_absolute_and_a_job_id_is_kept(spec_file, tmp_path,
+                                                                   monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _, spec = load_spec(spec_file, ["algorithm.init_from=runs/job-a"])
+    assert spec.algorithm.init_from == str(tmp_path / "runs" / "job-a")
+    _, spec = load_spec(spec_file, ["algorithm.init_from=job-a"])
+    assert spec.algorithm.init_from == "job-a"

@@ -133,3 +133,12 @@ def test_differences_name_at_most_three_of_each_kind() -> None:
     have = {f"w{i}": (1,) for i in range(5)}
     (problem,) = shape_differences(have, {})
     assert problem == "unexpected: w0, w1, w2 (+2 more)"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # tied and untied embeddings
+def test_an_hf_job_fits_a_checkpoint_of_the_same_hf_model(
+        hf_model_dir, tmp_path: Path, family: str) -> None:
+    spec = job_spec_from_dict({"model": {"kind": "hf", "path": str(hf_model_dir(family))},
+                               "algorithm": {"init_from": "hf-src", "sft_steps": 0}})
+    write_job_checkpoint(tmp_path / "hf-src", spec)
+    assert check_init_from(spec, tmp_path).step == 4
