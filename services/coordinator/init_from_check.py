@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from libra.jobspec import JobSpec
-from libra.models.init_check import check_init_from
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +23,10 @@ def check_job_init_from(spec: JobSpec, run_root: Path) -> None:
     the checkpoint it names; nothing to check without ``init_from``."""
     if not spec.algorithm.init_from:
         return
+    # Lazily: the libra.models package imports torch (seconds); the coordinator must
+    # start without it.
+    from libra.models.init_check import check_init_from
+
     started = time.perf_counter()
     ckpt = check_init_from(spec, run_root)
     logger.info("[job] init_from ok checkpoint=%s step=%d check_s=%.2f", ckpt.path, ckpt.step,
