@@ -114,6 +114,13 @@ class AlgorithmSpec:
     micro_batch_size: int = 0
     """Sequences per forward/backward of a training step (0: the whole batch); the
     gradients accumulate to the same update with the activations of fewer sequences."""
+    init_from: str = ""
+    """Start from another job's weights: a job id (its newest checkpoint under the run
+    root) or a checkpoint / run directory (with a "/"). Weights only: fresh optimizer,
+    step 0; the warm start is skipped unless ``sft_steps`` is given."""
+    keep_weight_versions: int = 3
+    """Published weight versions kept on disk (the newest; 0 keeps all). A version a
+    live rollout instance has loaded or is loading is never deleted."""
     seed: int = 0
 
 
@@ -294,6 +301,10 @@ def _validate_ranges(spec: JobSpec) -> None:
              "must be a finite number >= 1 (a cap below 1 would down-weight on-policy tokens)")
     _require(a.micro_batch_size >= 0, "algorithm.micro_batch_size",
              "must be >= 0 (0 = the whole batch in one forward/backward)")
+    _require(a.init_from == a.init_from.strip(), "algorithm.init_from",
+             "no leading or trailing spaces (a job id, or a directory path with a '/')")
+    _require(a.keep_weight_versions >= 0, "algorithm.keep_weight_versions",
+             "must be >= 0 (0 = keep every published version)")
     _require(a.checkpoint_interval >= 0, "algorithm.checkpoint_interval",
              "must be >= 0 (0 = never checkpoint)")
     _require(a.learning_rate > 0, "algorithm.learning_rate", "must be > 0")
@@ -391,10 +402,21 @@ def parse_job_spec(text: str, fmt: str = "toml") -> JobSpec:
 def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
     spec = _build(JobSpec, data, "")
     spec = dataclasses.replace(spec, task=normalise_task(spec.task, data.get("task")))
+    spec = _skip_warm_start_after_init_from(spec, data.get("algorithm"))
     _validate_ranges(spec)
     _validate_layout(spec.layout)
     _validate_elastic(spec.elastic)
     return spec
+
+
+def _skip_warm_start_after_init_from(spec: JobSpec, given: Any) -> JobSpec:
+    """``init_from`` starts from trained weights, so the warm start (SFT from scratch)
+    is skipped: ``sft_steps`` becomes 0 unless the document gives it. The stored spec
+    then says 0, so a reload does not depend on what was given."""
+    a = spec.algorithm
+    if not a.init_from or (isinstance(given, dict) and "sft_steps" in given):
+        return spec
+    return dataclasses.replace(spec, algorithm=dataclasses.replace(a, sft_steps=0))
 
 
 def job_spec_from_json(text: str) -> JobSpec:

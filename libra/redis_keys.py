@@ -72,6 +72,14 @@ def policy(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:policy"
 
 
+def weights_in_use(job_id: str) -> str:
+    """Hash instance_id -> "<loaded version> <loading version>" (-1: none): the weight
+    versions each rollout instance holds or is fetching. The trainer keeps those files
+    when it prunes, counting only instances whose lease is live; a field is deleted
+    when the instance leaves the job. Lives as long as the job."""
+    return f"{PREFIX}:job:{job_id}:weights_in_use"
+
+
 def counters(job_id: str) -> str:
     """Hash of cumulative trajectory/group counters (admitted, produced, trained, dropped,
     ``migrations``, and ``placed:<bucket>``: placements into a bucket, moves included)."""
@@ -169,6 +177,6 @@ def job_keys(job_id: str) -> list[str]:
     """Keys that belong to one job (expired together when the job ends)."""
     return [job(job_id), trajectories(job_id), policy(job_id), counters(job_id),
             load(job_id), assignments(job_id), tasks(job_id), pending(job_id),
-            trained_ids(job_id), published_ids(job_id),
+            trained_ids(job_id), published_ids(job_id), weights_in_use(job_id),
             history(job_id), step_index(job_id), events(job_id), sched_trajectories(job_id),
             sched_records(job_id), sched_recent(job_id), sched_tree(job_id)]

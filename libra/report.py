@@ -13,7 +13,9 @@ Schema (stable; later versions only add keys)::
                       "in_flight_at_end", "running_at_end", "pending_admission_at_end",
                       "unaccounted", "accounting"},
      "reward": {"first_10pct_mean", "last_10pct_mean", "improvement"},
-     "throughput": {"trajectories_per_s"}}
+     "throughput": {"trajectories_per_s"},
+     "storage": {"run_dir_bytes", "weights_bytes", "checkpoints_bytes", "model_bytes",
+                 "other_bytes", "num_weight_versions"}}
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from libra import types as t
+from libra.run_dir import run_dir_usage
 
-SCHEMA_VERSION = 2  # 2 added steps[].hybrid_workers and events
+SCHEMA_VERSION = 3  # 2 added steps[].hybrid_workers and events; 3 added storage
 
 
 def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
@@ -38,8 +41,10 @@ def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, int],
-                 wall_s: float, events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The report of one job; ``events`` come from the job's events stream."""
+                 wall_s: float, events: list[dict[str, Any]] | None = None,
+                 storage: dict[str, int] | None = None) -> dict[str, Any]:
+    """The report of one job; ``events`` come from the job's events stream, ``storage``
+    from :func:`libra.run_dir.run_dir_usage` (measured where the report is written)."""
     # Steps recorded without elastic training had no hybrid workers.
     steps = [{**s, "hybrid_workers": int(s.get("hybrid_workers", 0))} for s in steps]
     first, last = reward_windows(steps)
@@ -64,6 +69,8 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
                    "improvement": round(last - first, 4)},
         "throughput": {"trajectories_per_s": round(trained / train_wall_s, 3)
                        if train_wall_s else 0.0},
+        "storage": storage if storage is not None else run_dir_usage(
+            Path(job.run_dir) if job.run_dir else None),
     }
 
 

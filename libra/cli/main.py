@@ -32,6 +32,7 @@ from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument, LibraError
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.report import build_report, write_report
+from libra.run_dir import is_dir_reference
 from libra.spec_overrides import apply_overrides
 
 FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -67,10 +68,10 @@ def _job_row(job: t.Job) -> dict[str, Any]:
 def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec]:
     """The spec document with ``--set`` overrides applied, and its validated spec.
 
-    Relative ``model.path``, ``task.path``, ``task.eval_path`` and the files of
-    ``tools.search_corpus`` are made absolute
-    against the current directory: the services resolve paths from their own working
-    directories, which may differ.
+    Relative ``model.path``, ``task.path``, ``task.eval_path``, the files of
+    ``tools.search_corpus`` and a directory given as ``algorithm.init_from`` are made
+    absolute against the current directory: the services resolve paths from their own
+    working directories, which may differ.
     Raises InvalidArgument naming the field, before anything is started or sent.
     """
     if not path.is_file():
@@ -81,6 +82,10 @@ def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec
         section = data.get(name)
         if isinstance(section, dict) and key in section:
             section[key] = _absolute(section[key])
+    algorithm = data.get("algorithm")
+    init_from = algorithm.get("init_from") if isinstance(algorithm, dict) else None
+    if isinstance(init_from, str) and is_dir_reference(init_from):  # not a job id
+        algorithm["init_from"] = str(Path(init_from).expanduser().resolve())
     return data, job_spec_from_dict(data)
 
 

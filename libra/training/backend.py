@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from safetensors.torch import load as load_bytes
@@ -32,6 +33,7 @@ from libra.models.tiny import (
     encode_segments,
     save_model_dir,
 )
+from libra.run_dir import CHECKPOINT_MODEL
 from libra.tasks import chat_demonstration
 from libra.tasks.arith import demonstration
 from libra.training.samples import SftExample, TrainSample
@@ -104,6 +106,14 @@ class JobBackend:
 
     def load_checkpoint(self, directory: str) -> None:
         self._backend.load_checkpoint(directory)
+
+    def load_model_weights(self, checkpoint_dir: str) -> None:
+        """``init_from``: a checkpoint's model weights only (optimizer, RNG, step fresh).
+
+        Raises:
+            ValueError: A missing, unexpected or mis-shaped tensor (named); nothing loaded.
+        """
+        self._backend.load_weights(str(Path(checkpoint_dir) / CHECKPOINT_MODEL))
 
 
     # -- elastic hybrid pool (one rank; gradients travel as safetensors bytes) ---------

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from libra.run_dir import CHECKPOINT_MODEL
 from libra.training.tensors import with_tied_aliases, without_tied_aliases
 
 PARALLELISMS = ("ddp", "fsdp2")
@@ -135,7 +136,8 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 # --- checkpoint files ---------------------------------------------------------------------
 
-CKPT_MODEL, CKPT_OPTIMIZER, CKPT_RNG = "model.safetensors", "optimizer.pt", "rng.pt"
+# The model file's name is shared with the init_from check (libra/run_dir.py).
+CKPT_MODEL, CKPT_OPTIMIZER, CKPT_RNG = CHECKPOINT_MODEL, "optimizer.pt", "rng.pt"
 
 
 def write_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

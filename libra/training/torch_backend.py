@@ -53,6 +53,7 @@ from libra.training.parallel import (
     broadcast_from_rank0,
     full_state_dict,
     fully_shard_layers,
+    load_full_state_dict,
     max_over_ranks,
     read_checkpoint,
     reduce_loss,
@@ -408,8 +409,8 @@ class TorchTrainerBackend:
             ValueError: A missing, unexpected or mis-shaped key (named); nothing loaded.
         """
         state = with_tied_aliases(self._model, load_file(path))
-        with torch.no_grad():
-            self._model.load_state_dict(state, strict=True)
+        with torch.no_grad():  # every rank loads the whole file; FSDP2 keeps its shard
+            load_full_state_dict(self._model, state)
 
     def save_checkpoint(self, directory: str) -> list[str]:
         """Write model, optimizer and RNG state into ``directory``; returns the file names.

@@ -28,6 +28,7 @@ from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.dataset_check import check_dataset
 from services.coordinator.elastic import ElasticWiring
+from services.coordinator.init_from_check import check_job_init_from
 from services.coordinator.model_check import check_job_model
 from services.coordinator.planner.live import live_planner
 from services.coordinator.reconcile import ReconcileSettings, ReconcileWiring
@@ -69,6 +70,7 @@ def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore
         clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
         elastic=elastic_wiring(cfg), model_check=check_job_model, dataset_check=check_dataset,
         max_queued_jobs=cfg.max_queued_jobs,
+        init_from_check=check_job_init_from,
         tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
         reconcile=ReconcileWiring(
             GrpcTrainerClient(peers.trainer, min(STATUS_TIMEOUT_S, peers.rpc_timeout_s)),

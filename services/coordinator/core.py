@@ -80,6 +80,15 @@ class DatasetCheck(Protocol):
     def __call__(self, spec: JobSpec) -> None: ...
 
 
+class InitFromCheck(Protocol):
+    """Checks ``algorithm.init_from`` before the job is stored (blocking: it hashes the
+    checkpoint's files): it names a checkpoint under ``run_root`` (or a directory) that
+    verifies and fits ``[model]``; else InvalidArgument("algorithm.init_from", ...).
+    The service wires ``services/coordinator/init_from_check.py``."""
+
+    def __call__(self, spec: JobSpec, run_root: Path) -> None: ...
+
+
 class ToolCatalog(Protocol):
     """The tool gateway's ListTools (``[{"name", "description", "args_schema", ...}]``) and
     ListRewards (``[{"name", "description"}]``): its registries, the only lists of names."""
@@ -116,7 +125,8 @@ class CoordinatorCore:
                  dataset_check: DatasetCheck | None = None,
                  reconcile: ReconcileWiring | None = None,
                  max_queued_jobs: int = DEFAULT_MAX_QUEUED_JOBS,
-                 checkpoint_probe: CheckpointProbe = newest_checkpoint_step) -> None:
+                 checkpoint_probe: CheckpointProbe = newest_checkpoint_step,
+                 init_from_check: InitFromCheck | None = None) -> None:
         self._store = store
         self._trainer = trainer
         self._scheduler = scheduler
@@ -125,6 +135,7 @@ class CoordinatorCore:
         self._elastic = elastic
         self._model_check = model_check
         self._dataset_check = dataset_check
+        self._init_from_check = init_from_check
         self._tool_catalog = tool_catalog
         # Per job: its elastic loop, or None when the job is not elastic (cached).
         self._elastic_loops: dict[str, ElasticLoop | None] = {}
@@ -154,6 +165,8 @@ class CoordinatorCore:
             await asyncio.to_thread(self._model_check, spec)
         if self._dataset_check is not None:
             await asyncio.to_thread(self._dataset_check, spec)  # a 1M-row file: seconds
+        if self._init_from_check is not None and spec.algorithm.init_from:
+            await asyncio.to_thread(self._init_from_check, spec, self._run_root)
         spec = await self._resolve_tools(spec)
         async with self._lifecycle_lock:
             now_ms = self._clock.now_ms()

@@ -360,16 +360,29 @@ class RolloutCore(MovesMixin, LendingMixin):
                 await self._store.ack(self.settings.instance_id, act.entry.entry_id)
             ctx.active.clear()
             self._job = None
+            await self._store.leave_weights(job_id, self.settings.instance_id)
             return
         policy = await self._store.policy(job_id)
         if policy is not None and policy.version > ctx.engine.policy_version:
             await self._load_verified(job_id, ctx.engine, policy)
 
     async def _load_verified(self, job_id: str, engine: Engine, policy: t.PolicyInfo) -> None:
-        """Load weights only when their checksum matches; otherwise keep serving the old."""
-        key = (job_id, policy.version, policy.sha256)
-        if key in self._rejected:
+        """Load weights only when their checksum matches; otherwise keep serving the old.
+
+        The versions held and fetched are announced around the load, so the trainer
+        never prunes a file this instance is still reading (a slow reload keeps it)."""
+        if (job_id, policy.version, policy.sha256) in self._rejected:
             return
+        instance = self.settings.instance_id
+        await self._store.report_weights(job_id, instance, engine.policy_version,
+                                         policy.version)
+        try:
+            await self._load_checked(job_id, engine, policy)
+        finally:
+            await self._store.report_weights(job_id, instance, engine.policy_version, -1)
+
+    async def _load_checked(self, job_id: str, engine: Engine, policy: t.PolicyInfo) -> None:
+        key = (job_id, policy.version, policy.sha256)
         if policy.weights_path.endswith(MANIFEST_SUFFIX):
             await self._load_manifest(job_id, engine, policy)
             return

@@ -66,6 +66,11 @@ class RolloutStore(Protocol):
 
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
 
+    async def report_weights(self, job_id: str, instance_id: str, loaded: int,
+                             loading: int) -> None: ...
+
+    async def leave_weights(self, job_id: str, instance_id: str) -> None: ...
+
 
 # KEYS[1] = lease hash, KEYS[2] = trajectory stream, KEYS[3] = inbox, KEYS[4] = counters,
 # KEYS[5] = published ids
@@ -215,3 +220,13 @@ class RedisRolloutStore(JobRecordReader):
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None:
         await self._r.xadd(keys.events(job_id), {"kind": kind, **fields},
                            maxlen=keys.EVENTS_MAXLEN, approximate=True)
+
+    async def report_weights(self, job_id: str, instance_id: str, loaded: int,
+                             loading: int) -> None:
+        """Say which versions this instance holds and fetches (-1: none), so the
+        trainer keeps their files when it prunes old versions."""
+        await self._r.hset(keys.weights_in_use(job_id), instance_id, f"{loaded} {loading}")
+
+    async def leave_weights(self, job_id: str, instance_id: str) -> None:
+        """This instance no longer serves the job: its versions may be pruned."""
+        await self._r.hdel(keys.weights_in_use(job_id), instance_id)

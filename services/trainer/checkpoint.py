@@ -17,30 +17,17 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The format (and its verification) lives in libra/run_dir.py: the coordinator checks
+# ``algorithm.init_from`` with it and services never import each other.
+from libra.run_dir import CHECKPOINT_META as META
+from libra.run_dir import CHECKPOINT_PREFIX as _PREFIX
+from libra.run_dir import Checkpoint, CheckpointError, checkpoint_folders, latest_checkpoint
 from libra.weight_sync import sha256_file
 
-META = "meta.json"
-_PREFIX = "step_"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be trusted; the message names the file."""
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A verified checkpoint folder."""
-
-    path: Path
-    step: int
-    policy_version: int
-    step_report: dict[str, Any] | None = None
-    """The step's report to the coordinator (``{"record", "key"}``), kept so a resume
-    can send it again: the process may have stopped between this write and the report."""
+__all__ = ["META", "Checkpoint", "CheckpointError", "latest", "save"]
 
 
 def save(root: Path, step: int, policy_version: int, write: Callable[[str], list[str]],
@@ -69,7 +56,7 @@ def save(root: Path, step: int, policy_version: int, write: Callable[[str], list
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
-    for old in _folders(root)[:-keep]:
+    for old in checkpoint_folders(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return Checkpoint(final, step, policy_version, step_report)
 
@@ -81,31 +68,4 @@ def latest(root: Path) -> Checkpoint | None:
         CheckpointError: Its ``meta.json`` is unreadable or a file is missing or does not
             match its recorded sha256. The message names the file.
     """
-    folders = _folders(root)
-    if not folders:
-        return None
-    folder = folders[-1]
-    meta_path = folder / META
-    try:
-        meta = json.loads(meta_path.read_text())
-        step, version, files = int(meta["step"]), int(meta["policy_version"]), meta["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"corrupt checkpoint file {meta_path}: {exc}") from exc
-    for name, digest in files.items():
-        path = folder / name
-        try:
-            actual = sha256_file(path)
-        except OSError as exc:
-            raise CheckpointError(f"corrupt checkpoint file {path}: {exc}") from exc
-        if actual != digest:
-            raise CheckpointError(f"corrupt checkpoint file {path}: sha256 {actual} does not "
-                                  f"match {digest} recorded in {meta_path}")
-    return Checkpoint(folder, step, version, meta.get("step_report"))
-
-
-def _folders(root: Path) -> list[Path]:
-    """Complete checkpoint folders, oldest first (temporary ones are ignored)."""
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
-
+    return latest_checkpoint(root)

@@ -41,6 +41,7 @@ from libra.errors import FailedPrecondition, NotFound
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.retry import RetryPolicy, Sleep
 from libra.rewardspec import RewardSpec
+from libra.run_dir import prune_weight_versions, resolve_init_from, weights_file
 from libra.training import channel as ch
 from libra.training.samples import TrainSample
 from libra.weight_sync import write_manifest
@@ -78,6 +79,8 @@ class Backend(Protocol):
     def save_checkpoint(self, directory: str) -> list[str]: ...
 
     def load_checkpoint(self, directory: str) -> None: ...
+
+    def load_model_weights(self, checkpoint_dir: str) -> None: ...
 
 
 class BackendFactory(Protocol):
@@ -243,7 +246,7 @@ class TrainerCore:
 
     async def _train_with(self, job_id: str, spec: JobSpec, resume: bool, backend: Backend,
                           run_dir: Path, model_dir: str) -> None:
-        version = await self._init_policy(job_id, backend, run_dir, resume)
+        version = await self._init_policy(job_id, spec, backend, run_dir, resume)
         await self._store.ensure_group(job_id)
         await self._publish(job_id, backend, run_dir, model_dir, version)
         self.phase = "training"
@@ -266,6 +269,8 @@ class TrainerCore:
             if (self.step + 1) % a.sync_interval == 0:
                 record["publish_s"] = await self._publish(job_id, backend, run_dir, model_dir,
                                                           self.policy_version + 1)
+                record["weights_pruned"] = await self._prune_weights(job_id, run_dir,
+                                                                     a.keep_weight_versions)
             self.step += 1
             record.update(step=self.step, policy_version=self.policy_version,
                           wall_s=round(time.perf_counter() - started, 4))
@@ -290,13 +295,15 @@ class TrainerCore:
         return ElasticTrainer(spec, spec.to_json(), backend, run_dir, domain,  # type: ignore[arg-type]
                               self._coordinator, record)
 
-    async def _init_policy(self, job_id: str, backend: Backend, run_dir: Path,
+    async def _init_policy(self, job_id: str, spec: JobSpec, backend: Backend, run_dir: Path,
                            resume: bool) -> int:
-        """Warm start, or load the newest checkpoint; returns the version to publish."""
+        """Warm start (after ``init_from``'s weights), or load the newest checkpoint;
+        returns the version to publish."""
         ckpt = None
         if resume:
             ckpt = await asyncio.to_thread(checkpoint.latest, run_dir / "checkpoints")
         if ckpt is None:
+            await self._load_init_from(job_id, spec, backend, run_dir)
             warm = await asyncio.to_thread(backend.warm_start, self._stop_requested.is_set)
             logger.info("[warmup] done job_id=%s %s", job_id, warm)
         else:
@@ -314,6 +321,32 @@ class TrainerCore:
         await self._store.record_event(job_id, "trainer_resumed", step=str(self.step),
                                        checkpoint=str(ckpt.path) if ckpt else "")
         return max(last, ckpt.policy_version if ckpt else -1) + 1
+
+    async def _load_init_from(self, job_id: str, spec: JobSpec, backend: Backend,
+                              run_dir: Path) -> None:
+        """``algorithm.init_from``: another job's model weights, nothing else (fresh
+        optimizer, step 0). Resolved now, not at submit: a job id gives that job's
+        newest checkpoint at this start. Job run dirs share the run root."""
+        if not spec.algorithm.init_from:
+            return
+        ckpt = await asyncio.to_thread(resolve_init_from, spec.algorithm.init_from,
+                                       run_dir.parent)
+        await asyncio.to_thread(backend.load_model_weights, str(ckpt.path))
+        logger.info("[init_from] job_id=%s checkpoint=%s step=%d", job_id, ckpt.path, ckpt.step)
+        await self._store.record_event(job_id, "init_from", checkpoint=str(ckpt.path),
+                                       step=str(ckpt.step))
+
+    async def _prune_weights(self, job_id: str, run_dir: Path, keep: int) -> int:
+        """Delete published versions beyond the newest ``keep`` that no live rollout
+        instance holds or fetches; returns how many went."""
+        if keep == 0:
+            return 0
+        in_use = await self._store.weights_in_use(job_id)
+        pruned = await asyncio.to_thread(prune_weight_versions, run_dir, keep, in_use)
+        if pruned:
+            logger.info("[weights] pruned job_id=%s versions=%s kept_in_use=%s", job_id,
+                        pruned, sorted(in_use))
+        return len(pruned)
 
     async def _checkpoint(self, job_id: str, backend: Backend, run_dir: Path,
                           record: dict[str, Any]) -> float:
@@ -452,7 +485,7 @@ class TrainerCore:
                        version: int) -> float:
         """Write and announce a version; returns the seconds it took."""
         started = time.perf_counter()
-        path = run_dir / "weights" / f"v{version:06d}.safetensors"
+        path = weights_file(run_dir, version)
         await asyncio.to_thread(backend.save_weights, str(path))
         # The pointer names the chunked manifest and carries the manifest's own sha256.
         manifest, digest = await asyncio.to_thread(write_manifest, path, version)

@@ -98,6 +98,8 @@ def _run(backend: JobBackend, rank: int, name: str, args: tuple) -> Any:
         return backend.train_step(*args)
     if name == "load_checkpoint":
         return backend.load_checkpoint(*args)
+    if name == "load_model_weights":
+        return backend.load_model_weights(*args)
     if name == "save_weights":
         return backend.save_weights(*args)
     if name == "save_checkpoint":
@@ -235,6 +237,9 @@ class DistributedJobBackend:
 
     def load_checkpoint(self, directory: str) -> None:
         self._call("load_checkpoint", directory)
+
+    def load_model_weights(self, checkpoint_dir: str) -> None:
+        self._call("load_model_weights", checkpoint_dir)
 
     def checksums(self) -> list[str]:
         """Every rank's state-dict sha256, by rank."""

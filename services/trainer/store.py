@@ -36,6 +36,8 @@ class TrainerStore(Protocol):
 
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
 
+    async def weights_in_use(self, job_id: str) -> set[int]: ...
+
 
 class RedisTrainerStore(JobRecordReader):
     """``TrainerStore`` over a bytes-mode ``redis.asyncio`` client."""
@@ -111,3 +113,23 @@ class RedisTrainerStore(JobRecordReader):
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None:
         await self._r.xadd(keys.events(job_id), {"kind": kind, **fields},
                            maxlen=keys.EVENTS_MAXLEN, approximate=True)
+
+    async def weights_in_use(self, job_id: str) -> set[int]:
+        """Versions live rollout instances hold or fetch (``keys.weights_in_use``).
+
+        An instance counts while its lease key exists: a dead one's lease expires (its
+        TTL), and so its versions stop being protected."""
+        raw = await self._r.hgetall(keys.weights_in_use(job_id))
+        if not raw:
+            return set()
+        instances = [k.decode() for k in raw]
+        async with self._r.pipeline(transaction=False) as pipe:
+            for instance in instances:
+                pipe.exists(keys.lease(instance))
+            live = await pipe.execute()
+        versions: set[int] = set()
+        for instance, is_live in zip(instances, live, strict=True):
+            if is_live:
+                versions.update(int(v) for v in raw[instance.encode()].split())
+        versions.discard(-1)
+        return versions

@@ -24,6 +24,7 @@ class FakeBackend:
     saved: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=lambda: {"loss": 0.25, "kl": 0.0})
     loaded_checkpoints: list[str] = field(default_factory=list)
+    loaded_model_weights: list[str] = field(default_factory=list)
 
     def warm_start(self, should_stop=lambda: False) -> dict[str, float]:
         self.warm_started += 1
@@ -48,6 +49,10 @@ class FakeBackend:
     def load_checkpoint(self, directory: str) -> None:
         int(Path(directory, "state.txt").read_text())
         self.loaded_checkpoints.append(directory)
+
+    def load_model_weights(self, checkpoint_dir: str) -> None:
+        Path(checkpoint_dir, "state.txt").read_text()
+        self.loaded_model_weights.append(checkpoint_dir)
 
     @property
     def trained_ids(self) -> list[str]:

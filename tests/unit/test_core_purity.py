@@ -26,3 +26,16 @@ def test_core_imports_no_heavy_dependency(module: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+@pytest.mark.parametrize("module", ["services.coordinator.__main__",
+                                    "services.scheduler.__main__"])
+def test_light_services_start_without_torch(module: str) -> None:
+    """The coordinator and scheduler import torch/transformers only for the jobs that
+    need them (the model and init_from checks, lazily): at start-up all services import
+    at once, and seconds of torch import on a loaded machine made peers time out."""
+    code = (f"import sys, {module}; "
+            "print(','.join(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"

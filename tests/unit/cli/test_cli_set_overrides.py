@@ -121,3 +121,12 @@ def test_relative_search_corpus_files_resolve_against_the_current_directory(
     data, spec = load_spec(spec_file, ['tools.search_corpus=["c.txt", "/abs/d.txt"]'])
     assert spec.tools.search_corpus == [str(tmp_path / "c.txt"), "/abs/d.txt"]
     assert data["tools"]["search_corpus"] == spec.tools.search_corpus
+
+
+def test_init_from_directory_is_made_absolute_and_a_job_id_is_kept(spec_file, tmp_path,
+                                                                   monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _, spec = load_spec(spec_file, ["algorithm.init_from=runs/job-a"])
+    assert spec.algorithm.init_from == str(tmp_path / "runs" / "job-a")
+    _, spec = load_spec(spec_file, ["algorithm.init_from=job-a"])
+    assert spec.algorithm.init_from == "job-a"

@@ -2,6 +2,7 @@
 against a 1-rank run; the same on 2 GPUs (NCCL) where they exist."""
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -168,5 +169,25 @@ def test_cuda_ranks_default_to_fsdp2_over_nccl(tmp_path) -> None:
         backend.train_step(_samples(4))
         backend.load_checkpoint(str(ckpt))
         assert backend.checksums() == sums
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_ranks_load_init_from_weights_alike(tmp_path, parallelism: str) -> None:
+    """``algorithm.init_from``: every rank loads a checkpoint's model weights (FSDP2 keeps
+    its shard of them) and publishes exactly those weights."""
+    source = JobSpec(model=dataclasses.replace(SPEC.model, seed=7), task=SPEC.task)
+    other = JobBackend(source, str(tmp_path / "src"), num_threads=1)
+    (tmp_path / "ckpt").mkdir()
+    other.save_checkpoint(str(tmp_path / "ckpt"))
+    other.save_weights(str(tmp_path / "src.safetensors"))
+    backend = DistributedJobBackend(SPEC, str(tmp_path / "model"), num_threads=1, num_ranks=2,
+                                    parallelism=parallelism, device="cpu")
+    try:
+        backend.load_model_weights(str(tmp_path / "ckpt"))
+        assert len(set(backend.checksums())) == 1
+        backend.save_weights(str(tmp_path / "dp.safetensors"))
+        _assert_same_weights(tmp_path / "dp.safetensors", tmp_path / "src.safetensors", 0.0)
     finally:
         backend.close()
