@@ -33,6 +33,12 @@ class CoordinatorApi(Protocol):
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None: ...
 
 
+# CreateJob validates before storing: the model's config and tokenizer (loading
+# transformers the first time), the dataset's first rows, the tools' schemas, init_from's
+# checkpoint hashes. Seconds on a quiet machine, tens of seconds on a loaded one.
+SUBMIT_TIMEOUT_S = 120.0
+
+
 class GrpcCoordinatorClient(GrpcClientBase):
     """Coordinator over gRPC."""
 
@@ -44,7 +50,8 @@ class GrpcCoordinatorClient(GrpcClientBase):
                          priority: int = 0) -> t.Job:
         """Create a job; PENDING with a ``queue_position`` while another job runs."""
         resp = await self._call(self._stub.CreateJob, pb.CreateJobRequest(
-            spec=spec, spec_format=spec_format, priority=priority))
+            spec=spec, spec_format=spec_format, priority=priority),
+            timeout_s=max(self._timeout_s, SUBMIT_TIMEOUT_S))
         return job_from_proto(resp.job)
 
     async def resume_job(self, job_id: str, priority: int = 0) -> t.Job:

@@ -47,8 +47,7 @@ async def _run(stack_state: dict, config: str, model: Path, monkeypatch) -> t.Jo
     monkeypatch.chdir(ROOT)  # the configs' relative paths resolve against the repo root
     data, _ = load_spec(ROOT / "deploy" / "configs" / config,
                         [*BRIEF, f"model.path={json.dumps(str(model))}"])
-    # The submit checks read the model and the dataset: seconds on a loaded machine.
-    client = GrpcCoordinatorClient(stack.coordinator_address(stack_state), timeout_s=120.0)
+    client = GrpcCoordinatorClient(stack.coordinator_address(stack_state))
     try:
         job = await client.create_job(json.dumps(data), "json")
         job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=600)
