@@ -11,18 +11,28 @@ Schema (stable; later versions only add keys)::
      "trajectories": {"produced", "trained", "dropped_stale", "dropped_failed",
                       "failed", "admitted", "requeued", "in_flight_at_end"},
      "reward": {"first_10pct_mean", "last_10pct_mean", "improvement"},
-     "throughput": {"trajectories_per_s"}}
+     "throughput": {"trajectories_per_s"},
+     "eval": [{"eval_round", "step", "reward_mean", "accuracy", "pass_at_k", ...}],
+     "eval_trajectories": {"admitted", "produced", "failed", "consumed"}}
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from libra import types as t
+from libra.evaluation import (
+    EVAL_CONSUMED,
+    EVAL_EVENT,
+    EVAL_FAILED,
+    EVAL_PRODUCED,
+    EvalRecord,
+)
 
-SCHEMA_VERSION = 2  # 2 added steps[].hybrid_workers and events
+SCHEMA_VERSION = 3  # 2 added steps[].hybrid_workers and events; 3 eval, eval_trajectories
 
 
 def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
@@ -37,9 +47,12 @@ def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
 
 def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, int],
                  wall_s: float, events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The report of one job; ``events`` come from the job's events stream."""
+    """The report of one job; ``events`` come from the job's events stream (the eval
+    rounds the trainer recorded there become ``eval``)."""
     # Steps recorded without elastic training had no hybrid workers.
     steps = [{**s, "hybrid_workers": int(s.get("hybrid_workers", 0))} for s in steps]
+    events = list(events or [])  # stream order: the order they were recorded
+    evals = eval_entries(events)
     first, last = reward_windows(steps)
     produced = counters.get("produced", 0) + counters.get("failed", 0)
     consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
@@ -49,7 +62,7 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
         "schema_version": SCHEMA_VERSION, "job_id": job.job_id, "name": job.name,
         "state": job.state.value, "message": job.message, "wall_s": round(wall_s, 3),
         "spec": json.loads(job.spec_json), "steps": steps,
-        "events": list(events or []),  # stream order: the order they were recorded
+        "events": [e for e in events if e.get("kind") != EVAL_EVENT],
         "trajectories": {
             "produced": produced, "trained": trained,
             "dropped_stale": counters.get("dropped_stale", 0),
@@ -62,7 +75,29 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
                    "improvement": round(last - first, 4)},
         "throughput": {"trajectories_per_s": round(trained / train_wall_s, 3)
                        if train_wall_s else 0.0},
+        "eval": evals,
+        "eval_trajectories": eval_accounting(counters),
     }
+
+
+def eval_entries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eval rounds recorded in the events stream, in round order (one per round:
+    a round recorded twice, by a trainer that restarted, keeps its last record)."""
+    by_round: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if event.get("kind") == EVAL_EVENT and "record" in event:
+            record = asdict(EvalRecord.from_json(event["record"]))
+            by_round[record["eval_round"]] = record
+    return [by_round[r] for r in sorted(by_round)]
+
+
+def eval_accounting(counters: dict[str, int]) -> dict[str, int]:
+    """Eval trajectories, counted apart from training (never trained on): admitted by
+    the scheduler, produced (failed included) by rollouts, consumed by the trainer."""
+    produced = counters.get(EVAL_PRODUCED, 0) + counters.get(EVAL_FAILED, 0)
+    return {"admitted": sum(v for k, v in counters.items() if k.startswith("eval_size:")),
+            "produced": produced, "failed": counters.get(EVAL_FAILED, 0),
+            "consumed": counters.get(EVAL_CONSUMED, 0)}
 
 
 def write_report(report: dict[str, Any], run_dir: Path) -> tuple[Path, Path | None]:
@@ -90,6 +125,12 @@ def plot_reward_curve(report: dict[str, Any], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(xs, ys, alpha=0.35, label="reward per step")
     ax.plot(xs, smooth, linewidth=2, label=f"moving mean ({window} steps)")
+    evals = report.get("eval", [])
+    if evals:  # held-out rounds on the same axes: x is the steps trained before them
+        ax.plot([e["step"] for e in evals], [e["reward_mean"] for e in evals], "o-",
+                color="tab:green", label="eval reward (held-out)")
+        ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "s--",
+                color="tab:red", alpha=0.7, label="eval accuracy")
     ax.set_xlabel("RL step")
     ax.set_ylabel("mean reward")
     ax.set_ylim(-0.02, 1.02)

@@ -145,6 +145,14 @@ class Trajectory:
     # The prompt as chat messages (JSON list) when the dataset row has messages; "" for a
     # text prompt. ``prompt_text`` then holds their joined contents (length, logs).
     prompt_messages_json: str = ""
+    # Held-out evaluation (libra/evaluation.py): the eval round this trajectory belongs
+    # to (>= 1), or 0 for a training trajectory. Eval trajectories run the real path but
+    # are never trained on and are counted apart from the training accounting.
+    eval_round: int = 0
+
+    @property
+    def is_eval(self) -> bool:
+        return self.eval_round > 0
 
     @property
     def num_generated_tokens(self) -> int:

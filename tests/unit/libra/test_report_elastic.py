@@ -27,7 +27,7 @@ def test_events_are_listed_in_recorded_order() -> None:
               {"ts_ms": 11, "kind": "requeue"}]
     report = build_report(make_job(), [], {}, 0.0, events)
     assert [e["kind"] for e in report["events"]] == ["plan", "join_requested", "requeue"]
-    assert report["schema_version"] == SCHEMA_VERSION == 2
+    assert report["schema_version"] == SCHEMA_VERSION == 3
 
 
 def test_report_without_events_has_an_empty_list() -> None:

@@ -40,7 +40,8 @@ def make_trajectory(num_turns: int = 2, reward: float = 1.0) -> t.Trajectory:
         tool_return_positions=[4, 6], instance_id="rollout-1", bucket="long",
         num_migrations=1, created_at_ms=111, finished_at_ms=222, final_text="4", attempt=2,
         partial_turn_tokens=1,
-        prompt_messages_json='[{"content": "2+2?", "role": "user"}]')
+        prompt_messages_json='[{"content": "2+2?", "role": "user"}]',
+        eval_round=3)
 
 
 def test_trajectory_builder_sets_every_field() -> None:
