@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from libra import types as t
 from libra.data.rows import DatasetRow, RowError
@@ -119,7 +119,6 @@ class EvalRecord:
     is_complete: bool
     duration_s: float
     """From the round's first trajectory created to its last one finished."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
