@@ -81,14 +81,22 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
 
 
 def eval_entries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The eval rounds recorded in the events stream, in round order (one per round:
-    a round recorded twice, by a trainer that restarted, keeps its last record)."""
+    """The eval rounds recorded in the events stream, in round order, one per round: a
+    round recorded twice (a trainer that restarted met late copies of it) keeps its
+    complete record, else the one with the most samples."""
     by_round: dict[int, dict[str, Any]] = {}
     for event in events:
         if event.get("kind") == EVAL_EVENT and "record" in event:
             record = asdict(EvalRecord.from_json(event["record"]))
-            by_round[record["eval_round"]] = record
+            held = by_round.get(record["eval_round"])
+            if held is None or _fuller(record, held):
+                by_round[record["eval_round"]] = record
     return [by_round[r] for r in sorted(by_round)]
+
+
+def _fuller(record: dict[str, Any], than: dict[str, Any]) -> bool:
+    return ((record["is_complete"], record["num_samples"])
+            > (than["is_complete"], than["num_samples"]))
 
 
 def eval_accounting(counters: dict[str, int]) -> dict[str, int]:

@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, NotFound
-from libra.evaluation import EVAL_EVENT
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.retry import RetryPolicy, Sleep
 from libra.training import channel as ch
@@ -48,7 +47,7 @@ from libra.weight_sync import write_manifest
 from services.trainer import checkpoint
 from services.trainer.elastic import GradientDomain, HybridSession
 from services.trainer.elastic_step import ElasticTrainer
-from services.trainer.evaluation import EvalAccumulator
+from services.trainer.evaluation import EvalRouter
 from services.trainer.grpo import GroupBuffer, group_advantages, staleness
 from services.trainer.reports import CoordinatorReporter
 
@@ -114,7 +113,7 @@ class TrainerCore:
         # Set while a job with elastic.enabled trains: the hybrids' gradient domain.
         self._elastic: ElasticTrainer | None = None
         # The job's eval rounds in progress (evaluation.py); set per job.
-        self._evals: EvalAccumulator | None = None
+        self._evals: EvalRouter | None = None
         self.job_id = ""
         self.phase = "idle"
         self.step = 0
@@ -239,7 +238,8 @@ class TrainerCore:
         await self._store.ensure_group(job_id)
         await self._publish(job_id, backend, run_dir, model_dir, version)
         self.phase = "training"
-        self._evals = EvalAccumulator(spec)
+        evals = self._evals = EvalRouter(job_id, spec, self._store, self._clock,
+                                         self._consumer, self._block_ms)
         buffer = GroupBuffer(spec.algorithm.samples_per_prompt)
         first = True
         placements = await self._store.counters(job_id)
@@ -268,38 +268,7 @@ class TrainerCore:
             # Retried while the coordinator is away: a restart of it delays, never fails.
             await self._reports.report_step(job_id, record)
         # 5) The job ends once the final eval round is recorded (bounded).
-        await self._final_eval(job_id, spec)
-
-    async def _final_eval(self, job_id: str, spec: JobSpec) -> None:
-        """Wait up to ``task.eval_timeout_s`` for the round after the last step (the
-        scheduler admits it on seeing that step), so the report ends with it; rounds
-        still missing trajectories then are recorded as incomplete. Training entries
-        read meanwhile are left unacknowledged: in flight at the end, as before."""
-        evals = self._evals
-        if evals is None or not evals.final_round:
-            return
-        deadline_s = self._clock.now_s() + spec.task.eval_timeout_s
-        while not evals.is_recorded(evals.final_round) and self._clock.now_s() < deadline_s:
-            entries = await self._store.read(job_id, self._consumer, 64, self._block_ms)
-            await self._take_evals(job_id, [(e, tr) for e, tr in entries if tr.is_eval])
-        for record in evals.incomplete(await self._store.counters(job_id)):
-            logger.warning("[eval] round incomplete at the end job_id=%s round=%d got=%d "
-                           "of %d", job_id, record.eval_round, record.num_samples,
-                           record.num_expected)
-            await self._store.record_event(job_id, EVAL_EVENT, record=record.to_json())
-
-    async def _take_evals(self, job_id: str, entries: list[tuple[str, t.Trajectory]]) -> None:
-        """Route eval trajectories to their rounds (acked, counted apart from training)
-        and record every round that is complete."""
-        if not entries or self._evals is None:
-            return
-        num_new = sum(self._evals.add(traj) for _, traj in entries)
-        await self._store.consume(job_id, [e for e, _ in entries], [], eval_consumed=num_new)
-        for record in self._evals.complete(await self._store.counters(job_id)):
-            logger.info("[eval] job_id=%s round=%d step=%d reward_mean=%.4f accuracy=%.4f",
-                        job_id, record.eval_round, record.step, record.reward_mean,
-                        record.accuracy)
-            await self._store.record_event(job_id, EVAL_EVENT, record=record.to_json())
+        await evals.wait_final()
 
     def _elastic_trainer(self, job_id: str, spec: JobSpec, backend: Backend,
                          run_dir: Path) -> ElasticTrainer:
@@ -374,8 +343,8 @@ class TrainerCore:
         """Sort new entries into the buffer; duplicates, stale and failed ones are acked
         and counted (a dropped member breaks its whole group), never trained on. Eval
         trajectories go to their rounds instead (never into a batch)."""
-        await self._take_evals(job_id, [(e, tr) for e, tr in entries if tr.is_eval])
-        entries = [(e, tr) for e, tr in entries if not tr.is_eval]
+        if self._evals is not None:
+            entries = await self._evals.take(entries)
         ids = [tr.trajectory_id for _, tr in entries]
         seen = await self._store.already_consumed(job_id, ids)
         # Ids held in the buffer or met earlier in this read are duplicates too: they are

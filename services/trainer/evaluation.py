@@ -10,9 +10,25 @@ waits: a step trains on the groups it has while a round is still running.
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 from libra import types as t
-from libra.evaluation import EvalRecord, aggregate_round, eval_size_counter, eval_steps
+from libra.clock import Clock
+from libra.evaluation import (
+    EVAL_EVENT,
+    EvalRecord,
+    aggregate_round,
+    eval_size_counter,
+    eval_steps,
+)
 from libra.jobspec import JobSpec
+
+if TYPE_CHECKING:  # the store's type only: no redis at run time
+    from services.trainer.store import TrainerStore
+
+logger = logging.getLogger(__name__)
+Entries = list[tuple[str, t.Trajectory]]
 
 
 class EvalAccumulator:
@@ -62,3 +78,54 @@ class EvalAccumulator:
         return aggregate_round(eval_round, self._steps[eval_round - 1], trajs,
                                num_expected=counters.get(eval_size_counter(eval_round), 0),
                                correct_reward=self._correct_reward)
+
+
+class EvalRouter:
+    """The trainer's consumer side of one job's eval: routes eval entries to their
+    rounds, records each complete round as an ``eval`` event, and waits after the last
+    step for the final round."""
+
+    def __init__(self, job_id: str, spec: JobSpec, store: TrainerStore, clock: Clock,
+                 consumer: str, block_ms: int) -> None:
+        self._job_id = job_id
+        self._timeout_s = spec.task.eval_timeout_s
+        self._store = store
+        self._clock = clock
+        self._consumer = consumer
+        self._block_ms = block_ms
+        self.rounds = EvalAccumulator(spec)
+
+    async def take(self, entries: Entries) -> Entries:
+        """Take the eval entries of a read (acked, counted ``eval_consumed``, never
+        trained or dropped) and record the rounds now complete; returns the training
+        entries, in order."""
+        evals = [(e, tr) for e, tr in entries if tr.is_eval]
+        if evals:
+            num_new = sum(self.rounds.add(traj) for _, traj in evals)
+            await self._store.consume(self._job_id, [e for e, _ in evals], [],
+                                      eval_consumed=num_new)
+            for record in self.rounds.complete(await self._store.counters(self._job_id)):
+                await self._record(record)
+        return [(e, tr) for e, tr in entries if not tr.is_eval]
+
+    async def wait_final(self) -> None:
+        """Wait up to ``task.eval_timeout_s`` for the round after the last step (the
+        scheduler admits it on seeing that step), so the report ends with it; rounds
+        still missing trajectories then are recorded as incomplete. Training entries
+        read meanwhile are left unacknowledged: in flight at the end, as before."""
+        final = self.rounds.final_round
+        if not final:
+            return
+        deadline_s = self._clock.now_s() + self._timeout_s
+        while not self.rounds.is_recorded(final) and self._clock.now_s() < deadline_s:
+            await self.take(await self._store.read(self._job_id, self._consumer, 64,
+                                                   self._block_ms))
+        for record in self.rounds.incomplete(await self._store.counters(self._job_id)):
+            await self._record(record)
+
+    async def _record(self, record: EvalRecord) -> None:
+        log = logger.info if record.is_complete else logger.warning
+        log("[eval] job_id=%s round=%d step=%d samples=%d/%d reward_mean=%.4f "
+            "accuracy=%.4f", self._job_id, record.eval_round, record.step,
+            record.num_samples, record.num_expected, record.reward_mean, record.accuracy)
+        await self._store.record_event(self._job_id, EVAL_EVENT, record=record.to_json())

@@ -158,6 +158,16 @@ def test_report_lists_eval_rounds_apart_from_events_and_training_counts() -> Non
     assert (acc["produced"], acc["trained"], acc["in_flight_at_end"]) == (10, 8, 2)
 
 
+def test_a_round_recorded_twice_keeps_its_complete_record() -> None:
+    """A restarted trainer may record a late copy of a round as an incomplete one."""
+    full = aggregate_round(1, 0, [traj(0, 0, 1.0), traj(0, 1, 0.0)], num_expected=2,
+                           correct_reward=1.0)
+    late = aggregate_round(1, 0, [traj(0, 1, 0.0)], num_expected=2, correct_reward=1.0)
+    for events in ([full, late], [late, full]):
+        report = report_with([{"kind": "eval", "record": r.to_json()} for r in events])
+        assert [(e["num_samples"], e["is_complete"]) for e in report["eval"]] == [(2, True)]
+
+
 def test_report_without_eval_has_an_empty_list() -> None:
     report = report_with([])
     assert report["eval"] == []
