@@ -179,3 +179,17 @@ def test_reward_plot_is_written_with_eval_points(tmp_path: Path) -> None:
     path, png = write_report(report, tmp_path)
     assert json.loads(path.read_text())["eval"][0]["step"] == 2
     assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_libra_run_summary_shows_the_first_and_last_eval_accuracy() -> None:
+    from libra.cli.run import _summary
+
+    rounds = [aggregate_round(r, 2 * r, [traj(0, 0, float(r == 2))], num_expected=1,
+                              correct_reward=1.0) for r in (1, 2)]
+    report = report_with([{"kind": "eval", "record": r.to_json()} for r in rounds])
+    report["_paths"] = {}
+    job = t.Job(t.JobId("j"), "j", t.JobState.SUCCEEDED, "{}", 0, 0)
+    summary = _summary(job, report)
+    assert (summary["eval_rounds"], summary["eval_accuracy_first"],
+            summary["eval_accuracy_last"]) == (2, 0.0, 1.0)
+    assert "eval_rounds" not in _summary(job, {**report_with([]), "_paths": {}})
