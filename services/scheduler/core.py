@@ -9,6 +9,10 @@ Staleness budget (cumulative counters, no double counting): a new group is admit
 while ``admitted_groups - consumed_groups < (max_staleness + 1) * prompts_per_step``,
 where consumed groups are those the trainer trained on or dropped.
 
+Held-out eval (``task.eval_interval``): when the job's step reaches an eval round, the
+tick admits the round's tagged trajectories ahead of training groups and outside the
+staleness budget (services/scheduler/evaluation.py, libra/evaluation.py).
+
 Policy state (C-MLFQ's prefix tree and recent ring, pinned trajectories) lives in a
 per-job write-behind store: policy calls are synchronous on its cache, and every tick
 writes what changed together with its placements, so a restarted scheduler reloads it at
@@ -182,6 +186,9 @@ class SchedulerCore:
         steps = eval_steps(spec.algorithm.num_steps, task.eval_interval)
         rows = await asyncio.to_thread(eval_rows, dataset.eval, task.eval_max_prompts) \
             if steps else []
+        if steps and not rows:  # the submit check renders eval rows: not expected
+            logger.warning("[eval] no held-out row renders: no eval round will run "
+                           "job_id=%s", job_id)
         if job_id in self._jobs:  # started concurrently meanwhile
             return
         self._jobs[job_id] = JobRun(job_id, spec, policy, policy_store, dataset.train,
