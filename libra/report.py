@@ -144,7 +144,7 @@ def plot_reward_curve(report: dict[str, Any], path: Path) -> Path | None:
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{report['name']} ({report['job_id']})")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left" if evals else "lower right")  # eval points sit low early
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
