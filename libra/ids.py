@@ -22,5 +22,10 @@ def group_id(job_id: str, step_index: int, prompt_id: str) -> GroupId:
     return GroupId(f"{job_id}:g{step_index}:{prompt_id}")
 
 
+def eval_group_id(job_id: str, eval_round: int, index: int, prompt_id: str) -> GroupId:
+    """The group of one held-out prompt in one eval round (libra/evaluation.py)."""
+    return GroupId(f"{job_id}:e{eval_round}:{index}:{prompt_id}")
+
+
 def trajectory_id(group: str, sample_index: int) -> TrajectoryId:
     return TrajectoryId(f"{group}:s{sample_index}")

@@ -15,19 +15,30 @@ Schema (stable; later versions only add keys)::
      "reward": {"first_10pct_mean", "last_10pct_mean", "improvement"},
      "throughput": {"trajectories_per_s"},
      "storage": {"run_dir_bytes", "weights_bytes", "checkpoints_bytes", "model_bytes",
-                 "other_bytes", "num_weight_versions"}}
+                 "other_bytes", "num_weight_versions"},
+     "eval": [{"eval_round", "step", "reward_mean", "accuracy", "pass_at_k", ...}],
+     "eval_trajectories": {"admitted", "produced", "failed", "consumed"}}
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from libra import types as t
+from libra.evaluation import (
+    EVAL_CONSUMED,
+    EVAL_EVENT,
+    EVAL_FAILED,
+    EVAL_PRODUCED,
+    EvalRecord,
+)
 from libra.run_dir import run_dir_usage
 
-SCHEMA_VERSION = 3  # 2 added steps[].hybrid_workers and events; 3 added storage
+# 2 added steps[].hybrid_workers and events; 3 added storage, eval, eval_trajectories
+SCHEMA_VERSION = 3
 
 
 def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
@@ -43,10 +54,13 @@ def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
 def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, int],
                  wall_s: float, events: list[dict[str, Any]] | None = None,
                  storage: dict[str, int] | None = None) -> dict[str, Any]:
-    """The report of one job; ``events`` come from the job's events stream, ``storage``
-    from :func:`libra.run_dir.run_dir_usage` (measured where the report is written)."""
+    """The report of one job; ``events`` come from the job's events stream (the eval
+    rounds the trainer recorded there become ``eval``), ``storage`` from
+    :func:`libra.run_dir.run_dir_usage` (measured where the report is written)."""
     # Steps recorded without elastic training had no hybrid workers.
     steps = [{**s, "hybrid_workers": int(s.get("hybrid_workers", 0))} for s in steps]
+    events = list(events or [])  # stream order: the order they were recorded
+    evals = eval_entries(events)
     first, last = reward_windows(steps)
     produced = counters.get("produced", 0) + counters.get("failed", 0)
     trained = counters.get("trained", 0)
@@ -55,7 +69,7 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
         "schema_version": SCHEMA_VERSION, "job_id": job.job_id, "name": job.name,
         "state": job.state.value, "message": job.message, "wall_s": round(wall_s, 3),
         "spec": json.loads(job.spec_json), "steps": steps,
-        "events": list(events or []),  # stream order: the order they were recorded
+        "events": [e for e in events if e.get("kind") != EVAL_EVENT],
         "trajectories": {
             "produced": produced, "trained": trained,
             "dropped_stale": counters.get("dropped_stale", 0),
@@ -71,6 +85,8 @@ def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, in
                        if train_wall_s else 0.0},
         "storage": storage if storage is not None else run_dir_usage(
             Path(job.run_dir) if job.run_dir else None),
+        "eval": evals,
+        "eval_trajectories": eval_accounting(counters),
     }
 
 
@@ -92,6 +108,34 @@ def _in_flight(produced: int, counters: dict[str, int]) -> dict[str, Any]:
             "running_at_end": counters.get("in_flight_running", 0),
             "pending_admission_at_end": counters.get("in_flight_pending_admission", 0),
             "unaccounted": produced - consumed - in_flight, "accounting": "measured"}
+
+
+def eval_entries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eval rounds recorded in the events stream, in round order, one per round: a
+    round recorded twice (a trainer that restarted met late copies of it) keeps its
+    complete record, else the one with the most samples."""
+    by_round: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if event.get("kind") == EVAL_EVENT and "record" in event:
+            record = asdict(EvalRecord.from_json(event["record"]))
+            held = by_round.get(record["eval_round"])
+            if held is None or _fuller(record, held):
+                by_round[record["eval_round"]] = record
+    return [by_round[r] for r in sorted(by_round)]
+
+
+def _fuller(record: dict[str, Any], than: dict[str, Any]) -> bool:
+    return ((record["is_complete"], record["num_samples"])
+            > (than["is_complete"], than["num_samples"]))
+
+
+def eval_accounting(counters: dict[str, int]) -> dict[str, int]:
+    """Eval trajectories, counted apart from training (never trained on): admitted by
+    the scheduler, produced (failed included) by rollouts, consumed by the trainer."""
+    produced = counters.get(EVAL_PRODUCED, 0) + counters.get(EVAL_FAILED, 0)
+    return {"admitted": sum(v for k, v in counters.items() if k.startswith("eval_size:")),
+            "produced": produced, "failed": counters.get(EVAL_FAILED, 0),
+            "consumed": counters.get(EVAL_CONSUMED, 0)}
 
 
 def write_report(report: dict[str, Any], run_dir: Path) -> tuple[Path, Path | None]:
@@ -119,12 +163,18 @@ def plot_reward_curve(report: dict[str, Any], path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(xs, ys, alpha=0.35, label="reward per step")
     ax.plot(xs, smooth, linewidth=2, label=f"moving mean ({window} steps)")
+    evals = report.get("eval", [])
+    if evals:  # held-out rounds on the same axes: x is the steps trained before them
+        ax.plot([e["step"] for e in evals], [e["reward_mean"] for e in evals], "o-",
+                color="tab:green", label="eval reward (held-out)")
+        ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "s--",
+                color="tab:red", alpha=0.7, label="eval accuracy")
     ax.set_xlabel("RL step")
     ax.set_ylabel("mean reward")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{report['name']} ({report['job_id']})")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left" if evals else "lower right")  # eval points sit low early
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -69,6 +69,19 @@ class TaskSpec:
     agent: str = "auto"
     """The agent loop: ``auto`` (by tool_call_format), ``arith``, ``chat``, or a
     ``libra.agents`` entry point installed on the rollout (libra/agents.py)."""
+    eval_interval: int = 0
+    """Held-out eval every this many training steps, plus before the first and after the
+    last (0: off; needs ``eval_path`` or ``eval_fraction``). See libra/evaluation.py."""
+    eval_samples_per_prompt: int = 1
+    """Samples per eval prompt (the n of pass@k; > 1 needs ``eval_temperature`` > 0)."""
+    eval_temperature: float = 0.0
+    """Sampling temperature of eval turns (0: greedy)."""
+    eval_max_prompts: int = 64
+    """Eval prompts per round: the first this many held-out rows (every round the same)."""
+    eval_correct_reward: float = 1.0
+    """A sample counts as correct (accuracy, pass@k) when its reward is >= this."""
+    eval_timeout_s: float = 300.0
+    """How long the job waits after its last step for the final eval round."""
 
     @property
     def resolved_kind(self) -> str:
@@ -127,6 +140,32 @@ def validate_task_source(task: TaskSpec, *, prompts_per_step: int, sft_steps: in
         _validate_file_task(task, prompts_per_step, sft_steps)
     else:
         _validate_builtin_task(task, prompts_per_step)
+    _validate_eval(task)
+
+
+MAX_EVAL_SAMPLES, MAX_EVAL_PROMPTS = 64, 10_000
+
+
+def _validate_eval(task: TaskSpec) -> None:
+    """The held-out evaluation fields (libra/evaluation.py)."""
+    _require(task.eval_interval >= 0, "task.eval_interval", "must be >= 0 (0 = no eval)")
+    if task.eval_interval == 0:
+        return
+    _require(bool(task.eval_path) or task.eval_fraction > 0, "task.eval_interval",
+             "eval needs held-out rows: set task.eval_path or task.eval_fraction")
+    _require(1 <= task.eval_samples_per_prompt <= MAX_EVAL_SAMPLES,
+             "task.eval_samples_per_prompt", f"must be in [1, {MAX_EVAL_SAMPLES}]")
+    _require(math.isfinite(task.eval_temperature) and task.eval_temperature >= 0,
+             "task.eval_temperature", "must be >= 0 (0 = greedy)")
+    _require(task.eval_samples_per_prompt == 1 or task.eval_temperature > 0,
+             "task.eval_samples_per_prompt", "greedy samples (eval_temperature = 0) are "
+             "all the same: use 1, or set task.eval_temperature > 0 for pass@k")
+    _require(1 <= task.eval_max_prompts <= MAX_EVAL_PROMPTS, "task.eval_max_prompts",
+             f"must be in [1, {MAX_EVAL_PROMPTS}]")
+    _require(math.isfinite(task.eval_correct_reward), "task.eval_correct_reward",
+             "must be a finite number")
+    _require(math.isfinite(task.eval_timeout_s) and task.eval_timeout_s > 0,
+             "task.eval_timeout_s", "must be > 0")
 
 
 def _validate_builtin_task(task: TaskSpec, prompts_per_step: int) -> None:

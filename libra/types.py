@@ -149,6 +149,14 @@ class Trajectory:
     reward_components: dict[str, float] = field(default_factory=dict)
     # The dataset row's metadata (task.metadata_field) as JSON; "" when none.
     metadata_json: str = ""
+    # Held-out evaluation (libra/evaluation.py): the eval round this trajectory belongs
+    # to (>= 1), or 0 for a training trajectory. Eval trajectories run the real path but
+    # are never trained on and are counted apart from the training accounting.
+    eval_round: int = 0
+
+    @property
+    def is_eval(self) -> bool:
+        return self.eval_round > 0
 
     @property
     def num_generated_tokens(self) -> int:

@@ -242,8 +242,11 @@ async def follow(client: GrpcCoordinatorClient, job: t.Job, quiet: bool) -> t.Jo
 
 def _summary(job: t.Job, report: dict[str, Any]) -> dict[str, Any]:
     first, last = reward_windows(report["steps"])
+    evals = report.get("eval", [])
+    held_out = {"eval_rounds": len(evals), "eval_accuracy_first": evals[0]["accuracy"],
+                "eval_accuracy_last": evals[-1]["accuracy"]} if evals else {}
     return {"job_id": job.job_id, "state": job.state.value, "message": job.message,
             "steps": len(report["steps"]), "wall_s": report["wall_s"],
             "reward_first_10pct": round(first, 3), "reward_last_10pct": round(last, 3),
             "trajectories_per_s": report["throughput"]["trajectories_per_s"],
-            **report["_paths"]}
+            **held_out, **report["_paths"]}

@@ -148,8 +148,10 @@ class _AgentBase:
         if max_new <= 0:
             return None
         a = self._spec.algorithm
+        # Held-out eval samples at its own temperature (0: greedy), like verl's val_kwargs.
+        temperature = self._spec.task.eval_temperature if traj.is_eval else a.temperature
         return GenerationRequest(prompt_token_ids=list(traj.token_ids), max_new_tokens=max_new,
-                                 temperature=a.temperature, top_p=a.top_p,
+                                 temperature=temperature, top_p=a.top_p,
                                  stop_token_ids=self.stop_token_ids,
                                  stop_strings=self.stop_strings, seed=seed)
 

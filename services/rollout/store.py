@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from libra import redis_keys as keys
 from libra import types as t
+from libra.evaluation import EVAL_FAILED, EVAL_PRODUCED
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 
@@ -161,13 +162,12 @@ class RedisRolloutStore(JobRecordReader):
         """Publish a finished trajectory if this instance still holds its lease at
         ``lease_epoch``; False (nothing written) when fenced off. Idempotent per
         trajectory id: a repeat acks its inbox entry and is counted, not appended."""
-        failed = traj.status is t.TrajectoryStatus.FAILED
         published = await self._publish(
             keys=[keys.lease(instance_id), keys.trajectories(traj.job_id),
                   keys.inbox(instance_id), keys.counters(traj.job_id),
                   keys.published_ids(traj.job_id)],
             args=[str(lease_epoch), keys.ROLLOUT_GROUP, entry_id,
-                  "failed" if failed else "produced",
+                  _produced_counter(traj),
                   "trajectory_id", traj.trajectory_id, "data", encode_trajectory(traj),
                   "total_tokens", str(traj.num_generated_tokens),
                   "status", traj.status.value, "instance_id", instance_id])
@@ -230,3 +230,11 @@ class RedisRolloutStore(JobRecordReader):
     async def leave_weights(self, job_id: str, instance_id: str) -> None:
         """This instance no longer serves the job: its versions may be pruned."""
         await self._r.hdel(keys.weights_in_use(job_id), instance_id)
+
+def _produced_counter(traj: t.Trajectory) -> str:
+    """The counter a published trajectory bumps: eval trajectories have their own, so
+    the training accounting identity (libra/report.py) never sees them."""
+    failed = traj.status is t.TrajectoryStatus.FAILED
+    if traj.is_eval:
+        return EVAL_FAILED if failed else EVAL_PRODUCED
+    return "failed" if failed else "produced"

@@ -9,6 +9,10 @@ Staleness budget (cumulative counters, no double counting): a new group is admit
 while ``admitted_groups - consumed_groups < (max_staleness + 1) * prompts_per_step``,
 where consumed groups are those the trainer trained on or dropped.
 
+Held-out eval (``task.eval_interval``): when the job's step reaches an eval round, the
+tick admits the round's tagged trajectories ahead of training groups and outside the
+staleness budget (services/scheduler/evaluation.py, libra/evaluation.py).
+
 Policy state (C-MLFQ's prefix tree and recent ring, pinned trajectories) lives in a
 per-job write-behind store: policy calls are synchronous on its cache, and every tick
 writes what changed together with its placements, so a restarted scheduler reloads it at
@@ -50,8 +54,10 @@ from libra import types as t
 from libra.clock import Clock
 from libra.data import DatasetRow, DatasetSplit, open_job_dataset
 from libra.errors import FailedPrecondition, LibraError, NotFound
+from libra.evaluation import eval_rows, eval_steps
 from libra.ids import group_id, trajectory_id
 from libra.jobspec import JobSpec, job_spec_from_json
+from services.scheduler.evaluation import make_eval_round, round_to_admit
 from services.scheduler.policy.base import PlacementPolicy, TrajectoryDescriptor
 from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
@@ -108,6 +114,9 @@ class JobRun:
     pending: dict[str, t.Trajectory] | None = None
     # "0": re-read finishes delivered but not acknowledged (a restart); then ">".
     finish_cursor: str = "0"
+    # Held-out eval (libra/evaluation.py): the steps rounds run after, and the prompts.
+    eval_steps: list[int] = field(default_factory=list)
+    eval_rows: list[DatasetRow] = field(default_factory=list)
 
 
 def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
@@ -175,9 +184,17 @@ class SchedulerCore:
                              config=build_policy_config(spec), store=policy_store)
         last_step = await self._store.job_step(job_id)
         await self._store.ensure_finish_group(job_id)
+        task = spec.task
+        steps = eval_steps(spec.algorithm.num_steps, task.eval_interval)
+        rows = await asyncio.to_thread(eval_rows, dataset.eval, task.eval_max_prompts) \
+            if steps else []
+        if steps and not rows:  # the submit check renders eval rows: not expected
+            logger.warning("[eval] no held-out row renders: no eval round will run "
+                           "job_id=%s", job_id)
         if job_id in self._jobs:  # started concurrently meanwhile
             return
-        run = JobRun(job_id, spec, policy, policy_store, dataset.train, last_step=last_step)
+        run = JobRun(job_id, spec, policy, policy_store, dataset.train, last_step=last_step,
+                     eval_steps=steps, eval_rows=rows)
         if resume:
             await self._requeue_all(run)
         self._jobs[job_id] = run
@@ -239,8 +256,11 @@ class SchedulerCore:
         writes = TickWrites()
         # 4) Place what is queued (re-queued first, then by policy priority).
         await self._place_pending(run, writes)
-        # 5) Admit and place groups while the staleness budget allows and the instances
-        #    take them (weights must exist first).
+        # 5) An eval round that came due (outside the staleness budget; first in line),
+        #    then groups while the staleness budget allows and the instances take them
+        #    (weights must exist first).
+        if status.published and run.eval_steps:
+            self._admit_eval(run, status.step, status.counters, writes)
         if not run.pending and status.published:
             self._admit(run, status.counters, writes)
         # 6) Write what the tick decided, with what the policy changed.
@@ -275,6 +295,22 @@ class SchedulerCore:
         writes.queued += queued
         writes.placed += placed
         writes.num_groups += num_groups
+
+    def _admit_eval(self, run: JobRun, step: int, counters: dict[str, int],
+                    writes: TickWrites) -> None:
+        eval_round = round_to_admit(run.eval_steps, counters, step)
+        if not eval_round or not run.eval_rows or run.pending is None:
+            return
+        trajs = make_eval_round(run.job_id, run.spec, eval_round, run.eval_rows,
+                                self._clock.now_ms())
+        placed = self._assign(run, trajs, run.instances)
+        unplaced = [traj for traj in trajs if not traj.instance_id]
+        writes.placed += placed
+        writes.queued += unplaced
+        run.pending.update((traj.trajectory_id, traj) for traj in unplaced)
+        writes.eval_round, writes.eval_size = eval_round, len(trajs)
+        logger.info("[eval] admitted round job_id=%s round=%d step=%d trajectories=%d",
+                    run.job_id, eval_round, step, len(trajs))
 
     def _make_group(self, run: JobRun, group_index: int) -> list[t.Trajectory]:
         # The group index is the cumulative admission count, so prompts continue where a

@@ -48,7 +48,10 @@ class TickWrites:
     queued: list[t.Trajectory] = field(default_factory=list)  # admitted, no place yet
     placed: list[t.Trajectory] = field(default_factory=list)  # admitted and placed
     num_groups: int = 0  # admitted groups
+    eval_round: int = 0  # an eval round admitted (libra/evaluation.py), 0: none
+    eval_size: int = 0  # its trajectories
 
     @property
     def is_empty(self) -> bool:
-        return not (self.placed_from_pending or self.queued or self.placed or self.num_groups)
+        return not (self.placed_from_pending or self.queued or self.placed or self.num_groups
+                    or self.eval_round)

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from libra import redis_keys as keys
 from libra import types as t
+from libra.evaluation import EVAL_ROUNDS_COUNTER, eval_size_counter
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.scheduler.policy.store import PolicyStore
@@ -309,7 +310,14 @@ def _tick_commands(pipe: Any, job_id: str, writes: TickWrites) -> None:
     _place_commands(pipe, job_id, writes.placed_from_pending + writes.placed)
     if writes.num_groups:
         pipe.hincrby(keys.counters(job_id), "admitted_groups", writes.num_groups)
-        pipe.hincrby(keys.counters(job_id), "admitted", len(writes.queued) + len(writes.placed))
+        pipe.hincrby(keys.counters(job_id), "admitted", sum(
+            not tr.is_eval for tr in writes.queued + writes.placed))
+    if writes.eval_round:
+        # With the round's trajectories: the trainer learns its size, and a restarted
+        # scheduler does not admit it again.
+        pipe.hset(keys.counters(job_id), mapping={
+            EVAL_ROUNDS_COUNTER: writes.eval_round,
+            eval_size_counter(writes.eval_round): writes.eval_size})
 
 
 def _place_commands(pipe: Any, job_id: str, trajs: list[t.Trajectory]) -> None:

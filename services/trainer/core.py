@@ -6,7 +6,9 @@ Each step (1) collects ``prompts_per_step`` complete groups from the trajectory 
 dropping what is too stale or failed, (2) trains on them, (3) acknowledges the entries
 and counts them, (4) publishes a new policy version every ``sync_interval`` steps,
 (5) writes a checkpoint every ``checkpoint_interval`` steps and (6) reports the step
-record to the coordinator.
+record to the coordinator. Eval trajectories (``task.eval_interval``) met in the stream
+are routed to their rounds (evaluation.py), never into a batch; after the last step
+the job waits, bounded, for the final eval round.
 
 Reports to the coordinator (steps, the job's end) go through ``CoordinatorReporter``
 (``reports.py``): retried with backoff while it is unreachable and keyed, so a
@@ -48,6 +50,7 @@ from libra.weight_sync import write_manifest
 from services.trainer import checkpoint
 from services.trainer.elastic import GradientDomain, HybridSession
 from services.trainer.elastic_step import ElasticTrainer
+from services.trainer.evaluation import EvalRouter
 from services.trainer.failures import JobFailure, RewardFailureBudget, component_means
 from services.trainer.grpo import GroupBuffer, group_advantages, staleness
 from services.trainer.reports import CoordinatorReporter
@@ -117,6 +120,8 @@ class TrainerCore:
         self._stop_requested = threading.Event()
         # Set while a job with elastic.enabled trains: the hybrids' gradient domain.
         self._elastic: ElasticTrainer | None = None
+        # The job's eval rounds in progress (evaluation.py); set per job.
+        self._evals: EvalRouter | None = None
         self.job_id = ""
         self.phase = "idle"
         self.step = 0
@@ -250,6 +255,8 @@ class TrainerCore:
         await self._store.ensure_group(job_id)
         await self._publish(job_id, backend, run_dir, model_dir, version)
         self.phase = "training"
+        evals = self._evals = EvalRouter(job_id, spec, self._store, self._clock,
+                                         self._consumer, self._block_ms)
         buffer = GroupBuffer(spec.algorithm.samples_per_prompt)
         first = True
         placements = await self._store.counters(job_id)
@@ -280,6 +287,8 @@ class TrainerCore:
             # 4) Report the step.
             # Retried while the coordinator is away: a restart of it delays, never fails.
             await self._reports.report_step(job_id, record)
+        # 5) The job ends once the final eval round is recorded (bounded).
+        await evals.wait_final()
 
     def _elastic_trainer(self, job_id: str, spec: JobSpec, backend: Backend,
                          run_dir: Path) -> ElasticTrainer:
@@ -388,7 +397,10 @@ class TrainerCore:
     async def _admit(self, job_id: str, spec: JobSpec, buffer: GroupBuffer,
                      entries: list[tuple[str, t.Trajectory]], batch: _Batch) -> None:
         """Sort new entries into the buffer; duplicates, stale and failed ones are acked
-        and counted (a dropped member breaks its whole group), never trained on."""
+        and counted (a dropped member breaks its whole group), never trained on. Eval
+        trajectories go to their rounds instead (never into a batch)."""
+        if self._evals is not None:
+            entries = await self._evals.take(entries)
         ids = [tr.trajectory_id for _, tr in entries]
         seen = await self._store.already_consumed(job_id, ids)
         # Ids held in the buffer or met earlier in this read are duplicates too: they are

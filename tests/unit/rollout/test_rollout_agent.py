@@ -149,6 +149,16 @@ def test_next_request_carries_context_and_sampling_params() -> None:
     assert request.stop_token_ids == tok.stop_token_ids
 
 
+def test_eval_trajectory_samples_at_the_eval_temperature() -> None:
+    """Held-out eval turns use task.eval_temperature (0: greedy); training keeps 0.7."""
+    tok = make_tokenizer(max_context_tokens=100)
+    spec = JobSpec(task=TaskSpec(eval_temperature=0.0), algorithm=AlgorithmSpec(temperature=0.7))
+    training, evaluated = started(tok), started(tok)
+    evaluated.eval_round = 2
+    assert arith(tok, spec).next_request(training, seed=None).temperature == 0.7
+    assert arith(tok, spec).next_request(evaluated, seed=None).temperature == 0.0
+
+
 def test_next_request_is_capped_by_the_room_left() -> None:
     tok = make_tokenizer(max_context_tokens=10)
     request = arith(tok, make_spec(max_new=24)).next_request(started(tok), seed=None)

@@ -52,6 +52,17 @@ async def test_published_trajectory_counts_produced(rig: Rig) -> None:
     assert await rig.r.hgetall(keys.counters(JOB)) == {b"produced": b"1"}
 
 
+async def test_published_eval_trajectory_counts_apart_with_its_round(rig: Rig) -> None:
+    """Held-out eval: its own counter (outside the training identity), the tag kept."""
+    rig.engine.queue("<ans>3</ans>")
+    task = make_task()
+    task.eval_round = 2
+    await rig.place(task)
+    (traj,) = await rig.run_until_published()
+    assert traj.eval_round == 2
+    assert await rig.r.hgetall(keys.counters(JOB)) == {b"eval_produced": b"1"}
+
+
 async def test_published_entry_carries_what_the_scheduler_reads_to_free_the_slot(
         rig: Rig) -> None:
     rig.engine.queue("<ans>3</ans>")
