@@ -33,7 +33,8 @@ async def main(cfg: SchedulerConfig) -> None:
     registration = Registration(
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(core), name
     )
-    await serve("scheduler", cfg.server, [registration], run=core.run, drain=core.drain)
+    await serve("scheduler", cfg.server, [registration], run=core.run, drain=core.drain,
+                auth=cfg.auth)
     await redis.aclose()
 
 

@@ -1,0 +1,132 @@
+"""gRPC side of authentication and TLS: the server interceptor, server credentials, and
+the client channel that sends the bearer token (and verifies the server's certificate).
+
+The access rules themselves live in ``libra.access`` (one table, shared with REST).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from libra.access import Access, Tokens, bearer, load_tokens, method_access
+from libra.service_config import AuthConfig
+
+logger = logging.getLogger(__name__)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Checks ``authorization: Bearer <token>`` against the method's access class.
+
+    No valid token -> UNAUTHENTICATED; the api token on an internal method ->
+    PERMISSION_DENIED. The refusal happens before the handler runs (and before the
+    request is read), so an unauthenticated caller reaches no service code.
+    """
+
+    def __init__(self, tokens: Tokens) -> None:
+        self._tokens = tokens
+
+    async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        needed = method_access(handler_call_details.method)
+        presented = ""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                presented = bearer(value if isinstance(value, str) else value.decode())
+        refusal = self._tokens.allows(presented, needed)
+        if refusal is None:
+            return handler
+        if refusal is Access.OPEN:
+            code, text = grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token"
+        else:
+            code, text = grpc.StatusCode.PERMISSION_DENIED, "this token may not call " \
+                "internal methods (it is the public job API token)"
+        logger.warning("[auth] refused method=%s code=%s", handler_call_details.method,
+                       code.name)
+        return _refusing_handler(handler, code, text)
+
+
+def _refusing_handler(handler: Any, code: grpc.StatusCode, text: str) -> Any:
+    """A handler of the same streaming shape as ``handler`` that aborts at once."""
+
+    async def abort(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, text)
+
+    kwargs = {"request_deserializer": handler.request_deserializer,
+              "response_serializer": handler.response_serializer}
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(abort, **kwargs)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(abort, **kwargs)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(abort, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(abort, **kwargs)
+
+
+def server_credentials(cfg: AuthConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from ``tls_cert_file``/``tls_key_file`` (None: plaintext)."""
+    if not cfg.tls_cert_file and not cfg.tls_key_file:
+        return None
+    if not (cfg.tls_cert_file and cfg.tls_key_file):
+        raise ValueError("config auth.tls_cert_file and auth.tls_key_file go together; "
+                         "set both or neither")
+    pair = (Path(cfg.tls_key_file).read_bytes(), Path(cfg.tls_cert_file).read_bytes())
+    return grpc.ssl_server_credentials([pair])
+
+
+@dataclass(frozen=True)
+class ClientAuth:
+    """What a client sends: a bearer token, and the CA that verifies the server (TLS)."""
+
+    token: str = ""
+    tls_ca_file: str = ""
+
+    @classmethod
+    def for_service(cls, cfg: AuthConfig) -> ClientAuth:
+        """A service calling its peers: the service token and the configured CA."""
+        return cls(token=load_tokens(cfg).service, tls_ca_file=cfg.tls_ca_file)
+
+
+class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor,
+                        grpc.aio.UnaryStreamClientInterceptor,
+                        grpc.aio.StreamUnaryClientInterceptor,
+                        grpc.aio.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call on the channel."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._header)
+        return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
+                                          details.credentials, details.wait_for_ready)
+
+    async def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_unary(self, continuation, details, requests):  # noqa: ANN001
+        return await continuation(self._details(details), requests)
+
+    async def intercept_stream_stream(self, continuation, details, requests):  # noqa: ANN001
+        return await continuation(self._details(details), requests)
+
+
+def open_channel(address: str, options: list[tuple[str, Any]],
+                 auth: ClientAuth | None) -> grpc.aio.Channel:
+    """A channel to ``address``: TLS when ``auth.tls_ca_file`` is set, the token on
+    every call when ``auth.token`` is set, plaintext without either."""
+    interceptors = [_TokenInterceptor(auth.token)] if auth and auth.token else None
+    if auth and auth.tls_ca_file:
+        creds = grpc.ssl_channel_credentials(Path(auth.tls_ca_file).read_bytes())
+        return grpc.aio.secure_channel(address, creds, options=options,
+                                       interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
