@@ -161,4 +161,4 @@ def check_exposure(host: str, tokens: Tokens, option_prefix: str = "") -> None:
         f"server.host={host} binds beyond loopback but no service token is set: set "
         f"auth.service_token_file (env LIBRA_{prefix}AUTH__SERVICE_TOKEN_FILE) or "
         f"auth.service_token (LIBRA_{prefix}AUTH__SERVICE_TOKEN), and auth.api_token for "
-        "the job API; `libra certs --out DIR` also writes tokens and TLS files")
+        "the job API (docs/operations.md, Security; `libra certs` makes TLS files)")

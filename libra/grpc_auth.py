@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 
 from libra.access import Access, Tokens, bearer, load_tokens, method_access
+from libra.errors import PermissionDenied
 from libra.service_config import AuthConfig
 
 logger = logging.getLogger(__name__)
@@ -43,10 +44,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if refusal is None:
             return handler
         if refusal is Access.OPEN:
-            code, text = grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token"
+            code = grpc.StatusCode.UNAUTHENTICATED
+            text = "missing or invalid bearer token (metadata authorization: Bearer <token>)"
         else:
-            code, text = grpc.StatusCode.PERMISSION_DENIED, "this token may not call " \
-                "internal methods (it is the public job API token)"
+            code = grpc.StatusCode.PERMISSION_DENIED
+            text = (f"{PermissionDenied.MESSAGE_PREFIX}{handler_call_details.method} is "
+                    "internal; the api token may call the job API only")
         logger.warning("[auth] refused method=%s code=%s", handler_call_details.method,
                        code.name)
         return _refusing_handler(handler, code, text)

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from libra.config import env_flag
+from libra.healthcheck import check
 from libra.launcher import DEFAULT_STACK, ROOT, read_state, state_path
 from libra.redis_server import pid_alive
 
@@ -91,14 +90,12 @@ def down(run_root: Path, timeout_s: float = 30.0) -> bool:
 
 
 def health(address: str, timeout_s: float = 1.0) -> str:
-    """The standard gRPC health status of a server ("" service = the whole server)."""
-    try:
-        with grpc.insecure_channel(address) as channel:
-            resp = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
-            return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-    except grpc.RpcError:
-        return "UNREACHABLE"
+    """The standard gRPC health status of a server ("" service = the whole server).
+
+    Health needs no token; a stack started with TLS files in its environment
+    (LIBRA_AUTH__TLS_CA_FILE) is checked over TLS with that CA.
+    """
+    return check(address, "", timeout_s, env_flag("LIBRA_AUTH__TLS_CA_FILE"))
 
 
 def status(state: dict[str, Any]) -> list[dict[str, Any]]:
