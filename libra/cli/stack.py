@@ -113,3 +113,12 @@ def status(state: dict[str, Any]) -> list[dict[str, Any]]:
 def coordinator_address(state: dict[str, Any]) -> str:
     svc = next(s for s in state["services"] if s["name"] == "coordinator")
     return f"127.0.0.1:{svc['port']}"
+
+
+def coordinator_client(state: dict[str, Any], timeout_s: float = 10.0) -> Any:
+    """A coordinator client for the stack of ``state``, with the stack's api token."""
+    from libra.cli.credentials import stack_auth
+    from libra.clients.coordinator import GrpcCoordinatorClient
+
+    return GrpcCoordinatorClient(coordinator_address(state), timeout_s,
+                                 auth=stack_auth(Path(state["run_root"])))
