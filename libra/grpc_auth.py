@@ -73,14 +73,22 @@ def _refusing_handler(handler: Any, code: grpc.StatusCode, text: str) -> Any:
 
 
 def server_credentials(cfg: AuthConfig) -> grpc.ServerCredentials | None:
-    """TLS credentials from ``tls_cert_file``/``tls_key_file`` (None: plaintext)."""
+    """TLS credentials from ``tls_cert_file``/``tls_key_file`` (None: plaintext); with
+    ``tls_client_ca_file`` every caller must present a certificate signed by that CA."""
     if not cfg.tls_cert_file and not cfg.tls_key_file:
+        if cfg.tls_client_ca_file:
+            raise ValueError("config auth.tls_client_ca_file needs auth.tls_cert_file and "
+                             "auth.tls_key_file (mutual TLS is TLS first)")
         return None
     if not (cfg.tls_cert_file and cfg.tls_key_file):
         raise ValueError("config auth.tls_cert_file and auth.tls_key_file go together; "
                          "set both or neither")
     pair = (Path(cfg.tls_key_file).read_bytes(), Path(cfg.tls_cert_file).read_bytes())
-    return grpc.ssl_server_credentials([pair])
+    if not cfg.tls_client_ca_file:
+        return grpc.ssl_server_credentials([pair])
+    return grpc.ssl_server_credentials(
+        [pair], root_certificates=Path(cfg.tls_client_ca_file).read_bytes(),
+        require_client_auth=True)
 
 
 @dataclass(frozen=True)
@@ -89,11 +97,25 @@ class ClientAuth:
 
     token: str = ""
     tls_ca_file: str = ""
+    tls_client_cert_file: str = ""  # with the key: mutual TLS
+    tls_client_key_file: str = ""
 
     @classmethod
     def for_service(cls, cfg: AuthConfig) -> ClientAuth:
-        """A service calling its peers: the service token and the configured CA."""
-        return cls(token=load_tokens(cfg).service, tls_ca_file=cfg.tls_ca_file)
+        """A service calling its peers: the service token, the CA, its client cert."""
+        return cls(token=load_tokens(cfg).service, tls_ca_file=cfg.tls_ca_file,
+                   tls_client_cert_file=cfg.tls_client_cert_file,
+                   tls_client_key_file=cfg.tls_client_key_file)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """TLS credentials: the CA, and the client certificate when one is set."""
+        if bool(self.tls_client_cert_file) != bool(self.tls_client_key_file):
+            raise ValueError("config auth.tls_client_cert_file and auth.tls_client_key_file "
+                             "go together; set both or neither")
+        key = Path(self.tls_client_key_file).read_bytes() if self.tls_client_key_file else None
+        cert = (Path(self.tls_client_cert_file).read_bytes() if self.tls_client_cert_file
+                else None)
+        return grpc.ssl_channel_credentials(Path(self.tls_ca_file).read_bytes(), key, cert)
 
 
 class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor,
@@ -129,7 +151,6 @@ def open_channel(address: str, options: list[tuple[str, Any]],
     every call when ``auth.token`` is set, plaintext without either."""
     interceptors = [_TokenInterceptor(auth.token)] if auth and auth.token else None
     if auth and auth.tls_ca_file:
-        creds = grpc.ssl_channel_credentials(Path(auth.tls_ca_file).read_bytes())
-        return grpc.aio.secure_channel(address, creds, options=options,
+        return grpc.aio.secure_channel(address, auth.channel_credentials(), options=options,
                                        interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)

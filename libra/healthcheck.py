@@ -16,18 +16,28 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def _channel(address: str, tls_ca_file: str) -> grpc.Channel:
-    if not tls_ca_file:
+def _read(path: str) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _channel(address: str, tls: tuple[str, str, str]) -> grpc.Channel:
+    ca, cert, key = tls
+    if not ca:
         return grpc.insecure_channel(address)
-    with open(tls_ca_file, "rb") as fh:
-        return grpc.secure_channel(address, grpc.ssl_channel_credentials(fh.read()))
+    creds = grpc.ssl_channel_credentials(_read(ca), _read(key), _read(cert))
+    return grpc.secure_channel(address, creds)
 
 
-def check(address: str, service: str = "", timeout_s: float = 2.0,
-          tls_ca_file: str = "") -> str:
-    """The serving status name of ``service`` at ``address``, or ``UNREACHABLE``."""
+def check(address: str, service: str = "", timeout_s: float = 2.0, tls_ca_file: str = "",
+          tls_client_cert_file: str = "", tls_client_key_file: str = "") -> str:
+    """The serving status name of ``service`` at ``address``, or ``UNREACHABLE``.
+    TLS when ``tls_ca_file`` is set, with a client certificate when one is given."""
+    tls = (tls_ca_file, tls_client_cert_file, tls_client_key_file)
     try:
-        with _channel(address, tls_ca_file) as channel:
+        with _channel(address, tls) as channel:
             resp = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
     except grpc.RpcError:
@@ -43,8 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=2.0, help="deadline in seconds")
     parser.add_argument("--tls-ca-file", default="",
                         help="PEM CA of a TLS server's certificate (default: plaintext)")
+    parser.add_argument("--tls-client-cert-file", default="",
+                        help="PEM client certificate (a server requiring mutual TLS)")
+    parser.add_argument("--tls-client-key-file", default="", help="its private key")
     args = parser.parse_args(argv)
-    status = check(args.address, args.service, args.timeout, args.tls_ca_file)
+    status = check(args.address, args.service, args.timeout, args.tls_ca_file,
+                   args.tls_client_cert_file, args.tls_client_key_file)
     print(status)
     return 0 if status == "SERVING" else 1
 

@@ -47,3 +47,7 @@ class AuthConfig:
     tls_cert_file: str = knob("", "PEM server certificate: gRPC (and REST) serve TLS")
     tls_key_file: str = knob("", "PEM private key of tls_cert_file")
     tls_ca_file: str = knob("", "PEM CA bundle: clients verify peers with it (TLS to peers)")
+    tls_client_ca_file: str = knob("", "PEM CA of client certificates: the gRPC server then "
+                                   "requires one signed by it from every caller (mutual TLS)")
+    tls_client_cert_file: str = knob("", "PEM client certificate sent to peers (mutual TLS)")
+    tls_client_key_file: str = knob("", "PEM private key of tls_client_cert_file")

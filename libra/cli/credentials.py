@@ -6,9 +6,12 @@ The first of these wins:
 
 1. ``--token-file PATH`` (a file holding the token);
 2. the environment: ``LIBRA_AUTH__API_TOKEN`` (``LIBRA_AUTH__SERVICE_TOKEN`` for tools);
-3. the stack under ``--run-root`` (``libra up`` wrote ``.libra/secrets/``, mode 0600).
+3. the stack under ``--run-root`` (``libra up`` wrote ``.libra/secrets/``, mode 0600),
+   only when the address comes from that stack too (no ``--coordinator`` or
+   ``--toolgateway``): the local stack's token is never sent to another server.
 
-``--tls-ca-file`` (or ``LIBRA_AUTH__TLS_CA_FILE``) makes the CLI verify a TLS server.
+``--tls-ca-file`` (or ``LIBRA_AUTH__TLS_CA_FILE``) makes the CLI verify a TLS server;
+``LIBRA_AUTH__TLS_CLIENT_CERT_FILE``/``..._KEY_FILE`` add a client certificate (mutual TLS).
 """
 
 from __future__ import annotations
@@ -41,12 +44,16 @@ def cli_auth(args: argparse.Namespace, internal: bool = False) -> ClientAuth | N
     except ValueError as exc:
         raise InvalidArgument("--token-file", str(exc)) from exc
     ca_file = str(getattr(args, "tls_ca_file", "") or "") or env_flag("LIBRA_AUTH__TLS_CA_FILE")
-    if not token:
+    explicit = getattr(args, "toolgateway" if internal else "coordinator", "")
+    if not token and not explicit:
         local = stack_auth(args.run_root, internal)
         token = local.token if local is not None else ""
+    cert, key = (env_flag("LIBRA_AUTH__TLS_CLIENT_CERT_FILE"),
+                 env_flag("LIBRA_AUTH__TLS_CLIENT_KEY_FILE"))
     if not token and not ca_file:
         return None
-    return ClientAuth(token=token, tls_ca_file=ca_file)
+    return ClientAuth(token=token, tls_ca_file=ca_file, tls_client_cert_file=cert,
+                      tls_client_key_file=key)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -95,7 +95,9 @@ def health(address: str, timeout_s: float = 1.0) -> str:
     Health needs no token; a stack started with TLS files in its environment
     (LIBRA_AUTH__TLS_CA_FILE) is checked over TLS with that CA.
     """
-    return check(address, "", timeout_s, env_flag("LIBRA_AUTH__TLS_CA_FILE"))
+    return check(address, "", timeout_s, env_flag("LIBRA_AUTH__TLS_CA_FILE"),
+                 env_flag("LIBRA_AUTH__TLS_CLIENT_CERT_FILE"),
+                 env_flag("LIBRA_AUTH__TLS_CLIENT_KEY_FILE"))
 
 
 def status(state: dict[str, Any]) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ Fakes: ``FakeRunner`` replaces the trainer and scheduler clients.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -151,3 +152,53 @@ async def test_rest_over_https(https: str, certs: CertPaths) -> None:
     async with httpx.AsyncClient(base_url=f"http://{https}", timeout=10.0) as plain:
         with pytest.raises(httpx.HTTPError):
             await plain.get("/v1/jobs", headers={"Authorization": f"Bearer {API}"})
+
+
+# -- mutual TLS -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def mtls_address(core: CoordinatorCore, auth: AuthConfig,
+                       certs: CertPaths) -> AsyncIterator[str]:
+    reg = Registration(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
+                       CoordinatorServicer(core), NAME)
+    mutual = dataclasses.replace(auth, tls_client_ca_file=str(certs.ca))
+    srv = Server("coordinator", ServerConfig(port=0, metrics_port=-1, shutdown_grace_s=1.0),
+                 [reg], mutual)
+    await srv.start()
+    yield f"127.0.0.1:{srv.port}"
+    await srv.stop()
+
+
+async def test_mutual_tls_takes_a_client_certificate_from_the_ca(
+        mtls_address: str, certs: CertPaths) -> None:
+    with_cert = ClientAuth(SERVICE, str(certs.ca), str(certs.client), str(certs.client_key))
+    assert await _list(mtls_address, with_cert) == []
+    assert await asyncio.to_thread(check, mtls_address, "", 5.0, str(certs.ca),
+                                   str(certs.client), str(certs.client_key)) == "SERVING"
+
+
+async def test_mutual_tls_refuses_a_caller_without_a_certificate(
+        mtls_address: str, certs: CertPaths) -> None:
+    with pytest.raises(Unavailable):
+        await _list(mtls_address, ClientAuth(SERVICE, str(certs.ca)))
+
+
+async def test_mutual_tls_refuses_a_certificate_from_another_ca(
+        mtls_address: str, certs: CertPaths, tmp_path: Path) -> None:
+    other = make_certs(tmp_path / "other")
+    stranger = ClientAuth(SERVICE, str(certs.ca), str(other.client), str(other.client_key))
+    with pytest.raises(Unavailable):
+        await _list(mtls_address, stranger)
+
+
+def test_tls_settings_that_go_together_are_checked(certs: CertPaths) -> None:
+    from libra.grpc_auth import server_credentials
+
+    with pytest.raises(ValueError, match="auth.tls_key_file"):
+        server_credentials(AuthConfig(tls_cert_file=str(certs.server)))
+    with pytest.raises(ValueError, match="auth.tls_client_ca_file needs"):
+        server_credentials(AuthConfig(tls_client_ca_file=str(certs.ca)))
+    with pytest.raises(ValueError, match="auth.tls_client_key_file"):
+        ClientAuth("", str(certs.ca), tls_client_cert_file=str(certs.client)) \
+            .channel_credentials()

@@ -21,7 +21,8 @@ SHARED = [
     "telemetry.log_json", "telemetry.log_level", "telemetry.otlp_endpoint",
     "telemetry.trace_console",
     "auth.api_token", "auth.api_token_file", "auth.service_token", "auth.service_token_file",
-    "auth.tls_ca_file", "auth.tls_cert_file", "auth.tls_key_file",
+    "auth.tls_ca_file", "auth.tls_cert_file", "auth.tls_key_file", "auth.tls_client_ca_file",
+    "auth.tls_client_cert_file", "auth.tls_client_key_file",
 ]
 PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.toolgateway",
          "peers.trainer"]
