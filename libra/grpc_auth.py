@@ -118,11 +118,8 @@ class ClientAuth:
         return grpc.ssl_channel_credentials(Path(self.tls_ca_file).read_bytes(), key, cert)
 
 
-class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor,
-                        grpc.aio.UnaryStreamClientInterceptor,
-                        grpc.aio.StreamUnaryClientInterceptor,
-                        grpc.aio.StreamStreamClientInterceptor):
-    """Adds ``authorization: Bearer <token>`` to every call on the channel."""
+class _Token:
+    """Adds ``authorization: Bearer <token>`` to a call's metadata."""
 
     def __init__(self, token: str) -> None:
         self._header = ("authorization", f"Bearer {token}")
@@ -132,24 +129,38 @@ class _TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor,
         return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
                                           details.credentials, details.wait_for_ready)
 
+
+# One class per call shape: grpc.aio files each interceptor under the FIRST shape it is an
+# instance of, so a single class deriving from all four would never see stream calls.
+class _UnaryUnary(_Token, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001
         return await continuation(self._details(details), request)
 
+
+class _UnaryStream(_Token, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001
         return await continuation(self._details(details), request)
 
+
+class _StreamUnary(_Token, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, details, requests):  # noqa: ANN001
         return await continuation(self._details(details), requests)
 
+
+class _StreamStream(_Token, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, details, requests):  # noqa: ANN001
         return await continuation(self._details(details), requests)
+
+
+def _token_interceptors(token: str) -> list[Any]:
+    return [shape(token) for shape in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
 
 
 def open_channel(address: str, options: list[tuple[str, Any]],
                  auth: ClientAuth | None) -> grpc.aio.Channel:
     """A channel to ``address``: TLS when ``auth.tls_ca_file`` is set, the token on
     every call when ``auth.token`` is set, plaintext without either."""
-    interceptors = [_TokenInterceptor(auth.token)] if auth and auth.token else None
+    interceptors = _token_interceptors(auth.token) if auth and auth.token else None
     if auth and auth.tls_ca_file:
         return grpc.aio.secure_channel(address, auth.channel_credentials(), options=options,
                                        interceptors=interceptors)

@@ -87,15 +87,6 @@ async def test_rollout_killed_mid_trajectory_is_requeued(running_stack: dict) ->
     await client.close()
 
 
-def test_down_stops_every_process_by_pid(running_stack: dict) -> None:
-    run_root = Path(running_stack["run_root"])
-    pids = [s["pid"] for s in running_stack["services"]]
-    pids += [running_stack["redis_pid"], running_stack["supervisor_pid"]]
-    assert stack.down(run_root)
-    assert not any(pid_alive(pid) for pid in pids)
-    assert stack.read_state(run_root) is None
-
-
 async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
         running_stack: dict) -> None:
     """`libra up` generated tokens and a Redis password (0600 in the run root): every
@@ -145,3 +136,13 @@ async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
                          timeout=60)
     assert cli.returncode == 0, cli.stderr
     assert isinstance(json.loads(cli.stdout), list)
+
+
+def test_down_stops_every_process_by_pid(running_stack: dict) -> None:
+    run_root = Path(running_stack["run_root"])
+    pids = [s["pid"] for s in running_stack["services"]]
+    pids += [running_stack["redis_pid"], running_stack["supervisor_pid"]]
+    assert stack.down(run_root)
+    assert not any(pid_alive(pid) for pid in pids)
+    assert stack.read_state(run_root) is None
+

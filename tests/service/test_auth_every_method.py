@@ -28,7 +28,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from libra.access import Access, libra_methods
 from libra.clock import SystemClock
-from libra.grpcx import Registration, Server
+from libra.grpc_auth import ClientAuth
+from libra.grpcx import Registration, Server, client_channel
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.proto.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -44,6 +45,7 @@ from tests.fakes.runner import FakeRunner
 API_TOKEN = "api-token-for-tests"
 SERVICE_TOKEN = "service-token-for-tests"
 AUTH = AuthConfig(api_token=API_TOKEN, service_token=SERVICE_TOKEN)
+CALL_DEADLINE_S = 30.0  # generous: a loaded 2-core machine must not turn a code into a timeout
 
 # What each process serves (as in services/*/__main__.py).
 PROCESSES: dict[str, list[tuple[Any, Any, Any, str]]] = {
@@ -100,13 +102,13 @@ async def _call(channel: grpc.aio.Channel, path: str, streaming: bool,
         if streaming:
             call = channel.stream_stream(path, request_serializer=ident,
                                          response_deserializer=ident)(
-                iter([b""]), metadata=metadata, timeout=5.0)
+                iter([b""]), metadata=metadata, timeout=CALL_DEADLINE_S)
             async for _ in call:
                 pass
         else:
             await channel.unary_unary(path, request_serializer=ident,
                                       response_deserializer=ident)(
-                b"", metadata=metadata, timeout=5.0)
+                b"", metadata=metadata, timeout=CALL_DEADLINE_S)
     except grpc.aio.AioRpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
@@ -159,11 +161,25 @@ async def test_the_api_token_calls_public_methods_only(servers: dict[str, Server
 
 
 async def test_the_service_token_calls_every_method(servers: dict[str, Server]) -> None:
+    codes = {}
     for address, path, streaming in await _all_methods(servers):
         if path.startswith("/libra."):
             async with grpc.aio.insecure_channel(address) as channel:
-                code = await _call(channel, path, streaming, SERVICE_TOKEN)
-            assert code == grpc.StatusCode.UNIMPLEMENTED, path
+                codes[path] = await _call(channel, path, streaming, SERVICE_TOKEN)
+    assert codes == dict.fromkeys(libra_methods(), grpc.StatusCode.UNIMPLEMENTED)
+
+
+async def test_the_client_channel_sends_the_token_on_every_call_shape(
+        servers: dict[str, Server]) -> None:
+    """``libra.grpcx.client_channel`` (what every typed client uses) attaches the token to
+    unary and streaming calls alike (the gradient and tool-return streams)."""
+    rows = [r for r in await _all_methods(servers) if r[1].startswith("/libra.")]
+    assert any(streaming for _, _, streaming in rows)
+    codes = {}
+    for address, path, streaming in rows:
+        async with client_channel(address, ClientAuth(SERVICE_TOKEN)) as channel:
+            codes[path] = await _call(channel, path, streaming, token=None)
+    assert codes == dict.fromkeys(libra_methods(), grpc.StatusCode.UNIMPLEMENTED)
 
 
 async def test_health_and_reflection_need_no_token(servers: dict[str, Server]) -> None:
