@@ -7,17 +7,23 @@ The access rules themselves live in ``libra.access`` (one table, shared with RES
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import Counter
 
 from libra.access import Access, Tokens, bearer, load_tokens, method_access
 from libra.errors import PermissionDenied
 from libra.service_config import AuthConfig
 
 logger = logging.getLogger(__name__)
+
+AUTH_REFUSED_TOTAL = Counter("libra_rpc_auth_refused_total",
+                             "calls refused by the auth interceptor", ["method", "code"])
+LOG_EVERY_S = 60.0
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -30,6 +36,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, tokens: Tokens) -> None:
         self._tokens = tokens
+        self._logged_at_s: dict[tuple[str, str], float] = {}
 
     async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
         handler = await continuation(handler_call_details)
@@ -50,9 +57,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             code = grpc.StatusCode.PERMISSION_DENIED
             text = (f"{PermissionDenied.MESSAGE_PREFIX}{handler_call_details.method} is "
                     "internal; the api token may call the job API only")
-        logger.warning("[auth] refused method=%s code=%s", handler_call_details.method,
-                       code.name)
+        self._note_refusal(handler_call_details.method, code.name)
         return _refusing_handler(handler, code, text)
+
+    def _note_refusal(self, method: str, code: str) -> None:
+        """Count every refusal; log each (method, code) at most once a minute, so a
+        caller hammering the port cannot flood the log."""
+        AUTH_REFUSED_TOTAL.labels(method.rsplit("/", 1)[-1], code).inc()
+        now_s = time.monotonic()
+        if now_s - self._logged_at_s.get((method, code), -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._logged_at_s[(method, code)] = now_s
+            logger.warning("[auth] refused method=%s code=%s (logged once a minute; "
+                           "libra_rpc_auth_refused_total counts all)", method, code)
 
 
 def _refusing_handler(handler: Any, code: grpc.StatusCode, text: str) -> Any:

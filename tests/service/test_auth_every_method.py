@@ -182,6 +182,24 @@ async def test_the_client_channel_sends_the_token_on_every_call_shape(
     assert codes == dict.fromkeys(libra_methods(), grpc.StatusCode.UNIMPLEMENTED)
 
 
+async def test_refusals_are_counted_per_method_and_code(servers: dict[str, Server]) -> None:
+    from prometheus_client import REGISTRY
+
+    def refused(method: str, code: str) -> float:
+        return REGISTRY.get_sample_value("libra_rpc_auth_refused_total",
+                                         {"method": method, "code": code}) or 0.0
+
+    address = f"127.0.0.1:{servers['trainer'].port}"
+    path = "/libra.proto.trainer.v1.TrainerService/StopJob"
+    before = (refused("StopJob", "UNAUTHENTICATED"), refused("StopJob", "PERMISSION_DENIED"))
+    async with grpc.aio.insecure_channel(address) as channel:
+        for _ in range(3):
+            await _call(channel, path, False, None)
+        await _call(channel, path, False, API_TOKEN)
+    after = (refused("StopJob", "UNAUTHENTICATED"), refused("StopJob", "PERMISSION_DENIED"))
+    assert (after[0] - before[0], after[1] - before[1]) == (3.0, 1.0)
+
+
 async def test_health_and_reflection_need_no_token(servers: dict[str, Server]) -> None:
     for srv in servers.values():
         async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
