@@ -52,6 +52,20 @@ class LeaseLost(LibraError):
     grpc_status_name = "PERMISSION_DENIED"
 
 
+class Unauthenticated(LibraError):
+    """No valid credential (bearer token) came with the call."""
+
+    grpc_status_name = "UNAUTHENTICATED"
+
+
+class PermissionDenied(LibraError):
+    """A valid credential that may not call this method (the api token on an internal
+    RPC). Shares its status with LeaseLost; clients tell them apart by the message."""
+
+    grpc_status_name = "PERMISSION_DENIED"
+    MESSAGE_PREFIX = "permission denied by access class: "
+
+
 class ResourceExhausted(LibraError):
     """Capacity is full; retry after ``retry_after_ms``."""
 
@@ -81,7 +95,7 @@ _RETRY_AFTER = re.compile(r"retry after (\d+) ms")
 _BY_STATUS: dict[str, type[LibraError]] = {
     cls.grpc_status_name: cls
     for cls in (NotFound, AlreadyExists, FailedPrecondition, LeaseConflict, LeaseLost,
-                ResourceExhausted, Unavailable, DeadlineExceeded, Internal)
+                ResourceExhausted, Unavailable, DeadlineExceeded, Internal, Unauthenticated)
 }
 
 
@@ -94,4 +108,6 @@ def error_from_status(code: str, details: str) -> LibraError:
         # Servers put the hint in the details as "(retry after N ms)".
         hint = _RETRY_AFTER.search(details)
         return ResourceExhausted(details, int(hint.group(1)) if hint else 100)
+    if code == "PERMISSION_DENIED" and details.startswith(PermissionDenied.MESSAGE_PREFIX):
+        return PermissionDenied(details)
     return _BY_STATUS.get(code, Internal)(details)

@@ -20,7 +20,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram, start_http_server
 
-from libra.service_config import ServerConfig
+from libra.access import check_exposure, is_loopback, load_tokens
+from libra.grpc_auth import AuthInterceptor, ClientAuth, open_channel, server_credentials
+from libra.service_config import AuthConfig, ServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +114,22 @@ class Registration:
 class Server:
     """A started gRPC server plus its health servicer and metrics port."""
 
-    def __init__(self, service: str, cfg: ServerConfig, registrations: Iterable[Registration]):
+    def __init__(self, service: str, cfg: ServerConfig, registrations: Iterable[Registration],
+                 auth: AuthConfig | None = None):
         self.service = service
         self._cfg = cfg
         self._registrations = list(registrations)
-        self.server = grpc.aio.server(interceptors=[ErrorInterceptor(service)],
-                                      options=server_options())
+        self._auth = auth or AuthConfig()
+        tokens = load_tokens(self._auth)
+        # Before binding anything: a server reachable from other hosts needs credentials.
+        check_exposure(cfg.host, tokens, f"{service.upper()}_")
+        if not is_loopback(cfg.host) and not self._auth.tls_cert_file:
+            logger.warning("[startup] service=%s binds %s without TLS: tokens travel in "
+                           "plaintext (set auth.tls_cert_file/tls_key_file)", service, cfg.host)
+        interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(service)]
+        if tokens.enabled:  # first, so a refused call reaches no other interceptor
+            interceptors.insert(0, AuthInterceptor(tokens))
+        self.server = grpc.aio.server(interceptors=interceptors, options=server_options())
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port = -1
@@ -133,7 +145,10 @@ class Server:
             reflection.enable_server_reflection(
                 [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME], self.server)
-        self.port = self.server.add_insecure_port(f"{self._cfg.host}:{self._cfg.port}")
+        address = f"{self._cfg.host}:{self._cfg.port}"
+        creds = server_credentials(self._auth)
+        self.port = (self.server.add_secure_port(address, creds) if creds is not None
+                     else self.server.add_insecure_port(address))
         await self.server.start()
         for name in ["", *names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -202,7 +217,8 @@ async def serve(service: str, cfg: ServerConfig, registrations: Iterable[Registr
                 run: Callable[[], Awaitable[None]] | None = None,
                 drain: Callable[[float], Awaitable[None]] | None = None,
                 on_started: Callable[[Server], Awaitable[None]] | None = None,
-                health_probe: Callable[[], Awaitable[Any]] | None = None) -> None:
+                health_probe: Callable[[], Awaitable[Any]] | None = None,
+                auth: AuthConfig | None = None) -> None:
     """Serve until SIGTERM/SIGINT (or until ``run`` returns), then shut down gracefully.
 
     Args:
@@ -211,8 +227,9 @@ async def serve(service: str, cfg: ServerConfig, registrations: Iterable[Registr
         on_started: called once the port is bound (registration with the coordinator).
         health_probe: checks a dependency the service cannot work without (its Redis's
             PING); health is NOT_SERVING while it fails (``watch_dependency``).
+        auth: tokens and TLS files (docs/operations.md, "Security"); None: open.
     """
-    server = Server(service, cfg, registrations)
+    server = Server(service, cfg, registrations, auth)
     await server.start()
     watcher = (None if health_probe is None
                else asyncio.create_task(watch_dependency(server, health_probe)))
@@ -265,18 +282,24 @@ def server_options() -> list[tuple[str, int]]:
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
-    """A client channel with the project's options (keepalive, message size, reconnect).
+    """A plaintext channel without credentials (tests, loopback tools)."""
+    return client_channel(address, None)
+
+
+def client_channel(address: str, auth: ClientAuth | None) -> grpc.aio.Channel:
+    """A client channel with the project's options (keepalive, message size, reconnect);
+    with ``auth``, the bearer token on every call and TLS when a CA file is given.
 
     Reconnect backoff is capped at 2 s (gRPC's default grows to 120 s): after a peer is
     restarted, calls fail fast with UNAVAILABLE until the channel's next connection
     attempt, so a long backoff would keep a restarted coordinator unreachable for its
     callers long after it is back.
     """
-    return grpc.aio.insecure_channel(address, options=[
+    return open_channel(address, [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", CLIENT_KEEPALIVE_MS),
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.min_reconnect_backoff_ms", 200),
         ("grpc.max_reconnect_backoff_ms", 2_000),
-    ])
+    ], auth)

@@ -24,6 +24,7 @@ from typing import Any
 
 from libra.config import env_flag
 from libra.redis_server import EmbeddedRedis, free_ports, pid_alive, start_redis
+from libra.stack_secrets import StackSecrets, ensure_stack_secrets
 
 logger = logging.getLogger("libra.launcher")
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,14 +71,17 @@ def read_state(run_root: Path) -> dict[str, Any] | None:
     return state if pid_alive(int(state.get("supervisor_pid", 0))) else None
 
 
-def _plan(stack: dict[str, Any], run_root: Path, redis_url: str) -> list[ServiceProc]:
+def _plan(stack: dict[str, Any], run_root: Path) -> list[ServiceProc]:
     names = ["coordinator", "scheduler", "trainer", "toolgateway"]
     rollouts = stack.get("rollout", [])
     # Every port in one go (4 service + rollout + REST + a metrics port each).
     pool = iter(free_ports(2 * (len(names) + len(rollouts)) + 1))
     ports = {name: next(pool) for name in names}
     peers = [f"--peers.{name}=127.0.0.1:{ports[name]}" for name in names]
-    common = [f"--redis-url={redis_url}", *peers]
+    # The Redis URL (it holds the password) and the tokens reach the services through
+    # their environment (see Supervisor._spawn), never the command line, which any local
+    # user can read.
+    common = peers
     logs = run_root / ".libra" / "logs"
     specs: list[tuple[str, str, int, list[str]]] = [
         ("coordinator", "services.coordinator", ports["coordinator"],
@@ -118,6 +122,7 @@ class Supervisor:
         self.redis_url = env_flag("REDIS_URL")
         self.redis_restarts = 0
         self.services: list[ServiceProc] = []
+        self.secrets: StackSecrets | None = None
         self._stopping = False
         self._clock = clock
         self._restart_limit = int(self.stack.get("restart_limit", 3))
@@ -125,17 +130,23 @@ class Supervisor:
 
     def start(self) -> None:
         (self.run_root / ".libra" / "logs").mkdir(parents=True, exist_ok=True)
+        self.secrets = ensure_stack_secrets(self.run_root)
         if not self.redis_url:
-            self.redis = start_redis(self.run_root / ".libra" / "redis")
+            self.redis = start_redis(self.run_root / ".libra" / "redis",
+                                     password=self.secrets.read("redis_password"))
             self.redis_url = self.redis.url
-        self.services = _plan(self.stack, self.run_root, self.redis_url)
+        self.services = _plan(self.stack, self.run_root)
         for svc in self.services:
             self._spawn(svc)
         self._write_state()
 
     def _spawn(self, svc: ServiceProc) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+               "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+               # Secrets by environment and file path (docs/operations.md, "Security").
+               "LIBRA_REDIS_URL": self.redis_url,
+               "LIBRA_AUTH__API_TOKEN_FILE": str(self.secrets.api_token_file),
+               "LIBRA_AUTH__SERVICE_TOKEN_FILE": str(self.secrets.service_token_file)}
         log = open(svc.out_path, "ab")  # noqa: SIM115 - the child owns it
         svc.proc = subprocess.Popen([sys.executable, "-m", svc.module, *svc.args], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -154,7 +165,11 @@ class Supervisor:
                               for s in self.services]}
         path = state_path(self.run_root)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
+        tmp.unlink(missing_ok=True)
+        # 0600: the state holds the Redis URL with its password.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(state, indent=2))
         tmp.replace(path)
 
     def supervise(self) -> None:
@@ -201,7 +216,8 @@ class Supervisor:
         logger.warning("[restart] redis exit=%s port=%d: restarting from its AOF",
                        self.redis.process.returncode, self.redis.port)
         try:
-            self.redis = start_redis(self.redis.data_dir, port=self.redis.port)
+            self.redis = start_redis(self.redis.data_dir, port=self.redis.port,
+                                     password=self.redis.password)
         except RuntimeError as exc:
             logger.error("[restart] redis did not come back (retrying): %s", exc)
             return False

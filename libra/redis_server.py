@@ -61,10 +61,12 @@ class EmbeddedRedis:
     process: subprocess.Popen
     port: int
     data_dir: Path
+    password: str = ""
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
     def pid(self) -> int:
@@ -83,18 +85,27 @@ class EmbeddedRedis:
 
 
 def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True,
-                timeout_s: float = 10.0) -> EmbeddedRedis:
-    """Start redis-server in the foreground as a child, wait until it answers PING."""
+                timeout_s: float = 10.0, password: str = "") -> EmbeddedRedis:
+    """Start redis-server in the foreground as a child, wait until it answers PING.
+
+    With ``password`` the server requires it (``requirepass``); it is written to a 0600
+    config file rather than passed as an argument, which any local user could read.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
+    conf = data_dir / "redis.conf"
+    conf.unlink(missing_ok=True)
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"requirepass {password}\n" if password else "")
     cmd = [
-        find_redis_server(), "--bind", "127.0.0.1", "--port", str(port),
+        find_redis_server(), str(conf), "--bind", "127.0.0.1", "--port", str(port),
         "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
         "--save", "", "--logfile", str(data_dir / "redis.log"), "--protected-mode", "yes",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=_die_with_parent)
-    server = EmbeddedRedis(proc, port, data_dir)
+    server = EmbeddedRedis(proc, port, data_dir, password)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -103,7 +114,7 @@ def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True
             raise RuntimeError(f"redis-server exited with {proc.returncode}: {tail}")
         # Our own process must answer: another server already on the port would answer
         # PING too while ours dies on the bind. PING fails (-LOADING) until the AOF is read.
-        if _serving_pid(port) == proc.pid and _ping(port):
+        if _serving_pid(port, password) == proc.pid and _ping(port, password):
             (data_dir / "redis.pid").write_text(str(proc.pid))
             return server
         time.sleep(0.02)
@@ -111,11 +122,34 @@ def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True
     raise RuntimeError(f"redis-server did not answer on port {port} within {timeout_s}s")
 
 
-def _serving_pid(port: int) -> int | None:
+def _auth_command(password: str) -> bytes:
+    """``AUTH <password>`` as a RESP array (empty without a password)."""
+    if not password:
+        return b""
+    raw = password.encode()
+    return b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(raw), raw)
+
+
+def _skip_auth_reply(sock: socket.socket, password: str) -> bool:
+    """Read the ``+OK`` that answers AUTH; False when the password was refused."""
+    if not password:
+        return True
+    reply = b""
+    while b"\r\n" not in reply:
+        chunk = sock.recv(1)
+        if not chunk:
+            return False
+        reply += chunk
+    return reply.startswith(b"+OK")
+
+
+def _serving_pid(port: int, password: str = "") -> int | None:
     """The process id of the redis-server answering on ``port``, or None."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"INFO server\r\n")
+            sock.sendall(_auth_command(password) + b"INFO server\r\n")
+            if not _skip_auth_reply(sock, password):
+                return None
             data = b""
             while b"\r\n" not in data:  # the "$<length>" header of the bulk reply
                 chunk = sock.recv(4096)
@@ -149,10 +183,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, password: str = "") -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"PING\r\n")
+            sock.sendall(_auth_command(password) + b"PING\r\n")
+            if not _skip_auth_reply(sock, password):
+                return False
             return sock.recv(16).startswith(b"+PONG")
     except OSError:
         return False

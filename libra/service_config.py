@@ -38,3 +38,23 @@ class PeersConfig:
     trainer: str = knob("127.0.0.1:50053", "trainer gRPC address")
     toolgateway: str = knob("127.0.0.1:50054", "tool gateway gRPC address")
     rpc_timeout_s: float = knob(10.0, "default deadline of a call to a peer")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuthConfig:
+    """Credentials and TLS files (docs/operations.md, "Security"). A token may be given
+    inline or as a file path; the file wins. Auth is on when any token is set, and
+    required when ``server.host`` is not a loopback address."""
+
+    api_token: str = knob("", "bearer token of the public job API (gRPC job methods, REST)")
+    api_token_file: str = knob("", "file holding api_token (one line)")
+    service_token: str = knob("", "bearer token of the internal RPCs between services "
+                              "(also accepted on the public API); sent to peers")
+    service_token_file: str = knob("", "file holding service_token (one line)")
+    tls_cert_file: str = knob("", "PEM server certificate: gRPC (and REST) serve TLS")
+    tls_key_file: str = knob("", "PEM private key of tls_cert_file")
+    tls_ca_file: str = knob("", "PEM CA bundle: clients verify peers with it (TLS to peers)")
+    tls_client_ca_file: str = knob("", "PEM CA of client certificates: the gRPC server then "
+                                   "requires one signed by it from every caller (mutual TLS)")
+    tls_client_cert_file: str = knob("", "PEM client certificate sent to peers (mutual TLS)")
+    tls_client_key_file: str = knob("", "PEM private key of tls_client_cert_file")

@@ -72,11 +72,12 @@ def write_stack_file(path: Path) -> Path:
     return path
 
 
-async def run_job(coordinator: str, spec_json: str, timeout_s: float = 600.0) -> str:
-    """Create the job and wait until it ends; return its id."""
+async def run_job(coordinator: str, spec_json: str, timeout_s: float = 600.0,
+                  auth: Any = None) -> str:
+    """Create the job and wait until it ends; return its id (``auth``: a ClientAuth)."""
     from libra.clients.coordinator import GrpcCoordinatorClient
 
-    client = GrpcCoordinatorClient(coordinator)
+    client = GrpcCoordinatorClient(coordinator, auth=auth)
     job = await client.create_job(spec_json, "json")
     deadline = time.monotonic() + timeout_s
     try:
@@ -253,8 +254,8 @@ def compare(recs: list, predicted_finish_s: list[float]) -> dict[str, Any]:
 async def instance_profiles(state: dict[str, Any]) -> tuple[dict[str, list], dict[str, dict]]:
     """Every rollout instance's engine calls and loop profile, as it timed them during
     the run."""
-    import grpc
-
+    from libra.cli.credentials import stack_auth
+    from libra.grpcx import client_channel
     from libra.proto.rollout.v1 import rollout_pb2 as pb
     from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 
@@ -262,7 +263,8 @@ async def instance_profiles(state: dict[str, Any]) -> tuple[dict[str, list], dic
     for svc in state["services"]:
         if svc["name"] not in dict(STACK_INSTANCES):
             continue
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{svc['port']}") as channel:
+        auth = stack_auth(Path(state["run_root"]), internal=True)
+        async with client_channel(f"127.0.0.1:{svc['port']}", auth) as channel:
             resp = await pb_grpc.RolloutServiceStub(channel).GetInstanceStatus(
                 pb.GetInstanceStatusRequest(), timeout=10.0)
         engine[svc["name"]] = json.loads(resp.engine_profile_json or "[]")
@@ -276,14 +278,17 @@ async def _run_and_measure(state: dict[str, Any], spec_json: str) -> dict[str, A
     import redis.asyncio as aioredis
 
     from libra.cli import stack
+    from libra.cli.credentials import stack_auth
     from libra.clients.toolgateway import GrpcToolGatewayClient
     from libra.jobspec import job_spec_from_json
 
     redis = aioredis.from_url(state["redis_url"], decode_responses=False)
     port = {svc["name"]: svc["port"] for svc in state["services"]}
-    gateway = GrpcToolGatewayClient(f"127.0.0.1:{port['toolgateway']}")
+    internal = stack_auth(Path(state["run_root"]), internal=True)
+    gateway = GrpcToolGatewayClient(f"127.0.0.1:{port['toolgateway']}", auth=internal)
     try:
-        job_id = await run_job(stack.coordinator_address(state), spec_json)
+        job_id = await run_job(stack.coordinator_address(state), spec_json,
+                               auth=stack_auth(Path(state["run_root"])))
         profiles, loop = await instance_profiles(state)
         trajs, events, job = await read_run(redis, job_id)
         spec = job_spec_from_json(job["spec_json"])

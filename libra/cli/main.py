@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from libra import types as t
-from libra.cli import model, run, sim, stack, tool
+from libra.cli import certs, credentials, model, run, sim, stack, tool
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument, LibraError
+from libra.grpc_auth import ClientAuth
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.report import build_report, write_report
 from libra.run_dir import is_dir_reference
@@ -55,7 +56,7 @@ def _client(args: argparse.Namespace) -> GrpcCoordinatorClient:
         if state is None:
             sys.exit("libra: no stack is running (libra up), or pass --coordinator HOST:PORT")
         address = stack.coordinator_address(state)
-    return GrpcCoordinatorClient(address)
+    return GrpcCoordinatorClient(address, auth=credentials.cli_auth(args))
 
 
 def _job_row(job: t.Job) -> dict[str, Any]:
@@ -198,8 +199,8 @@ def with_leases(rows: list[dict[str, Any]], leases: list[t.Lease]) -> list[dict[
     return out
 
 
-async def _leases(address: str) -> list[t.Lease]:
-    client = GrpcCoordinatorClient(address, timeout_s=3.0)
+async def _leases(address: str, auth: ClientAuth | None = None) -> list[t.Lease]:
+    client = GrpcCoordinatorClient(address, timeout_s=3.0, auth=auth)
     try:
         return await client.list_workers()
     except LibraError:
@@ -213,7 +214,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state is None:
         _print({"running": False}, args.json)
         return 1
-    leases = asyncio.run(_leases(stack.coordinator_address(state)))
+    leases = asyncio.run(_leases(stack.coordinator_address(state), credentials.cli_auth(args)))
     _print(with_leases(stack.status(state), leases), args.json)
     return 0
 
@@ -224,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-root", type=Path, default=Path("runs"),
                         help="folder holding run folders and the stack state (default runs)")
     parser.add_argument("--coordinator", default="", help="coordinator address (HOST:PORT)")
+    credentials.add_arguments(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
@@ -256,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("report", cmd_report, "write report.json and the reward curve of a job")
     p.add_argument("job_id")
     tool.register(sub)
+    certs.register(sub)
     sim.register(sub)
     model.register(sub)
     return parser

@@ -90,6 +90,7 @@ def _locate_run(args: argparse.Namespace) -> tuple[Path, str]:
 
 async def _run_dir_from_coordinator(args: argparse.Namespace) -> tuple[Path, str]:
     from libra.cli import stack
+    from libra.cli.credentials import cli_auth
     from libra.clients.coordinator import GrpcCoordinatorClient
 
     address = args.coordinator
@@ -99,7 +100,7 @@ async def _run_dir_from_coordinator(args: argparse.Namespace) -> tuple[Path, str
             raise NotFound(f"no run directory {args.run_root / args.job} and no stack is "
                            "running to ask (pass --run-dir DIR or --coordinator HOST:PORT)")
         address = stack.coordinator_address(state)
-    client = GrpcCoordinatorClient(address)
+    client = GrpcCoordinatorClient(address, auth=cli_auth(args))
     try:
         job, _steps, _counters = await client.get_job(args.job)
     finally:

@@ -26,7 +26,7 @@ from types import FrameType
 from typing import Any
 
 from libra import types as t
-from libra.cli import stack
+from libra.cli import credentials, stack
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import LibraError
 from libra.report import reward_windows
@@ -115,7 +115,9 @@ def cmd_run(args: argparse.Namespace, load: Callable[[argparse.Namespace], dict[
         print(f"libra: starting the stack (logs in {args.run_root / '.libra' / 'logs'}) ...",
               file=sys.stderr)
         state = stack.up(args.run_root)
-        session = RunSession(args, data, state, interrupts, owns_stack=not was_up)
+        auth = credentials.cli_auth(args)
+        session = RunSession(args, data, state, interrupts, owns_stack=not was_up,
+                             connect=lambda address: GrpcCoordinatorClient(address, auth=auth))
         code, summary = asyncio.run(session.run(report))
     except Interrupted as exc:
         code, summary = 128 + exc.signum, None

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from libra.config import env_flag
+from libra.healthcheck import check
 from libra.launcher import DEFAULT_STACK, ROOT, read_state, state_path
 from libra.redis_server import pid_alive
 
@@ -92,14 +91,14 @@ def down(run_root: Path, timeout_s: float = 30.0) -> bool:
 
 
 def health(address: str, timeout_s: float = 1.0) -> str:
-    """The standard gRPC health status of a server ("" service = the whole server)."""
-    try:
-        with grpc.insecure_channel(address) as channel:
-            resp = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
-            return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-    except grpc.RpcError:
-        return "UNREACHABLE"
+    """The standard gRPC health status of a server ("" service = the whole server).
+
+    Health needs no token; a stack started with TLS files in its environment
+    (LIBRA_AUTH__TLS_CA_FILE) is checked over TLS with that CA.
+    """
+    return check(address, "", timeout_s, env_flag("LIBRA_AUTH__TLS_CA_FILE"),
+                 env_flag("LIBRA_AUTH__TLS_CLIENT_CERT_FILE"),
+                 env_flag("LIBRA_AUTH__TLS_CLIENT_KEY_FILE"))
 
 
 def status(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -117,3 +116,12 @@ def status(state: dict[str, Any]) -> list[dict[str, Any]]:
 def coordinator_address(state: dict[str, Any]) -> str:
     svc = next(s for s in state["services"] if s["name"] == "coordinator")
     return f"127.0.0.1:{svc['port']}"
+
+
+def coordinator_client(state: dict[str, Any], timeout_s: float = 10.0) -> Any:
+    """A coordinator client for the stack of ``state``, with the stack's api token."""
+    from libra.cli.credentials import stack_auth
+    from libra.clients.coordinator import GrpcCoordinatorClient
+
+    return GrpcCoordinatorClient(coordinator_address(state), timeout_s,
+                                 auth=stack_auth(Path(state["run_root"])))

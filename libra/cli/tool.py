@@ -70,9 +70,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
         res = await run_tool(args.tool, tool_args, call_id=call_id,
                              deadline_ms=args.deadline_ms)
     else:
+        from libra.cli.credentials import cli_auth
         from libra.clients.toolgateway import GrpcToolGatewayClient
 
-        client = GrpcToolGatewayClient(_address(args), timeout_s=args.deadline_ms / 1000 + 5)
+        client = GrpcToolGatewayClient(_address(args), timeout_s=args.deadline_ms / 1000 + 5,
+                                       auth=cli_auth(args, internal=True))
         try:
             res = await client.execute("cli", call_id, args.tool, tool_args, args.deadline_ms)
         finally:
@@ -88,9 +90,10 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
         tools = list_tools()
     else:
+        from libra.cli.credentials import cli_auth
         from libra.clients.toolgateway import GrpcToolGatewayClient
 
-        client = GrpcToolGatewayClient(_address(args))
+        client = GrpcToolGatewayClient(_address(args), auth=cli_auth(args, internal=True))
         try:
             tools = await client.list_tools()
         finally:

@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 import grpc
 
 from libra.errors import error_from_status
-from libra.grpcx import insecure_channel
+from libra.grpc_auth import ClientAuth
+from libra.grpcx import client_channel
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -20,11 +21,13 @@ R = TypeVar("R")
 class GrpcClientBase:
     """Owns one channel; ``_call`` applies the deadline and maps status codes to errors."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0, max_attempts: int = 3) -> None:
+    def __init__(self, address: str, timeout_s: float = 10.0, max_attempts: int = 3, *,
+                 auth: ClientAuth | None = None) -> None:
         self.address = address
         self._timeout_s = timeout_s
         self._max_attempts = max_attempts
-        self._channel = insecure_channel(address)
+        # ``auth``: the bearer token sent on every call, and TLS when it names a CA.
+        self._channel = client_channel(address, auth)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from libra import types as t
 from libra.clients.base import GrpcClientBase
+from libra.grpc_auth import ClientAuth
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from libra.wire.common import lease_from_proto, role_to_proto
@@ -42,8 +43,9 @@ SUBMIT_TIMEOUT_S = 120.0
 class GrpcCoordinatorClient(GrpcClientBase):
     """Coordinator over gRPC."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
-        super().__init__(address, timeout_s)
+    def __init__(self, address: str, timeout_s: float = 10.0, *,
+                 auth: ClientAuth | None = None) -> None:
+        super().__init__(address, timeout_s, auth=auth)
         self._stub = pb_grpc.CoordinatorServiceStub(self._channel)
 
     async def create_job(self, spec: str, spec_format: str = "toml",

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 import grpc
 
 from libra.errors import error_from_status
-from libra.grpcx import insecure_channel
+from libra.grpc_auth import ClientAuth
+from libra.grpcx import client_channel
 from libra.proto.trainer.v1 import trainer_pb2 as pb
 from libra.proto.trainer.v1 import trainer_pb2_grpc as pb_grpc
 from libra.training import channel as ch
@@ -56,7 +57,10 @@ class GradientStream:
 class GrpcGradientChannel:
     """Opens gradient streams to a trainer (a fresh channel per lend)."""
 
+    def __init__(self, auth: ClientAuth | None = None) -> None:
+        self._auth = auth
+
     async def open(self, address: str, hello: ch.Hello) -> GradientStream:
-        stream = GradientStream(insecure_channel(address))
+        stream = GradientStream(client_channel(address, self._auth))
         await stream.send(hello)
         return stream

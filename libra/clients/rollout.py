@@ -12,6 +12,7 @@ from typing import Protocol
 
 from libra import types as t
 from libra.clients.base import GrpcClientBase
+from libra.grpc_auth import ClientAuth
 from libra.proto.rollout.v1 import rollout_pb2 as pb
 from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from libra.wire.common import lease_from_proto
@@ -54,8 +55,9 @@ class RolloutApi(Protocol):
 class GrpcRolloutClient(GrpcClientBase):
     """One rollout instance over gRPC."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
-        super().__init__(address, timeout_s)
+    def __init__(self, address: str, timeout_s: float = 10.0, *,
+                 auth: ClientAuth | None = None) -> None:
+        super().__init__(address, timeout_s, auth=auth)
         self._stub = pb_grpc.RolloutServiceStub(self._channel)
 
     async def lend(self, job_id: str, expected_epoch: int, generation: int,

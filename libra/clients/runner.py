@@ -6,6 +6,7 @@ from __future__ import annotations
 from libra import types as t
 from libra.clients.base import GrpcClientBase
 from libra.clients.scheduler import GrpcSchedulerClient
+from libra.grpc_auth import ClientAuth
 from libra.proto.trainer.v1 import trainer_pb2 as tpb
 from libra.proto.trainer.v1 import trainer_pb2_grpc as tpb_grpc
 from libra.wire.trainer import trainer_status_from_proto
@@ -14,8 +15,9 @@ __all__ = ["GrpcSchedulerClient", "GrpcTrainerClient"]
 
 
 class GrpcTrainerClient(GrpcClientBase):
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
-        super().__init__(address, timeout_s)
+    def __init__(self, address: str, timeout_s: float = 10.0, *,
+                 auth: ClientAuth | None = None) -> None:
+        super().__init__(address, timeout_s, auth=auth)
         self._stub = tpb_grpc.TrainerServiceStub(self._channel)
 
     async def start_job(self, job_id: str, resume: bool = False) -> None:

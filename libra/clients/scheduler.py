@@ -38,6 +38,7 @@ import grpc
 from libra import types as t
 from libra.clients.base import GrpcClientBase
 from libra.errors import Internal, LibraError, Unavailable, error_from_status
+from libra.grpc_auth import ClientAuth
 from libra.proto.scheduler.v1 import scheduler_pb2 as spb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as spb_grpc
 from libra.wire.common import tool_state_to_proto, traj_status_to_proto
@@ -71,8 +72,9 @@ class _Batch:
 
 class GrpcSchedulerClient(GrpcClientBase):
     def __init__(self, address: str, timeout_s: float = 10.0, linger_s: float = 0.0,
-                 max_unanswered: int = MAX_UNANSWERED_BATCHES) -> None:
-        super().__init__(address, timeout_s)
+                 max_unanswered: int = MAX_UNANSWERED_BATCHES, *,
+                 auth: ClientAuth | None = None) -> None:
+        super().__init__(address, timeout_s, auth=auth)
         self._linger_s = linger_s
         self._max_unanswered = max_unanswered
         self._stub = spb_grpc.SchedulerServiceStub(self._channel)

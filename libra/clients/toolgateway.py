@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from libra import types as t
 from libra.clients.base import GrpcClientBase
+from libra.grpc_auth import ClientAuth
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
 from libra.wire.common import tool_state_from_proto, tool_status_from_proto
@@ -23,8 +24,9 @@ class ToolGatewayApi(Protocol):
 
 
 class GrpcToolGatewayClient(GrpcClientBase):
-    def __init__(self, address: str, timeout_s: float = 10.0, max_attempts: int = 3) -> None:
-        super().__init__(address, timeout_s, max_attempts)
+    def __init__(self, address: str, timeout_s: float = 10.0, max_attempts: int = 3, *,
+                 auth: ClientAuth | None = None) -> None:
+        super().__init__(address, timeout_s, max_attempts, auth=auth)
         self._stub = pb_grpc.ToolGatewayServiceStub(self._channel)
 
     async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],

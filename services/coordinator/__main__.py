@@ -16,11 +16,13 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from libra.access import load_tokens
 from libra.clients.rollout import GrpcRolloutClient
 from libra.clients.runner import GrpcSchedulerClient, GrpcTrainerClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
+from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, serve
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
@@ -49,10 +51,11 @@ STATUS_TIMEOUT_S = 3.0
 def elastic_wiring(cfg: CoordinatorConfig) -> ElasticWiring:
     """Rollout clients (one per address, cached) and the planner for elastic jobs."""
     clients: dict[str, GrpcRolloutClient] = {}
+    auth = ClientAuth.for_service(cfg.auth)
 
     def rollout_at(address: str) -> GrpcRolloutClient:
         if address not in clients:
-            clients[address] = GrpcRolloutClient(address, cfg.peers.rpc_timeout_s)
+            clients[address] = GrpcRolloutClient(address, cfg.peers.rpc_timeout_s, auth=auth)
         return clients[address]
 
     return ElasticWiring(planner_factory=live_planner, rollouts=rollout_at,
@@ -63,17 +66,19 @@ def elastic_wiring(cfg: CoordinatorConfig) -> ElasticWiring:
 def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore:
     """The core with its production collaborators (peers' clients, the model check)."""
     peers = cfg.peers
+    auth = ClientAuth.for_service(cfg.auth)
     return CoordinatorCore(
         store=RedisCoordinatorStore(redis, SystemClock()),
-        trainer=GrpcTrainerClient(peers.trainer, peers.rpc_timeout_s),
-        scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s),
+        trainer=GrpcTrainerClient(peers.trainer, peers.rpc_timeout_s, auth=auth),
+        scheduler=GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s, auth=auth),
         clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
         elastic=elastic_wiring(cfg), model_check=check_job_model, dataset_check=check_dataset,
         max_queued_jobs=cfg.max_queued_jobs,
         init_from_check=check_job_init_from,
-        tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
+        tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s, auth=auth),
         reconcile=ReconcileWiring(
-            GrpcTrainerClient(peers.trainer, min(STATUS_TIMEOUT_S, peers.rpc_timeout_s)),
+            GrpcTrainerClient(peers.trainer, min(STATUS_TIMEOUT_S, peers.rpc_timeout_s),
+                              auth=auth),
             ReconcileSettings(interval_s=cfg.reconcile_interval_s,
                               trainer_lost_s=cfg.trainer_lost_s)))
 
@@ -89,10 +94,13 @@ async def main(cfg: CoordinatorConfig) -> None:
                                 CoordinatorServicer(core), name)
     http: uvicorn.Server | None = None
     if cfg.http_port >= 0:
-        app = build_app(core)
+        app = build_app(core, load_tokens(cfg.auth))
         FastAPIInstrumentor.instrument_app(app)  # REST requests join the same traces
-        http = uvicorn.Server(uvicorn.Config(app, host=cfg.server.host,
-                                             port=cfg.http_port, log_level="warning"))
+        # HTTPS with the gRPC server's certificate when one is configured.
+        http = uvicorn.Server(uvicorn.Config(
+            app, host=cfg.server.host, port=cfg.http_port, log_level="warning",
+            ssl_certfile=cfg.auth.tls_cert_file or None,
+            ssl_keyfile=cfg.auth.tls_key_file or None))
         # serve() owns the signals; uvicorn must not install its own handlers.
         http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 
@@ -112,7 +120,7 @@ async def main(cfg: CoordinatorConfig) -> None:
             http.should_exit = True
 
     await serve("coordinator", cfg.server, [registration], run=run_http, drain=drain,
-                health_probe=redis.ping)
+                health_probe=redis.ping, auth=cfg.auth)
     await redis.aclose()
 
 

@@ -19,6 +19,7 @@ from libra.clients.runner import GrpcSchedulerClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
+from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, Server, serve
 from libra.proto.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
@@ -71,6 +72,7 @@ def worker_role(value: str) -> t.WorkerRole:
 async def main(cfg: RolloutConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
     peers = cfg.peers
+    auth = ClientAuth.for_service(cfg.auth)
     loader = engine_loader(cfg)
     settings = RolloutSettings(
         instance_id=cfg.instance_id, bucket=cfg.bucket, max_batch_size=cfg.max_batch_size,
@@ -79,12 +81,12 @@ async def main(cfg: RolloutConfig) -> None:
         role=worker_role(cfg.role))
     core = RolloutCore(
         settings, RedisRolloutStore(redis), loader,
-        GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s),
+        GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s, auth=auth),
         GrpcSchedulerClient(peers.scheduler, peers.rpc_timeout_s,
                             linger_s=cfg.report_linger_ms / 1000,
-                            max_unanswered=cfg.report_max_unanswered),
-        GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s), SystemClock(),
-        opener=GrpcGradientChannel(),
+                            max_unanswered=cfg.report_max_unanswered, auth=auth),
+        GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s, auth=auth), SystemClock(),
+        opener=GrpcGradientChannel(auth),
         load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads))
 
     async def register(server: Server) -> None:
@@ -96,7 +98,7 @@ async def main(cfg: RolloutConfig) -> None:
     registration = Registration(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
                                 RolloutServicer(core, engine_calls(loader)), name)
     await serve("rollout", cfg.server, [registration], run=core.run, drain=core.drain,
-                on_started=register, health_probe=redis.ping)
+                on_started=register, health_probe=redis.ping, auth=cfg.auth)
     await redis.aclose()
 
 

@@ -34,7 +34,7 @@ async def main(cfg: SchedulerConfig) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(core), name
     )
     await serve("scheduler", cfg.server, [registration], run=core.run, drain=core.drain,
-                health_probe=redis.ping)
+                health_probe=redis.ping, auth=cfg.auth)
     await redis.aclose()
 
 

@@ -87,7 +87,7 @@ async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None) -> N
     name = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name
     registration = Registration(toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server,
                                 ToolGatewayServicer(core), name)
-    await serve("toolgateway", cfg.server, [registration])
+    await serve("toolgateway", cfg.server, [registration], auth=cfg.auth)
 
 
 def run(cfg: ToolGatewayConfig) -> int:

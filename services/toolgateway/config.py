@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from libra.config import knob
-from libra.service_config import PeersConfig, ServerConfig, TelemetryConfig
+from libra.service_config import AuthConfig, PeersConfig, ServerConfig, TelemetryConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -13,6 +13,7 @@ class ToolGatewayConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=50054))
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     max_concurrency_per_tool: int = knob(8, "calls of one tool running at once")
     max_queue_depth_per_tool: int = knob(64, "calls waiting for a slot before "
                                              "RESOURCE_EXHAUSTED")

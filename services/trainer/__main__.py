@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
+from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, serve
 from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from libra.retry import RetryPolicy
@@ -31,7 +32,8 @@ async def main(cfg: TrainerConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
     factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism)
     core = TrainerCore(RedisTrainerStore(redis), factory,
-                       GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s),
+                       GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s,
+                                             auth=ClientAuth.for_service(cfg.auth)),
                        SystemClock(), consumer=cfg.worker_id,
                        report_retry=RetryPolicy(give_up_after_s=cfg.coordinator_retry_s))
     name = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
@@ -43,7 +45,7 @@ async def main(cfg: TrainerConfig) -> None:
     # A job still RUNNING lost its trainer (this process was restarted): take it up.
     await core.resume()
     await serve("trainer", cfg.server, [registration, channel], drain=core.drain,
-                health_probe=redis.ping)
+                health_probe=redis.ping, auth=cfg.auth)
     await redis.aclose()
 
 

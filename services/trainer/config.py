@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from libra.config import knob
-from libra.service_config import PeersConfig, ServerConfig, TelemetryConfig
+from libra.service_config import AuthConfig, PeersConfig, ServerConfig, TelemetryConfig
 
 PARALLELISM_CHOICES = ("auto", "ddp", "fsdp2")
 
@@ -15,6 +15,7 @@ class TrainerConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=50053))
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
     redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding the trajectory stream")
     worker_id: str = knob("trainer-0", "consumer name in the trajectory stream's group")
     num_threads: int = knob(1, "torch intra-op threads")

@@ -15,7 +15,6 @@ import redis as redis_sync
 from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from services.rollout.vllm_engine import vllm_available
 from tests.integration.stack_helpers import small_job, wait_for_job
 
@@ -50,7 +49,7 @@ async def test_short_job_runs_on_the_vllm_backend(vllm_stack: dict) -> None:
     spec = json.loads(small_job())
     spec["layout"]["buckets"] = [{"name": "short", "max_tokens": 256, "max_batch_size": 8,
                                   "max_trajectories_per_instance": 16}]
-    client = GrpcCoordinatorClient(stack.coordinator_address(vllm_stack))
+    client = stack.coordinator_client(vllm_stack)
     job = await client.create_job(json.dumps(spec), "json")
     job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=480)
     await client.close()

@@ -20,7 +20,6 @@ import redis as redis_sync
 from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.wire.common import decode_trajectory
 from tests.integration.stack_helpers import small_job, stack_up, wait_for_job
 
@@ -45,7 +44,7 @@ def cmlfq_job() -> str:
 
 
 async def test_trajectory_migrates_to_long_and_finishes_there(running_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
+    client = stack.coordinator_client(running_stack)
     job = await client.create_job(cmlfq_job(), "json")
     job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=180)
     await client.close()

@@ -61,7 +61,7 @@ def kinds(redis_url: str, job_id: str) -> list[str]:
 
 async def test_coordinator_killed_mid_job_the_job_succeeds_with_exact_accounting(
         restarting_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(restarting_stack), timeout_s=5.0)
+    client = stack.coordinator_client(restarting_stack, timeout_s=5.0)
     job = await client.create_job(small_job(num_steps=8, checkpoint_interval=2), "json")
     before = await wait_for_step(client, job.job_id, 3)
     assert before.state is t.JobState.RUNNING, before
@@ -93,7 +93,7 @@ async def test_a_job_running_when_the_stack_went_down_is_resumed_when_it_comes_u
     stack_file = write_stack(run_root / "stack.toml", restart_limit=0)
     state = stack.up(run_root, stack_file, timeout_s=120)
     try:
-        client = GrpcCoordinatorClient(stack.coordinator_address(state), timeout_s=5.0)
+        client = stack.coordinator_client(state, timeout_s=5.0)
         # Long enough (a step takes ~0.1 s here) to be mid-run when the stack stops.
         job = await client.create_job(small_job(num_steps=NUM_STEPS_LONG,
                                                 checkpoint_interval=2), "json")
@@ -102,7 +102,7 @@ async def test_a_job_running_when_the_stack_went_down_is_resumed_when_it_comes_u
         await client.close()
         assert stack.down(run_root)  # as Ctrl-C on an older `libra run` did
         state = stack.up(run_root, stack_file, timeout_s=120)  # the same Redis data
-        client = GrpcCoordinatorClient(stack.coordinator_address(state), timeout_s=5.0)
+        client = stack.coordinator_client(state, timeout_s=5.0)
         job, steps, counters = await wait_for_job(client, job.job_id)
         assert job.state is t.JobState.SUCCEEDED, job.message
         # Steps redone from the checkpoint replaced their records: one per step.

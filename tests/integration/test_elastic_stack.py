@@ -18,7 +18,6 @@ import redis as redis_sync
 from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
     small_job,
@@ -55,7 +54,7 @@ async def wait_for(predicate, timeout_s: float) -> bool:  # noqa: ANN001
 
 
 async def test_lend_join_lockstep_then_kill_the_hybrid(elastic_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(elastic_stack))
+    client = stack.coordinator_client(elastic_stack)
     spec = json.loads(small_job(num_steps=60, prompts_per_step=4))
     spec["elastic"] = ELASTIC
     job = await client.create_job(json.dumps(spec), "json")

@@ -13,7 +13,6 @@ import pytest
 
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.report import build_report, write_report
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
@@ -40,7 +39,7 @@ def eval_job(**task: object) -> str:
 
 
 async def test_short_job_records_eval_rounds_in_report_json(running_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
+    client = stack.coordinator_client(running_stack)
     job = await client.create_job(eval_job(), "json")
     job, steps, counters = await wait_for_job(client, job.job_id)
     assert job.state is t.JobState.SUCCEEDED, job.message

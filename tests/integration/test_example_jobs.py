@@ -16,7 +16,6 @@ import pytest
 from libra import types as t
 from libra.cli import stack
 from libra.cli.main import load_spec
-from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.jobspec import job_spec_from_json
 from tests.fixtures.hf_models import make_model_dir
 from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
@@ -47,7 +46,7 @@ async def _run(stack_state: dict, config: str, model: Path, monkeypatch) -> t.Jo
     monkeypatch.chdir(ROOT)  # the configs' relative paths resolve against the repo root
     data, _ = load_spec(ROOT / "deploy" / "configs" / config,
                         [*BRIEF, f"model.path={json.dumps(str(model))}"])
-    client = GrpcCoordinatorClient(stack.coordinator_address(stack_state))
+    client = stack.coordinator_client(stack_state)
     try:
         job = await client.create_job(json.dumps(data), "json")
         job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=600)

@@ -19,7 +19,6 @@ import redis as redis_sync
 from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
     small_job,
@@ -46,7 +45,7 @@ def _kinds(redis_url: str, job_id: str) -> list[str]:
 
 async def test_two_jobs_submitted_back_to_back_both_succeed_in_order(
         queue_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(queue_stack))
+    client = stack.coordinator_client(queue_stack)
     first = await client.create_job(small_job(num_steps=2), "json")
     second = await client.create_job(small_job(num_steps=2), "json")
     assert first.state is t.JobState.RUNNING
@@ -69,7 +68,7 @@ async def test_two_jobs_submitted_back_to_back_both_succeed_in_order(
 
 async def test_a_cancelled_job_resumed_from_its_checkpoint_succeeds_with_exact_accounting(
         queue_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(queue_stack))
+    client = stack.coordinator_client(queue_stack)
     job = await client.create_job(small_job(num_steps=NUM_STEPS, checkpoint_interval=1),
                                   "json")
     reached = await wait_for_step(client, job.job_id, 2)

@@ -16,7 +16,6 @@ import redis as redis_sync
 
 from libra import redis_keys as keys
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import LibraError
 from libra.redis_server import pid_alive, start_redis
 from tests.integration.stack_helpers import ROOT, small_job
@@ -32,7 +31,7 @@ async def wait_until_training(run_root: Path, proc: subprocess.Popen,
         assert proc.poll() is None, f"libra run exited early with {proc.returncode}"
         state = stack.read_state(run_root)
         if state is not None:
-            client = GrpcCoordinatorClient(stack.coordinator_address(state), timeout_s=2.0)
+            client = stack.coordinator_client(state, timeout_s=2.0)
             try:
                 jobs = await client.list_jobs()
             except LibraError:

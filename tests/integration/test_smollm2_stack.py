@@ -20,7 +20,6 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
 from libra.cli.main import load_spec
-from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.jobspec import job_spec_from_json
 from libra.wire.common import decode_trajectory
 from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
@@ -42,7 +41,7 @@ async def test_smollm2_calc_trains_two_steps_and_exports(running_stack: dict, sm
                                                          tmp_path: Path) -> None:
     data, _ = load_spec(ROOT / "deploy" / "configs" / "smollm2-calc.toml",
                         [*OVERRIDES, f"model.path={json.dumps(str(smollm2_dir))}"])
-    client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
+    client = stack.coordinator_client(running_stack)
     job = await client.create_job(json.dumps(data), "json")
     job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=900)
     await client.close()

@@ -19,7 +19,6 @@ import redis as redis_sync
 from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument
 from libra.redis_server import pid_alive
 from tests.integration.stack_helpers import ROOT, small_job, stack_up, wait_for_job
@@ -33,7 +32,7 @@ def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 async def test_short_job_runs_through_redis_and_advances_policy(running_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
+    client = stack.coordinator_client(running_stack)
     job = await client.create_job(small_job(), "json")
     job, steps, counters = await wait_for_job(client, job.job_id)
     assert job.state is t.JobState.SUCCEEDED, job.message
@@ -47,7 +46,7 @@ async def test_short_job_runs_through_redis_and_advances_policy(running_stack: d
 
 
 async def test_invalid_spec_is_refused_naming_the_field(running_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
+    client = stack.coordinator_client(running_stack)
     spec = json.loads(small_job())
     spec["algorithm"]["samples_per_prompt"] = 1
     with pytest.raises(InvalidArgument) as err:
@@ -60,7 +59,7 @@ async def test_a_composite_reward_job_records_its_components_per_step(
         running_stack: dict) -> None:
     """The spec names rewards the gateway registered (checked at submit over ListRewards);
     the rollout sends the whole trajectory; the step records carry the component means."""
-    client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
+    client = stack.coordinator_client(running_stack)
     spec = json.loads(small_job(num_steps=2))
     spec["reward"] = {"name": "composite", "components": [
         {"name": spec.get("reward", {}).get("name", "exact_match"), "weight": 1.0},
@@ -96,7 +95,7 @@ def test_status_json_lists_every_service_healthy(running_stack: dict) -> None:
 async def test_rollout_killed_mid_trajectory_is_requeued(running_stack: dict) -> None:
     """kill -9 a rollout instance holding trajectories: after its lease expires the
     scheduler re-places them on the other instance and the job still completes."""
-    client = GrpcCoordinatorClient(stack.coordinator_address(running_stack))
+    client = stack.coordinator_client(running_stack)
     job = await client.create_job(small_job(num_steps=8), "json")
     r = redis_sync.from_url(running_stack["redis_url"], decode_responses=True)
     victim = next(s for s in running_stack["services"] if s["name"] == "rollout-1")
@@ -113,6 +112,57 @@ async def test_rollout_killed_mid_trajectory_is_requeued(running_stack: dict) ->
     await client.close()
 
 
+async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
+        running_stack: dict) -> None:
+    """`libra up` generated tokens and a Redis password (0600 in the run root): every
+    door refuses a caller without them, while the CLI finds them by itself."""
+    import httpx
+
+    from libra.clients.coordinator import GrpcCoordinatorClient
+    from libra.clients.toolgateway import GrpcToolGatewayClient
+    from libra.errors import PermissionDenied, Unauthenticated
+    from libra.grpc_auth import ClientAuth
+    from libra.stack_secrets import secrets_dir
+
+    run_root = Path(running_stack["run_root"])
+    secret_files = sorted(secrets_dir(run_root).iterdir())
+    assert [p.name for p in secret_files] == ["api_token", "redis_password", "service_token"]
+    assert {p.stat().st_mode & 0o777 for p in secret_files} == {0o600}
+    assert stack.state_path(run_root).stat().st_mode & 0o777 == 0o600
+    api = (secrets_dir(run_root) / "api_token").read_text().strip()
+    address = stack.coordinator_address(running_stack)
+    anonymous = GrpcCoordinatorClient(address, timeout_s=5.0)
+    public = GrpcCoordinatorClient(address, timeout_s=5.0, auth=ClientAuth(api))
+    gateway = next(s for s in running_stack["services"] if s["name"] == "toolgateway")
+    tools = GrpcToolGatewayClient(f"127.0.0.1:{gateway['port']}", auth=ClientAuth(api))
+    try:
+        with pytest.raises(Unauthenticated):
+            await anonymous.list_jobs()
+        assert isinstance(await public.list_jobs(), list)
+        with pytest.raises(PermissionDenied):
+            await public.report_step("job-x", {"step": 1, "policy_version": 1})
+        with pytest.raises(PermissionDenied):
+            await tools.list_tools()
+    finally:
+        for client in (anonymous, public, tools):
+            await client.close()
+    coord = next(s for s in running_stack["services"] if s["name"] == "coordinator")
+    http_port = next(a.split("=", 1)[1] for a in coord["args"] if a.startswith("--http-port="))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}") as http:
+        assert (await http.get("/v1/jobs")).status_code == 401
+        ok = await http.get("/v1/jobs", headers={"Authorization": f"Bearer {api}"})
+        assert ok.status_code == 200
+    redis_port = int(running_stack["redis_url"].rsplit(":", 1)[1].split("/")[0])
+    with redis_sync.Redis(port=redis_port) as no_password:
+        with pytest.raises(redis_sync.AuthenticationError):
+            no_password.ping()
+    cli = subprocess.run([sys.executable, "-m", "libra.cli.main", "--run-root", str(run_root),
+                          "jobs", "--json"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert isinstance(json.loads(cli.stdout), list)
+
+
 def test_down_stops_every_process_by_pid(running_stack: dict) -> None:
     run_root = Path(running_stack["run_root"])
     pids = [s["pid"] for s in running_stack["services"]]
@@ -120,3 +170,4 @@ def test_down_stops_every_process_by_pid(running_stack: dict) -> None:
     assert stack.down(run_root)
     assert not any(pid_alive(pid) for pid in pids)
     assert stack.read_state(run_root) is None
+

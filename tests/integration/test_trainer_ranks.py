@@ -14,7 +14,6 @@ import pytest
 
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
     small_job,
@@ -57,7 +56,7 @@ def _rank_workers(trainer_pid: int) -> list[int]:
 
 
 async def test_two_rank_trainer_runs_a_job_with_exact_accounting(two_rank_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(two_rank_stack))
+    client = stack.coordinator_client(two_rank_stack)
     job = await client.create_job(small_job(checkpoint_interval=1), "json")
     job, steps, counters = await wait_for_job(client, job.job_id)
     assert job.state is t.JobState.SUCCEEDED, job.message

@@ -15,7 +15,6 @@ import redis as redis_sync
 from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
     small_job,
@@ -32,7 +31,7 @@ def restarting_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]
 
 
 async def test_trainer_killed_mid_run_resumes_from_its_checkpoint(restarting_stack: dict) -> None:
-    client = GrpcCoordinatorClient(stack.coordinator_address(restarting_stack))
+    client = stack.coordinator_client(restarting_stack)
     job = await client.create_job(small_job(num_steps=6, checkpoint_interval=2), "json")
     for _ in range(1200):
         current, _, _ = await client.get_job(job.job_id)

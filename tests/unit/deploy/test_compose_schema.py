@@ -98,7 +98,7 @@ def _published_host_ports(svc: dict[str, Any]) -> list[tuple[str, str]]:
         if isinstance(port, dict):
             out.append((str(port.get("host_ip", "")), str(port["published"])))
             continue
-        parts = str(port).split(":")
+        parts = str(port).rsplit(":", 2)  # the host part may hold ${VAR:-default}
         if len(parts) == 3:
             out.append((parts[0], parts[1]))
         elif len(parts) == 2:
@@ -213,7 +213,8 @@ def test_peers_and_redis_point_at_compose_services() -> None:
     for name, (kind, svc) in libra.items():
         cfg = _config(kind, svc)
         if hasattr(cfg, "redis_url"):
-            assert re.fullmatch(r"redis://redis:6379/\d+", cfg.redis_url), name
+            assert re.fullmatch(r"redis://:\$\{LIBRA_REDIS_PASSWORD:\?[^}]+\}@redis:6379/\d+",
+                                cfg.redis_url), f"{name}: Redis URL without the password"
             assert "redis" in svc.get("depends_on", {}), f"{name} must wait for Redis"
         # The peers a service dials are the ones its entry point reads.
         main = (ROOT / "services" / kind / "__main__.py").read_text()
@@ -299,3 +300,42 @@ def test_healthcheck_follows_the_serving_status() -> None:
         assert healthcheck.main([address, "--timeout", "2"]) == 1
     finally:
         server.stop(grace=None)
+
+
+# -- security -----------------------------------------------------------------------------
+
+REQUIRED = re.compile(r"^\$\{(LIBRA_[A-Z_]+):\?[^}]+\}$")  # ${VAR:?message}: must be set
+
+
+def test_every_service_requires_the_service_token_and_redis_a_password() -> None:
+    doc = _compose()
+    for name, (kind, svc) in _libra_services(doc).items():
+        cfg = _config(kind, svc)
+        # Compose interpolates the value; unset, `docker compose up` stops with the message.
+        match = REQUIRED.match(cfg.auth.service_token)
+        assert match and match.group(1) == "LIBRA_SERVICE_TOKEN", name
+        if kind == "coordinator":
+            match = REQUIRED.match(cfg.auth.api_token)
+            assert match and match.group(1) == "LIBRA_API_TOKEN", name
+        else:
+            assert cfg.auth.api_token == "", f"{name}: has no public methods"
+    redis = doc["services"]["redis"]
+    command = _as_list(redis["command"])
+    assert REQUIRED.match(command[command.index("--requirepass") + 1])
+    assert REQUIRED.match(redis["environment"]["REDISCLI_AUTH"])  # health check logs in
+
+
+def test_only_the_public_api_is_published_and_on_loopback_by_default() -> None:
+    doc = _compose()
+    published = {}
+    for name, svc in doc["services"].items():
+        for host_ip, port in _published_host_ports(svc):
+            published[(name, port)] = host_ip
+    libra = _libra_services(doc)
+    coordinator = _config("coordinator", libra["coordinator"][1])
+    public = {str(coordinator.server.port), str(coordinator.http_port)}
+    for (name, port), host_ip in published.items():
+        assert host_ip in ("127.0.0.1", "${LIBRA_PUBLISH_HOST:-127.0.0.1}"), (name, port)
+        if host_ip != "127.0.0.1":  # may be widened: only the public API
+            assert (name, port in public) == ("coordinator", True), (name, port)
+    assert {p for (n, p) in published if n == "coordinator"} >= public

@@ -22,6 +22,9 @@ SHARED = [
     "telemetry.log_level", "telemetry.log_max_bytes", "telemetry.log_max_message_chars",
     "telemetry.log_repeat_burst", "telemetry.log_repeat_window_s", "telemetry.otlp_endpoint",
     "telemetry.trace_console",
+    "auth.api_token", "auth.api_token_file", "auth.service_token", "auth.service_token_file",
+    "auth.tls_ca_file", "auth.tls_cert_file", "auth.tls_key_file", "auth.tls_client_ca_file",
+    "auth.tls_client_cert_file", "auth.tls_client_key_file",
 ]
 PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.toolgateway",
          "peers.trainer"]

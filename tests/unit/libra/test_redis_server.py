@@ -68,3 +68,23 @@ def test_server_that_cannot_start_raises_with_log(tmp_path: Path,
                                                   server: EmbeddedRedis) -> None:
     with pytest.raises(RuntimeError, match="exited"):
         start_redis(tmp_path / "other", port=server.port)
+
+
+def test_password_is_required_and_kept_out_of_the_command_line(tmp_path: Path) -> None:
+    srv = start_redis(tmp_path / "data", password="s3cret-pw")
+    try:
+        assert srv.url == f"redis://:s3cret-pw@127.0.0.1:{srv.port}/0"
+        with client(srv) as c:
+            assert c.ping() is True
+        with redis_sync.Redis(port=srv.port) as anonymous:
+            with pytest.raises(redis_sync.AuthenticationError):
+                anonymous.ping()
+        with redis_sync.Redis(port=srv.port, password="wrong") as wrong:
+            with pytest.raises(redis_sync.AuthenticationError):
+                wrong.ping()
+        cmdline = Path(f"/proc/{srv.pid}/cmdline").read_bytes()
+        assert b"s3cret-pw" not in cmdline
+        conf = srv.data_dir / "redis.conf"
+        assert conf.stat().st_mode & 0o777 == 0o600
+    finally:
+        srv.stop()
