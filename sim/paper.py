@@ -76,7 +76,11 @@ def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
             rows[name] = {
                 "throughput_mean": float(thr.mean()),
                 "throughput_spread": float((thr.max() - thr.min()) / thr.mean()),
+                "steady_mean": _mean_or_none([r["steady_throughput_traj_per_s"] for r in ok]),
                 "makespan_over_bound": float(np.mean([r["makespan_over_bound"] for r in ok])),
+                "makespan_over_chain": float(
+                    np.mean([r["makespan_s"] / r["bound_terms"]["step_chain_bound_s"] for r in ok])
+                ),
                 "p99_latency_s": float(np.mean([r["p99_traj_latency_s"] for r in ok])),
                 "gpu_busy": float(np.mean([r["gpu_busy_fraction"] for r in ok])),
                 "migrations": float(np.mean([r["migrations"] for r in ok])),
@@ -101,13 +105,18 @@ def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
     return out
 
 
+def _mean_or_none(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
 def table(result: dict[str, Any]) -> str:
     """Plain-text table of the summary."""
     lines = [
         f"libra bench paper: {result['cluster']['name']} ({result['cluster']['model']}), "
         f"{result['seeds']} seed(s), {result['wall_s']:.1f} s",
-        f"{'workload':8} {'system':13} {'traj/s':>8} {'spread':>7} {'mk/LB':>6} "
-        f"{'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5}",
+        f"{'workload':8} {'system':13} {'traj/s':>8} {'spread':>7} {'steady':>7} {'mk/LB':>6} "
+        f"{'mk/chn':>6} {'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5}",
     ]
     for shape, rows in result["summary"].items():
         for name, row in rows.items():
@@ -118,8 +127,9 @@ def table(result: dict[str, Any]) -> str:
                 continue
             lines.append(
                 f"{shape:8} {name:13} {row['throughput_mean']:8.3f} "
-                f"{row['throughput_spread']:7.1%} "
-                f"{row['makespan_over_bound']:6.2f} {row['p99_latency_s']:8.1f} "
+                f"{row['throughput_spread']:7.1%} {_fmt(row['steady_mean'])} "
+                f"{row['makespan_over_bound']:6.2f} {row['makespan_over_chain']:6.2f} "
+                f"{row['p99_latency_s']:8.1f} "
                 f"{row['gpu_busy']:5.2f} {row['migrations']:6.0f} {row['planner_moves']:5.1f}"
             )
         ratios = rows.get("_ratios")
@@ -129,6 +139,10 @@ def table(result: dict[str, Any]) -> str:
                 f"({ratios['best_peer']}) = {ratios['libra_vs_best_peer']:.2f}x"
             )
     return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return f"{value:7.3f}" if value is not None else f"{'-':>7}"
 
 
 def chart(result: dict[str, Any], path: Path) -> Path | None:

@@ -64,6 +64,28 @@ def initial_plan(
     return planner.current, planner if online else None, event.to_dict()
 
 
+def steady_throughput(
+    train_log: list[dict[str, Any]], trace: list[TraceTrajectory], pipeline_depth: int
+) -> float | None:
+    """Trajectories per second between the end of the fill and the start of the drain.
+
+    The first ``pipeline_depth`` steps are released before any training has ended (fill)
+    and the last ``pipeline_depth`` steps are trained while no new step is released
+    (drain); both are excluded. The rate is the steady steps' trajectories over the time
+    between the training end of the last fill step and that of the last steady step.
+    ``None`` when the run has no steady step (fewer than ``2 * pipeline_depth + 1`` steps).
+    """
+    first, last = pipeline_depth - 1, len(train_log) - 1 - pipeline_depth
+    if last <= first:
+        return None
+    per_step: dict[int, int] = {}
+    for t in trace:
+        per_step[t.step] = per_step.get(t.step, 0) + 1
+    end_s = [r["start_s"] + r["train_s"] for r in train_log]
+    done = sum(per_step[r["step"]] for r in train_log[first + 1 : last + 1])
+    return done / (end_s[last] - end_s[first])
+
+
 def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig) -> dict[str, Any]:
     """Simulate and summarise; an infeasible workload yields ``{"feasible": false, ...}``."""
     started = time.perf_counter()
@@ -82,7 +104,8 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         raw = Simulator(cluster, trace, fitted, plan, planner).run()
     except SimInfeasible as exc:
         return {**base, "feasible": False, "reason": str(exc)}
-    bound = lower_bound_s(cluster, trace)
+    staleness = 0 if fitted.mode == "sync" else fitted.staleness
+    bound = lower_bound_s(cluster, trace, staleness)
     makespan = raw["makespan_s"]
     lat = np.array(raw["latencies_s"])
     tokens = sum(t.total_tokens for t in trace)
@@ -92,6 +115,7 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         **base,
         "feasible": True,
         "throughput_traj_per_s": len(trace) / makespan,
+        "steady_throughput_traj_per_s": steady_throughput(log, trace, staleness + 1),
         "tokens_per_s": tokens / makespan,
         "makespan_s": makespan,
         "lower_bound_s": bound["lower_bound_s"],
