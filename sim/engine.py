@@ -260,19 +260,11 @@ class Simulator:
             self._finish_steps(inst, inst.steps_done_by(now), now)
             advanced = True
         before = len(inst.running)
-        inst.admit_waiting(self._priority_key())
+        inst.admit_waiting()
         if advanced or len(inst.running) != before or inst.seg_steps == 0:
             end = inst.plan_segment(now)
             if end is not None:
                 self._push(end, WAKE, (inst.iid, inst.version))
-
-    def _priority_key(self) -> Any:
-        if self.system.policy != "toolcount":
-            return None
-        return lambda s: (
-            -self.policy.priority(TrajectoryId(s.traj.rec.trajectory_id)),
-            s.traj.rec.step,
-        )
 
     def _finish_steps(self, inst: Instance, k: int, now: float) -> None:
         for seq in inst.advance(k):
@@ -527,7 +519,7 @@ class Simulator:
                 if inst is None or inst.version != version:
                     continue
                 self._finish_steps(inst, inst.seg_steps, now)
-                inst.admit_waiting(self._priority_key())
+                inst.admit_waiting()
                 end = inst.plan_segment(now)
                 if end is not None:
                     self._push(end, WAKE, (inst.iid, inst.version))

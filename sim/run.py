@@ -12,6 +12,7 @@ from services.coordinator.planner import (
     ClusterShape,
     GlobalResourcePlanner,
     Plan,
+    PlanError,
     PlanSearch,
     RequestStats,
     SearchSpace,
@@ -41,6 +42,8 @@ def initial_plan(
     if system.mode == "sync":
         pattern = system.node_patterns[0]
         return Plan(TrainParallelism(8, 1, 0), tuple([pattern] * cluster.num_nodes)), None, None
+    if system.train_gpus is not None:
+        return static_plan(cluster, system), None, None
     history = [
         RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
         for t in step0[:STARTUP_PROFILE_SIZE]
@@ -62,6 +65,25 @@ def initial_plan(
         raise SimInfeasible("planner preflight found no feasible plan (model or KV does not fit)")
     online = system.enable_replan or system.enable_elastic
     return planner.current, planner if online else None, event.to_dict()
+
+
+def static_plan(cluster: ClusterSpec, system: SystemConfig) -> Plan:
+    """The fixed split of a static system: TP8 (or one node) replicas, one node pattern.
+
+    Raises:
+        PlanError: If the split is not whole nodes or leaves a stage without a node.
+    """
+    gpn = cluster.gpus_per_node
+    train_nodes = (system.train_gpus or 0) // gpn
+    tp = min(8, gpn)
+    plan = Plan(
+        TrainParallelism(tp, 1, train_nodes * gpn // tp),
+        (system.node_patterns[0],) * (cluster.num_nodes - train_nodes),
+    )
+    if train_nodes * gpn != system.train_gpus:
+        raise PlanError(f"train_gpus: {system.train_gpus} is not whole {gpn}-GPU nodes")
+    plan.validate(ClusterShape(cluster.num_nodes, gpn))
+    return plan
 
 
 def steady_throughput(
