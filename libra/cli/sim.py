@@ -138,9 +138,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model", default=None, help="model preset (qwen3-4b, qwen3-14b, qwen3-30b-a3b)"
     )
-    p.add_argument(
-        "--system", default="libra", help="sync-lb|async-lb|length-aware|la-mlfq|toolcount|libra"
-    )
+    from sim.systems import SYSTEM_NAMES
+
+    p.add_argument("--system", default="libra", help="compared system: " + "|".join(SYSTEM_NAMES))
     tsub = p.add_subparsers(dest="sim_command")
     t = tsub.add_parser("trace", help="write a generated trace as JSONL")
     t.add_argument("--shape", default="r2e")

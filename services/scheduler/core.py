@@ -122,6 +122,10 @@ def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
         tree_persist_interval_finishes=c.tree_persist_interval_finishes,
         min_node_visits=c.min_node_visits,
         bucket_thresholds_tokens=tuple(c.bucket_thresholds_tokens) or None,
+        live_thresholds=c.live_thresholds,
+        entry=c.entry,
+        disagree_rule=c.disagree_rule,
+        max_queue_length=c.max_queue_length,
         enable_fallback=c.enable_fallback,
     )
 
