@@ -27,6 +27,7 @@ reference behaviour one setting away):
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,8 @@ from services.scheduler.policy.routing import (
 from services.scheduler.policy.store import PolicyStore, TrajectoryRecord
 from services.scheduler.policy.thresholds import live_gpu_shares, live_thresholds
 
+LENGTH_WINDOW_SAMPLES = 2000
+"""Recent mapped lengths (totals and remaining-after-return) the live thresholds split."""
 ENTRY_RULES = ("predict", "shortest")
 DISAGREE_RULES = ("clamp", "stay")
 
@@ -154,6 +157,10 @@ class CmlfqPolicy(PinningPolicy):
         self._shares = live_gpu_shares(layout, ())
         self._threshold_cache: tuple[tuple, tuple[tuple[str, ...], tuple[float, ...]]] | None = None
         self._tree_epoch = 0
+        self._decision_lengths: collections.deque[float] = collections.deque(
+            maxlen=LENGTH_WINDOW_SAMPLES
+        )
+        self._num_lengths = 0
         self._tree = CausalPrefixTree(config.p90_window_samples)
         self._finishes_since_persist = 0
         self._has_snapshot = False
@@ -177,11 +184,10 @@ class CmlfqPolicy(PinningPolicy):
         """Bucket names (short first) and the upper thresholds in force now."""
         if not self._config.live_thresholds or self._config.bucket_thresholds_tokens is not None:
             return self._layout.names, self._static_thresholds
-        root = self._tree.global_root
-        key = (tuple(self._shares.items()), root.visit_count, self._tree_epoch)
+        key = (tuple(self._shares.items()), self._num_lengths, self._tree_epoch)
         if self._threshold_cache is None or self._threshold_cache[0] != key:
             derived = live_thresholds(
-                self._layout, self._shares, root.samples, self._config.min_node_visits
+                self._layout, self._shares, self._decision_lengths, self._config.min_node_visits
             )
             self._threshold_cache = (key, derived)
         return self._threshold_cache[1]
@@ -232,9 +238,12 @@ class CmlfqPolicy(PinningPolicy):
             snapshot_seq = snapshot.get("learn_seq")
             if snapshot_seq is not None:
                 self._learn_seq = max(self._learn_seq, int(snapshot_seq))
-                for data in recent:
-                    if int(data.get("seq", 0)) > snapshot_seq:
-                        self._insert(RecentTrajectory.from_dict(data))
+            for data in recent:
+                entry = RecentTrajectory.from_dict(data)
+                if snapshot_seq is not None and int(data.get("seq", 0)) > snapshot_seq:
+                    self._insert(entry)  # learned after the snapshot
+                else:
+                    self._remember_lengths(entry)  # in the tree already; thresholds need it
             return "snapshot"
         if recent:
             self._rebuild(recent)
@@ -334,11 +343,21 @@ class CmlfqPolicy(PinningPolicy):
             self._persist()
 
     def _rebuild(self, recent: list[dict[str, Any]]) -> None:
-        self._tree.rebuild(RecentTrajectory.from_dict(data) for data in recent)
+        self._tree.rebuild(())
+        self._decision_lengths.clear()
+        for data in recent:
+            self._insert(RecentTrajectory.from_dict(data))
         self._tree_epoch += 1
         self._counters["rebuilds"] += 1
 
+    def _remember_lengths(self, recent: RecentTrajectory) -> None:
+        # Lengths as C-MLFQ maps them: the total at entry, the remaining after each return.
+        self._decision_lengths.append(float(recent.total_tokens))
+        self._decision_lengths.extend(float(r) for r in recent.remaining_tokens)
+        self._num_lengths += 1
+
     def _insert(self, recent: RecentTrajectory) -> None:
+        self._remember_lengths(recent)
         self._tree.insert(
             recent.prompt_id, recent.path_keys, recent.remaining_tokens, recent.total_tokens
         )

@@ -188,15 +188,22 @@ def route_by_load(
     *,
     cursor: RoundRobinCursor | None = None,
 ) -> RouteResult | None:
-    """The least-loaded live instance under its cap; ties go to the shortest bucket,
-    then rotate within it (so an idle cluster still fills the top level first)."""
+    """The live instance under its cap with the fewest trajectories per device (pinned
+    trajectories / the bucket's TP degree: a TP4 instance has four devices' worth of
+    memory bandwidth and KV). Ties go to the shortest bucket, then rotate within it, so
+    an idle cluster still fills the top level first."""
     cursor = cursor if cursor is not None else RoundRobinCursor()
     caps = _caps(layout)
+    tp = {b.name: b.tp_degree for b in layout.buckets}
     candidates = [instance for instance in instances if _has_room(instance, caps)]
     if not candidates:
         return None
-    least = min(instance.active_trajectories for instance in candidates)
-    tied = [instance for instance in candidates if instance.active_trajectories == least]
+
+    def per_device(instance: InstanceLoad) -> float:
+        return instance.active_trajectories / tp[instance.bucket]
+
+    least = min(per_device(instance) for instance in candidates)
+    tied = [instance for instance in candidates if per_device(instance) == least]
     level = min(layout.index(instance.bucket) for instance in tied)
     name = layout.buckets[level].name
     chosen = _pick_least_loaded((i for i in tied if i.bucket == name), name, cursor)

@@ -8,10 +8,11 @@ live instance, and every one of them is reachable:
 
 - only buckets with at least one live instance take part (a bucket without one would
   only send work to a fallback);
-- with evidence (``min_samples`` recent trajectory lengths), thresholds split the
-  *tokens* of those lengths in proportion to each live bucket's share of the live
-  GPUs: the short bucket takes the shortest trajectories until it holds its share of
-  the tokens, and so on. Tokens, not trajectories, because work grows with length;
+- with evidence (``min_samples`` recent lengths as C-MLFQ maps them: totals at entry,
+  remaining lengths after each tool return), thresholds split the *tokens* of those
+  lengths in proportion to each live bucket's share of the live GPUs: the short bucket
+  takes the shortest until it holds its share of the tokens, and so on. Tokens, not
+  counts, because work grows with length;
 - without evidence, the layout's ``max_tokens`` of the live buckets;
 - the longest live bucket is unbounded above (``math.inf``): nothing longer than
   every threshold is left without a bucket.

@@ -94,3 +94,44 @@ def test_sweep_names_the_trajectory_a_layout_cannot_hold() -> None:
 def test_bench_rejects_unknown_systems_before_running() -> None:
     with pytest.raises(ValueError, match="unknown system"):
         paper.run_paper(48, 1, systems=("sync-lb", "toolcount"))
+
+
+# Every bucket reachable (issue 20 item 5), end to end in the simulator.
+
+
+def _two_node_run(rules: dict) -> dict:
+    from dataclasses import replace
+
+    from services.coordinator.planner import Plan, TrainParallelism
+    from services.scheduler.policy import CmlfqConfig
+    from sim.engine import Simulator
+
+    spec = presets.cluster("a800x24")
+    conf = replace(
+        system("libra"),
+        enable_replan=False,
+        enable_elastic=False,
+        node_patterns=((1, 1, 2, 4), (8,)),
+        policy_config=CmlfqConfig(rebuild_interval_steps=5, **rules),
+    )
+    tr = generate(GeneratorConfig(shape="r2e", num_steps=4, prompts_per_step=4, seed=0))
+    plan = Plan(TrainParallelism(8, 1, 1), ((1, 1, 2, 4), (8,)))
+    return Simulator(spec, tr, conf, plan).run()
+
+
+def test_a_tp8_bucket_above_the_workload_gets_work_under_libra_rules_only() -> None:
+    reference = _two_node_run(
+        {
+            "entry": "shortest",
+            "disagree_rule": "stay",
+            "live_thresholds": False,
+            "min_node_visits": 1,
+            "max_queue_length": 0,
+        }
+    )
+    libra = _two_node_run({})
+    assert reference["bucket_busy_fraction"]["tp8"] == 0.0
+    assert all(v > 0.0 for v in libra["bucket_busy_fraction"].values()), libra[
+        "bucket_busy_fraction"
+    ]
+    assert libra["idle_while_queued"] == {}
