@@ -57,6 +57,7 @@ from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
 from services.scheduler.policy.layout import BucketLayout
 from services.scheduler.policy.registry import PolicyConfig, make_policy
+from services.scheduler.policy.thresholds import idle_while_queued
 from services.scheduler.state import FinishRecord, LeaseSnapshot, TickWrites
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -108,6 +109,8 @@ class JobRun:
     pending: dict[str, t.Trajectory] | None = None
     # "0": re-read finishes delivered but not acknowledged (a restart); then ">".
     finish_cursor: str = "0"
+    # Live instances holding nothing while work waited after the last placement pass.
+    idle_while_queued: tuple[str, ...] = ()
 
 
 def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
@@ -307,11 +310,23 @@ class SchedulerCore:
             run.pending = {traj.trajectory_id: traj
                            for traj in await self._store.pending(run.job_id)}
         if not run.pending:
+            run.idle_while_queued = ()
             return
         placed = self._assign(run, list(run.pending.values()), run.instances)
         for traj in placed:
             del run.pending[traj.trajectory_id]
+        self._check_idle(run)
         writes.placed_from_pending += placed
+
+    def _check_idle(self, run: JobRun) -> None:
+        """Warn (once per change) about live instances holding nothing while work waits:
+        the policy or its caps cannot reach them (e.g. a bucket the layout lacks)."""
+        idle = tuple(idle_while_queued(run.instances, len(run.pending or {})))
+        if idle != run.idle_while_queued and idle:
+            logger.warning("[placement] instances idle while %d trajectories wait job_id=%s "
+                           "instances=%s (bucket unknown to the layout, or a cap of 0?)",
+                           len(run.pending or {}), run.job_id, ",".join(idle))
+        run.idle_while_queued = idle
 
     def _assign(self, run: JobRun, trajs: list[t.Trajectory],
                 instances: list[t.InstanceLoad]) -> list[t.Trajectory]:

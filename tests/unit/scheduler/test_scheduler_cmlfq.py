@@ -219,3 +219,22 @@ def test_layout_cmlfq_rejects_unknown_rules_naming_the_field(key: str, value: ob
         job_spec_from_dict({"layout": {"policy": "cmlfq", "cmlfq": {key: value}}})
     assert err.value.field == f"layout.cmlfq.{key}"
     assert build_policy_config(job_spec_from_dict({})) is None  # least_loaded: defaults
+
+
+async def test_an_instance_the_layout_cannot_reach_is_flagged_idle_while_work_waits(
+        r: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    spec = job_spec_from_dict({
+        "name": "t", "algorithm": {"prompts_per_step": 1, "samples_per_prompt": 4,
+                                   "max_staleness": 0},
+        "layout": {"policy": "cmlfq", "buckets": [
+            {"name": "short", "max_tokens": 96, "max_trajectories_per_instance": 1},
+            {"name": "long", "max_tokens": 256, "max_trajectories_per_instance": 1}]}})
+    await r.sadd(keys.WORKERS, "rollout-typo")  # registered under a bucket the spec lacks
+    await r.hset(keys.lease("rollout-typo"), mapping={"role": "core-rollout", "bucket": "lng"})
+    core = await started(r, spec)
+    with caplog.at_level("WARNING", logger="services.scheduler.core"):
+        await core._tick(core._jobs[JOB])  # 4 trajectories, room for 2
+        await core._tick(core._jobs[JOB])  # the pending pass finds rollout-typo idle
+    run = core._jobs[JOB]
+    assert len(run.pending or {}) == 2 and run.idle_while_queued == ("rollout-typo",)
+    assert "idle while 2 trajectories wait" in caplog.text and "rollout-typo" in caplog.text
