@@ -22,7 +22,7 @@ from sim.bounds import lower_bound_s
 from sim.engine import Simulator
 from sim.instance import SimInfeasible
 from sim.presets import ClusterSpec
-from sim.systems import SystemConfig
+from sim.systems import SystemConfig, reference_train_gpus
 from sim.trace import TraceTrajectory
 
 STARTUP_PROFILE_SIZE = 64
@@ -44,6 +44,12 @@ def initial_plan(
         return Plan(TrainParallelism(8, 1, 0), tuple([pattern] * cluster.num_nodes)), None, None
     if system.train_gpus is not None:
         return static_plan(cluster, system), None, None
+    if not (system.enable_replan or system.enable_elastic):
+        # A static peer without a split runs at the reference's: a preflight would make
+        # its split depend on the seed's first step (issue 20).
+        split = reference_train_gpus(cluster.num_nodes, cluster.gpus_per_node)
+        fixed = system.with_split(split, system.node_patterns[0], "reference")
+        return static_plan(cluster, fixed), None, None
     history = [
         RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
         for t in step0[:STARTUP_PROFILE_SIZE]

@@ -4,8 +4,8 @@ Only configuration differs between systems: placement policy, rollout layout fam
 RL mode (synchronous colocated or asynchronous disaggregated with a staleness bound)
 and whether the planner replans online and drives the elastic pool. Static systems
 run at a fixed split (``train_gpus``) and one node pattern: the reference's split by
-default, or their own best split and layout from ``sim.sweep`` (an oracle). A static
-system without a split falls back to one planner preflight over its layout family.
+default (``sim.run.initial_plan``), or their own best split and layout from
+``sim.sweep`` (an oracle). Only libra's planner chooses its split.
 
 ``toolcount`` is not compared: its priority orders two queues. In the scheduler's
 pending queue (where the service applies it) no trajectory has begun, so every
@@ -71,7 +71,8 @@ class SystemConfig:
     """Payload small / large thresholds in tokens (reference defaults)."""
     train_gpus: int | None = None
     """Static split: training GPUs (whole nodes); rollout nodes all run
-    ``node_patterns[0]``. ``None``: the planner's preflight picks split and layout."""
+    ``node_patterns[0]``. ``None``: the reference's split for a static system, the
+    planner's preflight for one that replans."""
     split_label: str = ""
     """Where a static split came from (``reference``, ``oracle``), for reports."""
 

@@ -32,6 +32,15 @@ def test_peer_at_the_reference_split_runs_there() -> None:
     assert res["initial_plan"]["rollout_tps"] == {2: 8}
 
 
+@pytest.mark.parametrize("name", ["async-lb", "length-aware", "la-mlfq"])
+def test_a_static_peer_without_a_split_runs_at_the_reference_split_for_every_seed(
+    name: str,
+) -> None:
+    plans = [run(CLUSTER, _trace(seed), system(name))["initial_plan"] for seed in (0, 1, 2)]
+    assert all(p == plans[0] for p in plans)
+    assert (plans[0]["train_gpus"], plans[0]["rollout_gpus"]) == (32, 16)
+
+
 def test_only_static_peers_take_a_split_and_toolcount_is_not_compared() -> None:
     assert set(STATIC_PEERS) == {"async-lb", "length-aware", "la-mlfq"}
     assert "toolcount" not in SYSTEM_NAMES
