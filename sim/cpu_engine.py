@@ -45,15 +45,13 @@ class CpuEngineCosts:
             return 0.0
         per_step = self.decode_base_s + self.decode_per_row_s * batch
         return num_steps * per_step + self.decode_per_row_ctx_s * batch * _ctx_sum(
-            ctx_start, num_steps
-        )
+            ctx_start, num_steps)
 
     def call_s(self, prompt_lens: list[int], output_lens: list[int]) -> float:
         """One ``generate`` call: prefill, then decode until the longest turn ends."""
         batch, padded = len(prompt_lens), max(prompt_lens)
         return self.prefill_s(batch, padded) + self.decode_steps_s(
-            batch, padded, max(output_lens) - 1
-        )
+            batch, padded, max(output_lens) - 1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,8 +95,7 @@ def _features(call: dict[str, Any]) -> list[float]:
 def predicted_s(costs: CpuEngineCosts, call: dict[str, Any]) -> float:
     """The model's time for one recorded call's shape."""
     return costs.prefill_s(call["batch"], call["prompt_len"]) + costs.decode_steps_s(
-        call["batch"], call["prompt_len"], call["decode_steps"]
-    )
+        call["batch"], call["prompt_len"], call["decode_steps"])
 
 
 def fit_report(costs: CpuEngineCosts, calls: list[dict[str, Any]]) -> dict[str, float]:

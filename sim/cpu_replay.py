@@ -153,9 +153,7 @@ class CpuReplay:
     def _place(self, t: _Traj, now: float) -> bool:
         rec = t.rt.rec
         desc = TrajectoryDescriptor(
-            TrajectoryId(rec.trajectory_id),
-            PromptId(rec.prompt_id),
-            GroupId(rec.group_id),
+            TrajectoryId(rec.trajectory_id), PromptId(rec.prompt_id), GroupId(rec.group_id),
             rec.prompt_tokens,
         )
         placement = self.policy.begin(desc, self.loads)
@@ -244,9 +242,8 @@ class CpuReplay:
             if loop is None:
                 self._after_rpcs(iid, a, rpcs, now)
                 continue
-            started = (
-                now + loop.resume_s + loop.after_s * (i + 1) / len(batch) + loop.task_start_s
-            )  # the row's task, spawned in batch order
+            started = (now + loop.resume_s + loop.after_s * (i + 1) / len(batch)
+                       + loop.task_start_s)  # the row's task, spawned in batch order
             self._push(started, RPC_DONE, (iid, a, rpcs, True))
         if loop is None:
             self._on_loop((iid, RESUME), now)
@@ -261,17 +258,14 @@ class CpuReplay:
         else:
             self._tool_done(iid, a, now)
 
-    def _on_rpc_done(self, payload: tuple[str, _Traj, tuple[float, ...], bool], now: float) -> None:
+    def _on_rpc_done(self, payload: tuple[str, _Traj, tuple[float, ...], bool],
+                     now: float) -> None:
         """An RPC answered: its task resumes once the event loop holds the GIL. While an
         engine call runs, the engine thread holds it and the loop waits one switch
         interval before the interpreter forces a hand-over (``gil_wait_s``)."""
         iid, a, rest, waited = payload
-        if (
-            self.insts[iid].busy
-            and not waited
-            and self.stack.gil_wait_s > 0
-            and iid not in self.stack.loop
-        ):
+        if (self.insts[iid].busy and not waited and self.stack.gil_wait_s > 0
+                and iid not in self.stack.loop):
             self._push(now + self.stack.gil_wait_s, RPC_DONE, (iid, a, rest, True))
             return
         self._after_rpcs(iid, a, rest, now)

@@ -52,34 +52,24 @@ def loop_costs(profile: dict[str, Any]) -> LoopCosts | None:
     passes = profile.get("passes", [])
     if not passes:
         return None
-    same_version = [
-        p for prev, p in zip(passes, passes[1:], strict=False) if p["version"] == prev["version"]
-    ]
-    overhead = (
-        _mean([p["pull_s"] for p in passes if p["active"] > 0])
-        + _mean([p["refresh_s"] for p in same_version])
-        + _mean([p["prep_s"] + p["dispatch_s"] for p in passes])
-    )
+    same_version = [p for prev, p in zip(passes, passes[1:], strict=False)
+                    if p["version"] == prev["version"]]
+    overhead = (_mean([p["pull_s"] for p in passes if p["active"] > 0])
+                + _mean([p["refresh_s"] for p in same_version])
+                + _mean([p["prep_s"] + p["dispatch_s"] for p in passes]))
     starts = [o["wall_s"] for o in profile.get("ops", []) if o["op"] == "task_start"]
     return LoopCosts(
-        pass_overhead_s=overhead,
-        resume_s=_mean([p["resume_s"] for p in passes]),
-        after_s=_mean([p["after_s"] for p in passes]),
-        task_start_s=_mean(starts),
-        num_passes=len(passes),
-        num_tasks=len(starts),
-    )
+        pass_overhead_s=overhead, resume_s=_mean([p["resume_s"] for p in passes]),
+        after_s=_mean([p["after_s"] for p in passes]), task_start_s=_mean(starts),
+        num_passes=len(passes), num_tasks=len(starts))
 
 
 def op_latencies(profiles: dict[str, dict[str, Any]], op: str) -> dict[str, list[float]]:
     """Per key (trajectory id): the wall times of its ``op`` operations, in order, over
     every instance's profile."""
-    rows = sorted(
-        (o["at_s"], o["key"], o["wall_s"])
-        for prof in profiles.values()
-        for o in prof.get("ops", [])
-        if o["op"] == op and o["key"]
-    )
+    rows = sorted((o["at_s"], o["key"], o["wall_s"])
+                  for prof in profiles.values() for o in prof.get("ops", [])
+                  if o["op"] == op and o["key"])
     out: dict[str, list[float]] = defaultdict(list)
     for _, key, wall_s in rows:
         out[key].append(wall_s)
@@ -89,10 +79,8 @@ def op_latencies(profiles: dict[str, dict[str, Any]], op: str) -> dict[str, list
 def phase_means(profile: dict[str, Any]) -> dict[str, float]:
     """Diagnostics: the mean of every pass phase and of every operation kind."""
     passes = profile.get("passes", [])
-    out = {
-        k: _mean([p[k] for p in passes])
-        for k in ("pull_s", "refresh_s", "prep_s", "dispatch_s", "engine_s", "resume_s", "after_s")
-    }
+    out = {k: _mean([p[k] for p in passes]) for k in (
+        "pull_s", "refresh_s", "prep_s", "dispatch_s", "engine_s", "resume_s", "after_s")}
     ops: dict[str, list[float]] = defaultdict(list)
     for o in profile.get("ops", []):
         ops[o["op"]].append(o["wall_s"])

@@ -40,7 +40,8 @@ from typing import Any
 
 from libra import types as t
 
-SPEC_OVERRIDES = {"num_steps": 12, "prompts_per_step": 4, "samples_per_prompt": 4, "sft_steps": 500}
+SPEC_OVERRIDES = {"num_steps": 12, "prompts_per_step": 4, "samples_per_prompt": 4,
+                  "sft_steps": 500}
 """The demo spec with fewer steps (~20-40 s on 2 cores). The SFT warm-up (2600 steps in
 the demo) only shapes the trajectories; 500 steps still give a policy that calls the
 tool and answers (about a third of the trajectories take 2+ turns)."""
@@ -65,13 +66,8 @@ def write_stack_file(path: Path) -> Path:
     """Two rollout instances with the rollout service's default caps."""
     lines = ["restart_limit = 0", "shutdown_grace_s = 5.0"]
     for iid, bucket in STACK_INSTANCES:
-        lines += [
-            "[[rollout]]",
-            f'instance_id = "{iid}"',
-            f'bucket = "{bucket}"',
-            f"max_batch_size = {MAX_BATCH_SIZE}",
-            f"max_trajectories = {MAX_TRAJECTORIES}",
-        ]
+        lines += ["[[rollout]]", f'instance_id = "{iid}"', f'bucket = "{bucket}"',
+                  f"max_batch_size = {MAX_BATCH_SIZE}", f"max_trajectories = {MAX_TRAJECTORIES}"]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -139,18 +135,8 @@ async def measure_tool_calls(gateway: Any, spec: Any, trajs: list[t.Trajectory])
         lat = []
         for k in range(len(traj.tool_states)):
             call_id = f"{traj.trajectory_id}:t{k + 1}"  # the rollout's own call id
-            lat.append(
-                await _timed(
-                    gateway.execute(
-                        traj.trajectory_id,
-                        call_id,
-                        tool,
-                        {"expression": "1+1"},
-                        deadline_ms,
-                        options,
-                    )
-                )
-            )
+            lat.append(await _timed(gateway.execute(
+                traj.trajectory_id, call_id, tool, {"expression": "1+1"}, deadline_ms, options)))
         out[traj.trajectory_id] = lat
     return out
 
@@ -162,9 +148,8 @@ async def measure_scoring(gateway: Any, spec: Any, trajs: list[t.Trajectory]) ->
         if not traj.final_text:
             out[traj.trajectory_id] = 0.0
             continue
-        out[traj.trajectory_id] = await _timed(
-            gateway.score(traj.trajectory_id, spec.reward.name, traj.final_text, traj.reference)
-        )
+        out[traj.trajectory_id] = await _timed(gateway.score(
+            traj.trajectory_id, spec.reward.name, traj.final_text, traj.reference))
     return out
 
 
@@ -201,19 +186,15 @@ def reload_schedule(events: list[dict], t0_ms: int) -> tuple[tuple[float, ...], 
     return publish, (statistics.median(reloads) if reloads else 0.0)
 
 
-def in_run_latencies(
-    trajs: list[t.Trajectory], loop: dict[str, dict], tool_s: dict, score_s: dict
-) -> tuple[dict, dict, dict[str, int]]:
+def in_run_latencies(trajs: list[t.Trajectory], loop: dict[str, dict], tool_s: dict,
+                     score_s: dict) -> tuple[dict, dict, dict[str, int]]:
     """Per trajectory: its tool-call and scoring latencies as its task saw them in the
     run, where the loop profiles hold them all; else the re-issued (idle) ones."""
     from sim.loop_costs import op_latencies
 
     run_tool, run_score = op_latencies(loop, "tool"), op_latencies(loop, "score")
-    tools, scores, n = (
-        {},
-        {},
-        {"tool_in_run": 0, "tool_reissued": 0, "score_in_run": 0, "score_reissued": 0},
-    )
+    tools, scores, n = {}, {}, {"tool_in_run": 0, "tool_reissued": 0,
+                                "score_in_run": 0, "score_reissued": 0}
     for tr in trajs:
         tid = tr.trajectory_id
         in_run = len(run_tool.get(tid, [])) == len(tool_s[tid])
@@ -243,14 +224,9 @@ def recorded(trajs: list[t.Trajectory], tool_s: dict, score_s: dict) -> list:
             replace(turn, tool=replace(turn.tool, latency_s=lat[i])) if turn.tool else turn
             for i, turn in enumerate(rec.turns)
         )
-        out.append(
-            RecordedTrajectory(
-                replace(rec, turns=turns),
-                (tr.created_at_ms - t0_ms) / 1000.0,
-                (tr.finished_at_ms - t0_ms) / 1000.0,
-                score_s[tr.trajectory_id],
-            )
-        )
+        out.append(RecordedTrajectory(
+            replace(rec, turns=turns), (tr.created_at_ms - t0_ms) / 1000.0,
+            (tr.finished_at_ms - t0_ms) / 1000.0, score_s[tr.trajectory_id]))
     return out
 
 
@@ -287,8 +263,7 @@ async def instance_profiles(state: dict[str, Any]) -> tuple[dict[str, list], dic
             continue
         async with grpc.aio.insecure_channel(f"127.0.0.1:{svc['port']}") as channel:
             resp = await pb_grpc.RolloutServiceStub(channel).GetInstanceStatus(
-                pb.GetInstanceStatusRequest(), timeout=10.0
-            )
+                pb.GetInstanceStatusRequest(), timeout=10.0)
         engine[svc["name"]] = json.loads(resp.engine_profile_json or "[]")
         loop[svc["name"]] = json.loads(resp.loop_profile_json or "{}")
     return engine, loop
@@ -317,17 +292,9 @@ async def _run_and_measure(state: dict[str, Any], spec_json: str) -> dict[str, A
     finally:
         await gateway.close()
         await redis.aclose()
-    return {
-        "job_id": job_id,
-        "trajs": trajs,
-        "events": events,
-        "spec": spec,
-        "profiles": profiles,
-        "loop": loop,
-        "tool_s": tool_s,
-        "score_s": score_s,
-        "idle": idle,
-    }
+    return {"job_id": job_id, "trajs": trajs, "events": events, "spec": spec,
+            "profiles": profiles, "loop": loop, "tool_s": tool_s, "score_s": score_s,
+            "idle": idle}
 
 
 def first_contact_s(trajs: list[t.Trajectory], events: list[dict]) -> dict[str, float]:
@@ -340,7 +307,8 @@ def first_contact_s(trajs: list[t.Trajectory], events: list[dict]) -> dict[str, 
     """
     first: dict[str, int] = {}
     for tr in trajs:
-        first[tr.instance_id] = min(first.get(tr.instance_id, tr.created_at_ms), tr.created_at_ms)
+        first[tr.instance_id] = min(first.get(tr.instance_id, tr.created_at_ms),
+                                    tr.created_at_ms)
     out = {}
     for ev in events:
         iid = ev.get("instance", "")
@@ -370,10 +338,8 @@ def measured_gaps(m: dict[str, Any]) -> dict[str, float]:
     start of its instance's next engine call (pick-up: inbox, pass, weight reload, and
     any call in flight).
     """
-    calls = {
-        iid: sorted((c["at_s"] - c["wall_s"], c["at_s"]) for c in cs)
-        for iid, cs in m["profiles"].items()
-    }
+    calls = {iid: sorted((c["at_s"] - c["wall_s"], c["at_s"]) for c in cs)
+             for iid, cs in m["profiles"].items()}
     t0_s = min(tr.created_at_ms for tr in m["trajs"]) / 1000.0
     post, pickup = [], []
     for tr in m["trajs"]:
@@ -385,10 +351,8 @@ def measured_gaps(m: dict[str, Any]) -> dict[str, float]:
         if tr.num_turns == 1 and ends:
             post.append(finished - ends[-1])
         pickup += [start - admitted for start, _ in spans if start >= admitted][:1]
-    return {
-        "post_call_finish_s": statistics.fmean(post) if post else 0.0,
-        "admission_to_call_s": statistics.fmean(pickup) if pickup else 0.0,
-    }
+    return {"post_call_finish_s": statistics.fmean(post) if post else 0.0,
+            "admission_to_call_s": statistics.fmean(pickup) if pickup else 0.0}
 
 
 def system_delays() -> dict[str, float]:
@@ -409,11 +373,8 @@ def system_delays() -> dict[str, float]:
     from services.rollout.core import WAIT_FOR_TOOLS_S
     from services.scheduler.config import SchedulerConfig
 
-    return {
-        "poll_s": WAIT_FOR_TOOLS_S,
-        "tick_s": SchedulerConfig().tick_s,
-        "gil_wait_s": sys.getswitchinterval(),
-    }
+    return {"poll_s": WAIT_FOR_TOOLS_S, "tick_s": SchedulerConfig().tick_s,
+            "gil_wait_s": sys.getswitchinterval()}
 
 
 def replay_measured(m: dict[str, Any]) -> dict[str, Any]:
@@ -421,45 +382,33 @@ def replay_measured(m: dict[str, Any]) -> dict[str, Any]:
     from sim.cpu_replay import CpuReplay, CpuStack
     from sim.loop_costs import loop_costs, phase_means
 
-    tool_s, score_s, sources = in_run_latencies(
-        m["trajs"], m.get("loop", {}), m["tool_s"], m["score_s"]
-    )
+    tool_s, score_s, sources = in_run_latencies(m["trajs"], m.get("loop", {}), m["tool_s"],
+                                                m["score_s"])
     recs = recorded(m["trajs"], tool_s, score_s)
-    loop = {
-        iid: c for iid, prof in m.get("loop", {}).items() if (c := loop_costs(prof)) is not None
-    }
+    loop = {iid: c for iid, prof in m.get("loop", {}).items()
+            if (c := loop_costs(prof)) is not None}
     t0_ms = min(tr.created_at_ms for tr in m["trajs"])
     publish, reload_s = reload_schedule(m["events"], t0_ms)
     costs, fit_info = engine_costs(m["profiles"])
     first_load = first_contact_s(m["trajs"], m["events"])
     spec = m["spec"]
     cpu = CpuStack(
-        instances=STACK_INSTANCES,
-        buckets=tuple(spec.layout.buckets),
-        policy=spec.layout.policy,
-        max_batch_size=MAX_BATCH_SIZE,
-        max_trajectories=MAX_TRAJECTORIES,
-        costs=costs,
-        pass_overhead_s=m["idle"]["pass_overhead_s"],
-        loop=loop,
-        first_load_s=first_load,
-        reload_s=reload_s,
-        publish_times_s=publish,
+        instances=STACK_INSTANCES, buckets=tuple(spec.layout.buckets),
+        policy=spec.layout.policy, max_batch_size=MAX_BATCH_SIZE,
+        max_trajectories=MAX_TRAJECTORIES, costs=costs,
+        pass_overhead_s=m["idle"]["pass_overhead_s"], loop=loop,
+        first_load_s=first_load, reload_s=reload_s, publish_times_s=publish,
         **system_delays(),
     )
     result = compare(recs, CpuReplay(cpu, recs).run())
     result["measured_inputs"] = {
-        "engine_fit": fit_info,
-        "idle_round_trips": m["idle"],
-        "first_load_s": first_load,
+        "engine_fit": fit_info, "idle_round_trips": m["idle"], "first_load_s": first_load,
         "loop_costs": {iid: c.to_dict() for iid, c in loop.items()},
         "loop_phase_means": {iid: phase_means(p) for iid, p in m.get("loop", {}).items()},
         "rpc_latency_sources": sources,
-        "reload_s": reload_s,
-        "num_weight_versions": len(publish),
+        "reload_s": reload_s, "num_weight_versions": len(publish),
         "num_tool_calls": sum(len(v) for v in m["tool_s"].values()),
-        "system_delays": system_delays(),
-        "measured_gaps": measured_gaps(m),
+        "system_delays": system_delays(), "measured_gaps": measured_gaps(m),
     }
     return result
 

@@ -153,13 +153,8 @@ def register(sub: Any) -> None:
         "validate", help="run the CPU demo for real, replay it, compare rollout times"
     )
     # Its own dest: a sub-parser default for ``run_root`` would replace the global one.
-    v.add_argument(
-        "--run-root",
-        dest="validate_root",
-        type=Path,
-        default=None,
-        help="stack run root (default: temp)",
-    )
+    v.add_argument("--run-root", dest="validate_root", type=Path, default=None,
+                   help="stack run root (default: temp)")
     v.add_argument("--steps", type=int, default=12, help="RL steps of the demo job")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_validate)

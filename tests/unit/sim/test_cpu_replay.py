@@ -19,25 +19,16 @@ def _call(b: int, length: int, n: int, wall_s: float) -> dict:
 
 
 def test_fit_recovers_the_coefficients_of_noise_free_engine_calls() -> None:
-    calls = [
-        _call(b, length, n, COSTS.call_s([length] * b, [n]))
-        for b in (1, 2, 4, 8)
-        for length in (8, 48, 112)
-        for n in (1, 12, 24)
-    ]
+    calls = [_call(b, length, n, COSTS.call_s([length] * b, [n]))
+             for b in (1, 2, 4, 8) for length in (8, 48, 112) for n in (1, 12, 24)]
     got = fit(calls)
     for name in ("prefill_base_s", "prefill_per_token_s", "decode_base_s", "decode_per_row_s"):
         assert getattr(got, name) == pytest.approx(getattr(COSTS, name), rel=1e-6)
 
 
 def test_fit_is_non_negative_and_keeps_the_total_time_of_noisy_calls() -> None:
-    calls = [
-        _call(8, 9, 5, 0.011),
-        _call(8, 9, 5, 0.089),
-        _call(2, 7, 3, 0.055),
-        _call(1, 27, 4, 0.006),
-        _call(6, 22, 7, 0.012),
-    ]
+    calls = [_call(8, 9, 5, 0.011), _call(8, 9, 5, 0.089), _call(2, 7, 3, 0.055),
+             _call(1, 27, 4, 0.006), _call(6, 22, 7, 0.012)]
     got = fit(calls)
     assert min(got.to_dict().values()) >= 0.0
     report = fit_report(got, calls)
@@ -55,23 +46,16 @@ def test_call_time_grows_with_batch_context_and_tokens() -> None:
 
 def _stack(**kw: float) -> CpuStack:
     return CpuStack(
-        instances=(("r0", "short"),),
-        buckets=(Bucket("short", 96, 1, 8, 16),),
-        policy="least_loaded",
-        max_batch_size=8,
-        max_trajectories=16,
-        costs={"r0": COSTS},
+        instances=(("r0", "short"),), buckets=(Bucket("short", 96, 1, 8, 16),),
+        policy="least_loaded", max_batch_size=8, max_trajectories=16, costs={"r0": COSTS},
         pass_overhead_s=kw.get("pass_s", 0.001),
-        first_load_s={"r0": kw.get("load_s", 0.0)},
-        reload_s=0.0,
-        gil_wait_s=kw.get("gil_s", 0.0),
-        loop=kw.get("loop", {}),
+        first_load_s={"r0": kw.get("load_s", 0.0)}, reload_s=0.0,
+        gil_wait_s=kw.get("gil_s", 0.0), loop=kw.get("loop", {}),
     )
 
 
-def _traj(
-    i: int, outputs: list[int], tool_s: float = 0.0, at: float = 0.0, score_s: float = 0.0
-) -> RecordedTrajectory:
+def _traj(i: int, outputs: list[int], tool_s: float = 0.0, at: float = 0.0,
+          score_s: float = 0.0) -> RecordedTrajectory:
     turns = tuple(
         Turn(n, ToolCall("calculator", 4, "success", tool_s) if k < len(outputs) - 1 else None)
         for k, n in enumerate(outputs)
@@ -110,10 +94,8 @@ LOOP = LoopCosts(pass_overhead_s=0.002, resume_s=0.003, after_s=0.004, task_star
 
 
 def test_measured_loop_costs_delay_each_rows_task_in_batch_order() -> None:
-    got = CpuReplay(
-        _stack(loop={"r0": LOOP}, gil_s=0.005),
-        [_traj(0, [3], score_s=0.001), _traj(1, [3], score_s=0.001)],
-    ).run()
+    got = CpuReplay(_stack(loop={"r0": LOOP}, gil_s=0.005),
+                    [_traj(0, [3], score_s=0.001), _traj(1, [3], score_s=0.001)]).run()
     done = 0.002 + COSTS.call_s([7, 7], [3, 3])
     assert got == [pytest.approx(done + 0.003 + 0.004 * k / 2 + 0.005 + 0.001) for k in (1, 2)]
 
@@ -176,23 +158,18 @@ def test_reload_schedule_takes_earliest_load_start_per_version() -> None:
 
 
 def _pass(active: int, version: int, **phases: float) -> dict:
-    base = dict.fromkeys(
-        ("pull_s", "refresh_s", "prep_s", "dispatch_s", "engine_s", "resume_s", "after_s"), 0.001
-    )
+    base = dict.fromkeys(("pull_s", "refresh_s", "prep_s", "dispatch_s", "engine_s",
+                          "resume_s", "after_s"), 0.001)
     return {"active": active, "version": version, "batch": 1, **base, **phases}
 
 
 def test_loop_costs_leave_out_blocked_pulls_and_weight_loads() -> None:
-    passes = [
-        _pass(0, 0, pull_s=0.2, refresh_s=0.5),  # first contact, blocked inbox
-        _pass(2, 0, pull_s=0.003, refresh_s=0.002),
-        _pass(0, 0, pull_s=0.1, refresh_s=0.004),  # blocked on the inbox
-        _pass(3, 1, pull_s=0.005, refresh_s=0.3),
-    ]  # reloaded weights
-    ops = [
-        {"op": "task_start", "at_s": 1.0, "wall_s": 0.002, "key": ""},
-        {"op": "task_start", "at_s": 2.0, "wall_s": 0.004, "key": ""},
-    ]
+    passes = [_pass(0, 0, pull_s=0.2, refresh_s=0.5),   # first contact, blocked inbox
+              _pass(2, 0, pull_s=0.003, refresh_s=0.002),
+              _pass(0, 0, pull_s=0.1, refresh_s=0.004),  # blocked on the inbox
+              _pass(3, 1, pull_s=0.005, refresh_s=0.3)]  # reloaded weights
+    ops = [{"op": "task_start", "at_s": 1.0, "wall_s": 0.002, "key": ""},
+           {"op": "task_start", "at_s": 2.0, "wall_s": 0.004, "key": ""}]
     got = loop_costs({"passes": passes, "ops": ops})
     assert got.pass_overhead_s == pytest.approx(0.004 + 0.003 + 0.002)
     assert (got.resume_s, got.after_s) == (pytest.approx(0.001), pytest.approx(0.001))
@@ -202,12 +179,8 @@ def test_loop_costs_leave_out_blocked_pulls_and_weight_loads() -> None:
 
 def test_op_latencies_are_per_key_in_time_order_over_instances() -> None:
     profiles = {
-        "r0": {
-            "ops": [
-                {"op": "tool", "at_s": 2.0, "wall_s": 0.2, "key": "t0"},
-                {"op": "score", "at_s": 3.0, "wall_s": 0.9, "key": "t0"},
-            ]
-        },
+        "r0": {"ops": [{"op": "tool", "at_s": 2.0, "wall_s": 0.2, "key": "t0"},
+                       {"op": "score", "at_s": 3.0, "wall_s": 0.9, "key": "t0"}]},
         "r1": {"ops": [{"op": "tool", "at_s": 1.0, "wall_s": 0.1, "key": "t0"}]},
     }
     assert op_latencies(profiles, "tool") == {"t0": [0.1, 0.2]}
