@@ -144,3 +144,10 @@ def test_a_tp8_bucket_above_the_workload_gets_work_under_libra_rules_only() -> N
         "bucket_busy_fraction"
     ]
     assert libra["idle_while_queued"] == {}
+
+
+def test_bench_cli_exits_2_on_bad_input(tmp_path, capsys) -> None:
+    from libra.cli.main import main
+
+    assert main(["bench", "paper", "--seeds", "0", "--out-dir", str(tmp_path)]) == 2
+    assert "--seeds must be positive" in capsys.readouterr().err
