@@ -142,16 +142,23 @@ def _default_buckets() -> list[BucketSpec]:
 class CmlfqSpec:
     """``[layout.cmlfq]``: C-MLFQ knobs (used when ``layout.policy = "cmlfq"``).
 
-    Defaults are the reference code's and equal ``CmlfqConfig``'s; per-instance caps
-    (the reference ``max_queue_length``) are per bucket: ``max_trajectories_per_instance``.
+    Defaults equal ``CmlfqConfig``'s: Libra's rules (entry by prediction, clamp on a
+    mean/P90 disagreement, thresholds from the live layout, queue length 3, 10 visits);
+    ``entry = "shortest"``, ``disagree_rule = "stay"``, ``live_thresholds = false``,
+    ``max_queue_length = 0``, ``min_node_visits = 1`` are the reference's. The hard
+    per-instance cap is per bucket: ``max_trajectories_per_instance``.
     """
 
     rebuild_interval_steps: int = 50
     recent_window_trajectories: int = 5000
     p90_window_samples: int = 200
     tree_persist_interval_finishes: int = 0
-    min_node_visits: int = 1
+    min_node_visits: int = 10
     bucket_thresholds_tokens: list[int] = field(default_factory=list)
+    live_thresholds: bool = True
+    entry: str = "predict"
+    disagree_rule: str = "clamp"
+    max_queue_length: int = 3
     enable_fallback: bool = True
 
 
@@ -356,8 +363,12 @@ def _validate_cmlfq(layout: LayoutSpec) -> None:
     c = layout.cmlfq
     for name in ("recent_window_trajectories", "p90_window_samples", "min_node_visits"):
         _require(getattr(c, name) >= 1, f"layout.cmlfq.{name}", "must be >= 1")
-    for name in ("rebuild_interval_steps", "tree_persist_interval_finishes"):
-        _require(getattr(c, name) >= 0, f"layout.cmlfq.{name}", "must be >= 0 (0 = never)")
+    for name in ("rebuild_interval_steps", "tree_persist_interval_finishes", "max_queue_length"):
+        _require(getattr(c, name) >= 0, f"layout.cmlfq.{name}", "must be >= 0 (0 = never/off)")
+    _require(c.entry in ("predict", "shortest"), "layout.cmlfq.entry",
+             f"must be \"predict\" or \"shortest\", got {c.entry!r}")
+    _require(c.disagree_rule in ("clamp", "stay"), "layout.cmlfq.disagree_rule",
+             f"must be \"clamp\" or \"stay\", got {c.disagree_rule!r}")
     thresholds = c.bucket_thresholds_tokens
     if thresholds:
         _require(len(thresholds) == len(layout.buckets), "layout.cmlfq.bucket_thresholds_tokens",

@@ -1,6 +1,14 @@
-"""Lower bound on the makespan of a trace on a cluster (no schedule can beat it).
+"""Lower bounds on the makespan of a trace on a cluster (no schedule can beat them).
 
-``lower_bound_s = max(work / devices, longest trajectory on its fastest instance)``:
+``lower_bound_s = max(work_bound_s, step_chain_bound_s)``, both reported:
+
+- ``work_bound_s``: total device work / devices (below);
+- ``step_chain_bound_s``: the RL loop's dependency chain. Step s's rollout cannot end
+  before its longest trajectory has run alone on its fastest instance; its training
+  cannot start before that nor before training step s-1 ended (one trainer); and step s
+  cannot be released before training step s - staleness - 1 ended (the staleness bound;
+  ``staleness = 0`` is the synchronous loop). The chain's last training end is the bound.
+  It contains the old "longest trajectory" term (``critical_path_s``), so it is never lower.
 
 - work: every decoded token reads at least its own context's KV (full heads, TP1 layout)
   plus 1/256 of the weights (the largest batch), or costs its FLOPs at prefill MFU,
@@ -84,13 +92,55 @@ def train_work_gpu_s(cluster: ClusterSpec, trace: list[TraceTrajectory]) -> floa
     return total / (hw.peak_flops * hw.train_mfu)
 
 
-def lower_bound_s(cluster: ClusterSpec, trace: list[TraceTrajectory]) -> dict[str, float]:
-    """The bound and its two terms."""
+def step_chain_bound_s(
+    longest_s_by_step: list[float], train_s_by_step: list[float], staleness: int
+) -> float:
+    """End of the last training step of the fastest possible RL loop.
+
+    Args:
+        longest_s_by_step: Per step (in order), its longest trajectory alone on its
+            fastest instance.
+        train_s_by_step: Per step, its training time on every device of the cluster.
+        staleness: Step s is released once training step s - staleness - 1 has ended.
+
+    Raises:
+        ValueError: If the lists differ in length or ``staleness`` is negative.
+    """
+    if len(longest_s_by_step) != len(train_s_by_step):
+        raise ValueError("longest_s_by_step and train_s_by_step must have one entry per step")
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    train_end_s: list[float] = []
+    for s, (longest, train) in enumerate(zip(longest_s_by_step, train_s_by_step, strict=True)):
+        gate = s - staleness - 1
+        released = train_end_s[gate] if gate >= 0 else 0.0
+        start = max(released + longest, train_end_s[-1] if train_end_s else 0.0)
+        train_end_s.append(start + train)
+    return train_end_s[-1] if train_end_s else 0.0
+
+
+def lower_bound_s(
+    cluster: ClusterSpec, trace: list[TraceTrajectory], staleness: int = 0
+) -> dict[str, float]:
+    """The bound, its two bounds and the longest-trajectory term.
+
+    ``staleness`` is the compared system's bound (0 for the synchronous loop); a larger
+    one only loosens the chain, so each system is measured against its own constraint.
+    """
     work = sum(rollout_work_gpu_s(cluster, t) for t in trace) + train_work_gpu_s(cluster, trace)
-    longest = max(critical_path_s(cluster, t) for t in trace)
     work_s = work / cluster.num_gpus
+    steps = sorted({t.step for t in trace})
+    longest_by_step = {s: 0.0 for s in steps}
+    for t in trace:
+        longest_by_step[t.step] = max(longest_by_step[t.step], critical_path_s(cluster, t))
+    train_by_step = [
+        train_work_gpu_s(cluster, [t for t in trace if t.step == s]) / cluster.num_gpus
+        for s in steps
+    ]
+    chain_s = step_chain_bound_s([longest_by_step[s] for s in steps], train_by_step, staleness)
     return {
-        "lower_bound_s": max(work_s, longest),
+        "lower_bound_s": max(work_s, chain_s),
         "work_bound_s": work_s,
-        "critical_path_s": longest,
+        "step_chain_bound_s": chain_s,
+        "critical_path_s": max(longest_by_step.values()),
     }

@@ -42,6 +42,7 @@ from services.coordinator.planner import (
 )
 from services.scheduler.policy import BucketLayout, TrajectoryDescriptor, make_policy
 from services.scheduler.policy.base import Reason
+from services.scheduler.policy.thresholds import idle_while_queued
 from sim.instance import Instance, Seq, SimInfeasible
 from sim.presets import WEIGHT_LOAD_BW_BYTES_PER_S, ClusterSpec
 from sim.systems import SystemConfig
@@ -141,6 +142,10 @@ class Simulator:
         self.train_log: list[dict[str, Any]] = []
         self.migrations = 0
         self.rejected = 0
+        self.idle_while_queued: Counter[str] = Counter()
+        self.created_s: dict[str, float] = {}
+        # Per bucket: [busy GPU-s, held GPU-s] of instances already torn down.
+        self.retired_by_bucket: dict[str, list[float]] = {}
         self.planner_moves = 0
         self.plan_events: list[dict[str, Any]] = []
         self.hybrid_nodes: list[int] = []
@@ -152,11 +157,11 @@ class Simulator:
         self.last_done_s = 0.0
         self.last_complete_s = 0.0
         for node, pattern in enumerate(plan.rollout_nodes):
-            self._build_node(self.train_nodes + node, pattern, alive=True)
+            self._build_node(self.train_nodes + node, pattern, alive=True, now=0.0)
 
     # Nodes and instances.
 
-    def _build_node(self, node: int, pattern: tuple[int, ...], alive: bool) -> None:
+    def _build_node(self, node: int, pattern: tuple[int, ...], alive: bool, now: float) -> None:
         self.node_patterns[node] = pattern
         for j, tp in enumerate(pattern):
             iid = f"n{node:04d}-i{j}-tp{tp}"
@@ -164,16 +169,20 @@ class Simulator:
             inst = Instance.create(iid, tp, bucket, node, self.hw, self.model)
             inst.alive = alive
             self.instances[iid] = inst
+            self.created_s[iid] = now
             load = InstanceLoad(InstanceId(iid), bucket, 0, is_live=alive)
             self.loads[iid] = load
             self.load_list.append(load)
 
-    def _teardown_node(self, node: int) -> list[TrajState]:
+    def _teardown_node(self, node: int, now: float) -> list[TrajState]:
         """Remove a node's instances; hand their trajectories back (abort + re-queue)."""
         handed: list[TrajState] = []
         for iid in [i for i, inst in self.instances.items() if inst.node == node]:
             inst = self.instances.pop(iid)
             self.retired_busy_gpu_s += inst.busy_s * inst.tp
+            pair = self.retired_by_bucket.setdefault(inst.bucket, [0.0, 0.0])
+            pair[0] += inst.busy_s * inst.tp
+            pair[1] += (now - self.created_s.pop(iid)) * inst.tp
             self.load_list.remove(self.loads.pop(iid))
             for t in self.trajs_on(iid):
                 handed.append(t)
@@ -236,6 +245,10 @@ class Simulator:
             self._submit_turn(t, now)
         for item in kept:
             heapq.heappush(self.pending, item)
+        if self.pending:
+            # The policy's health check: nothing should idle while work waits for a place.
+            for iid in idle_while_queued(self.load_list, len(self.pending)):
+                self.idle_while_queued[iid] += 1
 
     def _submit_turn(self, t: TrajState, now: float) -> None:
         turn = t.rec.turns[t.turn]
@@ -260,19 +273,11 @@ class Simulator:
             self._finish_steps(inst, inst.steps_done_by(now), now)
             advanced = True
         before = len(inst.running)
-        inst.admit_waiting(self._priority_key())
+        inst.admit_waiting()
         if advanced or len(inst.running) != before or inst.seg_steps == 0:
             end = inst.plan_segment(now)
             if end is not None:
                 self._push(end, WAKE, (inst.iid, inst.version))
-
-    def _priority_key(self) -> Any:
-        if self.system.policy != "toolcount":
-            return None
-        return lambda s: (
-            -self.policy.priority(TrajectoryId(s.traj.rec.trajectory_id)),
-            s.traj.rec.step,
-        )
 
     def _finish_steps(self, inst: Instance, k: int, now: float) -> None:
         for seq in inst.advance(k):
@@ -443,14 +448,14 @@ class Simulator:
         for node in range(min(old_train, new_train), self.cluster.num_nodes):
             if self.node_patterns.get(node) != wanted.get(node):
                 if node in self.node_patterns:
-                    self._teardown_node(node)
+                    self._teardown_node(node, now)
                 if node in wanted:
                     self._bring_up(node, wanted[node], now)
         self.train_nodes, self.plan = new_train, plan
         self._admit_pending(now)
 
     def _bring_up(self, node: int, pattern: tuple[int, ...], now: float) -> None:
-        self._build_node(node, pattern, alive=False)
+        self._build_node(node, pattern, alive=False, now=now)
         load_s = (
             self.model.num_params
             * self.model.dtype_bytes
@@ -473,7 +478,7 @@ class Simulator:
         while desired > current and len(rollout_nodes) > reserve:
             node = rollout_nodes.pop()
             self.hybrid_patterns[node] = self.node_patterns[node]
-            self._teardown_node(node)
+            self._teardown_node(node, now)
             self.hybrid_nodes.append(node)
             fetch = (
                 self.model.num_params
@@ -527,7 +532,7 @@ class Simulator:
                 if inst is None or inst.version != version:
                     continue
                 self._finish_steps(inst, inst.seg_steps, now)
-                inst.admit_waiting(self._priority_key())
+                inst.admit_waiting()
                 end = inst.plan_segment(now)
                 if end is not None:
                     self._push(end, WAKE, (inst.iid, inst.version))
@@ -548,7 +553,17 @@ class Simulator:
             self.train_log[-1]["start_s"] + self.train_log[-1]["train_s"] if self.train_log else 0.0
         )
         rollout_gpu_s = sum(inst.busy_s * inst.tp for inst in self.instances.values())
+        # Busy over held GPU-seconds per bucket, torn-down instances included.
+        bucket_busy = {b: list(pair) for b, pair in self.retired_by_bucket.items()}
+        for iid, inst in self.instances.items():
+            pair = bucket_busy.setdefault(inst.bucket, [0.0, 0.0])
+            pair[0] += inst.busy_s * inst.tp
+            pair[1] += max(0.0, end - self.created_s[iid]) * inst.tp
         return {
+            "bucket_busy_fraction": {
+                b: busy / held if held else 0.0 for b, (busy, held) in sorted(bucket_busy.items())
+            },
+            "idle_while_queued": dict(self.idle_while_queued),
             "makespan_s": end,
             "rollout_busy_gpu_s": rollout_gpu_s + self.retired_busy_gpu_s,
             "train_busy_gpu_s": self.train_busy_gpu_s,

@@ -17,12 +17,58 @@ import numpy as np
 from sim.generators import SHAPES, GeneratorConfig, generate
 from sim.presets import cluster
 from sim.run import run
-from sim.systems import SYSTEM_NAMES, system
+from sim.sweep import best_static
+from sim.systems import (
+    STATIC_PEERS,
+    SYSTEM_NAMES,
+    SystemConfig,
+    reference_train_gpus,
+    system,
+)
 
 SCALES = {
     48: {"cluster": "a800x48", "prompts_per_step": 16, "num_steps": 20},
     1000: {"cluster": "h100x1000", "prompts_per_step": 320, "num_steps": 8},
 }
+TUNING_SEEDS = (0,)
+"""Seeds the oracle sweep tunes on (its choice is then applied to every seed)."""
+HELD_OUT_FIRST_SEED = 10
+"""``--held-out`` runs seeds from here on: never used to tune anything (issue 20 item 6)."""
+ORACLE_SUFFIX = "@oracle"
+
+
+def _trace(scale: dict[str, Any], shape: str, seed: int) -> list[Any]:
+    return generate(
+        GeneratorConfig(
+            shape=shape,
+            num_steps=scale["num_steps"],
+            prompts_per_step=scale["prompts_per_step"],
+            seed=seed,
+        )
+    )
+
+
+def _arms(
+    spec: Any, scale: dict[str, Any], shape: str, systems: tuple[str, ...], oracle: bool
+) -> tuple[dict[str, SystemConfig], dict[str, Any]]:
+    """Every system; static peers at the reference's split, plus their oracle arm."""
+    ref_gpus = reference_train_gpus(spec.num_nodes, spec.gpus_per_node)
+    arms: dict[str, SystemConfig] = {}
+    choices: dict[str, Any] = {}
+    for name in systems:
+        conf = system(name)
+        if name not in STATIC_PEERS:
+            arms[name] = conf
+            continue
+        arms[name] = conf.with_split(ref_gpus, conf.node_patterns[0], "reference")
+        if oracle:
+            tuning = [_trace(scale, shape, seed) for seed in TUNING_SEEDS]
+            best = best_static(spec, tuning, name)
+            choices[name] = best
+            arms[name + ORACLE_SUFFIX] = conf.with_split(
+                best["train_gpus"], tuple(best["pattern"]), "oracle"
+            )
+    return arms, choices
 
 
 def run_paper(
@@ -30,32 +76,42 @@ def run_paper(
     seeds: int = 3,
     shapes: tuple[str, ...] = SHAPES,
     systems: tuple[str, ...] = SYSTEM_NAMES,
+    *,
+    oracle: bool = False,
+    held_out: bool = False,
 ) -> dict[str, Any]:
-    """Run the grid; return per-cell results and mean/spread summaries."""
+    """Run the grid; return per-cell results and mean/spread summaries.
+
+    Static peers run at the reference's split (32 of 48 GPUs training, scaled by node
+    count); with ``oracle`` also at their own best split and layout (``sim.sweep``, tuned
+    on ``TUNING_SEEDS``). ``held_out`` runs seeds ``HELD_OUT_FIRST_SEED`` onwards.
+    """
     if gpus not in SCALES:
         raise ValueError(f"--gpus must be one of {sorted(SCALES)}, got {gpus}")
+    if seeds <= 0:
+        raise ValueError(f"--seeds must be positive, got {seeds}")
+    for name in systems:
+        system(name)  # unknown names fail before any run
     scale = SCALES[gpus]
     spec = cluster(scale["cluster"])
+    first_seed = HELD_OUT_FIRST_SEED if held_out else 0
+    seed_list = list(range(first_seed, first_seed + seeds))
     started = time.perf_counter()
-    cells: dict[str, dict[str, list[dict[str, Any]]]] = {
-        s: {n: [] for n in systems} for s in shapes
-    }
+    cells: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    oracle_choices: dict[str, Any] = {}
     for shape in shapes:
-        for seed in range(seeds):
-            trace = generate(
-                GeneratorConfig(
-                    shape=shape,
-                    num_steps=scale["num_steps"],
-                    prompts_per_step=scale["prompts_per_step"],
-                    seed=seed,
-                )
-            )
-            for name in systems:
-                cells[shape][name].append(run(spec, trace, system(name)))
+        arms, oracle_choices[shape] = _arms(spec, scale, shape, systems, oracle)
+        cells[shape] = {n: [] for n in arms}
+        for seed in seed_list:
+            trace = _trace(scale, shape, seed)
+            for name, conf in arms.items():
+                cells[shape][name].append(run(spec, trace, conf))
     return {
         "gpus": gpus,
         "cluster": spec.to_dict(),
         "seeds": seeds,
+        "seed_list": seed_list,
+        "oracle_choices": oracle_choices,
         "cells": cells,
         "summary": summarise(cells),
         "wall_s": time.perf_counter() - started,
@@ -76,59 +132,87 @@ def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
             rows[name] = {
                 "throughput_mean": float(thr.mean()),
                 "throughput_spread": float((thr.max() - thr.min()) / thr.mean()),
+                "steady_mean": _mean_or_none([r["steady_throughput_traj_per_s"] for r in ok]),
                 "makespan_over_bound": float(np.mean([r["makespan_over_bound"] for r in ok])),
+                "makespan_over_chain": float(
+                    np.mean([r["makespan_s"] / r["bound_terms"]["step_chain_bound_s"] for r in ok])
+                ),
                 "p99_latency_s": float(np.mean([r["p99_traj_latency_s"] for r in ok])),
                 "gpu_busy": float(np.mean([r["gpu_busy_fraction"] for r in ok])),
                 "migrations": float(np.mean([r["migrations"] for r in ok])),
                 "planner_moves": float(np.mean([r["planner_moves"] for r in ok])),
+                "split": _split_label(ok[0]),
             }
         if "libra" in rows and rows["libra"].get("throughput_mean"):
             lib = rows["libra"]["throughput_mean"]
-            peers = {
-                n: r["throughput_mean"]
-                for n, r in rows.items()
-                if n not in ("libra", "sync-lb") and r.get("throughput_mean")
-            }
-            best = max(peers, key=peers.get) if peers else None
-            rows["_ratios"] = {
+            ratios: dict[str, Any] = {
                 "libra_vs_sync_lb": lib / rows["sync-lb"]["throughput_mean"]
                 if rows.get("sync-lb", {}).get("throughput_mean")
                 else None,
-                "best_peer": best,
-                "libra_vs_best_peer": lib / peers[best] if best else None,
             }
+            for label, oracle in (("best_peer", False), ("best_oracle_peer", True)):
+                peers = {
+                    n: r["throughput_mean"]
+                    for n, r in rows.items()
+                    if n not in ("libra", "sync-lb")
+                    and n.endswith(ORACLE_SUFFIX) == oracle
+                    and r.get("throughput_mean")
+                }
+                best = max(peers, key=peers.get) if peers else None
+                ratios[label] = best
+                ratios[f"libra_vs_{label}"] = lib / peers[best] if best else None
+            rows["_ratios"] = ratios
         out[shape] = rows
     return out
+
+
+def _split_label(result: dict[str, Any]) -> str:
+    """``train:rollout`` GPUs at the start (libra's planner may change it later)."""
+    plan = result["initial_plan"]
+    return f"{plan['train_gpus']}:{plan['rollout_gpus']}"
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
 
 
 def table(result: dict[str, Any]) -> str:
     """Plain-text table of the summary."""
     lines = [
         f"libra bench paper: {result['cluster']['name']} ({result['cluster']['model']}), "
-        f"{result['seeds']} seed(s), {result['wall_s']:.1f} s",
-        f"{'workload':8} {'system':13} {'traj/s':>8} {'spread':>7} {'mk/LB':>6} "
-        f"{'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5}",
+        f"seeds {result['seed_list'][0]}-{result['seed_list'][-1]}, {result['wall_s']:.1f} s; "
+        f"split = train:rollout GPUs at start; {ORACLE_SUFFIX} = the peer's own best static "
+        f"split and layout (oracle, tuned on seed(s) {list(TUNING_SEEDS)})",
+        f"{'workload':8} {'system':19} {'split':>7} {'traj/s':>8} {'spread':>7} {'steady':>7} "
+        f"{'mk/LB':>6} {'mk/chn':>6} {'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5}",
     ]
     for shape, rows in result["summary"].items():
         for name, row in rows.items():
             if name.startswith("_"):
                 continue
             if not row.get("throughput_mean"):
-                lines.append(f"{shape:8} {name:13} infeasible")
+                lines.append(f"{shape:8} {name:19} infeasible")
                 continue
             lines.append(
-                f"{shape:8} {name:13} {row['throughput_mean']:8.3f} "
-                f"{row['throughput_spread']:7.1%} "
-                f"{row['makespan_over_bound']:6.2f} {row['p99_latency_s']:8.1f} "
+                f"{shape:8} {name:19} {row['split']:>7} {row['throughput_mean']:8.3f} "
+                f"{row['throughput_spread']:7.1%} {_fmt(row['steady_mean'])} "
+                f"{row['makespan_over_bound']:6.2f} {row['makespan_over_chain']:6.2f} "
+                f"{row['p99_latency_s']:8.1f} "
                 f"{row['gpu_busy']:5.2f} {row['migrations']:6.0f} {row['planner_moves']:5.1f}"
             )
         ratios = rows.get("_ratios")
         if ratios:
-            lines.append(
-                f"{'':8} libra / sync-lb = {ratios['libra_vs_sync_lb']:.2f}x; libra / best peer "
-                f"({ratios['best_peer']}) = {ratios['libra_vs_best_peer']:.2f}x"
-            )
+            text = f"{'':8} libra / sync-lb = {ratios['libra_vs_sync_lb']:.2f}x"
+            for label in ("best_peer", "best_oracle_peer"):
+                if ratios.get(label):
+                    text += f"; libra / {ratios[label]} = {ratios[f'libra_vs_{label}']:.2f}x"
+            lines.append(text)
     return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return f"{value:7.3f}" if value is not None else f"{'-':>7}"
 
 
 def chart(result: dict[str, Any], path: Path) -> Path | None:

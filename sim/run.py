@@ -12,6 +12,7 @@ from services.coordinator.planner import (
     ClusterShape,
     GlobalResourcePlanner,
     Plan,
+    PlanError,
     PlanSearch,
     RequestStats,
     SearchSpace,
@@ -21,7 +22,7 @@ from sim.bounds import lower_bound_s
 from sim.engine import Simulator
 from sim.instance import SimInfeasible
 from sim.presets import ClusterSpec
-from sim.systems import SystemConfig
+from sim.systems import SystemConfig, reference_train_gpus
 from sim.trace import TraceTrajectory
 
 STARTUP_PROFILE_SIZE = 64
@@ -41,6 +42,14 @@ def initial_plan(
     if system.mode == "sync":
         pattern = system.node_patterns[0]
         return Plan(TrainParallelism(8, 1, 0), tuple([pattern] * cluster.num_nodes)), None, None
+    if system.train_gpus is not None:
+        return static_plan(cluster, system), None, None
+    if not (system.enable_replan or system.enable_elastic):
+        # A static peer without a split runs at the reference's: a preflight would make
+        # its split depend on the seed's first step (issue 20).
+        split = reference_train_gpus(cluster.num_nodes, cluster.gpus_per_node)
+        fixed = system.with_split(split, system.node_patterns[0], "reference")
+        return static_plan(cluster, fixed), None, None
     history = [
         RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
         for t in step0[:STARTUP_PROFILE_SIZE]
@@ -64,6 +73,47 @@ def initial_plan(
     return planner.current, planner if online else None, event.to_dict()
 
 
+def static_plan(cluster: ClusterSpec, system: SystemConfig) -> Plan:
+    """The fixed split of a static system: TP8 (or one node) replicas, one node pattern.
+
+    Raises:
+        PlanError: If the split is not whole nodes or leaves a stage without a node.
+    """
+    gpn = cluster.gpus_per_node
+    train_nodes = (system.train_gpus or 0) // gpn
+    tp = min(8, gpn)
+    plan = Plan(
+        TrainParallelism(tp, 1, train_nodes * gpn // tp),
+        (system.node_patterns[0],) * (cluster.num_nodes - train_nodes),
+    )
+    if train_nodes * gpn != system.train_gpus:
+        raise PlanError(f"train_gpus: {system.train_gpus} is not whole {gpn}-GPU nodes")
+    plan.validate(ClusterShape(cluster.num_nodes, gpn))
+    return plan
+
+
+def steady_throughput(
+    train_log: list[dict[str, Any]], trace: list[TraceTrajectory], pipeline_depth: int
+) -> float | None:
+    """Trajectories per second between the end of the fill and the start of the drain.
+
+    The first ``pipeline_depth`` steps are released before any training has ended (fill)
+    and the last ``pipeline_depth`` steps are trained while no new step is released
+    (drain); both are excluded. The rate is the steady steps' trajectories over the time
+    between the training end of the last fill step and that of the last steady step.
+    ``None`` when the run has no steady step (fewer than ``2 * pipeline_depth + 1`` steps).
+    """
+    first, last = pipeline_depth - 1, len(train_log) - 1 - pipeline_depth
+    if last <= first:
+        return None
+    per_step: dict[int, int] = {}
+    for t in trace:
+        per_step[t.step] = per_step.get(t.step, 0) + 1
+    end_s = [r["start_s"] + r["train_s"] for r in train_log]
+    done = sum(per_step[r["step"]] for r in train_log[first + 1 : last + 1])
+    return done / (end_s[last] - end_s[first])
+
+
 def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig) -> dict[str, Any]:
     """Simulate and summarise; an infeasible workload yields ``{"feasible": false, ...}``."""
     started = time.perf_counter()
@@ -82,7 +132,8 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         raw = Simulator(cluster, trace, fitted, plan, planner).run()
     except SimInfeasible as exc:
         return {**base, "feasible": False, "reason": str(exc)}
-    bound = lower_bound_s(cluster, trace)
+    staleness = 0 if fitted.mode == "sync" else fitted.staleness
+    bound = lower_bound_s(cluster, trace, staleness)
     makespan = raw["makespan_s"]
     lat = np.array(raw["latencies_s"])
     tokens = sum(t.total_tokens for t in trace)
@@ -92,6 +143,7 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         **base,
         "feasible": True,
         "throughput_traj_per_s": len(trace) / makespan,
+        "steady_throughput_traj_per_s": steady_throughput(log, trace, staleness + 1),
         "tokens_per_s": tokens / makespan,
         "makespan_s": makespan,
         "lower_bound_s": bound["lower_bound_s"],
@@ -104,6 +156,9 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         "planner_moves": raw["planner_moves"],
         "rejected_admissions": raw["rejected"],
         "max_kv_fraction": raw["max_kv_fraction"],
+        "bucket_busy_fraction": raw["bucket_busy_fraction"],
+        "idle_while_queued": raw["idle_while_queued"],
+        "policy_stats": raw["policy_stats"],
         "initial_plan": plan.to_dict(),
         "mean_train_s": float(np.mean([r["train_s"] for r in log])),
         "mean_rollout_interval_s": float(np.mean([r["rollout_s"] for r in log])),

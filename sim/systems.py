@@ -3,13 +3,21 @@
 Only configuration differs between systems: placement policy, rollout layout family,
 RL mode (synchronous colocated or asynchronous disaggregated with a staleness bound)
 and whether the planner replans online and drives the elastic pool. Static systems
-get their train/rollout split from one planner preflight over their own layout family
-(what a careful operator would pick), then keep it.
+run at a fixed split (``train_gpus``) and one node pattern: the reference's split by
+default (``sim.run.initial_plan``), or their own best split and layout from
+``sim.sweep`` (an oracle). Only libra's planner chooses its split.
+
+``toolcount`` is not compared: its priority orders two queues. In the scheduler's
+pending queue (where the service applies it) no trajectory has begun, so every
+priority is 0; in an instance's waiting queue (where the simulator applied it) the
+order never changed a result: it equalled ``async-lb`` in every cell, to the last
+digit (issue 20). It cannot bind where it is applied, so it is dropped from the
+comparison; the policy stays available to jobs (``policy: toolcount``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libra.types import Bucket
@@ -35,6 +43,10 @@ BUCKET_MAX_TOKENS = {1: 4_000, 2: 12_000, 4: 30_000, 8: 40_960}
 Qwen3-14B config: short TP1 <= 4,000, medium TP2 <= 12,000, long TP4 <= 30,000; TP8
 from the Search-R1 config's long bucket, 40,960)."""
 
+REFERENCE_TRAIN_FRACTION = 32 / 48
+"""Training share of the GPUs in the reference 48-GPU Qwen3-14B arms (``train_gpus: 32``,
+``rollout_gpus: 16`` in ``configs/r2e_gym_qwen3_14b_mcore_gpu_6node48_100step*.yaml``)."""
+
 TRAJECTORIES_PER_TP = 32
 """Per-instance cap on pinned trajectories = 32 x TP (stands in for the reference's
 ``max_queue_length``; binding only under overload)."""
@@ -57,6 +69,20 @@ class SystemConfig:
     planner_config: PlannerConfig = field(default_factory=PlannerConfig)
     size_thresholds: tuple[int, int] = (500, 5000)
     """Payload small / large thresholds in tokens (reference defaults)."""
+    train_gpus: int | None = None
+    """Static split: training GPUs (whole nodes); rollout nodes all run
+    ``node_patterns[0]``. ``None``: the reference's split for a static system, the
+    planner's preflight for one that replans."""
+    split_label: str = ""
+    """Where a static split came from (``reference``, ``oracle``), for reports."""
+
+    def with_split(self, train_gpus: int, pattern: tuple[int, ...], label: str) -> SystemConfig:
+        """This system at a fixed split and one node pattern (static systems only)."""
+        if self.enable_replan or self.enable_elastic or self.mode == "sync":
+            raise ValueError(f"system {self.name!r} does not run at a static split")
+        return replace(
+            self, train_gpus=train_gpus, node_patterns=(tuple(pattern),), split_label=label
+        )
 
     def tps(self) -> list[int]:
         """TP degrees the system's layouts can contain."""
@@ -80,7 +106,7 @@ class SystemConfig:
             for p in self.node_patterns
             if all(kv_capacity_tokens(hw, model, tp) >= need_tokens for tp in p)
         )
-        return SystemConfig(**{**self.__dict__, "node_patterns": ok})
+        return replace(self, node_patterns=ok)
 
 
 _LIBRA_PLANNER = PlannerConfig(
@@ -121,12 +147,6 @@ SYSTEMS: dict[str, SystemConfig] = {
         node_patterns=REFERENCE_HETEROGENEOUS,
         planner_config=_STATIC_PLANNER,
     ),
-    "toolcount": SystemConfig(
-        name="toolcount",
-        policy="toolcount",
-        node_patterns=HOMOGENEOUS,
-        planner_config=_STATIC_PLANNER,
-    ),
     "libra": SystemConfig(
         name="libra",
         policy="cmlfq",
@@ -138,6 +158,16 @@ SYSTEMS: dict[str, SystemConfig] = {
     ),
 }
 SYSTEM_NAMES = tuple(SYSTEMS)
+STATIC_PEERS = tuple(
+    n for n, c in SYSTEMS.items() if c.mode == "async" and not (c.enable_replan or c.enable_elastic)
+)
+"""Peers that run at a static split: compared at the reference's split and their oracle."""
+
+
+def reference_train_gpus(num_nodes: int, gpus_per_node: int) -> int:
+    """The reference's split scaled to ``num_nodes``: whole nodes, both stages kept."""
+    nodes = min(num_nodes - 1, max(1, round(num_nodes * REFERENCE_TRAIN_FRACTION)))
+    return nodes * gpus_per_node
 
 
 def system(name: str) -> SystemConfig:

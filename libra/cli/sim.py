@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from libra.errors import InvalidArgument
+
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from sim import generators, presets, run, systems, trace
@@ -63,7 +65,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def cmd_paper(args: argparse.Namespace) -> int:
     from sim import paper
 
-    result = paper.run_paper(args.gpus, args.seeds)
+    try:
+        result = paper.run_paper(args.gpus, args.seeds, oracle=args.oracle, held_out=args.held_out)
+    except (ValueError, InvalidArgument) as exc:
+        print(f"libra bench paper: {exc}", file=sys.stderr)
+        return 2
     png = paper.chart(result, Path(args.out_dir) / f"paper_{args.gpus}.png")
     out = Path(args.out_dir) / f"paper_{args.gpus}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,6 +79,8 @@ def cmd_paper(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "summary": result["summary"],
+                    "seed_list": result["seed_list"],
+                    "oracle_choices": result["oracle_choices"],
                     "wall_s": result["wall_s"],
                     "chart": str(png) if png else None,
                     "results": str(out),
@@ -130,9 +138,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model", default=None, help="model preset (qwen3-4b, qwen3-14b, qwen3-30b-a3b)"
     )
-    p.add_argument(
-        "--system", default="libra", help="sync-lb|async-lb|length-aware|la-mlfq|toolcount|libra"
-    )
+    from sim.systems import SYSTEM_NAMES
+
+    p.add_argument("--system", default="libra", help="compared system: " + "|".join(SYSTEM_NAMES))
     tsub = p.add_subparsers(dest="sim_command")
     t = tsub.add_parser("trace", help="write a generated trace as JSONL")
     t.add_argument("--shape", default="r2e")
@@ -156,7 +164,18 @@ def register(sub: Any) -> None:
     )
     pp = b.add_parser("paper", help="every system on the three workloads (simulated)")
     pp.add_argument("--gpus", type=int, default=48, choices=(48, 1000))
-    pp.add_argument("--seeds", type=int, default=3)
+    pp.add_argument("--seeds", type=int, default=3, help="number of trace seeds per workload")
+    pp.add_argument(
+        "--oracle",
+        action="store_true",
+        help="also run each static peer at its own best split and layout, swept on seed 0 "
+        "(an oracle no real user has; ~5 min at 48 GPUs)",
+    )
+    pp.add_argument(
+        "--held-out",
+        action="store_true",
+        help="run seeds 10, 11, ... (never used for tuning) instead of 0, 1, ...",
+    )
     pp.add_argument("--out-dir", default="runs/bench", help="where the PNG and JSON go")
     pp.add_argument("--json", action="store_true")
     pp.set_defaults(func=cmd_paper)

@@ -63,6 +63,7 @@ from services.scheduler.policy.cmlfq import CmlfqConfig
 from services.scheduler.policy.errors import UnknownTrajectory
 from services.scheduler.policy.layout import BucketLayout
 from services.scheduler.policy.registry import PolicyConfig, make_policy
+from services.scheduler.policy.thresholds import idle_while_queued
 from services.scheduler.state import FinishRecord, LeaseSnapshot, TickWrites
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -117,6 +118,8 @@ class JobRun:
     # Held-out eval (libra/evaluation.py): the steps rounds run after, and the prompts.
     eval_steps: list[int] = field(default_factory=list)
     eval_rows: list[DatasetRow] = field(default_factory=list)
+    # Live instances holding nothing while work waited after the last placement pass.
+    idle_while_queued: tuple[str, ...] = ()
 
 
 def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
@@ -131,6 +134,10 @@ def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
         tree_persist_interval_finishes=c.tree_persist_interval_finishes,
         min_node_visits=c.min_node_visits,
         bucket_thresholds_tokens=tuple(c.bucket_thresholds_tokens) or None,
+        live_thresholds=c.live_thresholds,
+        entry=c.entry,
+        disagree_rule=c.disagree_rule,
+        max_queue_length=c.max_queue_length,
         enable_fallback=c.enable_fallback,
     )
 
@@ -343,11 +350,23 @@ class SchedulerCore:
             run.pending = {traj.trajectory_id: traj
                            for traj in await self._store.pending(run.job_id)}
         if not run.pending:
+            run.idle_while_queued = ()
             return
         placed = self._assign(run, list(run.pending.values()), run.instances)
         for traj in placed:
             del run.pending[traj.trajectory_id]
+        self._check_idle(run)
         writes.placed_from_pending += placed
+
+    def _check_idle(self, run: JobRun) -> None:
+        """Warn (once per change) about live instances holding nothing while work waits:
+        the policy or its caps cannot reach them (e.g. a bucket the layout lacks)."""
+        idle = tuple(idle_while_queued(run.instances, len(run.pending or {})))
+        if idle != run.idle_while_queued and idle:
+            logger.warning("[placement] instances idle while %d trajectories wait job_id=%s "
+                           "instances=%s (bucket unknown to the layout, or a cap of 0?)",
+                           len(run.pending or {}), run.job_id, ",".join(idle))
+        run.idle_while_queued = idle
 
     def _assign(self, run: JobRun, trajs: list[t.Trajectory],
                 instances: list[t.InstanceLoad]) -> list[t.Trajectory]:

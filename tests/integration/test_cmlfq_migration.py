@@ -39,7 +39,11 @@ def cmlfq_job() -> str:
     spec = json.loads(small_job(policy="cmlfq", num_steps=NUM_STEPS, sft_steps=300,
                                 prompts_per_step=4))
     spec["layout"]["buckets"][0]["max_tokens"] = 1
-    spec["layout"]["cmlfq"] = {"rebuild_interval_steps": 1}
+    # The reference's rules (issue 20 made Libra's the default): entry in `short`, and
+    # one visit is evidence, so the move this test needs is certain.
+    spec["layout"]["cmlfq"] = {"rebuild_interval_steps": 1, "entry": "shortest",
+                               "disagree_rule": "stay", "live_thresholds": False,
+                               "min_node_visits": 1, "max_queue_length": 0}
     return json.dumps(spec)
 
 

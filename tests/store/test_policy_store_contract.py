@@ -149,21 +149,41 @@ async def test_tree_snapshot_is_none_until_saved_then_replaced(sut: StoreUnderTe
 # -- C-MLFQ over the store ---------------------------------------------------------------
 
 
+# The reference's rules: entry in the shortest bucket and one visit is evidence, so the
+# decision below is a certain move.
+REFERENCE_RULES = CmlfqConfig(entry="shortest", disagree_rule="stay", live_thresholds=False,
+                              min_node_visits=1, max_queue_length=0)
+
+
 async def test_cmlfq_restored_from_the_store_has_the_same_tree_and_decisions(
         sut: StoreUnderTest) -> None:
-    policy = CmlfqPolicy(make_layout(), sut.store, CmlfqConfig())
+    policy = CmlfqPolicy(make_layout(), sut.store, REFERENCE_RULES)
     teach(policy, "p1", 5_000, 3, "a")
     policy.on_step_end(1)  # snapshot
     teach(policy, "p2", 50, 2, "b")  # after the snapshot: replayed from the ring
     live = t.TrajectoryId("live")
     policy.begin(TrajectoryDescriptor(live, t.PromptId("p1")), INSTANCES)
     store = await sut.reopen()
-    restored = CmlfqPolicy(make_layout(), store, CmlfqConfig())
+    restored = CmlfqPolicy(make_layout(), store, REFERENCE_RULES)
     assert restored.restore() == "snapshot"
     assert restored.tree.to_dict() == policy.tree.to_dict()
     # The pinned trajectory survived too, and the decision is the one before restart.
     decision = restored.on_tool_return(live, FAIL, 10, INSTANCES)
     assert (decision.action.value, decision.to_bucket) == ("move", "long")
+
+
+async def test_cmlfq_restored_from_the_store_derives_the_same_live_thresholds(
+        sut: StoreUnderTest) -> None:
+    config = CmlfqConfig(min_node_visits=1)  # Libra's live thresholds
+    policy = CmlfqPolicy(make_layout(), sut.store, config)
+    teach(policy, "p1", 5_000, 3, "a")
+    policy.on_step_end(1)  # snapshot
+    teach(policy, "p2", 50, 2, "b")  # after the snapshot: replayed from the ring
+    store = await sut.reopen()
+    restored = CmlfqPolicy(make_layout(), store, config)
+    assert restored.restore() == "snapshot"
+    assert restored.thresholds() == policy.thresholds()
+    assert policy.thresholds()[1][0] != make_layout().buckets[0].max_tokens  # derived
 
 
 # -- Redis specifics ----------------------------------------------------------------------

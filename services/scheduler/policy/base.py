@@ -49,6 +49,7 @@ class Reason(enum.StrEnum):
 
     # Placements.
     SHORTEST_BUCKET = "shortest_bucket"
+    PREDICTED = "predicted"
     LEAST_LOADED = "least_loaded"
     INPUT_LENGTH = "input_length"
     HISTORY = "history"
@@ -60,6 +61,7 @@ class Reason(enum.StrEnum):
     MOVE = "move"
     UNSEEN = "unseen"
     DISAGREE = "disagree"
+    DISAGREE_CLAMP = "disagree_clamp"
     ALREADY_IN_TARGET = "already_in_target"
     CONTEXT_LENGTH = "context_length"
     DEMOTION = "demotion"

@@ -254,6 +254,21 @@ class CausalPrefixTree:
             node = child
         return node
 
+    def deepest(self, prompt_id: str | None, path_keys: Sequence[str]) -> PrefixTreeNode | None:
+        """Deepest node matching a prefix of ``path_keys`` under one root.
+
+        ``prompt_id=None`` walks the global root; a prompt without a root gives ``None``.
+        """
+        node = self._global_root if prompt_id is None else self._prompt_roots.get(prompt_id)
+        if node is None:
+            return None
+        for key in path_keys:
+            child = node.children.get(key)
+            if child is None:
+                break
+            node = child
+        return node
+
     def rebuild(self, recent: Iterable[RecentTrajectory]) -> None:
         """Forget everything and re-insert ``recent`` (oldest first).
 

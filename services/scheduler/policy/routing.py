@@ -152,3 +152,60 @@ def route_any(
     if chosen is None:
         return None
     return RouteResult(chosen.instance_id, chosen.bucket, RouteKind.PREFERRED)
+
+
+def route_with_queue_length(
+    bucket: str,
+    instances: Sequence[InstanceLoad],
+    layout: BucketLayout,
+    queue_length: int,
+    *,
+    cursor: RoundRobinCursor | None = None,
+) -> RouteResult | None:
+    """The least-loaded live instance of ``bucket`` holding fewer than ``queue_length``
+    trajectories (and under the bucket's cap); ``None`` if there is none.
+
+    This is the reference's ``max_queue_length`` test on the preferred bucket: past it,
+    the caller sends the trajectory elsewhere instead of queueing it on a busy instance.
+    ``queue_length = 0`` keeps only the bucket's cap.
+    """
+    cursor = cursor if cursor is not None else RoundRobinCursor()
+    caps = _caps(layout)
+    candidates = [
+        instance
+        for instance in instances
+        if instance.bucket == bucket
+        and _has_room(instance, caps)
+        and (queue_length <= 0 or instance.active_trajectories < queue_length)
+    ]
+    chosen = _pick_least_loaded(candidates, bucket, cursor)
+    return None if chosen is None else RouteResult(chosen.instance_id, bucket, RouteKind.PREFERRED)
+
+
+def route_by_load(
+    instances: Sequence[InstanceLoad],
+    layout: BucketLayout,
+    *,
+    cursor: RoundRobinCursor | None = None,
+) -> RouteResult | None:
+    """The live instance under its cap with the fewest trajectories per device (pinned
+    trajectories / the bucket's TP degree: a TP4 instance has four devices' worth of
+    memory bandwidth and KV). Ties go to the shortest bucket, then rotate within it, so
+    an idle cluster still fills the top level first."""
+    cursor = cursor if cursor is not None else RoundRobinCursor()
+    caps = _caps(layout)
+    tp = {b.name: b.tp_degree for b in layout.buckets}
+    candidates = [instance for instance in instances if _has_room(instance, caps)]
+    if not candidates:
+        return None
+
+    def per_device(instance: InstanceLoad) -> float:
+        return instance.active_trajectories / tp[instance.bucket]
+
+    least = min(per_device(instance) for instance in candidates)
+    tied = [instance for instance in candidates if per_device(instance) == least]
+    level = min(layout.index(instance.bucket) for instance in tied)
+    name = layout.buckets[level].name
+    chosen = _pick_least_loaded((i for i in tied if i.bucket == name), name, cursor)
+    assert chosen is not None  # tied holds at least one instance of that level
+    return RouteResult(chosen.instance_id, name, RouteKind.PREFERRED)

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import FakeClock
+from libra.errors import InvalidArgument
 from libra.jobspec import CmlfqSpec, JobSpec, job_spec_from_dict
 from services.scheduler import metrics
 from services.scheduler.core import SchedulerCore, build_policy_config
@@ -25,11 +26,18 @@ JOB = "job-1"
 FAIL = t.ToolReturnState("calculator", t.SizeClass.SMALL, t.ToolStatus.FAILURE)
 
 
+# The service mechanics (restart, handoff, step ends) are tested under the reference's
+# rules: one visit is evidence and every new trajectory enters the shortest bucket.
+REFERENCE_RULES = {"entry": "shortest", "disagree_rule": "stay", "live_thresholds": False,
+                   "min_node_visits": 1, "max_queue_length": 0}
+
+
 def cmlfq_spec(rebuild: int = 50) -> JobSpec:
     return job_spec_from_dict({
         "name": "t", "algorithm": {"prompts_per_step": 1, "samples_per_prompt": 4,
                                    "max_staleness": 0},
-        "layout": {"policy": "cmlfq", "cmlfq": {"rebuild_interval_steps": rebuild},
+        "layout": {"policy": "cmlfq",
+                   "cmlfq": {"rebuild_interval_steps": rebuild, **REFERENCE_RULES},
                    "buckets": [{"name": "short", "max_tokens": 96},
                                {"name": "long", "max_tokens": 256}]}})
 
@@ -197,8 +205,36 @@ def test_cmlfq_spec_defaults_equal_the_policy_defaults() -> None:
 def test_layout_cmlfq_table_maps_onto_cmlfq_config() -> None:
     spec = job_spec_from_dict({"layout": {"policy": "cmlfq", "cmlfq": {
         "rebuild_interval_steps": 3, "bucket_thresholds_tokens": [50, 300],
-        "enable_fallback": False}}})
+        "enable_fallback": False, **REFERENCE_RULES}}})
     config = build_policy_config(spec)
     assert config == CmlfqConfig(rebuild_interval_steps=3, bucket_thresholds_tokens=(50, 300),
-                                 enable_fallback=False)
+                                 enable_fallback=False, entry="shortest", disagree_rule="stay",
+                                 live_thresholds=False, min_node_visits=1, max_queue_length=0)
+
+
+@pytest.mark.parametrize(("key", "value"), [("entry", "longest"), ("disagree_rule", "p90"),
+                                            ("max_queue_length", -1)])
+def test_layout_cmlfq_rejects_unknown_rules_naming_the_field(key: str, value: object) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        job_spec_from_dict({"layout": {"policy": "cmlfq", "cmlfq": {key: value}}})
+    assert err.value.field == f"layout.cmlfq.{key}"
     assert build_policy_config(job_spec_from_dict({})) is None  # least_loaded: defaults
+
+
+async def test_an_instance_the_layout_cannot_reach_is_flagged_idle_while_work_waits(
+        r: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    spec = job_spec_from_dict({
+        "name": "t", "algorithm": {"prompts_per_step": 1, "samples_per_prompt": 4,
+                                   "max_staleness": 0},
+        "layout": {"policy": "cmlfq", "buckets": [
+            {"name": "short", "max_tokens": 96, "max_trajectories_per_instance": 1},
+            {"name": "long", "max_tokens": 256, "max_trajectories_per_instance": 1}]}})
+    await r.sadd(keys.WORKERS, "rollout-typo")  # registered under a bucket the spec lacks
+    await r.hset(keys.lease("rollout-typo"), mapping={"role": "core-rollout", "bucket": "lng"})
+    core = await started(r, spec)
+    with caplog.at_level("WARNING", logger="services.scheduler.core"):
+        await core._tick(core._jobs[JOB])  # 4 trajectories, room for 2
+        await core._tick(core._jobs[JOB])  # the pending pass finds rollout-typo idle
+    run = core._jobs[JOB]
+    assert len(run.pending or {}) == 2 and run.idle_while_queued == ("rollout-typo",)
+    assert "idle while 2 trajectories wait" in caplog.text and "rollout-typo" in caplog.text

@@ -70,12 +70,25 @@ def make_traj(
     )
 
 
+REFERENCE_RULES: dict[str, object] = {
+    "entry": "shortest",
+    "disagree_rule": "stay",
+    "live_thresholds": False,
+    "min_node_visits": 1,
+    "max_queue_length": 0,
+}
+"""The reference's C-MLFQ rules: the mechanics tests (moves, fallback, learning, restore)
+run under them; ``test_policy_cmlfq_rules`` tests Libra's rules (the defaults)."""
+
+
 def make_cmlfq(
-    layout: BucketLayout | None = None, **config: object
+    layout: BucketLayout | None = None, *, libra_rules: bool = False, **config: object
 ) -> tuple[CmlfqPolicy, InMemoryPolicyStore]:
-    """A C-MLFQ policy over a JSON-copying in-memory store."""
+    """A C-MLFQ policy over a JSON-copying in-memory store (reference rules unless
+    ``libra_rules``; ``config`` overrides either)."""
     store = InMemoryPolicyStore(copy_values=True)
-    policy = CmlfqPolicy(layout or make_layout(cap=100), store, CmlfqConfig(**config))  # type: ignore[arg-type]
+    knobs = config if libra_rules else {**REFERENCE_RULES, **config}
+    policy = CmlfqPolicy(layout or make_layout(cap=100), store, CmlfqConfig(**knobs))  # type: ignore[arg-type]
     return policy, store
 
 
