@@ -3,6 +3,8 @@ Hugging Face model (their SmolLM2 runs are measured in the closing notes, not he
 their datasets load, their tools answer, their rewards score, two RL steps train.
 
 - deploy/configs/almanac-tools.toml: search (BM25 over the shipped corpus) + python.
+- deploy/configs/receipts-composite.toml: chat-message prompts, python, a composite reward
+  (numeric + format) recorded per component, held-out eval rounds in the report.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from libra import types as t
 from libra.cli import stack
 from libra.cli.main import load_spec
 from libra.jobspec import job_spec_from_json
+from libra.report import build_report
 from tests.fixtures.hf_models import make_model_dir
 from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
 
@@ -42,10 +45,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           max_position_embeddings=CONTEXT_TOKENS)
 
 
-async def _run(stack_state: dict, config: str, model: Path, monkeypatch) -> t.Job:
+async def _run(stack_state: dict, config: str, model: Path, monkeypatch,
+               extra: tuple[str, ...] | list[str] = ()) -> t.Job:
     monkeypatch.chdir(ROOT)  # the configs' relative paths resolve against the repo root
     data, _ = load_spec(ROOT / "deploy" / "configs" / config,
-                        [*BRIEF, f"model.path={json.dumps(str(model))}"])
+                        [*BRIEF, f"model.path={json.dumps(str(model))}", *extra])
     client = stack.coordinator_client(stack_state)
     try:
         job = await client.create_job(json.dumps(data), "json")
@@ -64,3 +68,23 @@ async def test_almanac_tools_runs_with_search_and_python(running_stack: dict, ti
     spec = job_spec_from_json(job.spec_json)
     assert [s.name for s in spec.tools.schemas] == ["search", "python"]
     assert spec.tools.search_corpus == [str(ROOT / "deploy" / "data" / "almanac-corpus.txt")]
+
+
+async def test_receipts_composite_records_components_and_eval_rounds(
+        running_stack: dict, tiny_model: Path, monkeypatch, tmp_path: Path) -> None:
+    job = await _run(running_stack, "receipts-composite.toml", tiny_model, monkeypatch,
+                     ["task.eval_interval=1", "task.eval_max_prompts=2",
+                      "task.eval_samples_per_prompt=2"])
+    client = stack.coordinator_client(running_stack)
+    try:
+        job, steps, counters = await client.get_job(job.job_id)
+        events = await client.get_job_events(job.job_id)
+    finally:
+        await client.close()
+    for step in steps:  # each part of the composite, averaged over the step's batch
+        assert set(step["reward_components"]) == {"numeric", "format"}
+        assert all(0.0 <= v <= 1.0 for v in step["reward_components"].values())
+    report = build_report(job, steps, counters, 1.0, events, storage={})
+    assert [e["step"] for e in report["eval"]] == [0, 1, 2]
+    assert all(e["num_samples"] == 4 and "2" in e["pass_at_k"] for e in report["eval"])
+    assert report["trajectories"]["unaccounted"] == 0
