@@ -16,9 +16,7 @@ import argparse
 import asyncio
 import json
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +29,7 @@ from services.toolgateway.core import ScoreRequest, ToolGatewayCore  # noqa: E40
 from services.toolgateway.rewards import build_reward_registry  # noqa: E402
 from services.toolgateway.sandbox import SandboxConfig, SubprocessSandbox  # noqa: E402
 from services.toolgateway.tools import ToolRegistry  # noqa: E402
+from tests.fixtures.judge_server import serve_judge  # noqa: E402
 
 MESSAGES = (
     t.TranscriptMessage("user", "What is 12*7+3?"),
@@ -41,22 +40,6 @@ MESSAGES = (
                         (t.TranscriptToolCall("calculator", '{"expression": "84+3"}'),)),
     t.TranscriptMessage("tool", "<res>87</res>", name="calculator", tool_status="success"),
     t.TranscriptMessage("assistant", "<ans>87</ans>"))
-
-
-class _Judge(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the gateway's client reuses connections
-
-    def do_POST(self):  # noqa: N802 - http.server API
-        self.rfile.read(int(self.headers["Content-Length"]))
-        data = b'{"choices": [{"message": {"content": "Score: 1"}}]}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 def _reward_specs(judge_url: str) -> dict[str, RewardSpec]:
@@ -94,17 +77,11 @@ async def _measure(core: ToolGatewayCore, spec: RewardSpec, calls: int,
 
 
 async def run(calls: int, concurrency: int) -> dict[str, dict[str, float]]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with serve_judge(lambda _path, _body: "Score: 1") as judge:
         core = ToolGatewayCore(ToolRegistry(), build_reward_registry(
             SubprocessSandbox(SandboxConfig())))
         return {name: await _measure(core, spec, calls, concurrency)
-                for name, spec in _reward_specs(url).items()}
-    finally:
-        server.shutdown()
-        server.server_close()
+                for name, spec in _reward_specs(judge.url).items()}
 
 
 def main() -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -39,12 +38,12 @@ from libra.models.hf_dir import (
     save_weights_file,
     tied_groups,
 )
+from libra.run_dir import WEIGHTS_DIR, published_versions
 from libra.weight_sync import MANIFEST_SUFFIX
 
-WEIGHTS_DIR = "weights"
 MODEL_DIR = "model"
 PROVENANCE_FILE = "libra_export.json"
-_VERSION_FILE = re.compile(r"v(\d+)\.safetensors")
+
 
 @dataclass(frozen=True)
 class ExportSummary:
@@ -62,18 +61,6 @@ class ExportSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def published_versions(run_dir: Path) -> dict[int, Path]:
-    """Version -> weights file under ``run_dir/weights`` (every ``vNNNNNN.safetensors``)."""
-    folder = run_dir / WEIGHTS_DIR
-    if not folder.is_dir():
-        return {}
-    found = {}
-    for path in folder.iterdir():
-        if match := _VERSION_FILE.fullmatch(path.name):
-            found[int(match.group(1))] = path
-    return found
 
 
 def find_weights(run_dir: Path, version: int | None = None) -> tuple[int, Path]:

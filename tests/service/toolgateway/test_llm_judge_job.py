@@ -8,49 +8,25 @@ spec names, read on the gateway."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from libra import types as t
 from libra.errors import Internal
 from libra.rewardspec import LlmJudgeSpec, RewardComponent, RewardSpec
+from tests.fixtures.judge_server import JudgeServer, serve_judge
 
 
-class _Judge(BaseHTTPRequestHandler):
-    seen: list[dict] = []
-
-    def do_POST(self):  # noqa: N802 - http.server API
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).seen.append({"path": self.path, "body": body,
-                                "auth": self.headers.get("Authorization", "")})
-        prompt = body["messages"][0]["content"]
-        # Deterministic: full marks when the graded answer is the reference.
-        reply = "Score: 1" if "answer=4 reference=4" in prompt else "Score: 0.25"
-        data = json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+def _grade(path: str, body: dict) -> str:
+    # Deterministic: full marks when the graded answer is the reference.
+    return "Score: 1" if "answer=4 reference=4" in body["messages"][0]["content"] else "Score: 0.25"
 
 
 @pytest.fixture
-def judge_url() -> Iterator[str]:
-    _Judge.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+def judge() -> Iterator[JudgeServer]:
+    with serve_judge(_grade) as server:
+        yield server
 
 
 def score_input(reward: RewardSpec, answer: str) -> t.ScoreInput:
@@ -67,26 +43,26 @@ def judge_spec(url: str, **kw) -> LlmJudgeSpec:
 
 
 async def test_a_job_configured_judge_scores_with_its_model_prompt_and_key(
-        gateway, judge_url, monkeypatch) -> None:
+        gateway, judge, monkeypatch) -> None:
     monkeypatch.setenv("LIBRA_TEST_JUDGE_KEY", "sk-local")
     reward = RewardSpec(name="llm_judge", llm_judge=judge_spec(
-        judge_url, api_key_env="LIBRA_TEST_JUDGE_KEY"))
+        judge.url, api_key_env="LIBRA_TEST_JUDGE_KEY"))
     assert (await gateway.client.score(score_input(reward, "4"))).reward == 1.0
     assert (await gateway.client.score(score_input(reward, "5"))).reward == 0.25
-    first = _Judge.seen[0]
+    first = judge.seen[0]
     assert (first["path"], first["body"]["model"], first["auth"]) == (
         "/v1/chat/completions", "grader-1", "Bearer sk-local")
     assert first["body"]["messages"][0]["content"] == (
         "Q: What is 2+2? answer=4 reference=4\nuser: What is 2+2?\nassistant: <ans>4</ans>")
 
 
-async def test_the_judge_as_a_composite_component(gateway, judge_url) -> None:
-    reward = RewardSpec(name="composite", llm_judge=judge_spec(judge_url), components=[
+async def test_the_judge_as_a_composite_component(gateway, judge) -> None:
+    reward = RewardSpec(name="composite", llm_judge=judge_spec(judge.url), components=[
         RewardComponent(name="llm_judge", weight=0.5), RewardComponent(name="format")])
     out = await gateway.client.score(score_input(reward, "5"))
     assert out.components == {"llm_judge": 0.25, "format": 1.0}
     assert out.reward == pytest.approx(0.5 * 0.25 + 1.0)
-    assert _Judge.seen[0]["auth"] == ""  # no api_key_env: no header
+    assert judge.seen[0]["auth"] == ""  # no api_key_env: no header
 
 
 async def test_a_judge_without_an_endpoint_fails_naming_the_section(gateway) -> None:

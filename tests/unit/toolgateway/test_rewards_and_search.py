@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,6 +10,7 @@ from services.toolgateway.core import ScoreRequest, ToolCall
 from services.toolgateway.errors import Unavailable
 from services.toolgateway.rewards import LlmJudgeConfig, LlmJudgeReward
 from services.toolgateway.rewards.llm_judge import parse_score
+from tests.fixtures.judge_server import serve_judge
 
 
 def req(reward, text, reference="", **extra):
@@ -44,41 +43,24 @@ async def test_code_tests_crash_scores_zero(core):
     assert result.reward == 0.0
 
 
-class _JudgeHandler(BaseHTTPRequestHandler):
-    reply = "Score: 0.8"
-
-    def do_POST(self):  # noqa: N802 - http.server API
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert self.path == "/v1/chat/completions" and body["model"] == "judge"
-        data = json.dumps({"choices": [{"message": {"content": type(self).reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def judge_url():
-    server = HTTPServer(("127.0.0.1", 0), _JudgeHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+def judge_reply() -> Iterator[list[str]]:
+    """The judge's answer (replace ``[0]`` to change it) and its server, for one test."""
+    reply = ["Score: 0.8"]
+    with serve_judge(lambda _path, _body: reply[0]) as server:
+        reply.append(server.url)
+        yield reply
 
 
-async def test_llm_judge_parses_score(judge_url):
-    judge = LlmJudgeReward(LlmJudgeConfig(base_url=judge_url, model="judge", requests_per_s=100))
+async def test_llm_judge_parses_score(judge_reply):
+    judge = LlmJudgeReward(LlmJudgeConfig(base_url=judge_reply[1], model="judge",
+                                          requests_per_s=100))
     try:
         assert (await judge.score(req("llm_judge", "a", "b"))).reward == 0.8
-        _JudgeHandler.reply = "I cannot grade this"
+        judge_reply[0] = "I cannot grade this"
         with pytest.raises(Unavailable, match="no score"):
             await judge.score(req("llm_judge", "a", "b"))
     finally:
-        _JudgeHandler.reply = "Score: 0.8"
         await judge.aclose()
 
 
