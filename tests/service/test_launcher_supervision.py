@@ -16,6 +16,7 @@ import redis as redis_sync
 
 from libra.launcher import ServiceProc, Supervisor
 from libra.redis_server import start_redis
+from libra.stack_secrets import ensure_stack_secrets
 
 STABLE_S = 300.0
 
@@ -35,6 +36,7 @@ def supervisor(tmp_path: Path) -> Iterator[tuple[Supervisor, Clock]]:
     clock = Clock()
     sup = Supervisor(tmp_path / "runs", stack, clock=clock)
     (sup.run_root / ".libra" / "logs").mkdir(parents=True)
+    sup.secrets = ensure_stack_secrets(sup.run_root)  # what start() makes first
     yield sup, clock
     sup.stop()
 
