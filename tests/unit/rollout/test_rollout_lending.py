@@ -106,7 +106,9 @@ async def _opened(opener: Opener) -> bool:
 
 
 async def _generating(rig: Rig) -> bool:
-    return bool(rig.engine.calls)
+    # A generate call, not any call: the engine's first call may be loading weights, and
+    # a lend before generation started would hand back a trajectory with no tokens.
+    return any(kind == "generate" for kind, _ in rig.engine.calls)
 
 
 async def test_lend_is_refused_for_core_instances_stale_epochs_and_old_generations(
