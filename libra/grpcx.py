@@ -198,7 +198,11 @@ async def watch_dependency(server: Server, probe: Callable[[], Awaitable[Any]],
     healthy = True
     while True:
         try:
-            await asyncio.wait_for(probe(), timeout=interval_s * 2)
+            # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
+            # lands as the probe completes, and this loop would then never end (a SIGTERM
+            # right after start-up hung the coordinator's exit, 1 in ~15 tries).
+            async with asyncio.timeout(interval_s * 2):
+                await probe()
             error = None
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
             error = exc

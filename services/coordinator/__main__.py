@@ -104,6 +104,8 @@ async def main(cfg: CoordinatorConfig) -> None:
         # serve() owns the signals; uvicorn must not install its own handlers.
         http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 
+    http_done = asyncio.Event()
+
     async def run_http() -> None:
         # Reconciliation runs beside the HTTP server for the life of the process.
         reconciler = asyncio.create_task(core.run_reconciler())
@@ -114,10 +116,16 @@ async def main(cfg: CoordinatorConfig) -> None:
                 await asyncio.Event().wait()
         finally:
             reconciler.cancel()
+            http_done.set()
 
     async def drain(_grace_s: float) -> None:
         if http is not None:
+            # Let uvicorn end by itself (it checks should_exit every tick, also right after
+            # its start-up): cancelled in the middle of starting, it left a lifespan task
+            # behind that the interpreter's exit then waited on forever (1 in ~40 SIGTERMs
+            # right after start-up under load). serve() bounds this wait by the grace.
             http.should_exit = True
+            await http_done.wait()
 
     await serve("coordinator", cfg.server, [registration], run=run_http, drain=drain,
                 health_probe=redis.ping, auth=cfg.auth)
