@@ -9,7 +9,9 @@ has recorded a step, and the test checks that
 - the job SUCCEEDS with every step recorded exactly once,
 - the accounting is exact, measured from Redis (`unaccounted == 0`; the trained-ids set
   holds as many ids as were consumed, so nothing was trained twice),
-- the supervisor restarted the target (a new pid).
+- the supervisor restarted the target (a new pid), and nothing else: no peer died of
+  the target's death (the rollouts did when Redis was killed, before their Redis client
+  retried).
 
 The recovery time (kill -> next step recorded) is printed per target.
 """
@@ -45,6 +47,7 @@ KILL_AFTER_STEP = 3
 # target die) shows as a failed assertion below, not as a dead stack for later cases.
 RESTART_LIMIT = 3
 TARGETS = ["coordinator", "scheduler", "trainer", "rollout-0", "toolgateway", "redis"]
+KILLED: list[str] = []  # targets killed so far on the module's stack, in order
 
 
 @pytest.fixture(scope="module")
@@ -124,4 +127,10 @@ async def test_kill_9_mid_job_the_job_succeeds_with_exact_accounting(
     assert_exact_accounting(fault_stack["redis_url"], job, steps, counters)
     assert counters.get("trained", 0) > 0
     await wait_for_restart(run_root, target, pid)
+    KILLED.append(target)
+    # Nothing else died of it: only the targets killed so far were ever restarted.
+    state = current_state(run_root)
+    restarted = {s["name"] for s in state["services"] if s["restarts"]}
+    restarted |= {"redis"} if state["redis_restarts"] else set()
+    assert restarted == set(KILLED), state
     await client.close()
