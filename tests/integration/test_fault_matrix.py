@@ -41,7 +41,7 @@ from tests.integration.stack_helpers import (
 )
 
 pytestmark = pytest.mark.integration
-NUM_STEPS = 10
+NUM_STEPS = 16  # steps take ~0.1-0.5 s here: the kill lands well before the end
 KILL_AFTER_STEP = 3
 # One restart per case at most; a margin so that one extra crash (a peer seeing the
 # target die) shows as a failed assertion below, not as a dead stack for later cases.
