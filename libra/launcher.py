@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.config import env_flag
+from libra.data_roots import DEFAULT_DATA_ROOTS
 from libra.redis_server import EmbeddedRedis, free_ports, pid_alive, start_redis
 from libra.stack_secrets import StackSecrets, ensure_stack_secrets
 
@@ -83,12 +84,18 @@ def _plan(stack: dict[str, Any], run_root: Path) -> list[ServiceProc]:
     # user can read.
     common = peers
     logs = run_root / ".libra" / "logs"
+    # One list for both: the coordinator checks a job's files against the roots at
+    # submit, the gateway again before it reads one. Relative roots: to the repository.
+    roots = ",".join(str((ROOT / root).resolve())
+                     for root in stack.get("data_roots", DEFAULT_DATA_ROOTS))
     specs: list[tuple[str, str, int, list[str]]] = [
         ("coordinator", "services.coordinator", ports["coordinator"],
-         [f"--run-root={run_root}", f"--http-port={next(pool)}"]),
+         [f"--run-root={run_root}", f"--http-port={next(pool)}",
+          f"--tool-data-roots={roots}"]),
         ("scheduler", "services.scheduler", ports["scheduler"], []),
         ("trainer", "services.trainer", ports["trainer"], ["--worker-id=trainer-0"]),
-        ("toolgateway", "services.toolgateway", ports["toolgateway"], []),
+        ("toolgateway", "services.toolgateway", ports["toolgateway"],
+         [f"--data-roots={roots}"]),
     ]
     for inst in rollouts:
         specs.append((inst["instance_id"], "services.rollout", next(pool), [

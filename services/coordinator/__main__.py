@@ -22,12 +22,13 @@ from libra.clients.runner import GrpcSchedulerClient, GrpcTrainerClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
+from libra.data_roots import check_search_corpus, resolve_roots
 from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, serve
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
 from services.coordinator.config import CoordinatorConfig
-from services.coordinator.core import CoordinatorCore
+from services.coordinator.core import CoordinatorCore, CorpusCheck
 from services.coordinator.dataset_check import check_dataset
 from services.coordinator.elastic import ElasticWiring
 from services.coordinator.init_from_check import check_job_init_from
@@ -63,6 +64,13 @@ def elastic_wiring(cfg: CoordinatorConfig) -> ElasticWiring:
                          rpc_deadline_s=cfg.peers.rpc_timeout_s)
 
 
+def corpus_check(cfg: CoordinatorConfig) -> CorpusCheck:
+    """A job's ``tools.search_corpus`` files lie inside ``tool_data_roots`` (else
+    InvalidArgument naming ``tools.search_corpus[i]``)."""
+    roots = resolve_roots(cfg.tool_data_roots)
+    return lambda spec: check_search_corpus(spec.tools.search_corpus, roots)
+
+
 def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore:
     """The core with its production collaborators (peers' clients, the model check)."""
     peers = cfg.peers
@@ -75,6 +83,7 @@ def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore
         elastic=elastic_wiring(cfg), model_check=check_job_model, dataset_check=check_dataset,
         max_queued_jobs=cfg.max_queued_jobs,
         init_from_check=check_job_init_from,
+        corpus_check=corpus_check(cfg),
         tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s, auth=auth),
         reconcile=ReconcileWiring(
             GrpcTrainerClient(peers.trainer, min(STATUS_TIMEOUT_S, peers.rpc_timeout_s),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from libra.config import knob
+from libra.data_roots import DEFAULT_DATA_ROOTS
 from libra.service_config import AuthConfig, PeersConfig, ServerConfig, TelemetryConfig
 
 
@@ -25,6 +26,10 @@ class CoordinatorConfig:
     max_queued_jobs: int = knob(
         100, "jobs that may wait in the queue while one runs; a submit beyond it is "
         "refused (RESOURCE_EXHAUSTED / HTTP 429)")
+    tool_data_roots: list[str] = knob(
+        list(DEFAULT_DATA_ROOTS), "folders a job's tool files (tools.search_corpus) must lie "
+        "in, checked at submit (symlinks and '..' resolved); keep equal to the tool "
+        "gateway's data_roots")
 
     def __post_init__(self) -> None:
         if self.reconcile_interval_s <= 0:

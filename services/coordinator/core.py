@@ -80,6 +80,14 @@ class DatasetCheck(Protocol):
     def __call__(self, spec: JobSpec) -> None: ...
 
 
+class CorpusCheck(Protocol):
+    """Checks the files a job's tools will read (``tools.search_corpus``) lie inside the
+    tool data roots (blocking: it resolves symlinks). Raises InvalidArgument naming
+    ``tools.search_corpus[i]``; the service wires ``libra.data_roots``."""
+
+    def __call__(self, spec: JobSpec) -> None: ...
+
+
 class InitFromCheck(Protocol):
     """Checks ``algorithm.init_from`` before the job is stored (blocking: it hashes the
     checkpoint's files): it names a checkpoint under ``run_root`` (or a directory) that
@@ -126,7 +134,8 @@ class CoordinatorCore:
                  reconcile: ReconcileWiring | None = None,
                  max_queued_jobs: int = DEFAULT_MAX_QUEUED_JOBS,
                  checkpoint_probe: CheckpointProbe = newest_checkpoint_step,
-                 init_from_check: InitFromCheck | None = None) -> None:
+                 init_from_check: InitFromCheck | None = None,
+                 corpus_check: CorpusCheck | None = None) -> None:
         self._store = store
         self._trainer = trainer
         self._scheduler = scheduler
@@ -136,6 +145,7 @@ class CoordinatorCore:
         self._model_check = model_check
         self._dataset_check = dataset_check
         self._init_from_check = init_from_check
+        self._corpus_check = corpus_check
         self._tool_catalog = tool_catalog
         # Per job: its elastic loop, or None when the job is not elastic (cached).
         self._elastic_loops: dict[str, ElasticLoop | None] = {}
@@ -159,6 +169,8 @@ class CoordinatorCore:
         check_priority(priority)
         spec = parse_job_spec(spec_text, spec_format)
         check_agent_name(spec.task.agent)  # built-ins + libra.agents entry points
+        if self._corpus_check is not None and spec.tools.search_corpus:
+            await asyncio.to_thread(self._corpus_check, spec)
         if self._model_check is not None:
             # Off the event loop: it reads config/tokenizer files (about a second), and
             # leases must keep renewing meanwhile.

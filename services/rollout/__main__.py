@@ -11,6 +11,8 @@ import dataclasses
 import logging
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
@@ -32,6 +34,7 @@ from services.rollout.servicer import RolloutServicer
 from services.rollout.store import RedisRolloutStore
 
 logger = logging.getLogger("services.rollout")
+REDIS_RETRIES = 20  # per command, with the backoff below: ~15 s
 
 
 def engine_loader(cfg: RolloutConfig) -> EngineLoader:
@@ -70,7 +73,13 @@ def worker_role(value: str) -> t.WorkerRole:
 
 
 async def main(cfg: RolloutConfig) -> None:
-    redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
+    # A supervised Redis killed and restarted is back in about a second: each command
+    # rides that out (backoff 0.05 s doubling to 1 s, ~15 s in all) instead of ending
+    # the loop and the process. Safe to repeat: publishes are idempotent per trajectory
+    # id, hand-offs apply only while still assigned here, the rest are reads and sets.
+    redis = aioredis.from_url(cfg.redis_url, decode_responses=False,
+                              retry=Retry(ExponentialBackoff(cap=1.0, base=0.05),
+                                          REDIS_RETRIES))
     peers = cfg.peers
     auth = ClientAuth.for_service(cfg.auth)
     loader = engine_loader(cfg)

@@ -17,8 +17,8 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 
 from libra.config import load_config, redact  # noqa: E402
+from libra.data_roots import describe_roots, inside_roots, resolve_roots  # noqa: E402
 from libra.grpcx import Registration, serve  # noqa: E402
-from libra.plugins import PluginError  # noqa: E402
 from libra.proto.toolgateway.v1 import toolgateway_pb2, toolgateway_pb2_grpc  # noqa: E402
 from libra.telemetry import init_logging, init_tracing  # noqa: E402
 from services.toolgateway import metrics as lane_metrics  # noqa: E402
@@ -37,6 +37,7 @@ from services.toolgateway.tools import (  # noqa: E402
     build_tool_registry,
     builtin_tools,
 )
+from services.toolgateway.tools.search import SAMPLE_CORPUS  # noqa: E402
 
 logger = logging.getLogger("services.toolgateway")
 _FALSE = ("0", "false", "no", "off")
@@ -70,7 +71,7 @@ def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
     """
     sandbox = SubprocessSandbox(SandboxConfig(
         require_network_isolation=cfg.require_network_isolation))
-    search = SearchConfig(corpus_paths=tuple(cfg.search_corpus)) if cfg.search_corpus else None
+    search = _search_config(cfg)
     tools = build_tool_registry(builtin_tools(
         sandbox, CalculatorConfig(transient_failure_rate=cfg.calculator_transient_failure_rate),
         search, python_timeout_s=cfg.python_timeout_s), cfg.extra_tools)
@@ -78,6 +79,18 @@ def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
     limits = ToolGatewayLimits(max_concurrency_per_tool=cfg.max_concurrency_per_tool,
                                max_queue_depth_per_tool=cfg.max_queue_depth_per_tool)
     return ToolGatewayCore(tools, rewards, limits)
+
+
+def _search_config(cfg: ToolGatewayConfig) -> SearchConfig:
+    """The search tool's corpus and data roots; the gateway's own corpus obeys the roots
+    too (ValueError naming the file otherwise)."""
+    roots = resolve_roots(cfg.data_roots)
+    for path in cfg.search_corpus:
+        if not inside_roots(path, roots):
+            raise ValueError(f"search_corpus {path!r} is outside data_roots "
+                             f"({describe_roots(roots)})")
+    corpus = tuple(cfg.search_corpus) or (str(SAMPLE_CORPUS),)
+    return SearchConfig(corpus_paths=corpus, data_roots=tuple(cfg.data_roots))
 
 
 async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None) -> None:
@@ -94,7 +107,7 @@ def run(cfg: ToolGatewayConfig) -> int:
     """Build the core and serve until stopped; 2 when the host cannot meet the config."""
     try:
         core = build_core(cfg)
-    except PluginError as exc:
+    except ValueError as exc:  # a PluginError too; a search_corpus outside data_roots
         logger.error("[startup] refusing to start: %s", exc)
         return 2
     except IsolationUnavailable as exc:

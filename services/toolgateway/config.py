@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from libra.config import knob
+from libra.data_roots import DEFAULT_DATA_ROOTS
 from libra.service_config import AuthConfig, PeersConfig, ServerConfig, TelemetryConfig
 
 
@@ -20,7 +21,11 @@ class ToolGatewayConfig:
     calculator_transient_failure_rate: float = knob(
         0.25, "share of calculator calls that fail with 'busy' (a flaky tool, by call id)")
     python_timeout_s: float = knob(10.0, "wall-clock limit of one sandboxed python call")
-    search_corpus: list[str] = knob([], "text files indexed by the search tool (BM25)")
+    search_corpus: list[str] = knob([], "text files indexed by the search tool (BM25); "
+                                        "each must lie inside data_roots")
+    data_roots: list[str] = knob(list(DEFAULT_DATA_ROOTS), "the only folders tools read "
+                                 "files from (job search corpora); symlinks and '..' are "
+                                 "resolved before the check")
     extra_tools: list[str] = knob([], "plugin tools by dotted path (module:Name)")
     extra_rewards: list[str] = knob([], "plugin rewards by dotted path (module:Name)")
     require_network_isolation: bool = knob(False, "refuse to start without a network "

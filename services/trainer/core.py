@@ -405,13 +405,15 @@ class TrainerCore:
         seen = await self._store.already_consumed(job_id, ids)
         # Ids held in the buffer or met earlier in this read are duplicates too: they are
         # not in the consumed set yet, and their second entry must still be acked.
-        held = {tr.trajectory_id for members in buffer.groups.values() for _, tr in members}
+        held = {tr.trajectory_id: e for members in buffer.groups.values() for e, tr in members}
         for (entry_id, traj), is_dup in zip(entries, seen, strict=True):
+            if held.get(traj.trajectory_id) == entry_id:
+                continue  # the same entry again (a re-read after a lost read): keep it held
             if is_dup or traj.trajectory_id in held:
                 # re-delivered after a crash, or a zombie instance's copy
                 await self._store.consume(job_id, [entry_id], [])
                 continue
-            held.add(traj.trajectory_id)
+            held[traj.trajectory_id] = entry_id
             reason = self._drop_reason(spec, traj)
             if reason is None:
                 dropped = buffer.add(entry_id, traj)

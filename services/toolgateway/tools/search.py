@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libra.data_roots import DEFAULT_DATA_ROOTS, describe_roots, inside_roots, resolve_roots
 from services.toolgateway.tools.base import ToolContext, ToolOutput
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "data" / "sample_corpus.txt"
@@ -22,6 +23,8 @@ class SearchConfig:
 
     corpus_paths: tuple[str, ...] = (str(SAMPLE_CORPUS),)
     """Text files; paragraphs are documents."""
+    data_roots: tuple[str, ...] = DEFAULT_DATA_ROOTS
+    """The only folders a job's corpus may come from (symlinks and ``..`` resolved)."""
     default_top_k: int = 3
     """Results returned when the call does not say."""
     max_top_k: int = 10
@@ -77,6 +80,7 @@ class SearchTool:
 
         self._config = config or SearchConfig()
         self._bm25s = bm25s
+        self._roots = resolve_roots(self._config.data_roots)
         self._default = _Index(bm25s, tuple(self._config.corpus_paths))
         self._job_indexes: dict[tuple[str, ...], _Index] = {}
         self.args_schema = {
@@ -107,6 +111,12 @@ class SearchTool:
         """Search off the event loop (BM25 scoring is CPU work)."""
         top_k = args.get("top_k", self._config.default_top_k)
         corpus = tuple(ctx.options.get("corpus_paths", ()))
+        outside = [path for path in corpus if not inside_roots(path, self._roots)]
+        if outside:
+            # Checked on every call, before any open: a call may come from anywhere
+            # that holds the service token, not only from a job the coordinator checked.
+            return ToolOutput(ok=False, error=f"corpus {outside[0]!r} is outside the data "
+                                              f"roots ({describe_roots(self._roots)})")
         try:
             hits = await asyncio.to_thread(self.search, args["query"], top_k, corpus)
         except OSError as exc:

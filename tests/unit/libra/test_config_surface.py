@@ -31,7 +31,8 @@ PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.t
 
 SNAPSHOT: dict[type, list[str]] = {
     CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "max_queued_jobs",
-                               "reconcile_interval_s", "redis_url", "run_root", "trainer_lost_s"]),
+                               "reconcile_interval_s", "redis_url", "run_root",
+                               "tool_data_roots", "trainer_lost_s"]),
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
         *SHARED, *PEERS, "bucket", "engine", "instance_id",
@@ -45,7 +46,8 @@ SNAPSHOT: dict[type, list[str]] = {
         *SHARED, *PEERS, "coordinator_retry_s", "num_ranks", "num_threads", "parallelism",
         "redis_url", "worker_id"]),
     ToolGatewayConfig: sorted([
-        *SHARED, *PEERS, "calculator_transient_failure_rate", "extra_rewards", "extra_tools",
+        *SHARED, *PEERS, "calculator_transient_failure_rate", "data_roots", "extra_rewards",
+        "extra_tools",
         "max_concurrency_per_tool", "max_queue_depth_per_tool", "python_timeout_s",
         "require_network_isolation",
         "search_corpus"]),

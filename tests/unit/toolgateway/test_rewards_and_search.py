@@ -6,10 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.toolgateway.core import ScoreRequest, ToolCall
+from services.toolgateway.core import ScoreRequest, ToolCall, ToolGatewayCore, ToolGatewayLimits
 from services.toolgateway.errors import Unavailable
-from services.toolgateway.rewards import LlmJudgeConfig, LlmJudgeReward
+from services.toolgateway.rewards import LlmJudgeConfig, LlmJudgeReward, RewardRegistry
 from services.toolgateway.rewards.llm_judge import parse_score
+from services.toolgateway.tools import SearchConfig, ToolRegistry, builtin_tools
+from services.toolgateway.tools.search import SAMPLE_CORPUS
 from tests.fixtures.judge_server import serve_judge
 
 
@@ -96,7 +98,10 @@ async def test_search_returns_relevant_snippet(core):
     assert empty.output == "no results"
 
 
-async def test_search_uses_the_corpus_the_job_names(core, tmp_path):
+async def test_search_uses_the_corpus_the_job_names(sandbox, tmp_path):
+    # tmp_path is the data root here (test_search_data_roots.py covers the refusals).
+    core = ToolGatewayCore(ToolRegistry(builtin_tools(sandbox, search=SearchConfig(
+        data_roots=(str(tmp_path),)))), RewardRegistry([]), ToolGatewayLimits())
     kb = tmp_path / "kb.txt"
     kb.write_text("Zanzibar lies off the coast of Tanzania.\n\nOther text about boats.\n")
     result = await core.execute(ToolCall("t", "s3", "search", {"query": "Zanzibar coast"},
@@ -106,8 +111,8 @@ async def test_search_uses_the_corpus_the_job_names(core, tmp_path):
     assert default.output == "no results"  # the gateway's own corpus knows nothing of it
 
 
-async def test_search_with_an_unreadable_job_corpus_fails_clearly(core, tmp_path):
-    missing = str(tmp_path / "missing.txt")
+async def test_search_with_an_unreadable_job_corpus_fails_clearly(core):
+    missing = str(SAMPLE_CORPUS.parent / "missing.txt")  # inside the default roots
     result = await core.execute(ToolCall("t", "s5", "search", {"query": "x"},
                                          options={"corpus_paths": [missing]}))
     assert result.status.value == "failure"
