@@ -54,6 +54,23 @@ def check_id(value: str, field: str, max_chars: int = MAX_ID_CHARS) -> str:
     return value
 
 
+def check_encodable(data: Any, field: str) -> None:
+    """Every key and string of parsed JSON/YAML is valid Unicode (a ``"\\ud800"`` escape
+    parses to a lone surrogate). Each object is visited once, so YAML aliases cannot make
+    the walk exponential."""
+    seen: set[int] = set()
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _has_surrogate(item):
+                raise InvalidArgument(field, "a string holds a lone surrogate (not valid "
+                                      "Unicode)")
+        elif isinstance(item, dict | list) and id(item) not in seen:
+            seen.add(id(item))
+            stack.extend([*item.keys(), *item.values()] if isinstance(item, dict) else item)
+
+
 def check_step_record(record: dict[str, Any]) -> int:
     """The record's step, checked: an integer in [0, MAX_NUM_STEPS], and a
     ``policy_version`` (when given) an integer >= -1."""

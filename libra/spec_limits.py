@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from libra.errors import InvalidArgument
-from libra.limits import MAX_NUM_STEPS, MAX_SPEC_BYTES, check_name
+from libra.limits import MAX_NUM_STEPS, MAX_SPEC_BYTES, check_encodable, check_name
 
 # Longest string in any spec field (paths, prompts, templates); the document is
 # bounded by MAX_SPEC_BYTES anyway, this keeps one field from being most of it.
@@ -104,21 +104,8 @@ def check_document_text(text: str) -> None:
 
 def check_document_values(data: Any) -> None:
     """Every key and string of a parsed document encodes (a JSON ``"\\ud800"`` escape
-    parses to a lone surrogate, which Redis and the JSON encoders refuse later). Each
-    object is visited once, so YAML aliases cannot make the walk exponential."""
-    seen: set[int] = set()
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise InvalidArgument("spec", "a string holds a lone surrogate "
-                                      f"(not valid Unicode): {exc.reason}") from exc
-        elif isinstance(item, dict | list) and id(item) not in seen:
-            seen.add(id(item))
-            stack.extend([*item.keys(), *item.values()] if isinstance(item, dict) else item)
+    parses to a lone surrogate, which Redis and the JSON encoders refuse later)."""
+    check_encodable(data, "spec")
 
 
 def _get(spec: Any, path: str) -> Any:

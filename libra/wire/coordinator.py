@@ -7,7 +7,7 @@ from typing import Any
 
 from libra import types as t
 from libra.errors import InvalidArgument
-from libra.limits import MAX_STEP_JSON_BYTES
+from libra.limits import MAX_STEP_JSON_BYTES, check_encodable
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 
 _STATE = {t.JobState.PENDING: pb.JOB_STATE_PENDING, t.JobState.RUNNING: pb.JOB_STATE_RUNNING,
@@ -50,4 +50,5 @@ def step_record_from_json(text: str) -> dict[str, Any]:
         raise InvalidArgument("step_json", f"not valid JSON: {exc}") from exc
     if not isinstance(record, dict):
         raise InvalidArgument("step_json", "must be a JSON object")
+    check_encodable(record, "step_json")
     return record
