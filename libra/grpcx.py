@@ -34,6 +34,19 @@ RPC_SECONDS = Histogram("libra_rpc_server_seconds", "RPC latency", ["service", "
 HEALTH_PROBE_INTERVAL_S = 1.0
 
 
+# Status details echo client strings ("spec_format: unknown format 'xxx...'"); past the
+# peer's metadata limit (8 KiB by default) the whole status is lost and the caller sees
+# RESOURCE_EXHAUSTED instead. The field name and reason come first, so a cut keeps them.
+MAX_STATUS_DETAILS_CHARS = 2048
+
+
+def status_details(exc: Exception) -> str:
+    text = str(exc)
+    if len(text) <= MAX_STATUS_DETAILS_CHARS:
+        return text
+    return f"{text[:MAX_STATUS_DETAILS_CHARS]}... ({len(text)} characters in all)"
+
+
 class _Undecodable:
     """Stands in for a request whose bytes did not parse. grpc's own deserializer failure
     answers UNKNOWN and logs two tracebacks; this lets the handler wrapper answer
@@ -94,7 +107,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 status_name = getattr(exc, "grpc_status_name", None)
                 if status_name is not None:
                     code = status_name
-                    await context.abort(grpc.StatusCode[status_name], str(exc))
+                    await context.abort(grpc.StatusCode[status_name], status_details(exc))
                 if context.code() is None:  # not an abort raised by the handler itself
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
@@ -125,7 +138,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     logger.exception("[rpc] unhandled error method=%s", method)
                     raise
                 code = status_name
-                await context.abort(grpc.StatusCode[status_name], str(exc))
+                await context.abort(grpc.StatusCode[status_name], status_details(exc))
             finally:
                 RPC_TOTAL.labels(service, method, code).inc()
 

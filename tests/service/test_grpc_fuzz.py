@@ -95,9 +95,14 @@ _JSON = st.recursive(
 
 # -- strategies from descriptors ---------------------------------------------------------
 
+# Ids that exist in the seeded stores (the coordinator's job id is added at start), so
+# generated requests reach past the not-found checks.
+KNOWN_IDS = ["", "j1", "rollout-0", "calculator", "short", " ", "a\nb", "\x00", "é" * 300,
+             "../../etc/passwd"]
+
+
 def _text(field_name: str) -> st.SearchStrategy[str]:
-    ids = st.sampled_from(["", "j1", "rollout-0", "calculator", "short", " ", "a\nb",
-                           "\x00", "é" * 300, "../../etc/passwd"])
+    ids = st.sampled_from(KNOWN_IDS)
     plain = st.text(max_size=64)
     huge = st.just("x" * HUGE_TEXT_CHARS)
     options = [ids, plain, huge]
@@ -184,8 +189,8 @@ async def _seed(r: aioredis.Redis, run_dir: Path) -> None:
                                                    "epoch": 7})
 
 
-def _servicers(r_text: aioredis.Redis, r_bytes: aioredis.Redis,
-               tmp_path: Path) -> list[tuple[Any, Any, str, Any]]:
+def _servicers(r_text: aioredis.Redis, r_bytes: aioredis.Redis, tmp_path: Path,
+               ) -> tuple[CoordinatorCore, list[tuple[Any, Any, str, Any]]]:
     trainer = TrainerCore(RedisTrainerStore(r_bytes), FakeBackendFactory(), FakeCoordinator(),
                           FakeClock(), block_ms=20)
     rollout = RolloutCore(RolloutSettings(instance_id="rollout-0", bucket="short"),
@@ -195,7 +200,7 @@ def _servicers(r_text: aioredis.Redis, r_bytes: aioredis.Redis,
     coordinator = CoordinatorCore(RedisCoordinatorStore(r_text, SystemClock()), FakeRunner(),
                                   FakeRunner(), SystemClock(), tmp_path / "runs")
     gateway = build_core(ToolGatewayConfig(calculator_transient_failure_rate=0.0))
-    return [
+    return coordinator, [
         (coordinator_pb2_grpc, "CoordinatorService", "coordinator",
          CoordinatorServicer(coordinator)),
         (scheduler_pb2_grpc, "SchedulerService", "scheduler",
@@ -208,6 +213,9 @@ def _servicers(r_text: aioredis.Redis, r_bytes: aioredis.Redis,
     ]
 
 
+VALID_SPEC = 'name = "fuzz"\n[algorithm]\nnum_steps = 3\n'
+
+
 @pytest.fixture
 async def methods(redis_server: EmbeddedRedis, tmp_path: Path) -> AsyncIterator[list[Method]]:
     # The coordinator keeps its own database: the seed below is the other services' view.
@@ -218,9 +226,12 @@ async def methods(redis_server: EmbeddedRedis, tmp_path: Path) -> AsyncIterator[
     await _seed(r_bytes, tmp_path)
     servers: list[Server] = []
     found: list[Method] = []
+    coordinator, servicers = _servicers(r_text, r_bytes, tmp_path)
+    job = await coordinator.create_job(VALID_SPEC, "toml")
+    KNOWN_IDS.append(job.job_id)
     try:
-        for (pb2_grpc, name, process, servicer), (pb2, _) in zip(
-                _servicers(r_text, r_bytes, tmp_path), SERVICES, strict=True):
+        for (pb2_grpc, name, process, servicer), (pb2, _) in zip(servicers, SERVICES,
+                                                                  strict=True):
             desc = pb2.DESCRIPTOR.services_by_name[name]
             add = getattr(pb2_grpc, f"add_{name}Servicer_to_server")
             server = Server(process, ServerConfig(port=0, metrics_port=-1,
@@ -232,6 +243,7 @@ async def methods(redis_server: EmbeddedRedis, tmp_path: Path) -> AsyncIterator[
                       for m in desc.methods]
         yield found
     finally:
+        KNOWN_IDS.remove(job.job_id)
         for server in servers:
             await server.stop()
         await r_text.aclose()

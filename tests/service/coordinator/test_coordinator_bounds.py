@@ -124,3 +124,12 @@ async def test_a_lone_surrogate_in_a_json_spec_names_spec(client: GrpcCoordinato
     with pytest.raises(InvalidArgument) as info:
         await client.create_job('{"name": "\\ud800"}', "json")
     assert info.value.field == "spec"
+
+
+async def test_status_details_echoing_a_huge_value_are_cut_not_lost(address: str) -> None:
+    # Uncut, the 1 MB echo overflowed the metadata limit: RESOURCE_EXHAUSTED, no field.
+    err = await _raw(address, "CreateJob", pb.CreateJobRequest(spec="a = 1",
+                                                               spec_format="x" * 1_000_000))
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("spec_format: unknown format 'xxx")
+    assert len(err.details()) < 2100 and err.details().endswith("characters in all)")

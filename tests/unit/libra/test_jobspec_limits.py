@@ -130,3 +130,19 @@ def test_string_fields_and_paths_are_bounded() -> None:
     assert _field_of(doc, "json") == "task.system_prompt"
     doc = json.dumps({"tools": {"search_corpus": ["/" + "d" * 5000]}})
     assert _field_of(doc, "json") == "tools.search_corpus[0]"
+
+
+def test_every_maximum_is_documented_with_its_value() -> None:
+    from pathlib import Path
+
+    from libra.spec_limits import BUCKET_MAXIMA, MAXIMA
+
+    doc = (Path(__file__).parents[3] / "docs" / "jobspec.md").read_text()
+    limits = doc.split("## Limits", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in limits.splitlines() if line.startswith("| `")]
+    table = [*MAXIMA.items(), *(("layout.buckets[]." + k, v) for k, v in BUCKET_MAXIMA.items())]
+    for path, high in table:
+        section, name = path.rsplit(".", 1)
+        shown = f"{int(high):,}" if float(high).is_integer() else f"{high:g}"
+        assert any(f"| `{section}` |" in row and f"`{name}`" in row
+                   and row.rstrip().endswith(f"| {shown} |") for row in rows), path
