@@ -22,6 +22,7 @@ from libra.agents import check_builtin_agent
 from libra.errors import InvalidArgument
 from libra.rewardspec import RewardSpec, check_plugin_name, validate_reward
 from libra.spec_limits import (
+    COUNTS,
     MAX_SPEC_INT,
     check_document_text,
     check_document_values,
@@ -247,6 +248,8 @@ def _convert(path: str, ftype: Any, value: Any) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise InvalidArgument(path, "must be a list")
+        if len(value) > COUNTS.get(path, len(value)):  # before building thousands of items
+            raise InvalidArgument(path, f"{len(value)} entries, at most {COUNTS[path]}")
         (item,) = typing.get_args(ftype)
         return [_convert(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
     if ftype is float and isinstance(value, int) and not isinstance(value, bool):
