@@ -38,7 +38,6 @@ def job_from_proto(msg: pb.Job) -> t.Job:
     return t.Job(state=job_state_from_proto(msg.state), **{f: getattr(msg, f) for f in _FIELDS})
 
 
-
 def step_record_from_json(text: str) -> dict[str, Any]:
     """The step record a trainer sent: a JSON object, checked before anything is stored."""
     if len(text) > MAX_STEP_JSON_BYTES:
