@@ -319,14 +319,19 @@ class CoordinatorCore:
         died before doing so. Only a new record feeds the elastic planner.
         """
         step = check_step_record(record)
-        job = await self._store.get_job(job_id)
-        if job.state.is_terminal:  # a late or forged report must not rewrite a finished job
-            raise FailedPrecondition(f"job {job_id} is {job.state.value}; its steps are final")
-        outcome = await self._store.append_step(job_id, record, idempotency_key)
-        job.step = step
-        job.policy_version = record.get("policy_version", job.policy_version)
-        job.updated_at_ms = self._clock.now_ms()
-        await self._store.put_job(job)
+        # Under the lifecycle lock: a cancel landing between the read and the write would
+        # otherwise be overwritten (the job written back RUNNING). A cancel waiting here
+        # stops the trainer, whose cancelled call ends this one.
+        async with self._lifecycle_lock:
+            job = await self._store.get_job(job_id)
+            if job.state.is_terminal:  # a late or forged report must not rewrite it
+                raise FailedPrecondition(f"job {job_id} is {job.state.value}; its steps "
+                                         "are final")
+            outcome = await self._store.append_step(job_id, record, idempotency_key)
+            job.step = step
+            job.policy_version = record.get("policy_version", job.policy_version)
+            job.updated_at_ms = self._clock.now_ms()
+            await self._store.put_job(job)
         if outcome is StepAppend.REPEAT:
             logger.info("[job] repeated step report recognised job_id=%s step=%d", job_id, step)
             return outcome

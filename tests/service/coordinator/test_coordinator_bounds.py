@@ -7,6 +7,7 @@ client would not send the bad value. Fakes: ``FakeRunner`` for the trainer and s
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -133,3 +134,33 @@ async def test_status_details_echoing_a_huge_value_are_cut_not_lost(address: str
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert err.details().startswith("spec_format: unknown format 'xxx")
     assert len(err.details()) < 2100 and err.details().endswith("characters in all)")
+
+
+class HeldAppendStore(RedisCoordinatorStore):
+    """Holds the first step append until released, as a slow network would."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.entered, self.release = asyncio.Event(), asyncio.Event()
+
+    async def append_step(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        await self.release.wait()
+        return await super().append_step(*args, **kwargs)
+
+
+async def test_a_cancel_during_a_step_report_is_not_overwritten(redis: Any,
+                                                                tmp_path: Path) -> None:
+    store = HeldAppendStore(redis, SystemClock())
+    core = CoordinatorCore(store, FakeRunner(), FakeRunner(), SystemClock(), tmp_path)
+    job = await core.create_job(VALID_SPEC, "toml")
+    report = asyncio.create_task(core.report_step(job.job_id, {"step": 1,
+                                                               "policy_version": 1}))
+    await store.entered.wait()  # the report has read the job (RUNNING)
+    cancel = asyncio.create_task(core.cancel_job(job.job_id))
+    # Without serialisation the cancel completes here and the report then writes the
+    # job back RUNNING; with it the cancel waits (the wait ends either way).
+    await asyncio.wait({cancel}, timeout=1.0)
+    store.release.set()
+    await asyncio.gather(report, cancel)
+    assert (await store.get_job(job.job_id)).state is t.JobState.CANCELLED
