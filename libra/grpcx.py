@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram, start_http_server
 
 from libra.access import check_exposure, is_loopback, load_tokens
+from libra.errors import InvalidArgument
 from libra.grpc_auth import AuthInterceptor, ClientAuth, open_channel, server_credentials
 from libra.service_config import AuthConfig, ServerConfig
 
@@ -30,6 +32,47 @@ RPC_TOTAL = Counter("libra_rpc_server_total", "RPCs handled", ["service", "metho
 RPC_SECONDS = Histogram("libra_rpc_server_seconds", "RPC latency", ["service", "method"])
 # How often a service checks the dependency it cannot work without (its Redis).
 HEALTH_PROBE_INTERVAL_S = 1.0
+
+
+# Status details echo client strings ("spec_format: unknown format 'xxx...'"); past the
+# peer's metadata limit (8 KiB by default) the whole status is lost and the caller sees
+# RESOURCE_EXHAUSTED instead. The field name and reason come first, so a cut keeps them.
+MAX_STATUS_DETAILS_CHARS = 2048
+
+
+def status_details(exc: Exception) -> str:
+    text = str(exc)
+    if len(text) <= MAX_STATUS_DETAILS_CHARS:
+        return text
+    return f"{text[:MAX_STATUS_DETAILS_CHARS]}... ({len(text)} characters in all)"
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse. grpc's own deserializer failure
+    answers UNKNOWN and logs two tracebacks; this lets the handler wrapper answer
+    INVALID_ARGUMENT naming ``request`` instead."""
+
+    def __init__(self, reason: str) -> None:
+        self.error = InvalidArgument("request", f"undecodable message: {reason}")
+
+
+def _lenient(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def run(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as exc:
+            return _Undecodable(str(exc))
+    return run
+
+
+async def _checked(request_iterator: Any) -> Any:
+    async for request in request_iterator:
+        if isinstance(request, _Undecodable):
+            raise request.error
+        yield request
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -52,6 +95,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             code = "OK"
             try:
+                if isinstance(request, _Undecodable):
+                    raise request.error
                 return await inner(request, context)
             except asyncio.CancelledError:
                 code = "CANCELLED"
@@ -62,7 +107,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 status_name = getattr(exc, "grpc_status_name", None)
                 if status_name is not None:
                     code = status_name
-                    await context.abort(grpc.StatusCode[status_name], str(exc))
+                    await context.abort(grpc.StatusCode[status_name], status_details(exc))
                 if context.code() is None:  # not an abort raised by the handler itself
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
@@ -72,7 +117,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 RPC_SECONDS.labels(service, method).observe(time.perf_counter() - start)
 
         return grpc.unary_unary_rpc_method_handler(
-            wrapped, request_deserializer=handler.request_deserializer,
+            wrapped, request_deserializer=_lenient(handler.request_deserializer),
             response_serializer=handler.response_serializer)
 
     def _wrap_stream(self, handler: Any, method: str) -> Any:
@@ -81,7 +126,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
             code = "OK"
             try:
-                async for response in inner(request_iterator, context):
+                async for response in inner(_checked(request_iterator), context):
                     yield response
             except asyncio.CancelledError:
                 code = "CANCELLED"
@@ -93,12 +138,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     logger.exception("[rpc] unhandled error method=%s", method)
                     raise
                 code = status_name
-                await context.abort(grpc.StatusCode[status_name], str(exc))
+                await context.abort(grpc.StatusCode[status_name], status_details(exc))
             finally:
                 RPC_TOTAL.labels(service, method, code).inc()
 
         return grpc.stream_stream_rpc_method_handler(
-            wrapped, request_deserializer=handler.request_deserializer,
+            wrapped, request_deserializer=_lenient(handler.request_deserializer),
             response_serializer=handler.response_serializer)
 
 

@@ -21,6 +21,13 @@ import yaml
 from libra.agents import check_builtin_agent
 from libra.errors import InvalidArgument
 from libra.rewardspec import RewardSpec, check_plugin_name, validate_reward
+from libra.spec_limits import (
+    COUNTS,
+    MAX_SPEC_INT,
+    check_document_text,
+    check_document_values,
+    validate_limits,
+)
 from libra.tasks import TASKS
 from libra.taskspec import TaskSpec, normalise_task, validate_task_source
 
@@ -212,6 +219,7 @@ class JobSpec:
 def parse_document(text: str, fmt: str) -> dict[str, Any]:
     """Parse a spec document; ``fmt`` is toml, json or yaml."""
     fmt = (fmt or "toml").lower()
+    check_document_text(text)
     try:
         if fmt == "toml":
             data = tomllib.loads(text)
@@ -223,8 +231,11 @@ def parse_document(text: str, fmt: str) -> dict[str, Any]:
             raise InvalidArgument("spec_format", f"unknown format {fmt!r} (toml, json, yaml)")
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
         raise InvalidArgument("spec", f"not valid {fmt}: {exc}") from exc
+    except RecursionError as exc:  # "[[[[...": nesting deeper than any spec needs
+        raise InvalidArgument("spec", f"not valid {fmt}: nested too deeply") from exc
     if not isinstance(data, dict):
         raise InvalidArgument("spec", "the document must be a mapping")
+    check_document_values(data)
     return data
 
 
@@ -237,12 +248,19 @@ def _convert(path: str, ftype: Any, value: Any) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise InvalidArgument(path, "must be a list")
+        if len(value) > COUNTS.get(path, len(value)):  # before building thousands of items
+            raise InvalidArgument(path, f"{len(value)} entries, at most {COUNTS[path]}")
         (item,) = typing.get_args(ftype)
         return [_convert(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
     if ftype is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value) if abs(value) <= MAX_SPEC_INT else math.inf
     if not isinstance(value, ftype) or (ftype is int and isinstance(value, bool)):
         raise InvalidArgument(path, f"must be {ftype.__name__}, got {type(value).__name__}")
+    # Every number finite and JSON-safe; the per-field maxima: libra/spec_limits.py.
+    if ftype is float and not math.isfinite(value):
+        raise InvalidArgument(path, f"must be a finite number, got {value!r}")
+    if ftype is int and abs(value) > MAX_SPEC_INT:
+        raise InvalidArgument(path, f"must be an integer of magnitude at most {MAX_SPEC_INT}")
     return value
 
 
@@ -315,6 +333,8 @@ def _validate_ranges(spec: JobSpec) -> None:
     _require(a.checkpoint_interval >= 0, "algorithm.checkpoint_interval",
              "must be >= 0 (0 = never checkpoint)")
     _require(a.learning_rate > 0, "algorithm.learning_rate", "must be > 0")
+    _require(a.sft_learning_rate > 0, "algorithm.sft_learning_rate", "must be > 0")
+    _require(a.max_grad_norm > 0, "algorithm.max_grad_norm", "must be > 0 (the clip norm)")
     _require(0 < a.clip_eps < 1, "algorithm.clip_eps", "must be in (0, 1)")
     _require(a.temperature > 0, "algorithm.temperature", "must be > 0")
     _require(0 < a.top_p <= 1, "algorithm.top_p", "must be in (0, 1]")
@@ -414,6 +434,7 @@ def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
     spec = _build(JobSpec, data, "")
     spec = dataclasses.replace(spec, task=normalise_task(spec.task, data.get("task")))
     spec = _skip_warm_start_after_init_from(spec, data.get("algorithm"))
+    validate_limits(spec)  # first: the checks below may walk lists
     _validate_ranges(spec)
     _validate_layout(spec.layout)
     _validate_elastic(spec.elastic)

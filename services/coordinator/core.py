@@ -29,16 +29,18 @@ from libra.clock import Clock
 from libra.errors import FailedPrecondition, InvalidArgument, LibraError, Unavailable
 from libra.ids import new_job_id
 from libra.jobspec import ElasticSpec, JobSpec, ToolSchema, job_spec_from_json, parse_job_spec
+from libra.limits import check_id, check_step_record
 from services.coordinator.checkpoints import CheckpointProbe, newest_checkpoint_step
 from services.coordinator.elastic import ElasticExecutor, ElasticLoop, ElasticWiring
 from services.coordinator.jobqueue import DEFAULT_MAX_QUEUED_JOBS, JobQueue, check_priority
 from services.coordinator.reconcile import Reconciler, ReconcileWiring, Verdict
-from services.coordinator.store import CoordinatorStore, StepAppend, step_of
+from services.coordinator.store import CoordinatorStore, StepAppend
 
 logger = logging.getLogger(__name__)
 
 MIN_LEASE_TTL_MS = 200
 MAX_LEASE_TTL_MS = 600_000
+MAX_ADDRESS_CHARS = 512  # host:port or a unix socket path
 
 # The elastic hybrid pool's role moves: target role -> roles a lease may hold before it.
 # hybrid-rollout -> hybrid-joining (lend), hybrid-joining -> hybrid-training (activate),
@@ -328,16 +330,20 @@ class CoordinatorCore:
         still sets the job's step and version: the try that stored the record may have
         died before doing so. Only a new record feeds the elastic planner.
         """
-        try:
-            step = step_of(record)
-        except ValueError as exc:
-            raise InvalidArgument("step_json", str(exc)) from exc
-        job = await self._store.get_job(job_id)
-        outcome = await self._store.append_step(job_id, record, idempotency_key)
-        job.step = step
-        job.policy_version = int(record.get("policy_version", job.policy_version))
-        job.updated_at_ms = self._clock.now_ms()
-        await self._store.put_job(job)
+        step = check_step_record(record)
+        # Under the lifecycle lock: a cancel landing between the read and the write would
+        # otherwise be overwritten (the job written back RUNNING). A cancel waiting here
+        # stops the trainer, whose cancelled call ends this one.
+        async with self._lifecycle_lock:
+            job = await self._store.get_job(job_id)
+            if job.state.is_terminal:  # a late or forged report must not rewrite it
+                raise FailedPrecondition(f"job {job_id} is {job.state.value}; its steps "
+                                         "are final")
+            outcome = await self._store.append_step(job_id, record, idempotency_key)
+            job.step = step
+            job.policy_version = record.get("policy_version", job.policy_version)
+            job.updated_at_ms = self._clock.now_ms()
+            await self._store.put_job(job)
         if outcome is StepAppend.REPEAT:
             logger.info("[job] repeated step report recognised job_id=%s step=%d", job_id, step)
             return outcome
@@ -433,8 +439,12 @@ class CoordinatorCore:
 
     async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
                             address: str, ttl_ms: int) -> t.Lease:
-        if not worker_id:
-            raise InvalidArgument("worker_id", "must not be empty")
+        check_id(worker_id, "worker_id")
+        if bucket:
+            check_id(bucket, "bucket")
+        if len(address) > MAX_ADDRESS_CHARS or not address.isprintable():
+            raise InvalidArgument("address", f"a host:port, at most {MAX_ADDRESS_CHARS} "
+                                  "printable characters")
         if not MIN_LEASE_TTL_MS <= ttl_ms <= MAX_LEASE_TTL_MS:
             raise InvalidArgument("ttl_ms", f"must be in [{MIN_LEASE_TTL_MS}, "
                                   f"{MAX_LEASE_TTL_MS}]")
@@ -445,9 +455,11 @@ class CoordinatorCore:
         return granted
 
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+        check_id(worker_id, "worker_id")
         return await self._store.renew_lease(worker_id, epoch, self._clock.now_ms())
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
+        check_id(worker_id, "worker_id")
         await self._store.release_lease(worker_id, epoch)
 
     async def change_worker_role(self, worker_id: str, expected_epoch: int,
@@ -457,8 +469,7 @@ class CoordinatorCore:
         Only the moves in ``ROLE_MOVES`` are allowed; the store checks the current role
         and the epoch atomically, and a success takes a fresh fence (the new epoch).
         """
-        if not worker_id:
-            raise InvalidArgument("worker_id", "must not be empty")
+        check_id(worker_id, "worker_id")
         allowed_from = ROLE_MOVES.get(role)
         if allowed_from is None:
             targets = ", ".join(r.value for r in ROLE_MOVES)

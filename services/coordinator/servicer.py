@@ -7,7 +7,7 @@ import json
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from libra.wire.common import lease_to_proto, role_from_proto
-from libra.wire.coordinator import job_state_from_proto, job_to_proto
+from libra.wire.coordinator import job_state_from_proto, job_to_proto, step_record_from_json
 from services.coordinator.core import CoordinatorCore
 
 
@@ -62,7 +62,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
         return pb.ListWorkersResponse(leases=[lease_to_proto(lease) for lease in leases])
 
     async def ReportStep(self, request, context):  # noqa: N802, ANN001
-        await self._core.report_step(request.job_id, json.loads(request.step_json),
+        await self._core.report_step(request.job_id, step_record_from_json(request.step_json),
                                      request.idempotency_key)
         return pb.ReportStepResponse()
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import FailedPrecondition
+from libra.limits import check_generation
 from libra.training import channel as ch
 from services.rollout.lending import ChannelOpener, HybridJoin, TrainerLoader
 
@@ -65,6 +66,7 @@ class LendingMixin:
                    trainer_address: str) -> tuple[t.Lease, int]:
         """Stop sampling, hand the pinned trajectories back, become hybrid-joining and
         start the join in the background; returns (the new lease, trajectories handed)."""
+        check_generation(generation, self._clock.now_ms())
         self._check_lendable(expected_epoch, generation)
         self._generation = generation
         self._lending = True
@@ -153,12 +155,16 @@ class LendingMixin:
 
     async def reclaim(self, generation: int, reason: str) -> t.Lease:
         """Back to rollout: cancel a pending join or detach an active one."""
+        check_generation(generation, self._clock.now_ms())
+        if self._lease is None:
+            raise FailedPrecondition(f"instance {self.settings.instance_id} holds no lease")
         if generation < self._generation:
             raise FailedPrecondition(f"reclaim generation {generation} is older than "
                                      f"{self._generation}")
         self._generation = generation
         await self._return_to_rollout(reason or "reclaimed", cancel=True)
-        assert self._lease is not None
+        if self._lease is None:  # lost while returning; the loop re-registers
+            raise FailedPrecondition(f"instance {self.settings.instance_id} lost its lease")
         return self._lease
 
     async def _return_to_rollout(self, reason: str, cancel: bool) -> None:

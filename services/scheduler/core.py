@@ -57,6 +57,7 @@ from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.evaluation import eval_rows, eval_steps
 from libra.ids import group_id, trajectory_id
 from libra.jobspec import JobSpec, job_spec_from_json
+from libra.limits import check_id
 from services.scheduler.evaluation import make_eval_round, round_to_admit
 from services.scheduler.policy.base import PlacementPolicy, TrajectoryDescriptor
 from services.scheduler.policy.cmlfq import CmlfqConfig
@@ -462,6 +463,7 @@ class SchedulerCore:
 
     async def check_fence(self, instance_id: str, epoch: int) -> None:
         """Refuse a report whose epoch is not the instance's current lease epoch."""
+        check_id(instance_id, "instance_id")
         current = self._epochs.get(instance_id)
         behind = current is None or epoch > current  # the snapshot may predate a grant
         if (current != epoch and behind

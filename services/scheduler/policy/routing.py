@@ -10,6 +10,7 @@ unbounded queue onto one instance.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -119,14 +120,14 @@ def route(
     Raises:
         UnknownBucket: If ``bucket`` is not in the layout.
     """
-    fallbacks = layout.fallback_order(bucket) if enable_fallback else ()
+    fallbacks = layout.iter_fallback(bucket) if enable_fallback else iter(())
     cursor = cursor if cursor is not None else RoundRobinCursor()
     caps = _caps(layout)
     eligible: dict[str, list[InstanceLoad]] = {}
     for instance in instances:
         if _has_room(instance, caps):
             eligible.setdefault(instance.bucket, []).append(instance)
-    for name in (bucket, *fallbacks):
+    for name in itertools.chain((bucket,), fallbacks):
         chosen = _pick_least_loaded(eligible.get(name, ()), name, cursor)
         if chosen is not None:
             kind = RouteKind.PREFERRED if name == bucket else RouteKind.FALLBACK

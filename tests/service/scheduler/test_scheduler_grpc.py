@@ -14,7 +14,7 @@ from libra import types as t
 from libra.clients.runner import GrpcSchedulerClient
 from libra.clients.scheduler import IMPLIED_STAY
 from libra.clock import FakeClock
-from libra.errors import FailedPrecondition, NotFound, Unavailable
+from libra.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from libra.jobspec import JobSpec
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from libra.redis_server import EmbeddedRedis
@@ -247,3 +247,13 @@ async def test_finish_report_with_a_stale_epoch_is_refused(
     with pytest.raises(FailedPrecondition, match="stale lease epoch 3"):
         await client.report_finished("j1", "traj", 10, t.TrajectoryStatus.FINISHED,
                                      "rollout-0", 3)
+
+
+@pytest.mark.parametrize("instance_id", ["", "rollout\n0", "r" * 300])
+async def test_a_bad_instance_id_is_invalid_argument_not_a_stale_lease(
+        client: GrpcSchedulerClient, instance_id: str) -> None:
+    await client.start_job("j1")
+    with pytest.raises(InvalidArgument) as info:
+        await client.report_finished("j1", "traj", 10, t.TrajectoryStatus.FINISHED,
+                                     instance_id, EPOCH)
+    assert info.value.field == "instance_id"

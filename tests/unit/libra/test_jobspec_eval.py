@@ -47,7 +47,7 @@ def test_eval_fields_are_not_checked_while_eval_is_off() -> None:
     ("eval_interval = 2\neval_samples_per_prompt = 4", "task.eval_samples_per_prompt",
      "eval_temperature > 0"),
     ("eval_interval = 2\neval_temperature = -0.5", "task.eval_temperature", ">= 0"),
-    ("eval_interval = 2\neval_temperature = nan", "task.eval_temperature", ">= 0"),
+    ("eval_interval = 2\neval_temperature = nan", "task.eval_temperature", "finite"),
     ("eval_interval = 2\neval_max_prompts = 0", "task.eval_max_prompts", "[1, 10000]"),
     ("eval_interval = 2\neval_correct_reward = inf", "task.eval_correct_reward", "finite"),
     ("eval_interval = 2\neval_timeout_s = 0.0", "task.eval_timeout_s", "> 0"),

@@ -13,7 +13,8 @@ import pytest
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.errors import FailedPrecondition
+from libra.errors import FailedPrecondition, InvalidArgument
+from libra.limits import MAX_GENERATION_AHEAD_MS
 from libra.training import channel as ch
 from libra.wire.common import decode_trajectory
 from tests.fakes.engine import BlockUntilAbort
@@ -185,3 +186,23 @@ async def test_inbox_leftovers_are_dropped_on_reclaim(lent_rig) -> None:  # noqa
     await rig.place(make_task(7))  # placed before the scheduler saw the role change
     await rig.core.reclaim(2, "test")
     assert await rig.r.xlen(keys.inbox(HERE)) == 0
+
+
+async def test_generations_far_ahead_of_the_clock_or_negative_are_invalid(
+        lent_rig) -> None:  # noqa: ANN001
+    # A forged Reclaim(generation=2**63-1) used to raise the floor for ever, refusing every
+    # later (wall-clock ms) lend. Now it is refused and changes nothing.
+    rig, _ = lent_rig
+    now_ms = rig.clock.now_ms()
+    for forged in (2**63 - 1, now_ms + MAX_GENERATION_AHEAD_MS + 1, -1):
+        with pytest.raises(InvalidArgument) as info:
+            await rig.core.reclaim(forged, "forged")
+        assert info.value.field == "generation"
+        with pytest.raises(InvalidArgument):
+            await rig.core.lend(JOB, rig.core.lease.epoch, forged, "trainer:1")
+    lease, _ = await rig.core.lend(JOB, rig.core.lease.epoch, now_ms, "trainer:1")
+    assert lease.role is t.WorkerRole.HYBRID_JOINING
+    back = await rig.core.reclaim(now_ms + MAX_GENERATION_AHEAD_MS, "at the bound")
+    assert back.role is t.WorkerRole.HYBRID_ROLLOUT
+    with pytest.raises(FailedPrecondition, match="older"):  # monotonic per instance
+        await rig.core.reclaim(now_ms, "older")

@@ -67,3 +67,17 @@ def test_ordering_helpers() -> None:
         ("short", "medium", "long"),
     )
     assert "medium" in layout and "huge" not in layout and len(layout) == 3
+
+
+def test_fallback_walk_matches_nearest_first_order_and_is_lazy() -> None:
+    # The walk replaced a precomputed table of every bucket's order (B^2 names).
+    buckets = [Bucket(f"b{i}", 16 * (i + 1), 1, 8, 8) for i in range(7)]
+    layout = BucketLayout(buckets)
+    for home, bucket in enumerate(buckets):
+        others = sorted((i for i in range(7) if i != home), key=lambda i: (abs(i - home), -i))
+        assert layout.fallback_order(bucket.name) == tuple(f"b{i}" for i in others)
+    big = BucketLayout([Bucket(f"b{i}", i + 1, 1, 8, 8) for i in range(10_000)])
+    walk = big.iter_fallback("b5000")
+    assert [next(walk) for _ in range(3)] == ["b5001", "b4999", "b5002"]
+    with pytest.raises(UnknownBucket):
+        big.iter_fallback("nope")
