@@ -82,6 +82,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """FastAPI's body/query validation as the project's 400 (not a 422 of another shape)."""
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid"}
+    if first.get("type") == "json_invalid":  # its loc ends in a character offset
+        reason = f"not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"
+        return await _libra_error(request, InvalidArgument("body", reason))
     return await _libra_error(request, InvalidArgument(_field_of(first["loc"]), first["msg"]))
 
 
@@ -97,6 +100,14 @@ async def _unexpected_error(_request: Request, _exc: Exception) -> JSONResponse:
     """Anything else: a 500 with an ErrorBody. Not logged here: Starlette re-raises the
     error after this response and the server logs its traceback once."""
     return _error_response(500, ErrorBody(error="internal", message="internal error"))
+
+
+# OpenAPI links: the created job's id feeds the routes that take one (shown in /docs;
+# schemathesis' stateful run follows them to real jobs).
+_JOB_LINKS = {
+    name: {"operationId": name, "parameters": {"job_id": "$response.body#/job_id"}}
+    for name in ("get_job", "job_events", "cancel_job", "resume_job")
+}
 
 
 def _drop_422(app: FastAPI) -> None:
@@ -128,6 +139,7 @@ def build_app(core: CoordinatorCore, tokens: Tokens | None = None) -> FastAPI:
     can answer is in the OpenAPI document, each error with the ErrorBody model.
     """
     app = FastAPI(title="Libra coordinator", version="v1",
+                  generate_unique_id_function=lambda route: route.name,
                   description="Create, inspect and cancel agentic RL jobs. Every error "
                   "is an ErrorBody; a bad input is 400 naming the field.")
     tokens = tokens or Tokens()
@@ -140,7 +152,9 @@ def build_app(core: CoordinatorCore, tokens: Tokens | None = None) -> FastAPI:
     _drop_422(app)
 
     @v1.post("/v1/jobs", status_code=201, response_model=JobView,
-             responses=error_responses(400, 409, 429, 503, 504),
+             responses={201: {"description": "the job, RUNNING or queued PENDING",
+                              "links": _JOB_LINKS},
+                        **error_responses(400, 409, 429, 503, 504)},
              summary="Create and start a job (queued PENDING while another job runs)")
     async def create_job(body: CreateJobBody,
                          priority: int | None = _PRIORITY_QUERY) -> JobView:

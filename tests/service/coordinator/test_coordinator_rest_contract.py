@@ -46,8 +46,9 @@ SEED = 24  # issue #24: fixed, so a run is reproducible
 MAX_QUEUED_JOBS = 2
 # Examples per operation and mode; the parameterless GETs exhaust their (tiny) input
 # space after a few cases, the rest make up >= 1,000 in total.
-EXAMPLES = {GenerationMode.POSITIVE: 160, GenerationMode.NEGATIVE: 90}
+EXAMPLES = {GenerationMode.POSITIVE: 110, GenerationMode.NEGATIVE: 60}
 MIN_CASES = 1_000
+STATEFUL_EXAMPLES = 60  # scenarios of up to 8 linked calls
 # positive_data_acceptance expects a 2xx for schema-valid input; a JSON string that
 # is a valid spec *document* cannot be said in a schema, so a generated spec is a 400
 # naming the spec's field (checked here to be an ErrorBody, as documented).
@@ -159,12 +160,20 @@ def test_errors_are_error_bodies_and_documented(live_api: LiveApi) -> None:
         bad = http.post("/v1/jobs", json={"spec": 3}, headers=AUTH)
         bad_json = http.post("/v1/jobs", content=b"{", headers={
             **AUTH, "Content-Type": "application/json"})
+        bad_format = http.post("/v1/jobs", json={"spec": "", "format": "xml"}, headers=AUTH)
+        bad_priority = http.post("/v1/jobs?priority=high", json={"spec": ""}, headers=AUTH)
         missing = http.get("/v1/jobs/no-such-job", headers=AUTH)
+        wrong_method = http.delete("/v1/jobs", headers=AUTH)
         no_route = http.get("/v2/nothing", headers=AUTH)
     assert (unauth.status_code, unauth.json()["error"]) == (401, "unauthenticated")
     assert unauth.headers["www-authenticate"] == "Bearer"
     assert (bad.status_code, bad.json()["field"]) == (400, "spec")
-    assert (bad_json.status_code, bad_json.json()["error"]) == (400, "invalid_argument")
+    assert (bad_json.status_code, bad_json.json()["field"]) == (400, "body")
+    assert bad_json.json()["message"].startswith("body: not valid JSON")
+    assert (bad_format.status_code, bad_format.json()["field"]) == (400, "format")
+    assert (bad_priority.status_code, bad_priority.json()["field"]) == (400, "priority")
+    assert (wrong_method.status_code, wrong_method.json()["error"]) == (
+        405, "method_not_allowed")
     assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
     assert (no_route.status_code, no_route.json()["error"]) == (404, "not_found")
     for path, ops in doc["paths"].items():
@@ -177,6 +186,33 @@ def test_errors_are_error_bodies_and_documented(live_api: LiveApi) -> None:
     create = doc["paths"]["/v1/jobs"]["post"]["responses"]
     assert {"201", "400", "401", "409", "429"} <= set(create)
     assert "Retry-After" in create["429"]["headers"]
+
+
+
+def test_linked_sequences_over_real_jobs_get_documented_responses(live_api: LiveApi) -> None:
+    """Stateful: create -> get / events / cancel / resume on the created job (the 201's
+    OpenAPI links), so the 200 bodies of real jobs and the 409s are checked too."""
+    schema = schemathesis.openapi.from_url(f"{live_api.base_url}/openapi.json")
+    statuses: Counter[str] = Counter()
+
+    class Machine(schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return {"base_url": live_api.base_url, "headers": AUTH, "timeout": 10}
+
+        def validate_response(self, response: Any, case: Any,
+                              additional_checks: Any = None, **kwargs: Any) -> None:
+            statuses[f"{case.operation.label} {response.status_code}"] += 1
+            case.validate_response(response, excluded_checks=EXCLUDED_CHECKS,
+                                   headers=AUTH, transport_kwargs=kwargs)
+
+    Machine.run(settings=settings(max_examples=STATEFUL_EXAMPLES, stateful_step_count=8,
+                                  deadline=None, database=None, derandomize=True,
+                                  suppress_health_check=list(HealthCheck)))
+    print(f"\nstateful: {sum(statuses.values())} calls; statuses: {dict(statuses)}")
+    for reached in ("GET /v1/jobs/{job_id} 200", "POST /v1/jobs/{job_id}/cancel 200",
+                    "POST /v1/jobs/{job_id}/resume 409"):
+        assert statuses[reached] > 0, reached  # the links led to real jobs
+    assert not any(key.split()[-1].startswith("5") for key in statuses)
 
 
 # -- every domain error through the app ---------------------------------------------------
