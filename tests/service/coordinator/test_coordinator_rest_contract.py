@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis as redis_sync
 import redis.asyncio as aioredis
 import schemathesis
 import uvicorn
@@ -61,12 +62,14 @@ class LiveApi:
     """The REST app on a socket, run in its own thread and event loop (schemathesis'
     calls are blocking)."""
 
-    def __init__(self, redis_url: str, run_root: Path) -> None:
+    def __init__(self, redis_url: str, run_root: Path,
+                 max_queued_jobs: int = MAX_QUEUED_JOBS) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.runner = FakeRunner()
         self._redis_url = redis_url
         self._run_root = run_root
+        self._max_queued_jobs = max_queued_jobs
         self._server: uvicorn.Server | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()),
@@ -77,7 +80,7 @@ class LiveApi:
         await redis.flushdb()
         core = CoordinatorCore(RedisCoordinatorStore(redis, SystemClock()), self.runner,
                                FakeRunner(), SystemClock(), self._run_root,
-                               max_queued_jobs=MAX_QUEUED_JOBS)
+                               max_queued_jobs=self._max_queued_jobs)
         self._server = uvicorn.Server(uvicorn.Config(
             build_app(core, Tokens(api=API_TOKEN)), host="127.0.0.1", port=self.port,
             log_level="warning"))
@@ -94,6 +97,12 @@ class LiveApi:
         self._thread.start()
         assert self._started.wait(30.0), "uvicorn did not start"
         assert self._server is not None and self._server.started, "uvicorn exited at start-up"
+
+    def reset(self) -> None:
+        """Forget every job (a fresh Redis database), between stateful scenarios."""
+        client = redis_sync.Redis.from_url(self._redis_url)
+        client.flushdb()
+        client.close()
 
     def stop(self) -> None:
         assert self._server is not None
@@ -191,14 +200,28 @@ def test_errors_are_error_bodies_and_documented(live_api: LiveApi) -> None:
 
 
 
-def test_linked_sequences_over_real_jobs_get_documented_responses(live_api: LiveApi) -> None:
+def test_linked_sequences_over_real_jobs_get_documented_responses(
+        redis_server: EmbeddedRedis, tmp_path: Path) -> None:
     """Stateful: create -> get / events / cancel / resume on the created job (the 201's
-    OpenAPI links). A failed check raises; which calls a run reaches depends on the ids
-    the server made, so the deterministic walk below covers each status for sure."""
+    OpenAPI links). Each scenario starts from an empty store, and the queue takes every
+    create (the fake runner starts one job; the rest wait), so a scenario's statuses
+    follow from its own calls only (hypothesis replays scenarios and needs that)."""
+    live_api = LiveApi(redis_server.url, tmp_path / "runs", max_queued_jobs=100_000)
+    live_api.start()
+    try:
+        _run_stateful(live_api)
+    finally:
+        live_api.stop()
+
+
+def _run_stateful(live_api: LiveApi) -> None:
     schema = schemathesis.openapi.from_url(f"{live_api.base_url}/openapi.json")
     statuses: Counter[str] = Counter()
 
     class Machine(schema.as_state_machine()):  # type: ignore[misc]
+        def setup(self) -> None:
+            live_api.reset()
+
         def get_call_kwargs(self, case: Any) -> dict[str, Any]:
             return {"base_url": live_api.base_url, "headers": AUTH, "timeout": 10}
 
