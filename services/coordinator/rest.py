@@ -3,59 +3,33 @@ as the gRPC servicer, so both APIs validate and fail identically."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import math
+from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from libra import types as t
 from libra.access import Access, Tokens
-from libra.errors import LibraError
+from libra.errors import InvalidArgument, LibraError, ResourceExhausted, Unauthenticated
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.rest_models import (
+    HTTP_STATUS,
+    CreateJobBody,
+    ErrorBody,
+    JobDetail,
+    JobView,
+    LeaseView,
+    ResumeJobBody,
+    error_responses,
+)
 
-_HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "ALREADY_EXISTS": 409,
-                "FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
-                "DEADLINE_EXCEEDED": 504}
-
-
-class CreateJobBody(BaseModel):
-    """A job spec document and its format."""
-
-    spec: str = Field(description="the job spec document (see docs/jobspec.md)")
-    format: str = Field("toml", description="toml, json or yaml")
-    priority: int = Field(0, description="queue priority in [-1000, 1000]: higher starts "
-                          "first, FIFO among equals (used while another job runs)")
-
-
-class ResumeJobBody(BaseModel):
-    """Options of a resume."""
-
-    priority: int = Field(0, description="queue priority, as for a new job")
-
-
-_PRIORITY_QUERY = Query(None, description="queue priority (overrides the body's)")
-
-
-def _job_json(job: t.Job) -> dict[str, Any]:
-    out = dataclasses.asdict(job)
-    out["state"] = job.state.value
-    out["spec"] = json.loads(out.pop("spec_json"))
-    return out
-
-
-def _lease_json(lease: t.Lease) -> dict[str, Any]:
-    out = dataclasses.asdict(lease)
-    out["role"] = lease.role.value
-    return out
-
-
-_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "missing or invalid bearer token (`Authorization: Bearer <token>`)"},
-}
+_PRIORITY_QUERY = Query(None, description="queue priority in [-1000, 1000] (overrides "
+                        "the body's)")
 
 
 # Module level: the dependency's annotation below is resolved in this module's globals.
@@ -69,71 +43,165 @@ def _require_token(tokens: Tokens) -> Any:
             creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
         presented = creds.credentials if creds is not None else ""
         if tokens.allows(presented, Access.PUBLIC) is not None:
-            raise HTTPException(401, "missing or invalid bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise Unauthenticated("missing or invalid bearer token")
 
     return check
 
 
+def _error_response(status: int, body: ErrorBody,
+                    headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=body.model_dump(exclude_none=True),
+                        headers=headers)
+
+
+async def _libra_error(_request: Request, exc: Exception) -> JSONResponse:
+    """A domain error as its HTTP status and an ErrorBody."""
+    assert isinstance(exc, LibraError)
+    code = exc.grpc_status_name
+    body = ErrorBody(error=code.lower(), message=str(exc), field=getattr(exc, "field", None))
+    headers: dict[str, str] = {}
+    if isinstance(exc, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, ResourceExhausted):
+        body.retry_after_ms = exc.retry_after_ms
+        headers["Retry-After"] = str(math.ceil(exc.retry_after_ms / 1000))
+    return _error_response(HTTP_STATUS.get(code, 500), body, headers)
+
+
+def _field_of(loc: Sequence[int | str]) -> str:
+    """The request field a validation error points at: ("body", "spec") -> "spec",
+    ("query", "priority") -> "priority", ("body",) -> "body"."""
+    inner = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
+    name = ""
+    for part in inner:
+        name += f"[{part}]" if isinstance(part, int) else (f".{part}" if name else str(part))
+    return name or (str(loc[0]) if loc else "body")
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's body/query validation as the project's 400 (not a 422 of another shape)."""
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid"}
+    if first.get("type") == "json_invalid":  # its loc ends in a character offset
+        reason = f"not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"
+        return await _libra_error(request, InvalidArgument("body", reason))
+    return await _libra_error(request, InvalidArgument(_field_of(first["loc"]), first["msg"]))
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    """Routing errors (unknown path 404, wrong method 405) in the same ErrorBody."""
+    assert isinstance(exc, StarletteHTTPException)
+    name = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_").replace("-", "_")
+    return _error_response(exc.status_code, ErrorBody(error=name, message=str(exc.detail)),
+                           dict(exc.headers or {}))
+
+
+async def _unexpected_error(_request: Request, _exc: Exception) -> JSONResponse:
+    """Anything else: a 500 with an ErrorBody. Not logged here: Starlette re-raises the
+    error after this response and the server logs its traceback once."""
+    return _error_response(500, ErrorBody(error="internal", message="internal error"))
+
+
+# OpenAPI links: the created job's id feeds the routes that take one (shown in /docs;
+# schemathesis' stateful run follows them to real jobs).
+_JOB_LINKS = {
+    name: {"operationId": name, "parameters": {"job_id": "$response.body#/job_id"}}
+    for name in ("get_job", "job_events", "cancel_job", "resume_job")
+}
+
+
+def _drop_422(app: FastAPI) -> None:
+    """FastAPI documents a 422 on every route with parameters; this API answers body and
+    query validation errors with its 400 ErrorBody instead (``_validation_error``), so
+    the generated 422 responses and their schemas are removed from the document."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = generate()
+            for ops in doc.get("paths", {}).values():
+                for op in ops.values():
+                    op.get("responses", {}).pop("422", None)
+            schemas = doc.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def build_app(core: CoordinatorCore, tokens: Tokens | None = None) -> FastAPI:
-    """The REST API: /v1/jobs (create, list, get, cancel) and /v1/workers.
+    """The REST API: /v1/jobs (create, list, get, cancel, resume, events) and /v1/workers.
 
     With ``tokens`` enabled every /v1 route needs ``Authorization: Bearer <token>``
-    (401 otherwise, documented in the OpenAPI document); /healthz, /docs and
-    /openapi.json stay open.
+    (401 otherwise); /healthz, /docs and /openapi.json stay open. Every status a route
+    can answer is in the OpenAPI document, each error with the ErrorBody model.
     """
     app = FastAPI(title="Libra coordinator", version="v1",
-                  description="Create, inspect and cancel agentic RL jobs.")
+                  generate_unique_id_function=lambda route: route.name,
+                  description="Create, inspect and cancel agentic RL jobs. Every error "
+                  "is an ErrorBody; a bad input is 400 naming the field.")
     tokens = tokens or Tokens()
     v1 = APIRouter(dependencies=[Depends(_require_token(tokens))] if tokens.enabled else [],
-                   responses=_AUTH_RESPONSES if tokens.enabled else None)
+                   responses=error_responses(*((401, 500) if tokens.enabled else (500,))))
+    app.add_exception_handler(LibraError, _libra_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    _drop_422(app)
 
-    @app.exception_handler(LibraError)
-    async def _libra_error(_request: Request, exc: LibraError) -> JSONResponse:
-        code = exc.grpc_status_name
-        body: dict[str, Any] = {"error": code.lower(), "message": str(exc)}
-        if field := getattr(exc, "field", None):
-            body["field"] = field
-        return JSONResponse(status_code=_HTTP_STATUS.get(code, 500), content=body)
-
-    @v1.post("/v1/jobs", status_code=201,
-              summary="Create and start a job (queued PENDING while another job runs)")
+    @v1.post("/v1/jobs", status_code=201, response_model=JobView,
+             responses={201: {"description": "the job, RUNNING or queued PENDING",
+                              "links": _JOB_LINKS},
+                        **error_responses(400, 409, 429, 503, 504)},
+             summary="Create and start a job (queued PENDING while another job runs)")
     async def create_job(body: CreateJobBody,
-                         priority: int | None = _PRIORITY_QUERY) -> dict[str, Any]:
-        return _job_json(await core.create_job(
-            body.spec, body.format, body.priority if priority is None else priority))
+                         priority: int | None = _PRIORITY_QUERY) -> JobView:
+        try:
+            job = await core.create_job(
+                body.spec, body.format, body.priority if priority is None else priority)
+        except InvalidArgument as exc:
+            if exc.field != "spec_format":
+                raise
+            raise InvalidArgument("format", exc.reason) from exc  # the body's name for it
+        return JobView.of(job)
 
-    @v1.get("/v1/jobs", summary="List jobs")
-    async def list_jobs() -> list[dict[str, Any]]:
-        return [_job_json(j) for j in await core.list_jobs()]
+    @v1.get("/v1/jobs", response_model=list[JobView], summary="List jobs")
+    async def list_jobs() -> list[JobView]:
+        return [JobView.of(j) for j in await core.list_jobs()]
 
-    @v1.get("/v1/jobs/{job_id}",
-             summary="A job with its step history, counters and events")
-    async def get_job(job_id: str) -> dict[str, Any]:
+    @v1.get("/v1/jobs/{job_id}", response_model=JobDetail, responses=error_responses(400, 404),
+            summary="A job with its step history, counters and events")
+    async def get_job(job_id: str) -> JobDetail:
         job, steps, counters = await core.get_job(job_id)
-        return {**_job_json(job), "steps": steps, "counters": counters,
-                "events": await core.job_events(job_id)}
+        return JobDetail(**JobView.of(job).model_dump(), steps=steps, counters=counters,
+                         events=await core.job_events(job_id))
 
-    @v1.get("/v1/jobs/{job_id}/events",
-             summary="A job's events (elastic plans, joins, releases, failures), oldest first")
+    @v1.get("/v1/jobs/{job_id}/events", response_model=list[dict[str, Any]],
+            responses=error_responses(400, 404),
+            summary="A job's events (elastic plans, joins, releases, failures), oldest first")
     async def job_events(job_id: str) -> list[dict[str, Any]]:
         return await core.job_events(job_id)
 
-    @v1.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
-    async def cancel_job(job_id: str) -> dict[str, Any]:
-        return _job_json(await core.cancel_job(job_id))
+    @v1.post("/v1/jobs/{job_id}/cancel", response_model=JobView,
+             responses=error_responses(400, 404), summary="Cancel a job")
+    async def cancel_job(job_id: str) -> JobView:
+        return JobView.of(await core.cancel_job(job_id))
 
-    @v1.post("/v1/jobs/{job_id}/resume",
-              summary="Restart a cancelled or failed job from its newest checkpoint")
+    @v1.post("/v1/jobs/{job_id}/resume", response_model=JobView,
+             responses=error_responses(400, 404, 409, 429, 503, 504),
+             summary="Restart a cancelled or failed job from its newest checkpoint")
     async def resume_job(job_id: str, body: ResumeJobBody | None = None,
-                         priority: int | None = _PRIORITY_QUERY) -> dict[str, Any]:
+                         priority: int | None = _PRIORITY_QUERY) -> JobView:
         chosen = priority if priority is not None else (body.priority if body else 0)
-        return _job_json(await core.resume_job(job_id, chosen))
+        return JobView.of(await core.resume_job(job_id, chosen))
 
-    @v1.get("/v1/workers", summary="Live worker leases (worker_id, role, bucket, epoch, "
-             "address, expires_at_ms, ttl_ms)")
-    async def list_workers() -> list[dict[str, Any]]:
-        return [_lease_json(lease) for lease in await core.list_workers()]
+    @v1.get("/v1/workers", response_model=list[LeaseView],
+            summary="Live worker leases (worker_id, role, bucket, epoch, address, "
+            "expires_at_ms, ttl_ms)")
+    async def list_workers() -> list[LeaseView]:
+        return [LeaseView.of(lease) for lease in await core.list_workers()]
 
     app.include_router(v1)
 

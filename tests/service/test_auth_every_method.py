@@ -95,14 +95,18 @@ def _reflected_methods(address: str) -> dict[str, bool]:
 
 async def _call(channel: grpc.aio.Channel, path: str, streaming: bool,
                 token: str | None) -> grpc.StatusCode:
-    """Send an empty request (any message parses from no bytes) and return the code."""
+    """Send an empty request (any message parses from no bytes) and return the code.
+
+    A stream sends no message at all: the token is checked on the call's metadata, and a
+    message sent while the server is already refusing the call can fail on the client
+    as INTERNAL ("Internal error from Core", a send racing the server's close)."""
     metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
     ident = lambda b: b  # noqa: E731 - raw bytes both ways
     try:
         if streaming:
             call = channel.stream_stream(path, request_serializer=ident,
                                          response_deserializer=ident)(
-                iter([b""]), metadata=metadata, timeout=CALL_DEADLINE_S)
+                iter([]), metadata=metadata, timeout=CALL_DEADLINE_S)
             async for _ in call:
                 pass
         else:
