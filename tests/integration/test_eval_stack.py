@@ -47,15 +47,19 @@ async def test_short_job_records_eval_rounds_in_report_json(running_stack: dict)
     report = build_report(job, steps, counters, 0.0, events)
     path, png = write_report(report, Path(job.run_dir))
     saved = json.loads(path.read_text())
-    # Rounds after steps 0, 2 and 3 (the last one before the job succeeded).
-    assert [e["step"] for e in saved["eval"]] == [0, 2, 3]
+    # Rounds before training (step 0) and after the last step always run; the one after
+    # step 2 runs unless training already passed step 3 when the scheduler looked (steps
+    # take ~0.1 s here): an overtaken round is skipped, never run on a newer policy. Which
+    # happens depends on machine load, so both are accepted.
+    rounds = [e["step"] for e in saved["eval"]]
+    assert rounds in ([0, 2, 3], [0, 3]), rounds
     for entry in saved["eval"]:
         assert entry["is_complete"] and entry["num_prompts"] == EVAL_PROMPTS
         assert entry["num_samples"] == EVAL_PROMPTS  # greedy: one sample per prompt
         assert 0.0 <= entry["accuracy"] <= 1.0 and set(entry["pass_at_k"]) == {"1"}
         assert entry["turns_mean"] >= 1.0 and entry["policy_version_min"] >= 0
-    assert saved["eval_trajectories"]["consumed"] == 3 * EVAL_PROMPTS
-    assert saved["eval_trajectories"]["admitted"] == 3 * EVAL_PROMPTS
+    assert saved["eval_trajectories"]["consumed"] == len(rounds) * EVAL_PROMPTS
+    assert saved["eval_trajectories"]["admitted"] == len(rounds) * EVAL_PROMPTS
     # Eval trajectories are outside the training identity and never trained on.
     assert counters["trained"] == 3 * 2 * 2
     assert_exact_accounting(running_stack["redis_url"], job, steps, counters)

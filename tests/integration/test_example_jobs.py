@@ -85,6 +85,8 @@ async def test_receipts_composite_records_components_and_eval_rounds(
         assert set(step["reward_components"]) == {"numeric", "format"}
         assert all(0.0 <= v <= 1.0 for v in step["reward_components"].values())
     report = build_report(job, steps, counters, 1.0, events, storage={})
-    assert [e["step"] for e in report["eval"]] == [0, 1, 2]
+    # Before training and after the last step always; after step 1 unless training had
+    # already passed it when the scheduler looked (overtaken rounds are skipped).
+    assert [e["step"] for e in report["eval"]] in ([0, 1, 2], [0, 2])
     assert all(e["num_samples"] == 4 and "2" in e["pass_at_k"] for e in report["eval"])
     assert report["trajectories"]["unaccounted"] == 0
