@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +68,19 @@ async def get_job_across_restarts(client: GrpcCoordinatorClient, job_id: str,
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def wait_for_step(client: GrpcCoordinatorClient, job_id: str, step: int,
+                        timeout_s: float = 180.0) -> t.Job:
+    """Poll (across coordinator and Redis restarts) until the job reached ``step`` or
+    ended."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job, _, _ = await get_job_across_restarts(client, job_id)
+        if job.step >= step or job.state.is_terminal:
+            return job
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not reach step {step} in {timeout_s}s")
 
 
 async def wait_for_job(client: GrpcCoordinatorClient, job_id: str,

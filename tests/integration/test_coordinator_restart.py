@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -23,13 +22,12 @@ import redis as redis_sync
 from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
-    get_job_across_restarts,
     small_job,
     stack_up,
     wait_for_job,
+    wait_for_step,
     write_stack,
 )
 
@@ -40,18 +38,6 @@ NUM_STEPS_LONG = 60
 @pytest.fixture(scope="module")
 def restarting_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=1)
-
-
-async def wait_for_step(client: GrpcCoordinatorClient, job_id: str, step: int,
-                        timeout_s: float = 180.0) -> t.Job:
-    """Poll (across coordinator restarts) until the job reached ``step`` or ended."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job, _, _ = await get_job_across_restarts(client, job_id)
-        if job.step >= step or job.state.is_terminal:
-            return job
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not reach step {step} in {timeout_s}s")
 
 
 def kinds(redis_url: str, job_id: str) -> list[str]:

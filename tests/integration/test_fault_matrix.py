@@ -31,13 +31,12 @@ import redis as redis_sync
 from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
-from libra.clients.coordinator import GrpcCoordinatorClient
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
-    get_job_across_restarts,
     small_job,
     stack_up,
     wait_for_job,
+    wait_for_step,
 )
 
 pytestmark = pytest.mark.integration
@@ -66,19 +65,6 @@ def target_pid(state: dict, target: str) -> int:
     if target == "redis":
         return int(state["redis_pid"])
     return int(next(s for s in state["services"] if s["name"] == target)["pid"])
-
-
-async def wait_for_step(client: GrpcCoordinatorClient, job_id: str, step: int,
-                        timeout_s: float = 180.0) -> t.Job:
-    """Poll (across coordinator and Redis restarts) until the job reached ``step`` or
-    ended."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job, _, _ = await get_job_across_restarts(client, job_id)
-        if job.step >= step or job.state.is_terminal:
-            return job
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not reach step {step} in {timeout_s}s")
 
 
 async def wait_for_restart(run_root: str, target: str, old_pid: int,
