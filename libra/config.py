@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import tomllib
 import types
 import typing
@@ -196,9 +197,21 @@ def redact(cfg: Any) -> dict[str, Any]:
         if isinstance(obj, dict):
             return {k: ("***" if any(s in k for s in ("password", "token", "secret", "key"))
                         and obj[k] else mask(v)) for k, v in obj.items()}
+        if isinstance(obj, str):
+            return mask_url_password(obj)
         return obj
 
     return mask(out)
+
+
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/\s]*):[^@/\s]+@",
+                           re.IGNORECASE)
+
+
+def mask_url_password(text: str) -> str:
+    """``redis://:secret@host`` -> ``redis://:***@host`` (any scheme, any user name): a
+    Redis password travels in its URL, which services log with their configuration."""
+    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
 
 
 def env_flag(name: str, default: str = "") -> str:

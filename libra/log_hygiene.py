@@ -8,7 +8,8 @@ installed by :func:`libra.telemetry.init_logging` on every service's handler:
 
 * :class:`SafeMessages` renders the message once (``msg % args``), escapes control
   characters (C0, DEL, C1 and the Unicode line/paragraph separators) so one record is
-  always one line, and cuts it to ``max_chars`` with a marker saying how much was cut.
+  always one line, cuts it to ``max_chars`` with a marker saying how much was cut, and
+  masks the password of any URL in it.
   Tracebacks (``exc_info``) are the program's own text and stay multi-line.
 * :class:`RepeatLimiter` passes at most ``burst`` records per ``window_s`` of each
   (logger, level, message template) at WARNING and above; the first record let through
@@ -23,6 +24,8 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from libra.config import mask_url_password
 
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -62,8 +65,9 @@ class SafeMessages(logging.Filter):
             message = record.getMessage()
         except (TypeError, ValueError):  # a bad format string must not lose the record
             message = f"{record.msg!r} % {record.args!r}"
-        # Clip first: escaping a huge string would cost time for nothing.
-        record.msg = escape_controls(clip(message, self._max_chars))
+        # Clip first: escaping a huge string would cost time for nothing. A URL's password
+        # (a Redis URL in an error message) never reaches a log.
+        record.msg = escape_controls(mask_url_password(clip(message, self._max_chars)))
         record.args = None
         return True
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from libra.config import knob, load_config, option_names, redact
+from libra.config import knob, load_config, mask_url_password, option_names, redact
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,6 +179,17 @@ def test_redact_masks_secrets_only_when_set() -> None:
     assert shown["api_token"] == "***"
     assert shown["port"] == 1000
     assert redact(load())["api_token"] == ""
+
+
+def test_redact_masks_the_password_inside_a_url() -> None:
+    # libra up gives Redis a password, and services log their redis_url at start-up.
+    from services.trainer.config import TrainerConfig
+
+    cfg = TrainerConfig(redis_url="redis://:pa55-word@127.0.0.1:6379/0")
+    assert redact(cfg)["redis_url"] == "redis://:***@127.0.0.1:6379/0"
+    assert mask_url_password("redis://user:pw@h:1/0 and http://h/a:b@c") == (
+        "redis://user:***@h:1/0 and http://h/a:b@c")
+    assert mask_url_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -39,6 +39,12 @@ def test_the_filter_renders_args_then_escapes_and_clips() -> None:
     assert record.getMessage() == "[lease] granted worker_id=w\\nfo...[112 chars cut]"
 
 
+def test_a_url_password_in_a_message_is_masked() -> None:
+    record = _record("redis error on %s", "redis://:s3cret@127.0.0.1:6379/0")
+    assert SafeMessages().filter(record)
+    assert record.getMessage() == "redis error on redis://:***@127.0.0.1:6379/0"
+
+
 def test_a_bad_format_string_keeps_the_record() -> None:
     record = _record("needs two %s %s", "one")
     assert SafeMessages().filter(record)
