@@ -70,6 +70,12 @@ async def get_job_across_restarts(client: GrpcCoordinatorClient, job_id: str,
             await asyncio.sleep(0.2)
 
 
+def event_kinds(redis_url: str, job_id: str) -> list[str]:
+    """The kinds of the job's events, oldest first, read from Redis."""
+    r = redis_sync.from_url(redis_url, decode_responses=True)
+    return [fields["kind"] for _, fields in r.xrange(keys.events(job_id))]
+
+
 async def wait_for_step(client: GrpcCoordinatorClient, job_id: str, step: int,
                         timeout_s: float = 180.0) -> t.Job:
     """Poll (across coordinator and Redis restarts) until the job reached ``step`` or

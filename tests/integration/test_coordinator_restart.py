@@ -17,13 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis as redis_sync
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
+    event_kinds,
     small_job,
     stack_up,
     wait_for_job,
@@ -38,11 +37,6 @@ NUM_STEPS_LONG = 60
 @pytest.fixture(scope="module")
 def restarting_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=1)
-
-
-def kinds(redis_url: str, job_id: str) -> list[str]:
-    r = redis_sync.from_url(redis_url, decode_responses=True)
-    return [fields["kind"] for _, fields in r.xrange(keys.events(job_id))]
 
 
 async def test_coordinator_killed_mid_job_the_job_succeeds_with_exact_accounting(
@@ -68,7 +62,7 @@ async def test_coordinator_killed_mid_job_the_job_succeeds_with_exact_accounting
     restarted = next(s for s in state["services"] if s["name"] == "coordinator")
     assert restarted["restarts"] == 1 and restarted["pid"] != coordinator["pid"]
     # The trainer kept working on it: nothing needed resuming or ending.
-    assert "job_reconciled" not in kinds(restarting_stack["redis_url"], job.job_id)
+    assert "job_reconciled" not in event_kinds(restarting_stack["redis_url"], job.job_id)
     await client.close()
 
 
@@ -93,7 +87,7 @@ async def test_a_job_running_when_the_stack_went_down_is_resumed_when_it_comes_u
         assert job.state is t.JobState.SUCCEEDED, job.message
         # Steps redone from the checkpoint replaced their records: one per step.
         assert [s["step"] for s in steps] == list(range(1, NUM_STEPS_LONG + 1))
-        assert "trainer_resumed" in kinds(state["redis_url"], job.job_id)
+        assert "trainer_resumed" in event_kinds(state["redis_url"], job.job_id)
         assert_exact_accounting(state["redis_url"], job, steps, counters)
         # Nothing blocks the next submit.
         nxt = await client.create_job(small_job(num_steps=1), "json")

@@ -14,18 +14,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import redis as redis_sync
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.cli import stack
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
+    event_kinds,
     small_job,
     stack_up,
     wait_for_job,
+    wait_for_step,
 )
-from tests.integration.test_coordinator_restart import wait_for_step
 
 pytestmark = pytest.mark.integration
 # Long enough that a cancel after step 2 always lands mid-job (a step takes a fraction of
@@ -36,11 +35,6 @@ NUM_STEPS = 100
 @pytest.fixture(scope="module")
 def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=1)
-
-
-def _kinds(redis_url: str, job_id: str) -> list[str]:
-    r = redis_sync.from_url(redis_url, decode_responses=True)
-    return [fields["kind"] for _, fields in r.xrange(keys.events(job_id))]
 
 
 async def test_two_jobs_submitted_back_to_back_both_succeed_in_order(
@@ -89,6 +83,6 @@ async def test_a_cancelled_job_resumed_from_its_checkpoint_succeeds_with_exact_a
         "samples_per_prompt"]
     print(f"\n[resume] cancelled at step {cancelled.step}; after the resume: "
           f"{len(steps)} steps, accounting {report}")
-    kinds = _kinds(queue_stack["redis_url"], job.job_id)
+    kinds = event_kinds(queue_stack["redis_url"], job.job_id)
     assert "job_resumed" in kinds and "trainer_resumed" in kinds
     await client.close()
