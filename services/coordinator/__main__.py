@@ -31,6 +31,8 @@ from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore, CorpusCheck
 from services.coordinator.dataset_check import check_dataset
 from services.coordinator.elastic import ElasticWiring
+from services.coordinator.episode_endpoint import EpisodeEndpoint
+from services.coordinator.episode_store import RedisEpisodeStore
 from services.coordinator.init_from_check import check_job_init_from
 from services.coordinator.model_check import check_job_model
 from services.coordinator.planner.live import live_planner
@@ -103,7 +105,8 @@ async def main(cfg: CoordinatorConfig) -> None:
                                 CoordinatorServicer(core), name)
     http: uvicorn.Server | None = None
     if cfg.http_port >= 0:
-        app = build_app(core, load_tokens(cfg.auth))
+        episodes = EpisodeEndpoint(RedisEpisodeStore(redis, SystemClock()), SystemClock())
+        app = build_app(core, load_tokens(cfg.auth), episodes)
         FastAPIInstrumentor.instrument_app(app)  # REST requests join the same traces
         # HTTPS with the gRPC server's certificate when one is configured.
         http = uvicorn.Server(uvicorn.Config(

@@ -16,7 +16,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from libra.access import Access, Tokens
 from libra.errors import InvalidArgument, LibraError, ResourceExhausted, Unauthenticated
+from services.coordinator.agent_rest import agent_router
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.episode_endpoint import EpisodeEndpoint
 from services.coordinator.rest_models import (
     HTTP_STATUS,
     CreateJobBody,
@@ -131,7 +133,8 @@ def _drop_422(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def build_app(core: CoordinatorCore, tokens: Tokens | None = None) -> FastAPI:
+def build_app(core: CoordinatorCore, tokens: Tokens | None = None,
+              episodes: EpisodeEndpoint | None = None) -> FastAPI:
     """The REST API: /v1/jobs (create, list, get, cancel, resume, events) and /v1/workers.
 
     With ``tokens`` enabled every /v1 route needs ``Authorization: Bearer <token>``
@@ -143,7 +146,8 @@ def build_app(core: CoordinatorCore, tokens: Tokens | None = None) -> FastAPI:
                   description="Create, inspect and cancel agentic RL jobs. Every error "
                   "is an ErrorBody; a bad input is 400 naming the field.")
     tokens = tokens or Tokens()
-    v1 = APIRouter(dependencies=[Depends(_require_token(tokens))] if tokens.enabled else [],
+    job_api = [Depends(_require_token(tokens))] if tokens.enabled else []
+    v1 = APIRouter(dependencies=job_api,
                    responses=error_responses(*((401, 500) if tokens.enabled else (500,))))
     app.add_exception_handler(LibraError, _libra_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -204,6 +208,8 @@ def build_app(core: CoordinatorCore, tokens: Tokens | None = None) -> FastAPI:
         return [LeaseView.of(lease) for lease in await core.list_workers()]
 
     app.include_router(v1)
+    if episodes is not None:  # the OpenAI-compatible agent endpoint (docs/agent-endpoint.md)
+        app.include_router(agent_router(episodes, job_api))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

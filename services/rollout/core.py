@@ -48,6 +48,7 @@ from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, s
 from services.rollout import agent
 from services.rollout.agent_registry import AgentUnavailable, build_agent_or_stand_in
 from services.rollout.engine_types import GenerationRequest, GenerationResult
+from services.rollout.external_agent import EpisodeChannel, EpisodeEnded, ExternalAgent
 from services.rollout.lend import LendingMixin
 from services.rollout.lending import ChannelOpener, TrainerLoader
 from services.rollout.moves import MovesMixin
@@ -150,7 +151,8 @@ class RolloutCore(MovesMixin, LendingMixin):
     def __init__(self, settings: RolloutSettings, store: RolloutStore, loader: EngineLoader,
                  tools: ToolGatewayApi, scheduler: SchedulerApi, coordinator: CoordinatorApi,
                  clock: Clock, opener: ChannelOpener | None = None,
-                 load_trainer: TrainerLoader | None = None) -> None:
+                 load_trainer: TrainerLoader | None = None,
+                 episodes: EpisodeChannel | None = None) -> None:
         self.settings = settings
         self._store = store
         self._loader = loader
@@ -159,6 +161,7 @@ class RolloutCore(MovesMixin, LendingMixin):
         self._scheduler = scheduler
         self._coordinator = coordinator
         self._clock = clock
+        self._episodes = episodes  # the external agent's Redis lists (external_agent.py)
         self._job: tuple[str, _JobContext] | None = None
         self._lease: t.Lease | None = None
         self._stopping = False
@@ -328,6 +331,9 @@ class RolloutCore(MovesMixin, LendingMixin):
             act.turn_prefix = traj.token_ids[-traj.partial_turn_tokens:]
             traj.partial_turn_tokens = 0
         ctx.active[traj.trajectory_id] = act
+        if getattr(ctx.agent, "awaits_first_call", False) and not traj.token_ids:
+            act.ready = False  # an episode: its program's first call is its prompt
+            self._spawn(self._call_tool(ctx, act, agent.TurnOutcome()))
 
     async def _context(self, job_id: str) -> _JobContext | None:
         if self._job is not None and self._job[0] == job_id:
@@ -347,6 +353,8 @@ class RolloutCore(MovesMixin, LendingMixin):
         engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy,
                                                     tp_degree, spec.model)
         job_agent = await asyncio.to_thread(build_agent_or_stand_in, spec, tokenizer)
+        if isinstance(job_agent, ExternalAgent) and self._episodes is not None:
+            job_agent.attach(self._episodes)
         await self._load_verified(job_id, engine, policy)
         self._job = (job_id, _JobContext(spec, engine, job_agent, max_batch))
         logger.info("[job] serving job_id=%s policy_version=%d max_batch_size=%d", job_id,
@@ -446,8 +454,9 @@ class RolloutCore(MovesMixin, LendingMixin):
                 self._after_turn(ctx, act, GenerationResult(
                     token_ids=[], logprobs=[], finish_reason="length",
                     policy_version=ctx.engine.policy_version))
-            elif request is None:
-                self._spawn(self._finish(ctx, act, final_answer=None))
+            elif request is None:  # an external agent's close may still want scoring
+                answer = getattr(ctx.agent, "final_answer", lambda _traj: None)(act.traj)
+                self._spawn(self._finish(ctx, act, final_answer=answer))
             else:
                 requests.append(request)
                 batch.append(act)
@@ -514,11 +523,14 @@ class RolloutCore(MovesMixin, LendingMixin):
 
     async def _call_tool(self, ctx: _JobContext, act: _Active, outcome: agent.TurnOutcome) -> None:
         traj = act.traj
+        # An external agent's "tool" is its program's next call (external_agent.py).
+        run_turn = getattr(ctx.agent, "run_turn", None) or self._tool_calls.run_turn
         try:
             results = await self.profile.timed(
-                "tool", self._tool_calls.run_turn(ctx.spec, traj, outcome), traj.trajectory_id)
+                "tool", run_turn(ctx.spec, traj, outcome), traj.trajectory_id)
         except LibraError as exc:
-            await self._fail(ctx, act, f"tool gateway: {exc}")
+            await self._fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
+                             else f"tool gateway: {exc}")
             return
         ctx.agent.apply_tool_results(traj, results)
         # Every return extends the trajectory's causal path; the decision that counts is

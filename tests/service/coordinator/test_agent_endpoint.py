@@ -1,0 +1,312 @@
+"""The OpenAI-compatible agent endpoint with the official ``openai`` client.
+
+Real: the coordinator's REST app (build_app with the episode endpoint) served by uvicorn
+on a loopback socket, the ``openai`` AsyncOpenAI client, Redis (the session's
+redis-server) between endpoint and rollout, the rollout core running the ``external``
+agent over the tiny Qwen2 fixture's real chat template and tokenizer. Fakes (the rig,
+tests/unit/rollout/rig.py): the engine (scripted turns), the tool gateway (scores), the
+scheduler (stays) and the coordinator's lease side; the job API's runners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis.asyncio as aioredis
+import uvicorn
+
+from libra import redis_keys as keys
+from libra import types as t
+from libra.chat.protocol import ChatFormat
+from libra.chat.toolcalls import get_parser
+from libra.clock import SystemClock
+from libra.jobspec import JobSpec, ModelSpec, TaskSpec, ToolSchema, ToolsSpec
+from libra.models.hf import load_tokenizer
+from libra.redis_server import free_port
+from services.coordinator.core import CoordinatorCore
+from services.coordinator.episode_endpoint import EpisodeEndpoint
+from services.coordinator.episode_store import RedisEpisodeStore
+from services.coordinator.rest import build_app
+from services.coordinator.store import RedisCoordinatorStore
+from services.rollout.backend import HfTokenizer
+from services.rollout.episode_channel import RedisEpisodeChannel
+from tests.fakes.engine import HoldUntil
+from tests.fakes.runner import FakeRunner
+from tests.unit.rollout.rig import JOB, Rig, make_task, started_rig
+from tests.waiting import wait_until
+
+MAX_CONTEXT_TOKENS = 400
+CALC_SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}},
+               "required": ["expression"]}
+TOOLS = [{"type": "function", "function": {"name": "calculator",
+                                           "description": "Evaluate arithmetic.",
+                                           "parameters": CALC_SCHEMA}}]
+
+
+def call_text(expression: str) -> str:
+    return ("<tool_call>\n" + json.dumps({"name": "calculator",
+                                          "arguments": {"expression": expression}})
+            + "\n</tool_call><|im_end|>")
+
+
+def external_spec(model_dir: Path, idle_timeout_s: float = 30.0) -> JobSpec:
+    return JobSpec(
+        model=ModelSpec(kind="hf", path=str(model_dir)),
+        task=TaskSpec(name="calc-words", max_turns=4, max_new_tokens_per_turn=64,
+                      tool_call_format="hermes", agent="external",
+                      episode_idle_timeout_s=idle_timeout_s),
+        tools=ToolsSpec(schemas=[ToolSchema(name="calculator", description="Evaluate.",
+                                            parameters_json=json.dumps(CALC_SCHEMA))]))
+
+
+@dataclass
+class Stack:
+    rig: Rig
+    base_url: str
+    http: httpx.AsyncClient
+    tokenizer: HfTokenizer
+    model: str
+
+    async def open(self) -> dict[str, Any]:
+        response = await self.http.post(f"{self.base_url}/v1/episodes",
+                                        json={"job_id": JOB, "wait_s": 10})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def client(self, episode: dict[str, Any]) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=episode["base_url"], api_key=episode["api_key"],
+                                  max_retries=0)
+
+    async def counter(self, name: str) -> int:
+        return int(await self.rig.r.hget(keys.counters(JOB), name) or 0)
+
+    def chat(self) -> ChatFormat:
+        return ChatFormat(self.tokenizer.tokenizer, tools=TOOLS, parser=get_parser("hermes"))
+
+
+@pytest.fixture
+async def stack(redis_server, tmp_path: Path, hf_model_dir, request) -> AsyncIterator[Stack]:
+    model_dir = hf_model_dir("qwen2")
+    hf = load_tokenizer(str(model_dir))
+    tokenizer = HfTokenizer(hf, [hf.eos_token_id], MAX_CONTEXT_TOKENS)
+    idle_timeout_s = getattr(request, "param", 30.0)
+    r = aioredis.from_url(redis_server.url, decode_responses=False)
+    spec = external_spec(model_dir, idle_timeout_s)
+    async with started_rig(redis_server.url, tmp_path, spec=spec, tokenizer=tokenizer,
+                           episodes=RedisEpisodeChannel(r, SystemClock())) as rig:
+        coord_redis = aioredis.from_url(redis_server.url, decode_responses=True)
+        core = CoordinatorCore(RedisCoordinatorStore(coord_redis, SystemClock()), FakeRunner(),
+                               FakeRunner(), SystemClock(), tmp_path / "runs")
+        endpoint = EpisodeEndpoint(RedisEpisodeStore(coord_redis, SystemClock()), SystemClock())
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(build_app(core, None, endpoint),
+                                               host="127.0.0.1", port=port, log_level="warning"))
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        serving = asyncio.create_task(server.serve())
+        await wait_until(lambda: server.started)
+        async with httpx.AsyncClient(timeout=30.0) as http:
+            yield Stack(rig, f"http://127.0.0.1:{port}", http, tokenizer, model_dir.name)
+        await rig.stop()
+        rig.task = None  # stopped (the rig's own exit would stop it again)
+        # Episodes still waiting for a call are the core's tasks: end them with the
+        # test (a process exit does it in production), or they read the next test's calls.
+        pending = list(rig.core._tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        server.should_exit = True
+        await serving
+        await coord_redis.aclose()
+    await r.aclose()
+
+
+def assistant_dict(message: Any) -> dict[str, Any]:
+    """The reply as an agent appends it (the openai message model, as a dict)."""
+    return message.model_dump(exclude_none=True)
+
+
+async def test_a_multi_turn_tool_calling_episode_is_recorded_token_exact(stack: Stack) -> None:
+    stack.rig.engine.queue(call_text("12*7"), "The answer is 84.<|im_end|>")
+    await stack.rig.place(make_task(0, prompt="What is 12*7?", reference="84"))
+    stack.rig.start()
+    episode = await stack.open()
+    assert episode["prompt"] == "What is 12*7?" and episode["model"] == stack.model
+    client = stack.client(episode)
+    assert [m.id for m in (await client.models.list()).data] == [stack.model]
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": episode["prompt"]}]
+    first = await client.chat.completions.create(model=stack.model, messages=messages, tools=TOOLS)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (tool_call,) = choice.message.tool_calls
+    assert tool_call.function.name == "calculator"
+    assert json.loads(tool_call.function.arguments) == {"expression": "12*7"}
+    messages += [assistant_dict(choice.message),
+                 {"role": "tool", "tool_call_id": tool_call.id, "content": "84"}]
+    second = await client.chat.completions.create(model=stack.model, messages=messages, tools=TOOLS)
+    assert second.choices[0].message.content == "The answer is 84."
+    assert second.choices[0].finish_reason == "stop"
+
+    closed = await stack.http.post(f"{stack.base_url}/v1/episodes/{episode['episode_id']}/reward",
+                                   json={"reward": 1.0},
+                                   headers={"Authorization": f"Bearer {episode['api_key']}"})
+    assert closed.status_code == 200, closed.text
+    (traj,) = await stack.rig.run_until_published(1)
+    assert traj.status is t.TrajectoryStatus.FINISHED and traj.reward == 1.0
+    chat, tok = stack.chat(), stack.tokenizer
+    prompt = chat.prompt_ids(messages[:1])
+    turn1, turn2 = tok.encode(call_text("12*7")), tok.encode("The answer is 84.<|im_end|>")
+    tool_turn = chat.tool_turn_ids([{"role": "tool", "name": "calculator", "content": "84"}],
+                                   turn_closed=True)
+    assert traj.token_ids == prompt + turn1 + tool_turn + turn2
+    assert traj.loss_mask == ([0] * len(prompt) + [1] * len(turn1) + [0] * len(tool_turn)
+                              + [1] * len(turn2))
+    assert traj.logprobs[len(prompt)] == -0.5 and traj.token_versions[len(prompt)] == 0
+    assert traj.check_aligned() is None
+    assert [s.tool_type for s in traj.tool_states] == ["calculator"]
+    assert second.usage.completion_tokens == len(turn2)
+    # The key expired with its episode.
+    with pytest.raises(openai.AuthenticationError):
+        await client.models.list()
+
+
+async def test_streaming_returns_the_turn_as_chunks(stack: Stack) -> None:
+    stack.rig.engine.queue(call_text("2+3"))
+    await stack.rig.place(make_task(0))
+    stack.rig.start()
+    episode = await stack.open()
+    stream = await stack.client(episode).chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "2+3?"}], tools=TOOLS, stream=True)
+    chunks = [chunk async for chunk in stream]
+    deltas = [c.choices[0].delta for c in chunks]
+    assert deltas[0].role == "assistant"
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("calculator", {"expression": "2+3"})]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_rewritten_history_starts_a_new_sequence_and_is_counted(stack: Stack) -> None:
+    stack.rig.engine.queue(call_text("1+1"), "It is 2.<|im_end|>")
+    await stack.rig.place(make_task(0))
+    stack.rig.start()
+    episode = await stack.open()
+    client = stack.client(episode)
+    await client.chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "1+1?"}], tools=TOOLS)
+    # The agent summarised its history instead of appending the reply.
+    rewritten = [{"role": "user", "content": "1+1? (the calculator said 2)"}]
+    answer = await client.chat.completions.create(model=stack.model, messages=rewritten,
+                                                  tools=TOOLS)
+    assert answer.choices[0].message.content == "It is 2."
+    await stack.http.post(f"{stack.base_url}/v1/episodes/{episode['episode_id']}/reward",
+                          json={"reward": 0.5},
+                          headers={"Authorization": f"Bearer {episode['api_key']}"})
+    (traj,) = await stack.rig.run_until_published(1)
+    assert await stack.counter("episode_splits") == 1
+    prompt = stack.chat().prompt_ids(rewritten)
+    assert traj.token_ids == prompt + stack.tokenizer.encode("It is 2.<|im_end|>")
+    assert traj.num_prompt_tokens == len(prompt) and traj.reward == 0.5
+
+
+async def test_a_close_without_reward_is_scored_by_the_jobs_reward(stack: Stack) -> None:
+    stack.rig.engine.queue("84<|im_end|>")
+    stack.rig.tools.reward = 0.75
+    await stack.rig.place(make_task(0, reference="84"))
+    stack.rig.start()
+    episode = await stack.open()
+    await stack.client(episode).chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "12*7?"}])
+    await stack.http.post(f"{stack.base_url}/v1/episodes/{episode['episode_id']}/reward",
+                          json={}, headers={"Authorization": f"Bearer {episode['api_key']}"})
+    (traj,) = await stack.rig.run_until_published(1)
+    assert traj.reward == 0.75
+    assert stack.rig.tools.scores[0]["final_text"] == "84"
+
+
+async def test_bad_inputs_are_refused_naming_what_is_wrong(stack: Stack) -> None:
+    stack.rig.engine.queue("fine<|im_end|>")
+    await stack.rig.place(make_task(0))
+    stack.rig.start()
+    episode = await stack.open()
+    client = stack.client(episode)
+    user = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.AuthenticationError):
+        await stack.client({**episode, "api_key": "ep-unknown"}).models.list()
+    with pytest.raises(openai.NotFoundError, match="gpt-4o"):
+        await client.chat.completions.create(model="gpt-4o", messages=user)
+    with pytest.raises(openai.BadRequestError) as bad_tools:
+        await client.chat.completions.create(
+            model=stack.model, messages=user, tools=[{"type": "function", "function": {}}])
+    assert bad_tools.value.body["param"] == "tools[0].function.name"
+    with pytest.raises(openai.BadRequestError) as too_long:
+        await client.chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": "12 + 7 " * 400}])
+    assert too_long.value.code == "context_length_exceeded"
+    assert f"max_context_tokens = {MAX_CONTEXT_TOKENS}" in too_long.value.message
+    # Nothing was lost: the episode goes on after the refused calls.
+    ok = await client.chat.completions.create(model=stack.model, messages=user)
+    assert ok.choices[0].message.content == "fine"
+    headers = {"Authorization": f"Bearer {episode['api_key']}"}
+    other = await stack.http.post(f"{stack.base_url}/v1/episodes/ep-other/reward",
+                                  json={"reward": 1}, headers=headers)
+    assert other.status_code == 404
+    missing_job = await stack.http.post(f"{stack.base_url}/v1/episodes",
+                                        json={"job_id": "no-such-job", "wait_s": 1})
+    assert missing_job.status_code == 404
+
+
+@pytest.mark.parametrize("stack", [0.5], indirect=True)
+async def test_an_episode_never_closed_times_out_and_is_dropped_and_counted(
+        stack: Stack) -> None:
+    stack.rig.engine.queue("thinking<|im_end|>")
+    await stack.rig.place(make_task(0))
+    stack.rig.start()
+    episode = await stack.open()
+    await stack.client(episode).chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "hi"}])
+    (traj,) = await stack.rig.run_until_published(1)  # the program never calls again
+    assert traj.status is t.TrajectoryStatus.FAILED
+    assert traj.failure_reason.startswith("episode timed out")
+    assert await stack.counter("episodes_timed_out") == 1
+
+
+async def test_a_client_gone_mid_call_aborts_it_and_its_turn_never_reaches_training(
+        stack: Stack) -> None:
+    release = threading.Event()
+    stack.rig.engine.queue(call_text("5*5"), HoldUntil("LEAKED<|im_end|>", release),
+                           "It is 25.<|im_end|>")
+    await stack.rig.place(make_task(0))
+    stack.rig.start()
+    episode = await stack.open()
+    client = stack.client(episode)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "5*5?"}]
+    first = await client.chat.completions.create(model=stack.model, messages=messages, tools=TOOLS)
+    tool_call = first.choices[0].message.tool_calls[0]
+    messages += [assistant_dict(first.choices[0].message),
+                 {"role": "tool", "tool_call_id": tool_call.id, "content": "25"}]
+    gone = asyncio.create_task(client.chat.completions.create(
+        model=stack.model, messages=messages, tools=TOOLS, stream=True))
+    await wait_until(lambda: len(stack.rig.engine.requests) == 2)  # it is generating
+    gone.cancel()
+    await asyncio.gather(gone, return_exceptions=True)
+    await wait_until(lambda: stack.counter("episode_calls_aborted"), timeout_s=10.0)
+    release.set()
+    again = await client.chat.completions.create(model=stack.model, messages=messages, tools=TOOLS)
+    assert again.choices[0].message.content == "It is 25."
+    await stack.http.post(f"{stack.base_url}/v1/episodes/{episode['episode_id']}/reward",
+                          json={"reward": 1.0},
+                          headers={"Authorization": f"Bearer {episode['api_key']}"})
+    (traj,) = await stack.rig.run_until_published(1)
+    assert "LEAKED" not in stack.tokenizer.decode(traj.token_ids)
+    assert stack.tokenizer.decode(traj.token_ids).endswith("It is 25.<|im_end|>")
+    assert traj.check_aligned() is None and traj.num_turns == 2
