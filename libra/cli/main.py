@@ -15,6 +15,8 @@ Examples:
   libra model import --smollm2           a GGUF -> Hugging Face directory (docs/models.md)
   libra export JOB --out DIR             a job's policy version -> Hugging Face directory
   libra tool run python --args '{"code": "print(1)"}' --local    try a tool
+  libra agent run --job JOB --command "python examples/agents/calc_agent.py"
+                                         an agent program per episode (docs/agent-endpoint.md)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from libra import types as t
-from libra.cli import certs, credentials, model, run, sim, stack, tool
+from libra.cli import agent, certs, credentials, model, run, sim, stack, tool
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import ClientAuth
@@ -261,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs.register(sub)
     sim.register(sub)
     model.register(sub)
+    agent.register(sub)
     return parser
 
 
