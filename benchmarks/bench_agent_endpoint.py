@@ -38,6 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from procstat import cpu_s  # noqa: E402  (this directory: run as a script)
+
 from libra import redis_keys as keys  # noqa: E402
 from libra import types as t  # noqa: E402
 from libra.clock import SystemClock  # noqa: E402
@@ -103,7 +105,7 @@ def spec(model_dir: Path, agent: str, batch: int) -> JobSpec:
 
 
 async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Namespace,
-                  endpoint_url: str) -> dict[str, Any]:
+                  endpoint_url: str, server_pid: int) -> dict[str, Any]:
     """One arm on a flushed Redis: place every trajectory, run until all published."""
     import redis.asyncio as aioredis
 
@@ -169,17 +171,21 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
         await r.hset(keys.tasks(JOB), task.trajectory_id, data)
         await r.hset(keys.assignments(JOB), task.trajectory_id, "ro-1")
     started = time.perf_counter()
+    cpu0 = {"rollout": time.process_time(), "endpoint": cpu_s(server_pid)}
     loop_task = asyncio.create_task(core.run())
     while await r.xlen(keys.trajectories(JOB)) < total:
         if loop_task.done():
             loop_task.result()  # the loop died: show why
         await asyncio.sleep(0.02)
     wall_s = time.perf_counter() - started
+    cpu = {"rollout": time.process_time() - cpu0["rollout"],
+           "endpoint": cpu_s(server_pid) - cpu0["endpoint"], "agents": 0.0}
     if workers:
         for proc in workers:
             out, _ = await asyncio.to_thread(proc.communicate)
-            out = out.splitlines()[-1]
-            gaps.extend(json.loads(out)["latencies_s"])
+            record = json.loads(out.splitlines()[-1])
+            gaps.extend(record["latencies_s"])
+            cpu["agents"] += record["cpu_s"]
     await core.drain(0.0)
     loop_task.cancel()
     await asyncio.gather(loop_task, return_exceptions=True)
@@ -187,7 +193,8 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
         task.cancel()
     await r.aclose()
     turns = total * (args.tool_turns + 1)
-    return {"arm": arm, "wall_s": wall_s, "turns_per_s": turns / wall_s, "cycles": gaps}
+    return {"arm": arm, "wall_s": wall_s, "turns_per_s": turns / wall_s, "cycles": gaps,
+            "cpu_ms_per_turn": {k: round(v * 1000 / turns, 2) for k, v in cpu.items()}}
 
 
 def worker(url: str, episodes: int) -> None:
@@ -197,6 +204,7 @@ def worker(url: str, episodes: int) -> None:
 
     latencies: list[float] = []
     print("ready", flush=True)
+    cpu_start_s = time.process_time()
     with httpx.Client(timeout=60.0) as http:
         for _ in range(episodes):
             response = http.post(f"{url}/v1/episodes", json={"job_id": JOB, "wait_s": 30})
@@ -221,7 +229,7 @@ def worker(url: str, episodes: int) -> None:
             http.post(f"{episode['base_url']}/episodes/{episode['episode_id']}/reward",
                       json={"reward": 1.0},
                       headers={"Authorization": f"Bearer {episode['api_key']}"})
-    print(json.dumps({"latencies_s": latencies}))
+    print(json.dumps({"latencies_s": latencies, "cpu_s": time.process_time() - cpu_start_s}))
 
 
 def serve_endpoint(port: int, redis_url: str) -> None:
@@ -279,7 +287,8 @@ def main() -> int:
         for round_index in range(args.rounds):
             arms = ("internal", "external") if round_index % 2 == 0 else ("external", "internal")
             for arm in arms:
-                runs.append(asyncio.run(run_arm(arm, redis.url, model_dir, args, url)))
+                runs.append(asyncio.run(run_arm(arm, redis.url, model_dir, args, url,
+                                                server.pid)))
     finally:
         server.terminate()  # our own child, by pid
         server.wait()
@@ -314,6 +323,7 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
         out[f"{arm}_cycle_p99_ms"] = round(pct(cycles[arm], 0.99) * 1000, 2)
         out[f"{arm}_turns_per_s"] = round(rate[arm], 2)
         out[f"{arm}_wall_s"] = [round(r["wall_s"], 2) for r in by_arm[arm]]
+        out[f"{arm}_cpu_ms_per_turn"] = by_arm[arm][-1]["cpu_ms_per_turn"]
     out["added_p50_ms"] = round(out["external_cycle_p50_ms"] - out["internal_cycle_p50_ms"], 2)
     out["added_p99_ms"] = round(out["external_cycle_p99_ms"] - out["internal_cycle_p99_ms"], 2)
     out["throughput_ratio"] = round(rate["external"] / rate["internal"], 3)
