@@ -40,7 +40,7 @@ from libra.evaluation import EVAL_ROUNDS_COUNTER, eval_size_counter
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.scheduler.policy.store import PolicyStore
-from services.scheduler.policy_store import RedisPolicyStore
+from services.scheduler.redis_policy_store import RedisPolicyStore
 from services.scheduler.state import FinishRecord, LeaseSnapshot, TickState, TickWrites
 
 __all__ = ["RedisPolicyStore", "RedisSchedulerStore", "SchedulerStore"]
