@@ -241,6 +241,10 @@ class MemorySchedulerStore:
         """Take what was placed on an instance (the rollout reads its inbox)."""
         return self._inboxes.pop(instance_id, [])
 
+    def policy_state(self, job_id: str) -> dict[str, Any]:
+        """The job's flushed policy state (trajectories, records, recent, tree)."""
+        return copy.deepcopy(self._job(job_id).policy_state)
+
     def load(self, job_id: str) -> dict[str, int]:
         """The job's load hash: instance -> trajectories assigned."""
         return dict(self._job(job_id).load)
