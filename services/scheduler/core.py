@@ -70,7 +70,7 @@ from services.scheduler.requeue import ORPHAN_SCAN_S, Requeuer
 from services.scheduler.state import FinishRecord, LeaseSnapshot, TickWrites
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from services.scheduler.store import SchedulerStore
+    from services.scheduler.store_protocol import SchedulerStore
 
 # Re-exported: other services, tests and the simulator import these from the core.
 __all__ = ["MAX_FINISHES_PER_TICK", "ORPHAN_SCAN_S", "JobRun", "SchedulerCore",

@@ -15,7 +15,7 @@ from services.scheduler.policy.layout import BucketLayout
 from services.scheduler.policy.registry import PolicyConfig
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from services.scheduler.store import FlushablePolicyStore
+    from services.scheduler.store_protocol import FlushablePolicyStore
 
 
 @dataclass(frozen=True)

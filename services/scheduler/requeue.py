@@ -11,7 +11,7 @@ from services.scheduler.job_run import JobRun
 from services.scheduler.policy.errors import UnknownTrajectory
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from services.scheduler.store import SchedulerStore
+    from services.scheduler.store_protocol import SchedulerStore
 
 logger = logging.getLogger("services.scheduler.core")
 

@@ -226,3 +226,16 @@ async def test_a_job_not_running_is_not_listed(world: World) -> None:
     await world.job(state="cancelled")
     assert await world.store.running_jobs() == []
     assert (await world.store.tick_state(JOB, ">", 1)).state == "cancelled"
+
+
+def test_both_stores_have_every_method_of_the_protocol_with_its_signature() -> None:
+    import inspect
+
+    from services.scheduler.store_protocol import SchedulerStore
+
+    for name, method in inspect.getmembers(SchedulerStore, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        for impl in (MemorySchedulerStore, RedisSchedulerStore):
+            params = list(inspect.signature(getattr(impl, name)).parameters)
+            assert params == list(inspect.signature(method).parameters), (impl, name)
