@@ -194,6 +194,9 @@ class WorkerRole(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Lease:
+    """A worker's lease as the coordinator grants it (Redis hash codec:
+    ``libra.redis_fields``; ``expires_at_ms`` comes from the key's TTL, not a field)."""
+
     worker_id: WorkerId
     role: WorkerRole
     bucket: str
@@ -201,6 +204,17 @@ class Lease:
     epoch: int
     expires_at_ms: int
     ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSummary:
+    """What the scheduler reads of a live lease to place and to fence: the worker's
+    role (a ``WorkerRole`` value), bucket and epoch."""
+
+    worker_id: str
+    role: str
+    bucket: str
+    epoch: int
 
 
 class JobState(enum.Enum):

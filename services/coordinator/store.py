@@ -19,6 +19,7 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, LeaseLost, NotFound
+from libra.redis_fields import LEASE_EPOCH, lease_from_hash, lease_to_hash
 from services.coordinator.store_scripts import (
     ACQUIRE_LUA,
     APPEND_STEP_LUA,
@@ -176,16 +177,6 @@ def _job_from_hash(h: dict[str, str]) -> t.Job:
                  num_resumes=int(h.get("num_resumes", 0)))
 
 
-def _lease_to_hash(lease: t.Lease) -> dict[str, str]:
-    return {"worker_id": lease.worker_id, "role": lease.role.value, "bucket": lease.bucket,
-            "address": lease.address, "epoch": str(lease.epoch), "ttl_ms": str(lease.ttl_ms)}
-
-
-def _lease_from_hash(h: dict[str, str], pttl_ms: int, now_ms: int) -> t.Lease:
-    return t.Lease(t.WorkerId(h["worker_id"]), t.WorkerRole(h["role"]), h["bucket"],
-                   h["address"], int(h["epoch"]), now_ms + max(pttl_ms, 0), int(h["ttl_ms"]))
-
-
 class RedisCoordinatorStore:
     """Jobs, history and leases in Redis (keys from ``libra.redis_keys``)."""
 
@@ -333,8 +324,8 @@ class RedisCoordinatorStore:
                                            args=[group["last-delivered-id"]]))
 
     async def acquire_lease(self, lease: t.Lease) -> t.Lease:
-        fields = _lease_to_hash(lease)
-        fields.pop("epoch")
+        fields = lease_to_hash(lease)
+        fields.pop(LEASE_EPOCH)  # the grant script sets it from the fence
         flat = [x for kv in fields.items() for x in kv]
         epoch = await self._retrying("acquire_lease", lambda: self._acquire(
             keys=[keys.lease(lease.worker_id), keys.FENCE], args=[lease.ttl_ms, *flat]))
@@ -352,7 +343,7 @@ class RedisCoordinatorStore:
         if result == -2:
             raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
         h = await self._retrying("renew_lease", lambda: self._r.hgetall(keys.lease(worker_id)))
-        return _lease_from_hash(h, int(result), now_ms)
+        return lease_from_hash(h, int(result), now_ms)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         await self._retrying("release_lease", lambda: self._release(
@@ -370,7 +361,7 @@ class RedisCoordinatorStore:
                 pipe.pttl(keys.lease(worker_id))
                 h, pttl = await pipe.execute()
             if h:
-                leases.append(_lease_from_hash(h, pttl, now_ms))
+                leases.append(lease_from_hash(h, pttl, now_ms))
             else:  # expired: forget the id, or the set grows with every worker ever seen
                 await self._prune_worker(keys=[keys.lease(worker_id), keys.WORKERS],
                                          args=[worker_id])
@@ -391,7 +382,7 @@ class RedisCoordinatorStore:
             raise _role_refused(worker_id, str(reply[1]), role, allowed_from)
         flat = reply[2]
         h = dict(zip(flat[::2], flat[1::2], strict=True))
-        return _lease_from_hash(h, int(reply[1]), self._clock.now_ms())
+        return lease_from_hash(h, int(reply[1]), self._clock.now_ms())
 
     async def record_event(self, job_id: str, event: dict[str, Any]) -> None:
         await self._r.xadd(keys.events(job_id), {"kind": str(event.get("kind", "")),
