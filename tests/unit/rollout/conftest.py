@@ -14,3 +14,10 @@ from tests.unit.rollout.rig import Rig, started_rig
 async def rig(redis_server, tmp_path: Path) -> AsyncIterator[Rig]:
     async with started_rig(redis_server.url, tmp_path) as rig:
         yield rig
+
+
+@pytest.fixture
+async def short_lease_rig(redis_server, tmp_path: Path) -> AsyncIterator[Rig]:
+    """A rig whose lease is renewed every 10 ms (lease-loss and re-registration tests)."""
+    async with started_rig(redis_server.url, tmp_path, lease_ttl_ms=30) as rig:
+        yield rig

@@ -115,7 +115,7 @@ class Rig:
 async def started_rig(redis_url: str, tmp_path: Path, *, bucket: str = "short",
                       role: t.WorkerRole = t.WorkerRole.CORE_ROLLOUT,
                       spec: JobSpec | None = None, tokenizer: Any = None,
-                      **core_extra: Any) -> AsyncIterator[Rig]:
+                      lease_ttl_ms: int = 60_000, **core_extra: Any) -> AsyncIterator[Rig]:
     """A registered core on a flushed Redis with version-0 weights (not yet running);
     by default an arith job over the tiny model's tokenizer."""
     r = aioredis.from_url(redis_url, decode_responses=False)
@@ -128,7 +128,7 @@ async def started_rig(redis_url: str, tmp_path: Path, *, bucket: str = "short",
     tools = FakeToolGateway(clock=clock)
     scheduler = FakeScheduler()
     coordinator = FakeCoordinator(redis=r)  # mirrors the lease: publishing is fenced
-    settings = RolloutSettings(instance_id=HERE, bucket=bucket, lease_ttl_ms=60_000,
+    settings = RolloutSettings(instance_id=HERE, bucket=bucket, lease_ttl_ms=lease_ttl_ms,
                                tool_deadline_s=5.0, idle_block_ms=5, role=role)
     core = RolloutCore(settings, RedisRolloutStore(r), FakeEngineLoader(engine), tools,
                        scheduler, coordinator, clock, **core_extra)

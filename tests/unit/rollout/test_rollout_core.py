@@ -10,7 +10,6 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.errors import Internal
 from libra.jobspec import BucketSpec, JobSpec, LayoutSpec
-from services.rollout.core import RolloutSettings
 from tests.fakes.engine import make_tokenizer
 from tests.fakes.toolgateway import tool_result
 from tests.unit.rollout.rig import HERE, JOB, THERE, Rig, make_task
@@ -214,9 +213,8 @@ async def test_tool_return_after_cancel_is_neither_published_nor_handed_off(rig:
     assert await rig.num_published() == 0
 
 
-async def test_lost_lease_drops_work_and_registers_again(rig: Rig) -> None:
-    rig.core.settings = RolloutSettings(instance_id=HERE, bucket="short", lease_ttl_ms=30,
-                                        idle_block_ms=5)
+async def test_lost_lease_drops_work_and_registers_again(short_lease_rig: Rig) -> None:
+    rig = short_lease_rig
     rig.tools.gate = asyncio.Event()
     rig.engine.queue("<calc>1+2</calc>")
     await rig.place(make_task())
@@ -232,9 +230,8 @@ async def test_lost_lease_drops_work_and_registers_again(rig: Rig) -> None:
 
 
 async def test_a_registration_refused_during_a_coordinator_restart_is_tried_again(
-        rig: Rig) -> None:
-    rig.core.settings = RolloutSettings(instance_id=HERE, bucket="short", lease_ttl_ms=30,
-                                        idle_block_ms=5)
+        short_lease_rig: Rig) -> None:
+    rig = short_lease_rig
     rig.start()
     await wait_until(lambda: rig.coordinator.renewed)
     # The lease expired while the coordinator was down; it is back but the first

@@ -5,7 +5,6 @@ side is tested in tests/service/trainer/test_gradient_channel.py)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -112,7 +111,7 @@ async def _generating(rig: Rig) -> bool:
     return any(kind == "generate" for kind, _ in rig.engine.calls)
 
 
-async def test_lend_is_refused_for_core_instances_stale_epochs_and_old_generations(
+async def test_lend_is_refused_for_stale_epochs_and_old_generations(
         lent_rig) -> None:  # noqa: ANN001
     rig, _ = lent_rig
     lease = rig.core.lease
@@ -122,9 +121,14 @@ async def test_lend_is_refused_for_core_instances_stale_epochs_and_old_generatio
     await rig.core.lend(JOB, lease.epoch, 5, "trainer:1")
     with pytest.raises(FailedPrecondition, match="generation"):
         await rig.core.lend(JOB, rig.core.lease.epoch, 4, "trainer:1")
-    rig.core.settings = dataclasses.replace(rig.core.settings, role=t.WorkerRole.CORE_ROLLOUT)
-    with pytest.raises(FailedPrecondition, match="only hybrid-rollout"):
-        await rig.core.lend(JOB, rig.core.lease.epoch, 9, "trainer:1")
+
+
+async def test_lend_is_refused_for_core_instances(redis_server, tmp_path: Path) -> None:
+    async with started_rig(redis_server.url, tmp_path, role=t.WorkerRole.CORE_ROLLOUT,
+                           opener=Opener(), load_trainer=FakeHybridTrainer) as rig:
+        assert rig.core.lease is not None
+        with pytest.raises(FailedPrecondition, match="only hybrid-rollout"):
+            await rig.core.lend(JOB, rig.core.lease.epoch, 9, "trainer:1")
 
 
 async def test_join_protocol_then_reclaim_returns_to_rollout(lent_rig) -> None:  # noqa: ANN001

@@ -141,13 +141,12 @@ async def test_corrupt_chunk_is_an_error_event_and_the_old_weights_keep_serving(
 
 async def test_fetch_past_the_deadline_is_an_error_event_not_a_hang(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dataclasses
     import time
 
-    import services.rollout.core as rollout_core
+    import services.rollout.weight_loader as weight_loader
 
-    monkeypatch.setattr(rollout_core, "read_verified", lambda *_: time.sleep(1.0) or b"")
-    rig.core.settings = dataclasses.replace(rig.core.settings, weight_load_deadline_s=0.05)
+    monkeypatch.setattr(weight_loader, "read_verified", lambda *_: time.sleep(1.0) or b"")
+    rig.core.weights.load_deadline_s = 0.05
     await _publish_manifest(rig, 1, b"weights v1 bytes")
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
