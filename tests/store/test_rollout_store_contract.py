@@ -46,8 +46,9 @@ async def test_publish_at_the_current_epoch_appends_acks_and_counts(world: World
     await world.set_lease_epoch(HERE, 4)
     entry_id = await inbox_entry(world)
     assert await world.store.publish(finished(), HERE, entry_id, 4)
-    ((traj, status, _),) = await world.published(JOB)
-    assert traj.trajectory_id == "tr-0" and status == "finished"
+    ((entry),) = await world.published(JOB)
+    assert (entry.trajectory.trajectory_id, entry.status, entry.instance_id) == (
+        "tr-0", "finished", HERE)
     assert await world.inbox_size(HERE) == 0
     assert await world.counters(JOB) == {"produced": 1}
 
@@ -125,7 +126,8 @@ async def test_handoff_moves_the_trajectory_and_commits_the_move(world: World) -
     entry_id = await inbox_entry(world, traj, assign=True)
     traj.num_migrations = 1
     assert await world.store.handoff(traj, HERE, entry_id, THERE, "long", 2)
-    (moved,) = await world.inbox_tasks(THERE)
+    ((job_id, moved),) = await world.inbox_tasks(THERE)
+    assert job_id == JOB
     assert moved.num_migrations == 1
     assert (await world.task(JOB, "tr-0")).num_migrations == 1
     assert await world.inbox_size(HERE) == 0

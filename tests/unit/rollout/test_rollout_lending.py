@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.errors import FailedPrecondition, InvalidArgument
 from libra.limits import MAX_GENERATION_AHEAD_MS
 from libra.training import channel as ch
-from libra.wire.common import decode_trajectory
 from tests.fakes.engine import BlockUntilAbort
 from tests.unit.rollout.rig import HERE, JOB, Rig, make_task, started_rig
 from tests.waiting import wait_until
@@ -71,9 +69,9 @@ class FakeHybridTrainer:
 
 
 @pytest.fixture
-async def lent_rig(redis_server, tmp_path: Path) -> AsyncIterator[tuple[Rig, Opener]]:
+async def lent_rig(tmp_path: Path) -> AsyncIterator[tuple[Rig, Opener]]:
     opener = Opener()
-    async with started_rig(redis_server.url, tmp_path, bucket="long",
+    async with started_rig(tmp_path, bucket="long",
                            role=t.WorkerRole.HYBRID_ROLLOUT, opener=opener,
                            load_trainer=FakeHybridTrainer) as rig:
         yield rig, opener
@@ -92,7 +90,7 @@ async def test_lend_hands_back_a_trajectory_mid_turn_with_its_tokens(lent_rig) -
     await wait_until(lambda: _opened(opener))
     assert new_lease.role is t.WorkerRole.HYBRID_JOINING and new_lease.epoch > lease.epoch
     # The latest state is where the scheduler re-queues from; the inbox entry is done.
-    saved = decode_trajectory(await rig.r.hget(keys.tasks(JOB), "tr-0"))
+    saved = await rig.world.task(JOB, "tr-0")
     assert saved.num_generated_tokens == 2 and saved.check_aligned() is None
     assert saved.partial_turn_tokens == 2  # resumed as the same turn where it lands
     assert await rig.inbox_pending() == 0 and rig.core.num_active == 0
@@ -123,8 +121,8 @@ async def test_lend_is_refused_for_stale_epochs_and_old_generations(
         await rig.core.lend(JOB, rig.core.lease.epoch, 4, "trainer:1")
 
 
-async def test_lend_is_refused_for_core_instances(redis_server, tmp_path: Path) -> None:
-    async with started_rig(redis_server.url, tmp_path, role=t.WorkerRole.CORE_ROLLOUT,
+async def test_lend_is_refused_for_core_instances(tmp_path: Path) -> None:
+    async with started_rig(tmp_path, role=t.WorkerRole.CORE_ROLLOUT,
                            opener=Opener(), load_trainer=FakeHybridTrainer) as rig:
         assert rig.core.lease is not None
         with pytest.raises(FailedPrecondition, match="only hybrid-rollout"):
@@ -189,7 +187,7 @@ async def test_inbox_leftovers_are_dropped_on_reclaim(lent_rig) -> None:  # noqa
     await rig.core.lend(JOB, rig.core.lease.epoch, 1, "trainer:1")
     await rig.place(make_task(7))  # placed before the scheduler saw the role change
     await rig.core.reclaim(2, "test")
-    assert await rig.r.xlen(keys.inbox(HERE)) == 0
+    assert await rig.inbox_size() == 0
 
 
 async def test_generations_far_ahead_of_the_clock_or_negative_are_invalid(
