@@ -44,13 +44,13 @@ from libra.jobspec import job_spec_from_json
 from services.rollout import agent
 from services.rollout.agent_registry import AgentUnavailable, build_agent_or_stand_in
 from services.rollout.engine_types import GenerationRequest, GenerationResult
-from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher
+from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
 from services.rollout.hybrid_join import ChannelOpener, TrainerLoader
 from services.rollout.lease_keeper import LeaseKeeper
 from services.rollout.lender import Lender
 from services.rollout.loop_types import (
     ActiveTrajectory,
-    Engine,
+    Engine,  # noqa: F401 - re-exported (the engines implement it)
     EngineLoader,
     JobContext,
     LeaseHolder,
@@ -67,10 +67,6 @@ if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at ru
     from libra.clients.toolgateway import ToolGatewayApi
     from services.rollout.store import InboxEntry, RolloutStore
 
-# Re-exported: the service's entry point, tests and benchmarks import them from here.
-__all__ = ["SCORE_DEADLINE_MARGIN_S", "WAIT_FOR_TOOLS_S", "Engine", "EngineLoader",
-           "RolloutCore", "RolloutSettings", "SchedulerApi"]
-
 logger = logging.getLogger(__name__)
 
 # While every pinned trajectory waits on a tool, how often the loop still looks at the
@@ -85,7 +81,7 @@ class RolloutCore:
                  tools: ToolGatewayApi, scheduler: SchedulerApi, coordinator: CoordinatorApi,
                  clock: Clock, opener: ChannelOpener | None = None,
                  load_trainer: TrainerLoader | None = None) -> None:
-        self.settings = settings
+        self._settings = settings
         self._store = store
         self._loader = loader
         self._tool_calls = ToolCaller(tools, clock, settings.tool_deadline_s)
@@ -116,6 +112,19 @@ class RolloutCore:
         self._finisher = Finisher(sid, tools, store, self._held, clock, self.profile)
 
     # -- collaborators' surface (the servicer and tests use these names) ------------------
+
+    @property
+    def settings(self) -> RolloutSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: RolloutSettings) -> None:
+        """Replaced once the server's port is known (the lease's address, __main__):
+        the collaborators that read settings see the new ones."""
+        self._settings = value
+        self._keeper.settings = value
+        self._lender.settings = value
+        self.weights.load_deadline_s = value.weight_load_deadline_s
 
     @property
     def num_moves_handed_off(self) -> int:

@@ -33,14 +33,14 @@ class LeaseKeeper:
     def __init__(self, settings: RolloutSettings, store: RolloutStore,
                  coordinator: CoordinatorApi, held: LeaseHolder,
                  on_lost: Callable[[], Awaitable[None]]) -> None:
-        self._settings = settings
+        self.settings = settings
         self._store = store
         self._coordinator = coordinator
         self._held = held
         self._on_lost = on_lost
 
     async def register(self) -> t.Lease:
-        s = self._settings
+        s = self.settings
         await self._store.ensure_inbox(s.instance_id)
         self._held.lease = await self._coordinator.acquire_lease(
             s.instance_id, s.role, s.bucket, s.address, s.lease_ttl_ms)
@@ -51,7 +51,7 @@ class LeaseKeeper:
         (``on_lost``) and re-register."""
         is_registered = True
         while not stopping():
-            await asyncio.sleep(self._settings.lease_ttl_ms / 3000.0)
+            await asyncio.sleep(self.settings.lease_ttl_ms / 3000.0)
             if self._held.lease is None:
                 continue
             if not is_registered:
@@ -87,4 +87,4 @@ class LeaseKeeper:
             # `libra down` stops the coordinator at the same time: the lease then
             # expires by its TTL instead, and the process still exits cleanly.
             logger.warning("[lease] release failed error=%s; it expires in %d ms", exc,
-                           self._settings.lease_ttl_ms)
+                           self.settings.lease_ttl_ms)

@@ -5,6 +5,7 @@ stream entry, a counter) with a bounded poll."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from libra import types as t
 from libra.errors import Internal
@@ -293,3 +294,12 @@ async def test_prompt_the_agent_cannot_render_fails_that_trajectory_only(rig: Ri
     assert published["tr-0"].status is t.TrajectoryStatus.FAILED
     assert published["tr-0"].failure_reason.startswith("prompt: the arith tag agent")
     assert published["tr-1"].status is t.TrajectoryStatus.FINISHED
+
+
+async def test_settings_replaced_after_construction_reach_the_lease(rig: Rig) -> None:
+    # The entry point learns the server's port only once it serves: the lease it
+    # registers with must carry that address (the elastic executor dials it to lend).
+    rig.core.settings = dataclasses.replace(rig.core.settings, address="10.0.0.7:5051",
+                                            role=t.WorkerRole.HYBRID_ROLLOUT)
+    lease = await rig.core.register()
+    assert (lease.address, lease.role) == ("10.0.0.7:5051", t.WorkerRole.HYBRID_ROLLOUT)
