@@ -166,7 +166,7 @@ class RedisRolloutStore(JobRecordReader):
                   keys.inbox(instance_id), keys.counters(traj.job_id),
                   keys.published_ids(traj.job_id)],
             args=[str(lease_epoch), keys.ROLLOUT_GROUP, entry_id,
-                  _produced_counter(traj),
+                  produced_counter(traj),
                   "trajectory_id", traj.trajectory_id, "data", encode_trajectory(traj),
                   "total_tokens", str(traj.num_generated_tokens),
                   "status", traj.status.value, "instance_id", instance_id])
@@ -230,7 +230,7 @@ class RedisRolloutStore(JobRecordReader):
         """This instance no longer serves the job: its versions may be pruned."""
         await self._r.hdel(keys.weights_in_use(job_id), instance_id)
 
-def _produced_counter(traj: t.Trajectory) -> str:
+def produced_counter(traj: t.Trajectory) -> str:
     """The counter a published trajectory bumps: eval trajectories have their own, so
     the training accounting identity (libra/report.py) never sees them."""
     failed = traj.status is t.TrajectoryStatus.FAILED
