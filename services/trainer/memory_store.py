@@ -12,9 +12,9 @@ suite in tests/store/test_trainer_store_contract.py against both:
 - the job record, running jobs (oldest first), the policy pointer, capped events and the
   weight versions live rollout instances hold.
 
-The rest of the stack writes here through the ``put_job``, ``append``, ``add_counters``,
-``set_weights_in_use`` and ``set_lease_live`` methods (what the coordinator, the
-rollout store and the rollout workers write to Redis).
+The rest of the stack writes here through ``put_job``, ``append``, ``add_counters``,
+``set_counters``, ``set_weights_in_use`` and ``set_lease_live`` (what the coordinator,
+the scheduler, the rollout store and the rollout workers write to Redis).
 """
 
 from __future__ import annotations
@@ -171,6 +171,10 @@ class MemoryTrainerStore:
     def add_counters(self, job_id: str, **deltas: int) -> None:
         """Bump counters as other services do (``produced``, ``placed:<bucket>``, ...)."""
         self._add(job_id, deltas)
+
+    def set_counters(self, job_id: str, **values: int) -> None:
+        """Set counters outright (the scheduler's ``eval_rounds`` and round sizes)."""
+        self._counters.setdefault(job_id, {}).update(values)
 
     def set_weights_in_use(self, job_id: str, instance: str, loaded: int,
                            loading: int = -1) -> None:
