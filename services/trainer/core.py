@@ -243,7 +243,8 @@ class TrainerCore:
 
     async def _train_with(self, job_id: str, spec: JobSpec, resume: bool, backend: Backend,
                           run_dir: Path, model_dir: str) -> None:
-        init = PolicyInitializer(self._store, self._reports, self._stop_requested.is_set)
+        init = PolicyInitializer(self._store, self._reports, self._stop_requested.is_set,
+                                 self._set_step)
         self.step, version = await init.init(job_id, spec, backend, run_dir, resume)
         await self._store.ensure_group(job_id)
         await self._publish(job_id, backend, run_dir, model_dir, version)
@@ -285,6 +286,9 @@ class TrainerCore:
             await self._reports.report_step(job_id, record)
         # 5) The job ends once the final eval round is recorded (bounded).
         await evals.wait_final()
+
+    def _set_step(self, step: int) -> None:
+        self.step = step
 
     async def _publish(self, job_id: str, backend: Backend, run_dir: Path, model_dir: str,
                        version: int) -> float:

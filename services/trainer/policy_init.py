@@ -31,13 +31,16 @@ class InitBackend(Protocol):
 
 
 class PolicyInitializer:
-    """Brings a job's backend to its starting policy; ``should_stop`` ends a warm start."""
+    """Brings a job's backend to its starting policy; ``should_stop`` ends a warm start,
+    ``set_step`` tells the trainer the checkpoint's step as soon as it is loaded (its
+    status shows it while the checkpoint's step report is retried)."""
 
     def __init__(self, store: TrainerStore, reports: CoordinatorReporter,
-                 should_stop: Callable[[], bool]) -> None:
+                 should_stop: Callable[[], bool], set_step: Callable[[int], None]) -> None:
         self._store = store
         self._reports = reports
         self._should_stop = should_stop
+        self._set_step = set_step
 
     async def init(self, job_id: str, spec: JobSpec, backend: InitBackend, run_dir: Path,
                    resume: bool) -> tuple[int, int]:
@@ -54,6 +57,7 @@ class PolicyInitializer:
         else:
             await asyncio.to_thread(backend.load_checkpoint, str(ckpt.path))
             step = ckpt.step
+            self._set_step(step)
             logger.info("[resume] from checkpoint job_id=%s step=%d path=%s", job_id,
                         ckpt.step, ckpt.path)
             if ckpt.step_report is not None:  # a repeat if it was delivered (same key)
