@@ -23,6 +23,7 @@ from typing import Any
 from libra import redis_keys as keys
 from libra import types as t
 from libra.errors import LeaseLost, Unavailable
+from libra.wire.step_record import step_record_to_dict
 
 
 @dataclass
@@ -118,9 +119,12 @@ class FakeCoordinator:
     async def list_workers(self) -> list[t.Lease]:
         return []
 
-    async def report_step(self, job_id: str, record: dict[str, Any],
+    async def report_step(self, job_id: str, record: t.StepRecord | dict[str, Any],
                           idempotency_key: str = "") -> None:
+        """Keeps the record as the coordinator would store it (its JSON object)."""
         self._outage()
+        if not isinstance(record, dict):
+            record = step_record_to_dict(record)
         slot = (job_id, int(record["step"]))
         key = idempotency_key or f"{job_id}:{slot[1]}"
         if self.step_keys.get(slot) == key:
