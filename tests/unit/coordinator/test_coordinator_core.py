@@ -16,7 +16,8 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, Unavailable
 from services.coordinator.core import CoordinatorCore
-from services.coordinator.store import InMemoryCoordinatorStore, StepAppend
+from services.coordinator.memory_store import InMemoryCoordinatorStore
+from services.coordinator.store_protocol import StepAppend
 from tests.fakes.runner import FakeRunner
 
 VALID_SPEC = """

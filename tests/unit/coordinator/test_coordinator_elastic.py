@@ -16,8 +16,8 @@ from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, NotFound
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.elastic import ElasticWiring
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.planner.live import live_planner
-from services.coordinator.store import InMemoryCoordinatorStore
 from tests.unit.coordinator.test_coordinator_core import FakeRunner
 from tests.unit.coordinator.test_elastic_executor import FakeRollout
 

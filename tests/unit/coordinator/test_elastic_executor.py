@@ -24,8 +24,8 @@ from services.coordinator.elastic import (
     ElasticLoop,
     Signal,
 )
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.planner.live import live_planner
-from services.coordinator.store import InMemoryCoordinatorStore
 
 JOB = "job-e"
 ROLLOUT, HYBRID = t.WorkerRole.CORE_ROLLOUT, t.WorkerRole.HYBRID_ROLLOUT
