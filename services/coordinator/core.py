@@ -32,6 +32,7 @@ from libra.clock import Clock
 from libra.errors import FailedPrecondition, InvalidArgument, LibraError
 from libra.ids import new_job_id
 from libra.limits import check_step_record
+from libra.wire.step_record import step_record_to_dict
 from services.coordinator.checkpoints import CheckpointProbe, newest_checkpoint_step
 from services.coordinator.elastic import ElasticLoop, ElasticWiring
 from services.coordinator.elastic_jobs import ElasticJobs
@@ -235,7 +236,7 @@ class CoordinatorCore:
         if self._reconciler is not None:
             await self._reconciler.run()
 
-    async def report_step(self, job_id: str, record: dict[str, Any],
+    async def report_step(self, job_id: str, record: t.StepRecord,
                           idempotency_key: str = "") -> StepAppend:
         """Store a step record once (reports are keyed by job + step, see StepAppend).
 
@@ -243,7 +244,8 @@ class CoordinatorCore:
         still sets the job's step and version: the try that stored the record may have
         died before doing so. Only a new record feeds the elastic planner.
         """
-        step = check_step_record(record)
+        stored = step_record_to_dict(record)  # the store keeps the wire's JSON shape
+        step = check_step_record(stored)  # a typed record built in process is checked too
         # Under the lifecycle lock: a cancel landing between the read and the write would
         # otherwise be overwritten (the job written back RUNNING). A cancel waiting here
         # stops the trainer, whose cancelled call ends this one.
@@ -252,9 +254,10 @@ class CoordinatorCore:
             if job.state.is_terminal:  # a late or forged report must not rewrite it
                 raise FailedPrecondition(f"job {job_id} is {job.state.value}; its steps "
                                          "are final")
-            outcome = await self._store.append_step(job_id, record, idempotency_key)
+            outcome = await self._store.append_step(job_id, stored, idempotency_key)
             job.step = step
-            job.policy_version = record.get("policy_version", job.policy_version)
+            if record.policy_version is not None:
+                job.policy_version = record.policy_version
             job.updated_at_ms = self._clock.now_ms()
             await self._store.put_job(job)
         if outcome is StepAppend.REPEAT:

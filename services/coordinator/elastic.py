@@ -33,6 +33,7 @@ from typing import Any
 
 from libra import types as t
 from libra.clock import Clock
+from libra.wire.step_record import step_record_to_dict
 from services.coordinator.elastic_executor import (
     DEADLINE_SLACK_S,
     ROLLOUT_CAPABLE,
@@ -60,10 +61,11 @@ __all__ = ["DEADLINE_SLACK_S", "HOLD", "JOIN", "RELEASE", "ROLLOUT_CAPABLE", "El
 logger = logging.getLogger(__name__)
 
 
-def pressure_of(record: dict[str, Any]) -> dict[str, float]:
-    """Rollout pressure inputs the trainer put into its step record (absent: none)."""
-    return {key: float(record[key]) for key in ("queue_pressure", "active_pressure")
-            if isinstance(record.get(key), int | float)}
+def pressure_of(record: t.StepRecord) -> dict[str, float]:
+    """Rollout pressure inputs the trainer put into its step record's metrics (absent:
+    none; the codec only lets numbers into the metrics)."""
+    return {key: float(record.metrics[key]) for key in ("queue_pressure", "active_pressure")
+            if key in record.metrics}
 
 
 class ElasticLoop:
@@ -83,11 +85,13 @@ class ElasticLoop:
         self._is_dirty = False
         self._last_signal: tuple[str, int] | None = None
 
-    async def on_step(self, record: dict[str, Any]) -> None:
+    async def on_step(self, record: t.StepRecord) -> None:
         """Plan on this step's record and wake the background pass."""
-        self._step = int(record.get("step", self._step))
+        self._step = record.step
         workers = await self._leases()
-        decision, signal = self._planner.observe(record, workers, pressure_of(record))
+        # The planner (planner/live.py) still reads the record's JSON shape.
+        decision, signal = self._planner.observe(step_record_to_dict(record), workers,
+                                                 pressure_of(record))
         if decision and self._is_news(decision, signal):
             event = {"kind": "plan", "ts_ms": self._clock.now_ms(), "step": self._step,
                      "worker_id": "", "epoch": 0, **decision}

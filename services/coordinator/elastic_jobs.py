@@ -5,7 +5,6 @@ record, stopped when the job ends, forgotten when it is resumed. Pure."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from libra import types as t
 from libra.clock import Clock
@@ -40,7 +39,7 @@ class ElasticJobs:
         if (loop := self._loops.get(job_id)) is not None:
             loop.stop()
 
-    async def feed(self, job: t.Job, record: dict[str, Any]) -> None:
+    async def feed(self, job: t.Job, record: t.StepRecord) -> None:
         """Plan on a new step record (no-op for a job that is not elastic)."""
         loop = self._loop_of(job)
         if loop is None:
