@@ -35,6 +35,26 @@ class CoordinatorApi(Protocol):
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None: ...
 
 
+class CoordinatorJobApi(Protocol):
+    """The public job API (``libra`` CLI, REST's twin): gRPC or in process
+    (``services/coordinator/inprocess.py``)."""
+
+    async def create_job(self, spec: str, spec_format: str = "toml",
+                         priority: int = 0) -> t.Job: ...
+
+    async def resume_job(self, job_id: str, priority: int = 0) -> t.Job: ...
+
+    async def get_job(self, job_id: str) -> tuple[t.Job, list[dict], dict]: ...
+
+    async def get_job_events(self, job_id: str) -> list[dict[str, Any]]: ...
+
+    async def list_jobs(self) -> list[t.Job]: ...
+
+    async def cancel_job(self, job_id: str, reason: str = "") -> t.Job: ...
+
+    async def list_workers(self) -> list[t.Lease]: ...
+
+
 # CreateJob validates before storing: the model's config and tokenizer (loading
 # transformers the first time), the dataset's first rows, the tools' schemas, init_from's
 # checkpoint hashes. Seconds on a quiet machine, tens of seconds on a loaded one.
