@@ -24,7 +24,6 @@ import pytest
 import redis.asyncio as aioredis
 import uvicorn
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.chat.protocol import ChatFormat
 from libra.chat.toolcalls import get_parser
@@ -87,7 +86,7 @@ class Stack:
                                   max_retries=0)
 
     async def counter(self, name: str) -> int:
-        return int(await self.rig.r.hget(keys.counters(JOB), name) or 0)
+        return (await self.rig.counters()).get(name, 0)
 
     def chat(self) -> ChatFormat:
         return ChatFormat(self.tokenizer.tokenizer, tools=TOOLS, parser=get_parser("hermes"))
@@ -101,7 +100,7 @@ async def stack(redis_server, tmp_path: Path, hf_model_dir, request) -> AsyncIte
     idle_timeout_s = getattr(request, "param", 30.0)
     r = aioredis.from_url(redis_server.url, decode_responses=False)
     spec = external_spec(model_dir, idle_timeout_s)
-    async with started_rig(redis_server.url, tmp_path, spec=spec, tokenizer=tokenizer,
+    async with started_rig(tmp_path, redis=r, spec=spec, tokenizer=tokenizer,
                            episodes=RedisEpisodeChannel(r, SystemClock())) as rig:
         coord_redis = aioredis.from_url(redis_server.url, decode_responses=True)
         core = CoordinatorCore(RedisCoordinatorStore(coord_redis, SystemClock()), FakeRunner(),
