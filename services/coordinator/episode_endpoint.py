@@ -81,6 +81,8 @@ class EpisodeEndpoint:
     def __init__(self, store: EpisodeStore, clock: Clock) -> None:
         self._store = store
         self._clock = clock
+        # Episodes with a call in flight here (one coordinator serves the endpoint).
+        self._busy: set[str] = set()
 
     async def open_episode(self, job_id: str, wait_s: float) -> ep.EpisodeGrant:
         """The next episode the scheduler admitted for ``job_id`` (waits up to ``wait_s``).
@@ -138,10 +140,24 @@ class EpisodeEndpoint:
                 episode_core.parse_request; ``ContextTooLong`` when the rollout refuses
                 the conversation.
             ClientGone: The caller disconnected first (the call is aborted).
+            FailedPrecondition: Another call of the episode is in flight (409: the
+                ``openai`` client retries it after a backoff).
             DeadlineExceeded: No reply within ``REPLY_DEADLINE_MIN_S`` (or the idle timeout).
         """
-        state = await self.authenticate(api_key)
-        request = parse_request(body, state.model)
+        episode_id = (await self.authenticate(api_key)).episode_id
+        if episode_id in self._busy:
+            raise FailedPrecondition("a call of this episode is in flight: one at a time")
+        self._busy.add(episode_id)
+        try:
+            state = await self.authenticate(api_key)  # as the previous call left it
+            request = parse_request(body, state.model)
+            return await self._complete(state, request, is_disconnected)
+        finally:
+            self._busy.discard(episode_id)
+
+    async def _complete(self, state: ep.EpisodeState, request: ChatRequest,
+                        is_disconnected: Callable[[], Awaitable[bool]]
+                        ) -> tuple[ChatRequest, ep.EpisodeState, ep.EpisodeReply]:
         call = plan_call(state, request)
         await self._store.push_call(state, call)
         try:

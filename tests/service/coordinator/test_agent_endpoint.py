@@ -300,7 +300,9 @@ async def test_a_client_gone_mid_call_aborts_it_and_its_turn_never_reaches_train
     await asyncio.gather(gone, return_exceptions=True)
     await wait_until(lambda: stack.counter("episode_calls_aborted"), timeout_s=10.0)
     release.set()
-    again = await client.chat.completions.create(model=stack.model, messages=messages, tools=TOOLS)
+    # (409 while the gone call's handler still finishes: the client retries it.)
+    again = await client.with_options(max_retries=3).chat.completions.create(
+        model=stack.model, messages=messages, tools=TOOLS)
     assert again.choices[0].message.content == "It is 25."
     await stack.http.post(f"{stack.base_url}/v1/episodes/{episode['episode_id']}/reward",
                           json={"reward": 1.0},
@@ -309,3 +311,20 @@ async def test_a_client_gone_mid_call_aborts_it_and_its_turn_never_reaches_train
     assert "LEAKED" not in stack.tokenizer.decode(traj.token_ids)
     assert stack.tokenizer.decode(traj.token_ids).endswith("It is 25.<|im_end|>")
     assert traj.check_aligned() is None and traj.num_turns == 2
+
+
+async def test_a_second_call_while_one_is_in_flight_is_a_conflict(stack: Stack) -> None:
+    release = threading.Event()
+    stack.rig.engine.queue(HoldUntil("first<|im_end|>", release))
+    await stack.rig.place(make_task(0))
+    stack.rig.start()
+    episode = await stack.open()
+    client = stack.client(episode)
+    user = [{"role": "user", "content": "hi"}]
+    first = asyncio.create_task(client.chat.completions.create(model=stack.model,
+                                                               messages=user))
+    await wait_until(lambda: len(stack.rig.engine.requests) == 1)  # generating
+    with pytest.raises(openai.ConflictError, match="in flight"):
+        await client.chat.completions.create(model=stack.model, messages=user)
+    release.set()
+    assert (await first).choices[0].message.content == "first"
