@@ -22,7 +22,8 @@ class RedisEpisodeChannel:
         self._r = redis
         self._clock = clock
 
-    async def offer(self, offer: ep.EpisodeOffer, ttl_s: float) -> None:
+    async def offer(self, offer: ep.EpisodeOffer) -> None:
+        """Offer a trajectory to agent programs (the list lives as long as the job)."""
         record = dataclasses.replace(offer, offered_at_ms=self._clock.now_ms())
         await self._r.rpush(keys.episode_offers(offer.job_id), ep.encode(record))
 

@@ -40,13 +40,12 @@ from typing import Any, Protocol
 from libra import episodes as ep
 from libra import types as t
 from libra.chat.protocol import ChatFormat
-from libra.chat.toolcalls import get_parser
 from libra.errors import LibraError
 from libra.jobspec import JobSpec
 from services.rollout.agent import (
+    ChatAgent,
     ToolTurnResult,
     TurnOutcome,
-    _AgentBase,
     append_context,
     apply_partial,
 )
@@ -66,7 +65,7 @@ AGENT_REWARD = "agent"
 class EpisodeChannel(Protocol):
     """The rollout's side of the Redis lists between endpoint and rollout."""
 
-    async def offer(self, offer: ep.EpisodeOffer, ttl_s: float) -> None: ...
+    async def offer(self, offer: ep.EpisodeOffer) -> None: ...
 
     async def next_call(self, episode_id: str, timeout_s: float) -> ep.EpisodeCall | None: ...
 
@@ -102,15 +101,16 @@ class _Turn:
     pending: _Pending | None = None
 
 
-class ExternalAgent(_AgentBase):
-    """The agent loop of an episode (``channel``: its Redis side, set by ``attach``)."""
+class ExternalAgent(ChatAgent):
+    """The agent loop of an episode (``channel``: its Redis side, set by ``attach``).
+
+    A chat agent whose prompt and tool turns come from the program's calls (the
+    template, parser, turn text and transcript are the chat agent's)."""
 
     awaits_first_call = True
 
     def __init__(self, spec: JobSpec, tokenizer: Any, chat: ChatFormat) -> None:
-        self._chat = chat
-        self._parser = get_parser(spec.task.tool_call_format)
-        super().__init__(spec, tokenizer, chat.stop_token_ids, self._parser.stop_strings)
+        super().__init__(spec, tokenizer, chat)
         self._channel: EpisodeChannel | None = None
         self._turns: dict[str, _Turn] = {}
         self._formats: dict[str, ChatFormat] = {}
@@ -177,10 +177,6 @@ class ExternalAgent(_AgentBase):
             traj.tool_states.append(item.result.state)
             traj.tool_return_positions.append(traj.num_generated_tokens)
 
-    def transcript(self, traj: t.Trajectory) -> tuple[t.TranscriptMessage, ...]:
-        """The episode as the reward sees it: the decoded turns (base class)."""
-        return super().transcript(traj)
-
     def final_answer(self, traj: t.Trajectory) -> str | None:
         """What the job's reward scores after a close without a reward (None: the
         program gave the reward, or the episode ended otherwise)."""
@@ -201,7 +197,7 @@ class ExternalAgent(_AgentBase):
         state = self._turn(traj)
         timeout_s = spec.task.episode_idle_timeout_s
         if not traj.token_ids:
-            await self._channel.offer(self._offer(traj), timeout_s)
+            await self._channel.offer(self._offer(traj))
         elif state.reply is not None:
             await self._channel.reply(traj.trajectory_id, state.reply, timeout_s)
         while True:
@@ -304,14 +300,6 @@ class ExternalAgent(_AgentBase):
             group_id=traj.group_id, prompt_text=traj.prompt_text,
             prompt_messages_json=traj.prompt_messages_json, metadata_json=traj.metadata_json,
             max_context_tokens=self.max_context_tokens)
-
-    def _turn_text(self, ids: list[int]) -> str:
-        while ids and ids[-1] in self._chat.stop_token_ids:
-            ids = ids[:-1]
-        return self._tokenizer.decode(ids)
-
-    def _parse(self, text: str) -> Any:
-        return self._parser.parse(text)
 
 
 def _tool_type(message: dict[str, Any]) -> str:
