@@ -35,6 +35,9 @@ from libra.cli import credentials, stack
 OPEN_WAIT_S = 2.0
 POLL_S = 0.05
 JOB_CHECK_S = 2.0
+# When the job ends, copies get this long to exit by themselves (one that just closed
+# its episode is finishing), then the rest are stopped.
+STOP_GRACE_S = 5.0
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -100,6 +103,10 @@ class Driver:
         return self.summary
 
     def _stop_all(self) -> None:
+        deadline_s = time.monotonic() + STOP_GRACE_S
+        while self._running and time.monotonic() < deadline_s:
+            self._reap()
+            time.sleep(POLL_S)
         for copy in self._running:
             if copy.proc.poll() is None:
                 copy.proc.kill()  # this copy's pid only
