@@ -84,6 +84,7 @@ class EpisodeReply:
     the sampled turn, or an error the endpoint returns as a 400."""
 
     call_index: int
+    """The call answered; 0 when the episode moved between the call and its turn."""
     content: str = ""
     tool_calls: tuple[ToolCallOut, ...] = ()
     finish_reason: str = "stop"

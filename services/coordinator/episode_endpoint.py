@@ -180,7 +180,8 @@ class EpisodeEndpoint:
         deadline_s = self._clock.now_s() + wait_s
         while self._clock.now_s() < deadline_s:
             reply = await self._store.pop_reply(state.episode_id, DISCONNECT_POLL_S)
-            if reply is not None and reply.call_index == call.call_index:
+            # Index 0: sampled on an instance the episode moved to after the call arrived.
+            if reply is not None and reply.call_index in (call.call_index, 0):
                 return reply
             # An older call's reply (its client went away): never shown to this one.
             if reply is None and await is_disconnected():

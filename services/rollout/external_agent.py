@@ -95,7 +95,9 @@ class _Turn:
 
     turn_start: int = 0
     call_index: int = 0
-    """The call this turn answers (its reply echoes it)."""
+    """The call this turn answers (its reply echoes it); 0 on an instance the episode
+    moved to between the call and its reply (the endpoint then takes the reply as the
+    answer to the call it waits for)."""
     reply: ep.EpisodeReply | None = None
     max_tokens: int = 0
     pending: _Pending | None = None
@@ -252,7 +254,8 @@ class ExternalAgent(ChatAgent):
 
     def _take_back(self, traj: t.Trajectory, state: _Turn, call: ep.EpisodeCall) -> None:
         """Remove the last sampled turn (its client went away before reading it)."""
-        if state.reply is None or call.call_index != state.reply.call_index:
+        known = state.reply is not None and state.reply.call_index != 0
+        if state.reply is None or (known and call.call_index != state.reply.call_index):
             return
         for name in ("token_ids", "loss_mask", "logprobs", "token_versions"):
             del getattr(traj, name)[state.turn_start:]

@@ -27,7 +27,7 @@ import uvicorn
 from libra import types as t
 from libra.chat.protocol import ChatFormat
 from libra.chat.toolcalls import get_parser
-from libra.clock import SystemClock
+from libra.clock import FakeClock, SystemClock
 from libra.jobspec import JobSpec, ModelSpec, TaskSpec, ToolSchema, ToolsSpec
 from libra.models.hf import load_tokenizer
 from libra.redis_server import free_port
@@ -37,10 +37,15 @@ from services.coordinator.episode_store import RedisEpisodeStore
 from services.coordinator.rest import build_app
 from services.coordinator.store import RedisCoordinatorStore
 from services.rollout.backend import HfTokenizer
+from services.rollout.core import RolloutCore, RolloutSettings
 from services.rollout.episode_channel import RedisEpisodeChannel
-from tests.fakes.engine import HoldUntil
+from services.rollout.store import RedisRolloutStore
+from tests.fakes.coordinator import FakeCoordinator
+from tests.fakes.engine import BlockUntilAbort, FakeEngine, FakeEngineLoader, HoldUntil
 from tests.fakes.runner import FakeRunner
-from tests.unit.rollout.rig import JOB, Rig, make_task, started_rig
+from tests.fakes.scheduler import FakeScheduler
+from tests.fakes.toolgateway import FakeToolGateway
+from tests.unit.rollout.rig import JOB, THERE, Rig, make_task, started_rig
 from tests.waiting import wait_until
 
 MAX_CONTEXT_TOKENS = 400
@@ -328,3 +333,53 @@ async def test_a_second_call_while_one_is_in_flight_is_a_conflict(stack: Stack) 
         await client.chat.completions.create(model=stack.model, messages=user)
     release.set()
     assert (await first).choices[0].message.content == "first"
+
+
+async def test_an_episode_moved_between_buckets_goes_on_on_the_target_instance(
+        stack: Stack, tmp_path: Path) -> None:
+    """The scheduler moves the episode at its first "tool return" (the program's first
+    call): the target instance samples the reply and takes the next call. Whether the
+    move lands before this instance's engine call or during it (its row is then stopped
+    at once, with no token), the turn is sampled there."""
+    r = stack.rig.world.r  # the rig's Redis client (bytes)
+    there_engine = FakeEngine(stack.tokenizer)
+    there_engine.queue(call_text("6*7"), "It is 42.<|im_end|>")
+    there = RolloutCore(
+        RolloutSettings(instance_id=THERE, bucket="long", lease_ttl_ms=60_000,
+                        tool_deadline_s=5.0, idle_block_ms=5),
+        RedisRolloutStore(r), FakeEngineLoader(there_engine), FakeToolGateway(),
+        FakeScheduler(), FakeCoordinator(redis=r), FakeClock(),
+        episodes=RedisEpisodeChannel(r, SystemClock()))
+    await there.register()
+    there_loop = asyncio.create_task(there.run())
+    try:
+        stack.rig.scheduler.move_to(THERE)
+        stack.rig.engine.queue(BlockUntilAbort("", keep=0))
+        await stack.rig.place(make_task(0))
+        stack.rig.start()
+        episode = await stack.open()
+        client = stack.client(episode)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "6*7?"}]
+        first = await client.chat.completions.create(model=stack.model, messages=messages,
+                                                     tools=TOOLS)
+        call = first.choices[0].message.tool_calls[0]
+        messages += [assistant_dict(first.choices[0].message),
+                     {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+        second = await client.chat.completions.create(model=stack.model, messages=messages,
+                                                      tools=TOOLS)
+        assert second.choices[0].message.content == "It is 42."
+        await stack.http.post(
+            f"{stack.base_url}/v1/episodes/{episode['episode_id']}/reward",
+            json={"reward": 1.0}, headers={"Authorization": f"Bearer {episode['api_key']}"})
+        (traj,) = await stack.rig.run_until_published(1)
+        assert traj.instance_id == THERE and traj.num_migrations == 1
+        assert traj.reward == 1.0 and traj.check_aligned() is None
+        assert stack.rig.engine.requests == [] or stack.rig.engine.aborted_rows == [0]
+        assert len(there_engine.requests) == 2  # both turns were sampled THERE
+    finally:
+        await there.drain(0.0)
+        there_loop.cancel()
+        pending = [there_loop, *there._tasks]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
