@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import uvicorn
 from libra import types as t
 from libra.chat.protocol import ChatFormat
 from libra.chat.toolcalls import get_parser
+from libra.cli.agent import Driver
 from libra.clock import FakeClock, SystemClock
 from libra.jobspec import JobSpec, ModelSpec, TaskSpec, ToolSchema, ToolsSpec
 from libra.models.hf import load_tokenizer
@@ -108,8 +110,12 @@ async def stack(redis_server, tmp_path: Path, hf_model_dir, request) -> AsyncIte
     async with started_rig(tmp_path, redis=r, spec=spec, tokenizer=tokenizer,
                            episodes=RedisEpisodeChannel(r, SystemClock())) as rig:
         coord_redis = aioredis.from_url(redis_server.url, decode_responses=True)
-        core = CoordinatorCore(RedisCoordinatorStore(coord_redis, SystemClock()), FakeRunner(),
-                               FakeRunner(), SystemClock(), tmp_path / "runs")
+        coord_store = RedisCoordinatorStore(coord_redis, SystemClock())
+        # The job as the coordinator keeps it (GET /v1/jobs/{id}, which the driver reads).
+        await coord_store.put_job(t.Job(t.JobId(JOB), "ext", t.JobState.RUNNING,
+                                        spec.to_json(), 0, 0, run_dir=str(tmp_path)))
+        core = CoordinatorCore(coord_store, FakeRunner(), FakeRunner(), SystemClock(),
+                               tmp_path / "runs")
         endpoint = EpisodeEndpoint(RedisEpisodeStore(coord_redis, SystemClock()), SystemClock())
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(build_app(core, None, endpoint),
@@ -383,3 +389,42 @@ async def test_an_episode_moved_between_buckets_goes_on_on_the_target_instance(
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+AGENT_PROGRAM = '''
+import os, sys, time
+import httpx
+prompt = sys.stdin.read()
+assert prompt == os.environ["LIBRA_PROMPT"]
+if prompt == "hang":
+    time.sleep(600)
+if prompt == "fail":
+    sys.exit(3)
+reply = httpx.post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", timeout=60.0,
+                   headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
+                   json={"model": os.environ["LIBRA_MODEL"],
+                         "messages": [{"role": "user", "content": prompt}]})
+reply.raise_for_status()
+'''
+
+
+async def test_the_driver_runs_one_copy_per_episode_and_collects_exits_and_timeouts(
+        stack: Stack, tmp_path: Path) -> None:
+    """`libra agent run`'s driver over the endpoint: a copy per episode with its key and
+    prompt; one answers and exits 0 (the driver closes its episode: scored by the job's
+    reward), one fails (exit 3), one hangs past --timeout-s (killed by pid)."""
+    program = tmp_path / "agent.py"
+    program.write_text(AGENT_PROGRAM)
+    stack.rig.engine.queue("84<|im_end|>")
+    stack.rig.tools.reward = 0.25
+    for index, prompt in enumerate(("ok", "fail", "hang")):
+        await stack.rig.place(make_task(index, prompt=prompt))
+    stack.rig.start()
+    with httpx.Client(timeout=60.0) as http:
+        driver = Driver(http, stack.base_url, JOB, [sys.executable, str(program)],
+                        max_running=3, timeout_s=10.0, max_episodes=3)
+        summary = await asyncio.to_thread(driver.run)
+    assert (summary.episodes, dict(summary.exit_codes), summary.timed_out,
+            summary.closed_by_driver) == (3, {0: 1, 3: 1}, 1, 1)
+    (traj,) = await stack.rig.run_until_published(1)
+    assert traj.prompt_text == "ok" and traj.reward == 0.25
