@@ -222,6 +222,11 @@ class ExternalAgent(ChatAgent):
         if call.kind == ep.CLOSE:
             state.pending = _Pending(close=call)
             return [_result(EPISODE_CLOSE, 0)]
+        if traj.num_turns >= spec.task.max_turns:
+            await self._refuse(traj, call, ep.INVALID_REQUEST, (
+                f"the episode used its task.max_turns = {spec.task.max_turns} turns: close "
+                "it (POST /v1/episodes/{id}/reward)"))
+            return None
         try:
             pending, messages = self._render(traj, call)
         except ValueError as exc:

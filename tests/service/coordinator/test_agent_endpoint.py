@@ -428,3 +428,18 @@ async def test_the_driver_runs_one_copy_per_episode_and_collects_exits_and_timeo
             summary.closed_by_driver) == (3, {0: 1, 3: 1}, 1, 1)
     (traj,) = await stack.rig.run_until_published(1)
     assert traj.prompt_text == "ok" and traj.reward == 0.25
+
+
+async def test_a_call_past_max_turns_is_refused_naming_the_limit(stack: Stack) -> None:
+    stack.rig.engine.queue(*[f"turn {i}<|im_end|>" for i in range(4)])  # max_turns = 4
+    await stack.rig.place(make_task(0))
+    stack.rig.start()
+    episode = await stack.open()
+    client = stack.client(episode)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go on"}]
+    for _ in range(4):
+        reply = await client.chat.completions.create(model=stack.model, messages=messages)
+        messages += [assistant_dict(reply.choices[0].message),
+                     {"role": "user", "content": "go on"}]
+    with pytest.raises(openai.BadRequestError, match="task.max_turns = 4"):
+        await client.chat.completions.create(model=stack.model, messages=messages)
