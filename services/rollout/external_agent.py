@@ -101,6 +101,9 @@ class _Turn:
     reply: ep.EpisodeReply | None = None
     max_tokens: int = 0
     pending: _Pending | None = None
+    call_start: tuple[int, int] | None = None
+    """Tokens and tool states before the last call's new messages were appended: an
+    aborted call takes them back too (the program sends them again)."""
 
 
 class ExternalAgent(ChatAgent):
@@ -170,10 +173,12 @@ class ExternalAgent(ChatAgent):
             self._close(traj, pending.close)
             return
         if pending.is_whole:  # the first call, a rewritten history, a retried first call
+            self._turn(traj).call_start = None
             self._start_with(traj, pending.ids)
             traj.tool_states.clear()
             traj.tool_return_positions.clear()
             return
+        self._turn(traj).call_start = (len(traj.token_ids), len(traj.tool_states))
         append_context(traj, pending.ids)
         for item in results:
             traj.tool_states.append(item.result.state)
@@ -258,12 +263,17 @@ class ExternalAgent(ChatAgent):
         return _Pending(ids=chat.tool_turn_ids(messages, turn_closed=closed)), messages
 
     def _take_back(self, traj: t.Trajectory, state: _Turn, call: ep.EpisodeCall) -> None:
-        """Remove the last sampled turn (its client went away before reading it)."""
+        """Remove the last call's messages and its sampled turn (its client went away
+        before reading the reply; the program sends the call again or another one)."""
         known = state.reply is not None and state.reply.call_index != 0
         if state.reply is None or (known and call.call_index != state.reply.call_index):
             return
+        cut, num_states = state.call_start or (state.turn_start, len(traj.tool_states))
         for name in ("token_ids", "loss_mask", "logprobs", "token_versions"):
-            del getattr(traj, name)[state.turn_start:]
+            del getattr(traj, name)[cut:]
+        del traj.tool_states[num_states:]
+        del traj.tool_return_positions[num_states:]
+        state.call_start = None
         traj.num_turns -= 1
         state.reply = None
         logger.info("[episode] call aborted by its client; turn discarded episode_id=%s",

@@ -319,9 +319,16 @@ async def test_a_client_gone_mid_call_aborts_it_and_its_turn_never_reaches_train
                           json={"reward": 1.0},
                           headers={"Authorization": f"Bearer {episode['api_key']}"})
     (traj,) = await stack.rig.run_until_published(1)
-    assert "LEAKED" not in stack.tokenizer.decode(traj.token_ids)
-    assert stack.tokenizer.decode(traj.token_ids).endswith("It is 25.<|im_end|>")
+    # As if the aborted call never happened: its turn and its messages (sent again by
+    # the retry) are each in the trajectory once, or not at all.
+    chat, tok = stack.chat(), stack.tokenizer
+    prompt = chat.prompt_ids(messages[:1])
+    tool_turn = chat.tool_turn_ids([{"role": "tool", "name": "calculator", "content": "25"}],
+                                   turn_closed=True)
+    assert traj.token_ids == (prompt + tok.encode(call_text("5*5")) + tool_turn
+                              + tok.encode("It is 25.<|im_end|>"))
     assert traj.check_aligned() is None and traj.num_turns == 2
+    assert [s.tool_type for s in traj.tool_states] == ["calculator"]
 
 
 async def test_a_second_call_while_one_is_in_flight_is_a_conflict(stack: Stack) -> None:
