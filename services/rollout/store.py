@@ -232,7 +232,7 @@ class RedisRolloutStore(JobRecordReader):
 
 def produced_counter(traj: t.Trajectory) -> str:
     """The counter a published trajectory bumps: eval trajectories have their own, so
-    the training accounting identity (libra/report.py) never sees them."""
+    the training accounting identity (libra_cli/report.py) never sees them."""
     failed = traj.status is t.TrajectoryStatus.FAILED
     if traj.is_eval:
         return EVAL_FAILED if failed else EVAL_PRODUCED

@@ -55,6 +55,8 @@ from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.evaluation import eval_rows, eval_steps
 from libra.jobspec import job_spec_from_json
 from libra.limits import check_id
+from scheduling.policy.errors import UnknownTrajectory
+from scheduling.policy.registry import make_policy
 from services.scheduler.admission import Admission
 from services.scheduler.job_run import (
     JobRun,
@@ -64,8 +66,6 @@ from services.scheduler.job_run import (
     build_policy_config,
 )
 from services.scheduler.placement import assign, check_idle
-from services.scheduler.policy.errors import UnknownTrajectory
-from services.scheduler.policy.registry import make_policy
 from services.scheduler.requeue import ORPHAN_SCAN_S, Requeuer
 from services.scheduler.state import FinishRecord, LeaseSnapshot, TickWrites
 

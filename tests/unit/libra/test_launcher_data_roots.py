@@ -1,5 +1,5 @@
 """The launcher gives the coordinator and the tool gateway the same data roots, each as
-loaded by the service's own config loader (``libra.launcher._plan``)."""
+loaded by the service's own config loader (``libra_cli.launcher._plan``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from libra.config import load_config
 from libra.data_roots import DEFAULT_DATA_ROOTS
-from libra.launcher import ROOT, _plan
+from libra_cli.launcher import ROOT, _plan
 from services.coordinator.config import CoordinatorConfig
 from services.toolgateway.config import ToolGatewayConfig
 

@@ -1,4 +1,4 @@
-"""``libra.redis_server``: a real embedded redis-server (started here, stopped by pid)."""
+"""``libra_cli.redis_server``: a real embedded redis-server (started here, stopped by pid)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from libra.redis_server import EmbeddedRedis, pid_alive, start_redis
+from libra_cli.redis_server import EmbeddedRedis, pid_alive, start_redis
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ lost trajectory shows (``unaccounted``) instead of being absorbed by a differenc
 from __future__ import annotations
 
 from libra import types as t
-from libra.report import build_report
+from libra_cli.report import build_report
 
 COUNTED = {"produced": 10, "failed": 2, "trained": 6, "dropped_stale": 2, "dropped_failed": 1}
 

@@ -8,7 +8,7 @@ import pytest
 
 from libra import types as t
 from libra.errors import InvalidArgument
-from libra.report import SCHEMA_VERSION, build_report
+from libra_cli.report import SCHEMA_VERSION, build_report
 
 
 def make_job() -> t.Job:
