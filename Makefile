@@ -41,8 +41,9 @@ protos: $(STAMP)  ## regenerate libra/proto from protos/
 protos-check: $(STAMP)  ## fail when libra/proto drifted from protos/
 	$(PY) scripts/gen_protos.py --check
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check libra services tests scripts
+lint: $(STAMP)  ## ruff, and the import contracts in pyproject.toml (layers, independent services, pure cores)
+	$(VENV)/bin/ruff check libra libra_cli scheduling services sim tests scripts
+	$(VENV)/bin/lint-imports --no-cache
 
 up: $(STAMP)  ## start Redis + the five services in the background (bare metal)
 	$(VENV)/bin/libra up

@@ -63,9 +63,8 @@ from services.rollout.tool_calls import ToolCaller
 from services.rollout.weight_loader import WeightLoader
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from libra.clients.coordinator import CoordinatorApi
-    from libra.clients.toolgateway import ToolGatewayApi
-    from services.rollout.store import InboxEntry, RolloutStore
+    from libra.clients.api import CoordinatorApi, ToolGatewayApi
+    from services.rollout.store_protocol import InboxEntry, RolloutStore
 
 logger = logging.getLogger(__name__)
 

@@ -56,8 +56,8 @@ from services.trainer.publishing import WeightPublisher
 from services.trainer.reports import CoordinatorReporter
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from libra.clients.coordinator import CoordinatorApi
-    from services.trainer.store import TrainerStore
+    from libra.clients.api import CoordinatorApi
+    from services.trainer.store_protocol import TrainerStore
 
 logger = logging.getLogger(__name__)
 
