@@ -152,38 +152,50 @@ class InMemoryPolicyStore:
         return json.loads(json.dumps(value)) if self._copy_values and value is not None else value
 
     def get_trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
+        """The trajectory's state, or None once deleted (a copy with ``copy_values``)."""
         return self._copy(self._trajectories.get(trajectory_id))
 
     def put_trajectory(self, trajectory_id: str, state: dict[str, Any]) -> None:
+        """Replace the trajectory's state (Redis: one hash or JSON string per id)."""
         self._trajectories[trajectory_id] = self._copy(state)
 
     def delete_trajectory(self, trajectory_id: str) -> None:
+        """Drop the trajectory's state when it finishes; absent is no error."""
         self._trajectories.pop(trajectory_id, None)
 
     def get_record(self, namespace: str, key: str) -> dict[str, Any] | None:
+        """One record of a policy namespace (e.g. LA-MLFQ's history), or None."""
         return self._copy(self._records[namespace].get(key))
 
     def put_record(self, namespace: str, key: str, value: dict[str, Any]) -> None:
+        """Replace one record of a policy namespace."""
         self._records[namespace][key] = self._copy(value)
 
     def delete_record(self, namespace: str, key: str) -> None:
+        """Drop one record of a policy namespace; absent is no error."""
         self._records[namespace].pop(key, None)
 
     def list_records(self, namespace: str) -> dict[str, dict[str, Any]]:
+        """Every record of a namespace, by key (Redis: one HGETALL)."""
         return self._copy(dict(self._records[namespace]))
 
     def append_recent(self, record: dict[str, Any], max_len: int) -> None:
+        """Add a finished trajectory to the ring the prefix tree is rebuilt from, keeping
+        the newest ``max_len``."""
         self._recent.append(self._copy(record))
         while len(self._recent) > max_len:
             self._recent.popleft()
 
     def recent(self) -> list[dict[str, Any]]:
+        """The ring, oldest first."""
         return self._copy(list(self._recent))
 
     def load_tree(self) -> dict[str, Any] | None:
+        """The saved prefix-tree snapshot, or None before the first save."""
         return self._copy(self._tree)
 
     def save_tree(self, snapshot: dict[str, Any]) -> None:
+        """Replace the prefix-tree snapshot."""
         self._tree = self._copy(snapshot)
 
     @property

@@ -146,6 +146,8 @@ class SchedulerCore:
         )
 
     async def stop_job(self, job_id: str) -> None:
+        """Forget the job here (cancel, failure or end); the store keeps its state for a
+        resume."""
         if self._jobs.pop(job_id, None) is not None:
             logger.info("[job] stopped scheduling job_id=%s", job_id)
 
@@ -171,6 +173,8 @@ class SchedulerCore:
             await asyncio.sleep(self._tick_s)
 
     async def drain(self, _grace_s: float) -> None:
+        """Stop the loop after the current pass (SIGTERM); the state is in the store, so
+        a restarted scheduler picks the jobs up."""
         self._stopping = True
 
     async def _tick(self, run: JobRun) -> None:
@@ -338,6 +342,8 @@ class SchedulerCore:
             pass  # placed by a previous scheduler process whose policy state was lost
 
     async def stats(self, job_id: str) -> dict[str, Any]:
+        """The job's placement figures for ``libra status``: policy, pending work,
+        decisions, migrations."""
         run = self._run(job_id)
         return {
             "policy": run.spec.layout.policy,
