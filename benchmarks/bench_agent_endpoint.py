@@ -52,7 +52,7 @@ from libra.jobspec import (  # noqa: E402
     ToolSchema,
     ToolsSpec,
 )
-from libra.redis_server import free_port, start_redis  # noqa: E402
+from libra_cli.redis_server import free_port, start_redis  # noqa: E402
 from services.rollout.engine_types import GenerationRequest, GenerationResult  # noqa: E402
 
 JOB = "job-bench"

@@ -17,9 +17,9 @@ from transformers import AutoTokenizer
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.cli import stack
-from libra.cli.main import load_spec
 from libra.wire.common import decode_trajectory
+from libra_cli import stack
+from libra_cli.main import load_spec
 from tests.fixtures.hf_models import make_model_dir
 from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
 
@@ -49,7 +49,7 @@ async def test_a_job_trains_on_episodes_of_an_openai_agent_program(
     client = stack.coordinator_client(running_stack)
     job = await client.create_job(json.dumps(data), "json")
     driver = subprocess.Popen(
-        [sys.executable, "-m", "libra.cli.main", "--run-root", running_stack["run_root"],
+        [sys.executable, "-m", "libra_cli.main", "--run-root", running_stack["run_root"],
          "agent", "run", "--job", job.job_id, "--command",
          f"{sys.executable} examples/agents/calc_agent.py", "-n", "4", "--timeout-s", "120",
          "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

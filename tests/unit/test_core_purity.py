@@ -17,8 +17,8 @@ HEAVY = ("grpc", "redis", "torch", "transformers", "vllm", "libra.proto", "datas
 
 @pytest.mark.parametrize("module", [
     "services.coordinator.core", "services.scheduler.core", "services.rollout.core",
-    "services.trainer.core", "services.toolgateway.core", "services.scheduler.policy",
-    "services.coordinator.planner", "sim",
+    "services.trainer.core", "services.toolgateway.core", "scheduling.policy",
+    "scheduling.planner", "sim",
     # The agent endpoint's pure parts (docs/agent-endpoint.md).
     "services.coordinator.episode_core", "services.coordinator.episode_endpoint",
     "services.rollout.external_agent",

@@ -28,11 +28,11 @@ import uvicorn
 from libra import types as t
 from libra.chat.protocol import ChatFormat
 from libra.chat.toolcalls import get_parser
-from libra.cli.agent import Driver
 from libra.clock import FakeClock, SystemClock
 from libra.jobspec import JobSpec, ModelSpec, TaskSpec, ToolSchema, ToolsSpec
 from libra.models.hf import load_tokenizer
-from libra.redis_server import free_port
+from libra_cli.agent import Driver
+from libra_cli.redis_server import free_port
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.episode_endpoint import EpisodeEndpoint
 from services.coordinator.episode_store import RedisEpisodeStore
