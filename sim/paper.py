@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from sim.generators import SHAPES, GeneratorConfig, generate
-from sim.presets import cluster
+from sim.presets import ClusterSpec, cluster
 from sim.run import run
 from sim.sweep import best_static
 from sim.systems import (
@@ -79,12 +79,14 @@ def run_paper(
     *,
     oracle: bool = False,
     held_out: bool = False,
+    cluster_spec: ClusterSpec | None = None,
 ) -> dict[str, Any]:
     """Run the grid; return per-cell results and mean/spread summaries.
 
     Static peers run at the reference's split (32 of 48 GPUs training, scaled by node
     count); with ``oracle`` also at their own best split and layout (``sim.sweep``, tuned
     on ``TUNING_SEEDS``). ``held_out`` runs seeds ``HELD_OUT_FIRST_SEED`` onwards.
+    ``cluster_spec`` replaces the scale's preset (the sensitivity table perturbs it).
     """
     if gpus not in SCALES:
         raise ValueError(f"--gpus must be one of {sorted(SCALES)}, got {gpus}")
@@ -93,7 +95,7 @@ def run_paper(
     for name in systems:
         system(name)  # unknown names fail before any run
     scale = SCALES[gpus]
-    spec = cluster(scale["cluster"])
+    spec = cluster_spec or cluster(scale["cluster"])
     first_seed = HELD_OUT_FIRST_SEED if held_out else 0
     seed_list = list(range(first_seed, first_seed + seeds))
     started = time.perf_counter()
