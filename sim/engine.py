@@ -98,6 +98,7 @@ class Simulator:
         system: Which policy, layout, RL mode and planner to use.
         initial_plan: Split and layout at time 0.
         planner: Planner (only for systems with online replanning / elastic pool).
+        twin: The planner's twin (``sim.twin.TwinRefiner``), fed each finished step.
     """
 
     def __init__(
@@ -107,8 +108,10 @@ class Simulator:
         system: SystemConfig,
         initial_plan: Plan,
         planner: GlobalResourcePlanner | None = None,
+        twin: Any = None,
     ) -> None:
         self.cluster, self.system, self.planner = cluster, system, planner
+        self.twin = twin
         self.hw, self.model = cluster.hardware, cluster.model
         self.clock = SimClock()
         self.layout = BucketLayout(system.buckets(self.hw, self.model))
@@ -405,6 +408,8 @@ class Simulator:
 
     def _run_planner(self, step: int, now: float) -> None:
         log = self.train_log[-1]
+        if self.twin is not None:
+            self.twin.observe_step([t.rec for t in self.by_step[step]])
         reqs = tuple(
             RequestStats(t.rec.prompt_tokens, t.rec.post_prompt_tokens, t.rec.tool_s)
             for t in self.by_step[step]

@@ -17,6 +17,7 @@ comparison; the policy stays available to jobs (``policy: toolcount``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -75,6 +76,9 @@ class SystemConfig:
     planner's preflight for one that replans."""
     split_label: str = ""
     """Where a static split came from (``reference``, ``oracle``), for reports."""
+    planner_twin: bool = False
+    """Score the planner's top candidates with the twin simulation (``sim/twin.py``)
+    instead of the greedy closed form."""
 
     def with_split(self, train_gpus: int, pattern: tuple[int, ...], label: str) -> SystemConfig:
         """This system at a fixed split and one node pattern (static systems only)."""
@@ -115,6 +119,11 @@ _LIBRA_PLANNER = PlannerConfig(
     min_history_size=20,
     transition_cost_s=30.0,
     cooldown_steps=1,
+    # The twin scores what it simulates; a ratio fitted to the closed form would
+    # distort it. The twin costs ~0.1-1 s per plan, so libra replans on the interval
+    # and on pressure, not on the rollout/train ratio that fires almost every step.
+    calibrate=False,
+    rollout_train_ratio_threshold=math.inf,
 )
 _STATIC_PLANNER = PlannerConfig(enable_online=False, enable_elastic=False)
 
@@ -155,6 +164,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         enable_replan=True,
         enable_elastic=True,
         planner_config=_LIBRA_PLANNER,
+        planner_twin=True,
     ),
 }
 SYSTEM_NAMES = tuple(SYSTEMS)

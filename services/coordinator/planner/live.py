@@ -48,9 +48,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from libra.jobspec import ElasticSpec
+from libra.jobspec import AlgorithmSpec, ElasticSpec
 from services.coordinator.planner.costmodel import RequestStats, TrainParallelism
-from services.coordinator.planner.plan import ClusterShape, Plan, PlanError
+from services.coordinator.planner.plan import ClusterShape, Plan, PlanError, pipeline_depth
 from services.coordinator.planner.planner import (
     ElasticSignal,
     GlobalResourcePlanner,
@@ -104,6 +104,9 @@ class LiveConfig:
     """Steps a move must stand before the next one (forced releases excepted): a lent or
     returned worker changes the very ratio the signal reads, so without it the pool
     swings back and forth every step."""
+    max_staleness: int = 1
+    """The job's ``algorithm.max_staleness``; the planner's pipeline depth is
+    ``pipeline_depth(max_staleness)``, the function the simulator uses too."""
 
     def __post_init__(self) -> None:
         if not 0 < self.ema_alpha <= 1:
@@ -131,6 +134,7 @@ class LiveConfig:
             elastic_ttl_steps=self.ttl_steps,
             calibrate=False,
             core_replan=False,
+            pipeline_depth=pipeline_depth(self.max_staleness),
         )
 
 
@@ -480,7 +484,7 @@ def _signal_dict(signal: ElasticSignal | None) -> dict[str, Any] | None:
 FORCED_REASONS = frozenset({"no_capacity", "rollout_pressure", "expired"})
 
 
-def live_planner(spec: ElasticSpec) -> LivePlanner:
+def live_planner(spec: ElasticSpec, max_staleness: int | None = None) -> LivePlanner:
     """The planner for a job's ``[elastic]`` section (``ElasticWiring.planner_factory``).
 
     Same-named knobs carry over; ``pressure_threshold`` -> ``pressure_cap`` and
@@ -489,7 +493,9 @@ def live_planner(spec: ElasticSpec) -> LivePlanner:
     ``join_timeout_s``, ``gradient_deadline_s`` and ``lockstep_check_interval`` belong to
     the executor and the trainer. The services' trainer holds no lease, so it is counted
     as the one core-training worker (``min_core_training=1``; elastic jobs train on one
-    rank). Raises ``ValueError`` naming a knob the core refuses.
+    rank). ``max_staleness`` is the job's ``algorithm.max_staleness`` (default: the spec
+    default; the coordinator's factory passes the elastic section only, see
+    docs/planner.md). Raises ``ValueError`` naming a knob the core refuses.
     """
     config = LiveConfig(
         reserve_workers=spec.reserve_workers,
@@ -505,5 +511,6 @@ def live_planner(spec: ElasticSpec) -> LivePlanner:
         min_core_training=1,
         min_dwell_steps=spec.min_dwell_steps,
         force_hybrids=spec.force_hybrids,
+        max_staleness=AlgorithmSpec().max_staleness if max_staleness is None else max_staleness,
     )
     return LivePlanner(config)

@@ -137,7 +137,7 @@ def test_systems_differ_only_in_configuration() -> None:
 
 def test_events_are_processed_in_time_order() -> None:
     tr = _trace(steps=2)
-    plan, planner, _ = initial_plan(CLUSTER, tr, system("async-lb"))
+    plan, planner, _, _ = initial_plan(CLUSTER, tr, system("async-lb"))
     sim = Simulator(CLUSTER, tr, system("async-lb"), plan, planner)
     seen: list[float] = []
     original = sim._on_tool
