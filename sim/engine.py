@@ -140,6 +140,7 @@ class Simulator:
         self.released_steps = 0
         self.step_done_count: Counter[int] = Counter()
         self.step_complete_s: dict[int, float] = {}
+        self.step_released_s: dict[int, float] = {}
         self.trainer_busy = False
         self.train_busy_gpu_s = 0.0
         self.train_log: list[dict[str, Any]] = []
@@ -217,6 +218,7 @@ class Simulator:
 
     def _release_step(self, step_index: int, now: float) -> None:
         step = self.steps[step_index]
+        self.step_released_s[step] = now
         for t in self.by_step[step]:
             t.released_s = now
             self._queue(t)
@@ -434,6 +436,7 @@ class Simulator:
             hybrid_joining=len(self.hybrid_nodes) - len(self.hybrid_active),
             requests=reqs,
             requests_per_step=len(reqs),
+            rollout_span_s=self.step_complete_s[step] - self.step_released_s[step],
         )
         self.planner.observe(metrics)
         event = self.planner.decide(self.version)

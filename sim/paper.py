@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.generators import SHAPES, GeneratorConfig, generate
+from sim.generators import DRIFT_VARIANTS, SHAPES, generate, workload_config
 from sim.presets import ClusterSpec, cluster
 from sim.run import run
 from sim.sweep import best_static
@@ -38,9 +38,10 @@ ORACLE_SUFFIX = "@oracle"
 
 
 def _trace(scale: dict[str, Any], shape: str, seed: int) -> list[Any]:
+    """A workload's trace: a shape or a drift variant (``workload_config``)."""
     return generate(
-        GeneratorConfig(
-            shape=shape,
+        workload_config(
+            shape,
             num_steps=scale["num_steps"],
             prompts_per_step=scale["prompts_per_step"],
             seed=seed,
@@ -74,7 +75,7 @@ def _arms(
 def run_paper(
     gpus: int = 48,
     seeds: int = 3,
-    shapes: tuple[str, ...] = SHAPES,
+    shapes: tuple[str, ...] | None = None,
     systems: tuple[str, ...] = SYSTEM_NAMES,
     *,
     oracle: bool = False,
@@ -87,6 +88,7 @@ def run_paper(
     count); with ``oracle`` also at their own best split and layout (``sim.sweep``, tuned
     on ``TUNING_SEEDS``). ``held_out`` runs seeds ``HELD_OUT_FIRST_SEED`` onwards.
     ``cluster_spec`` replaces the scale's preset (the sensitivity table perturbs it).
+    ``shapes`` defaults to the three shapes, plus the drift variants when ``held_out``.
     """
     if gpus not in SCALES:
         raise ValueError(f"--gpus must be one of {sorted(SCALES)}, got {gpus}")
@@ -94,6 +96,10 @@ def run_paper(
         raise ValueError(f"--seeds must be positive, got {seeds}")
     for name in systems:
         system(name)  # unknown names fail before any run
+    if shapes is None:
+        shapes = SHAPES + (tuple(DRIFT_VARIANTS) if held_out else ())
+    for shape in shapes:
+        workload_config(shape)  # unknown workloads fail before any run
     scale = SCALES[gpus]
     spec = cluster_spec or cluster(scale["cluster"])
     first_seed = HELD_OUT_FIRST_SEED if held_out else 0

@@ -124,6 +124,10 @@ _LIBRA_PLANNER = PlannerConfig(
     # and on pressure, not on the rollout/train ratio that fires almost every step.
     calibrate=False,
     rollout_train_ratio_threshold=math.inf,
+    # The pool follows a smoothed rollout-span estimate and holds each change 3 steps
+    # (issue 20: the trigger on inter-completion gaps flapped one node every step).
+    elastic_span_alpha=0.3,
+    elastic_dwell_steps=3,
 )
 _STATIC_PLANNER = PlannerConfig(enable_online=False, enable_elastic=False)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from services.coordinator.planner.calibration import CalibratorConfig, RatioCalibrator
 from services.coordinator.planner.costmodel import RequestStats
+from services.coordinator.planner.elastic_trigger import ElasticSignal, ElasticTrigger
 from services.coordinator.planner.plan import Plan, PlanError
 from services.coordinator.planner.search import PlanSearch, Scored, Workload
 
@@ -52,6 +53,14 @@ class PlannerConfig:
     elastic_release_ratio: float = 0.90
     """Release when train / rollout time falls to this; in between: hold (hysteresis)."""
     elastic_ttl_steps: int = 20
+    elastic_span_alpha: float = 0.0
+    """Weight of the newest step in the smoothed rollout-span estimate (EMA of each
+    step's release-to-completion span over the pipeline depth), which the borrow and
+    release ratios read when the caller reports ``rollout_span_s``; 0: no smoothing
+    (the step's own ``rollout_s``)."""
+    elastic_dwell_steps: int = 0
+    """Steps a change of the pool size must stand before the next (forced releases
+    excepted); 0: none."""
     pipeline_depth: int = 1
     """Rollout steps in flight at once (async jobs: staleness bound + 1)."""
     calibrator: CalibratorConfig = field(default_factory=CalibratorConfig)
@@ -78,9 +87,12 @@ class PlannerConfig:
         for name in (
             "cooldown_steps", "warmup_steps", "min_history_size", "elastic_ttl_steps",
             "elastic_reserve_gpus", "transition_cost_s", "min_gain_ratio",
+            "elastic_dwell_steps",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.elastic_span_alpha <= 1.0:
+            raise ValueError(f"elastic_span_alpha must be in [0, 1], got {self.elastic_span_alpha}")
         if self.pipeline_depth < 1:
             raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
 
@@ -100,22 +112,12 @@ class StepMetrics:
     requests: tuple[RequestStats, ...] = ()
     """Trajectories finished this step (appended to the length history)."""
     requests_per_step: int = 0
+    rollout_span_s: float | None = None
+    """Release-to-completion time of this step's rollouts (``None``: not measured); the
+    elastic trigger smooths it (``elastic_span_alpha``)."""
     elastic_capacity_replicas: int | None = None
     """Replicas the deployment can lend at most, reserve already deducted (``live``: the
     hybrid-capable workers); ``None``: ``(plan rollout devices - reserve) // replica``."""
-
-
-@dataclass(frozen=True, slots=True)
-class ElasticSignal:
-    """Desired number of hybrid replicas lent to training, valid until ``expires_step``."""
-
-    step: int
-    action: str
-    """``join``, ``release`` or ``hold``."""
-    desired_replicas: int
-    current_replicas: int
-    reason: str
-    expires_step: int
 
 
 @dataclass(slots=True)
@@ -170,7 +172,7 @@ class GlobalResourcePlanner:
         self._last_applied_step: int | None = None
         self._last_rejected = 0
         self._requests_per_step = 1
-        self._signal: ElasticSignal | None = None
+        self._trigger_pool = ElasticTrigger(config)
         self._work: Workload | None = None
 
     @property
@@ -218,6 +220,7 @@ class GlobalResourcePlanner:
     def observe(self, metrics: StepMetrics) -> None:
         """Fold one step's measurements in: history, calibration, pressure counters."""
         self.add_history(metrics.requests)
+        self._trigger_pool.observe(metrics)
         if metrics.requests_per_step:
             self._requests_per_step = metrics.requests_per_step
         if self._config.calibrate and self.current is not None and len(self._history) >= 1:
@@ -243,7 +246,7 @@ class GlobalResourcePlanner:
 
     def signal_at(self, step: int) -> ElasticSignal | None:
         """The signal in force at ``step``; past its TTL, a release of everything."""
-        sig = self._signal
+        sig = self._trigger_pool.signal
         if sig is None or step <= sig.expires_step:
             return sig
         return ElasticSignal(step, "release", 0, sig.desired_replicas, "ttl_expired", step)
@@ -356,42 +359,9 @@ class GlobalResourcePlanner:
     # Elastic hybrid pool.
 
     def _elastic(self, step: int, event: PlanEvent) -> ElasticSignal | None:
-        cfg, m, plan = self._config, self._last, self.current
-        if not cfg.enable_elastic or plan is None or m is None:
+        if self.current is None or self._last is None:
             return None
-        current = m.hybrid_active + m.hybrid_joining
-        desired, reason = self._desired_replicas(event, current)
-        action = "join" if desired > current else "release" if desired < current else "hold"
-        self._signal = ElasticSignal(
-            step, action, desired, current, reason, step + cfg.elastic_ttl_steps
-        )
-        return self._signal
-
-    def _desired_replicas(self, event: PlanEvent, current: int) -> tuple[int, str]:
-        """Digest 5.5, in order: capacity, rollout pressure, candidate, borrow, release, hold."""
-        cfg, m, plan = self._config, self._last, self.current
-        assert m is not None and plan is not None
-        replica = plan.train.tp * plan.train.pp
-        capacity = max(0, (plan.rollout_gpus - cfg.elastic_reserve_gpus) // replica)
-        if m.elastic_capacity_replicas is not None:
-            capacity = max(0, m.elastic_capacity_replicas)
-        ratio = m.train_s / m.rollout_s if m.rollout_s > 0 else math.inf
-        extra = 0
-        if event.candidate:
-            extra = (event.candidate["train_gpus"] - plan.train_gpus) // replica
-        if capacity == 0:
-            return 0, "no_capacity"
-        if max(m.queue_pressure, m.active_pressure) >= cfg.elastic_pressure_threshold:
-            return 0, "rollout_pressure"
-        if cfg.core_replan and extra > 0 and not event.applied:
-            return min(capacity, extra), "candidate_wants_training"
-        if not cfg.core_replan and event.applied:
-            return max(0, min(capacity, current + extra)), "approved_plan"
-        if ratio >= cfg.elastic_borrow_ratio:
-            return capacity, "borrow"
-        if ratio <= cfg.elastic_release_ratio:
-            return 0, "release"
-        return current, "hold"
+        return self._trigger_pool.decide(step, event, self.current, self._last)
 
     def _inputs(self) -> dict[str, Any]:
         m = self._last
