@@ -9,6 +9,7 @@ sees more than one trajectory), 20 steps. ``--gpus 1000``: 125 nodes of H100,
 from __future__ import annotations
 
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ def run_paper(
     oracle: bool = False,
     held_out: bool = False,
     cluster_spec: ClusterSpec | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Run the grid; return per-cell results and mean/spread summaries.
 
@@ -89,11 +91,15 @@ def run_paper(
     on ``TUNING_SEEDS``). ``held_out`` runs seeds ``HELD_OUT_FIRST_SEED`` onwards.
     ``cluster_spec`` replaces the scale's preset (the sensitivity table perturbs it).
     ``shapes`` defaults to the three shapes, plus the drift variants when ``held_out``.
+    ``jobs`` > 1 runs the (workload, seed) cells in that many processes (results are
+    the same: every run is deterministic).
     """
     if gpus not in SCALES:
         raise ValueError(f"--gpus must be one of {sorted(SCALES)}, got {gpus}")
     if seeds <= 0:
         raise ValueError(f"--seeds must be positive, got {seeds}")
+    if jobs <= 0:
+        raise ValueError(f"--jobs must be positive, got {jobs}")
     for name in systems:
         system(name)  # unknown names fail before any run
     if shapes is None:
@@ -107,13 +113,14 @@ def run_paper(
     started = time.perf_counter()
     cells: dict[str, dict[str, list[dict[str, Any]]]] = {}
     oracle_choices: dict[str, Any] = {}
+    tasks = []
     for shape in shapes:
         arms, oracle_choices[shape] = _arms(spec, scale, shape, systems, oracle)
         cells[shape] = {n: [] for n in arms}
-        for seed in seed_list:
-            trace = _trace(scale, shape, seed)
-            for name, conf in arms.items():
-                cells[shape][name].append(run(spec, trace, conf))
+        tasks += [(spec, scale, shape, seed, arms) for seed in seed_list]
+    for shape, by_name in _run_cells(tasks, jobs):
+        for name, result in by_name.items():
+            cells[shape][name].append(result)
     return {
         "gpus": gpus,
         "cluster": spec.to_dict(),
@@ -124,6 +131,21 @@ def run_paper(
         "summary": summarise(cells),
         "wall_s": time.perf_counter() - started,
     }
+
+
+def _run_cell(task: tuple) -> tuple[str, dict[str, dict[str, Any]]]:
+    """Every arm on one (workload, seed) trace."""
+    spec, scale, shape, seed, arms = task
+    trace = _trace(scale, shape, seed)
+    return shape, {name: run(spec, trace, conf) for name, conf in arms.items()}
+
+
+def _run_cells(tasks: list[tuple], jobs: int) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """Cells in task order, in ``jobs`` processes (inline for one)."""
+    if jobs == 1 or len(tasks) <= 1:
+        return [_run_cell(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        return list(pool.map(_run_cell, tasks))
 
 
 def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:

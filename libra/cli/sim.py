@@ -70,7 +70,9 @@ def cmd_paper(args: argparse.Namespace) -> int:
     from sim import paper
 
     try:
-        result = paper.run_paper(args.gpus, args.seeds, oracle=args.oracle, held_out=args.held_out)
+        result = paper.run_paper(
+            args.gpus, args.seeds, oracle=args.oracle, held_out=args.held_out, jobs=args.jobs
+        )
     except (ValueError, InvalidArgument) as exc:
         print(f"libra bench paper: {exc}", file=sys.stderr)
         return 2
@@ -183,6 +185,10 @@ def register(sub: Any) -> None:
         action="store_true",
         help="run seeds 10, 11, ... (never used for tuning) instead of 0, 1, ..., and the "
         "drift variants (r2e-drift, search-drift, math-drift) beside the three shapes",
+    )
+    pp.add_argument(
+        "--jobs", type=int, default=2,
+        help="processes running the (workload, seed) cells (default 2; results identical)",
     )
     pp.add_argument("--out-dir", default="runs/bench", help="where the PNG and JSON go")
     pp.add_argument("--json", action="store_true")
