@@ -180,10 +180,15 @@ class RolloutCostModel:
     ) -> float:
         """Closed-form estimate: fluid work split plus the longest request's critical path.
 
-        ``T = max(1 / sum_t(n_t / W_t), min_t latency_t(longest))`` where ``W_t`` is the
-        history's work on one instance of TP ``t``, times ``scale`` (requests per step
-        over history size). ``pipeline_depth`` steps of rollout overlap in an async job
-        (staleness bound + 1), so one step's critical path is spread over that many steps.
+        ``T = max(1 / sum_t(n_t / W_t), L / depth)`` where ``W_t`` is the history's work
+        on one instance of TP ``t``, times ``scale`` (requests per step over history size),
+        and ``L`` the longest request's critical path on the instance it can be expected
+        to run on: the device-weighted mean over the layout, ``sum_t(n_t t L_t) /
+        sum_t(n_t t)``. (It was the fastest instance's; a policy that learns a length from
+        tool returns places the longest request by load first, and the simulator ran
+        such layouts 1.7-3.3x slower than that predicted: issue 20, bench_planner_twin.)
+        ``pipeline_depth`` steps of rollout overlap in an async job (staleness bound + 1),
+        so one step's critical path is spread over that many steps.
         """
         tps = [tp for tp, n in counts_by_tp.items() if n > 0]
         if not self.fits(tps):
@@ -191,14 +196,13 @@ class RolloutCostModel:
         conc = len(self.history) * scale * max(1, pipeline_depth) / sum(counts_by_tp.values())
         key = _concurrency_key(conc)
         fast = self._fast
-        rate = 0.0
-        floor = math.inf
+        rate, path, devices = 0.0, 0.0, 0
         for tp in tps:
             terms = fast.get((tp, key)) or self._fast_terms(tp, conc)
             rate += counts_by_tp[tp] / (terms[0] * scale)
-            if terms[1] < floor:
-                floor = terms[1]
-        return max(1.0 / rate, floor / max(1, pipeline_depth))
+            path += counts_by_tp[tp] * tp * terms[1]
+            devices += counts_by_tp[tp] * tp
+        return max(1.0 / rate, path / devices / max(1, pipeline_depth))
 
     def best_fast_layout(
         self, rows: Sequence[LayoutCounts], scale: float = 1.0, pipeline_depth: int = 1
@@ -218,13 +222,13 @@ class RolloutCostModel:
                 continue
             conc = base / total
             key = _concurrency_key(conc)
-            rate, floor = 0.0, math.inf
+            rate, path, devices = 0.0, 0.0, 0
             for tp, n in items:
                 terms = fast.get((tp, key)) or self._fast_terms(tp, conc)
                 rate += n / (terms[0] * scale)
-                if terms[1] < floor:
-                    floor = terms[1]
-            t = max(1.0 / rate, floor / depth)
+                path += n * tp * terms[1]
+                devices += n * tp
+            t = max(1.0 / rate, path / devices / depth)
             if t < best_t:
                 best_i, best_t = i, t
         return best_i, best_t

@@ -66,8 +66,6 @@ def test_twin_agrees_with_the_simulation_on_the_candidates_it_ranks() -> None:
         predicted = max(cand.train_s, search.rollout_s(model, cand.plan, work, greedy=True))
         simulated = _simulated_step_s(trace, libra, cand.plan)
         assert predicted == pytest.approx(simulated, rel=0.15), cand.plan.to_dict()
-        # The closed form alone is off by half or more on the same plans (why the twin).
-        assert cand.objective_s < 0.7 * simulated
 
 
 def test_search_refines_with_the_twin_and_caches_per_history() -> None:
