@@ -171,6 +171,7 @@ def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
                 "gpu_busy": float(np.mean([r["gpu_busy_fraction"] for r in ok])),
                 "migrations": float(np.mean([r["migrations"] for r in ok])),
                 "planner_moves": float(np.mean([r["planner_moves"] for r in ok])),
+                "plans_applied": float(np.mean([r.get("plans_applied", 0) for r in ok])),
                 "split": _split_label(ok[0]),
             }
         if "libra" in rows and rows["libra"].get("throughput_mean"):
@@ -215,7 +216,8 @@ def table(result: dict[str, Any]) -> str:
         f"split = train:rollout GPUs at start; {ORACLE_SUFFIX} = the peer's own best static "
         f"split and layout (oracle, tuned on seed(s) {list(TUNING_SEEDS)})",
         f"{'workload':8} {'system':19} {'split':>7} {'traj/s':>8} {'spread':>7} {'steady':>7} "
-        f"{'mk/LB':>6} {'mk/chn':>6} {'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5}",
+        f"{'mk/LB':>6} {'mk/chn':>6} {'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5} "
+        f"{'appl':>4}",
     ]
     for shape, rows in result["summary"].items():
         for name, row in rows.items():
@@ -229,7 +231,8 @@ def table(result: dict[str, Any]) -> str:
                 f"{row['throughput_spread']:7.1%} {_fmt(row['steady_mean'])} "
                 f"{row['makespan_over_bound']:6.2f} {row['makespan_over_chain']:6.2f} "
                 f"{row['p99_latency_s']:8.1f} "
-                f"{row['gpu_busy']:5.2f} {row['migrations']:6.0f} {row['planner_moves']:5.1f}"
+                f"{row['gpu_busy']:5.2f} {row['migrations']:6.0f} {row['planner_moves']:5.1f} "
+                f"{row['plans_applied']:4.1f}"
             )
         ratios = rows.get("_ratios")
         if ratios:
