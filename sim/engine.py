@@ -45,7 +45,7 @@ from sim.results import raw_result
 from sim.state import SimClock, TrajState
 from sim.systems import SystemConfig
 from sim.trace import TraceTrajectory
-from sim.trainer import SimTrainer
+from sim.trainer import BatchSource, SimTrainer
 
 WAKE, TOOL, TRAIN_DONE, RETRY, NODE_UP, JOIN_ACTIVE = range(6)
 STATUS = {
@@ -107,9 +107,10 @@ class Simulator:
             colocated=self.system.mode == "sync",
         )
         self.released_steps = 0
-        self.step_done_count: Counter[int] = Counter()
+        self.batches = BatchSource(self.system.consumption, self.by_step)
         self.step_complete_s: dict[int, float] = {}
-        self.step_released_s: dict[int, float] = {}
+        self.consumed: dict[int, list[TrajState]] = {}
+        self.batch_span_s: dict[int, float] = {}
         self.migrations = 0
         self.rejected = 0
         self.idle_while_queued: Counter[str] = Counter()
@@ -166,7 +167,7 @@ class Simulator:
 
     def _release_step(self, step_index: int, now: float) -> None:
         step = self.steps[step_index]
-        self.step_released_s[step] = now
+        self.batches.on_release(step, self.version)
         for t in self.by_step[step]:
             t.released_s = now
             self._queue(t)
@@ -275,10 +276,9 @@ class Simulator:
         t.placed, t.finished_s = False, now
         self.finished += 1
         self.last_done_s = now
-        self.step_done_count[t.rec.step] += 1
-        if self.step_done_count[t.rec.step] == len(self.by_step[t.rec.step]):
+        if self.batches.on_finish(t):
             self.step_complete_s[t.rec.step] = now
-            self._maybe_train(now)
+        self._maybe_train(now)
         self._admit_pending(now)
 
     # RL loop.
@@ -288,9 +288,15 @@ class Simulator:
         if self.trainer.busy or trained >= len(self.steps):
             return
         step = self.steps[trained]
-        if step not in self.step_complete_s:
+        batch = self.batches.take(step, step in self.step_complete_s, trained)
+        if batch is None:
             return
-        tokens = [t.rec.total_tokens for t in self.by_step[step]]
+        self.consumed[step] = batch
+        # Release to completion: the step's own completion under a barrier, the batch
+        # becoming ready when streaming.
+        end = self.step_complete_s[step] if self.system.consumption == "barrier" else now
+        self.batch_span_s[step] = end - min(t.released_s for t in batch)
+        tokens = [t.rec.total_tokens for t in batch]
         train_s = self.trainer.start(step, tokens, self.plan.train, len(self.pool.active), now)
         self._push(now + train_s, TRAIN_DONE, step)
 
@@ -337,12 +343,13 @@ class Simulator:
     # Planner and elastic pool.
 
     def _run_planner(self, step: int, now: float) -> None:
+        batch = [t.rec for t in self.consumed[step]]
         if self.twin is not None:
-            self.twin.observe_step([t.rec for t in self.by_step[step]])
+            self.twin.observe_step(batch)
         metrics = step_metrics(
             version=self.version,
             log=self.trainer.log[-1],
-            trajectories=[t.rec for t in self.by_step[step]],
+            trajectories=batch,
             pinned_caps=(
                 self.layout.get(inst.bucket).max_trajectories_per_instance
                 for inst in self.instances.values()
@@ -353,7 +360,7 @@ class Simulator:
             rejected=self.rejected,
             hybrid_active=len(self.pool.active),
             hybrid_joining=self.pool.joining,
-            span_s=self.step_complete_s[step] - self.step_released_s[step],
+            span_s=self.batch_span_s[step],
         )
         self.planner.observe(metrics)
         event = self.planner.decide(self.version)
@@ -442,6 +449,7 @@ class Simulator:
                 "train_busy_gpu_s": self.trainer.busy_gpu_s,
                 "migrations": self.migrations,
                 "planner_moves": self.planner_moves + self.pool.moves,
+                "consumed_staleness": self.batches.staleness,
                 "rejected": self.rejected,
                 "plan_events": self.plan_events,
                 "policy_stats": self.policy.stats(),

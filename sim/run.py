@@ -143,7 +143,7 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         return {**base, "feasible": False, "reason": str(exc)}
     staleness = 0 if fitted.mode == "sync" else fitted.staleness
     twin_runs = twin.runs if twin is not None else 0
-    bound = lower_bound_s(cluster, trace, staleness)
+    bound = lower_bound_s(cluster, trace, staleness, stream=fitted.consumption == "stream")
     makespan = raw["makespan_s"]
     lat = np.array(raw["latencies_s"])
     tokens = sum(t.total_tokens for t in trace)
@@ -175,5 +175,8 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         "num_plan_events": len(raw["plan_events"]),
         "plans_applied": sum(1 for e in raw["plan_events"] if e["applied"]),
         "twin_runs": twin_runs,
+        "consumption": fitted.consumption,
+        "max_consumed_staleness": max(raw["consumed_staleness"], default=0),
+        "mean_consumed_staleness": float(np.mean(raw["consumed_staleness"] or [0])),
         "sim_wall_s": time.perf_counter() - started,
     }

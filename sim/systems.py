@@ -7,6 +7,11 @@ run at a fixed split (``train_gpus``) and one node pattern: the reference's spli
 default (``sim.run.initial_plan``), or their own best split and layout from
 ``sim.sweep`` (an oracle). Only libra's planner chooses its split.
 
+``stream-lb`` is the AReaL / verl-fully-async-like peer: least-loaded on homogeneous TP2
+instances, streaming consumption (a step trains on the first trajectories to finish,
+the staleness bound gating releases); partial rollout (interrupting generations at a
+weight update and continuing them) is not modelled.
+
 ``toolcount`` is not compared: its priority orders two queues. In the scheduler's
 pending queue (where the service applies it) no trajectory has begun, so every
 priority is 0; in an instance's waiting queue (where the simulator applied it) the
@@ -24,6 +29,7 @@ from typing import Any
 from libra.types import Bucket
 from services.coordinator.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
 from services.scheduler.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
+from sim.trainer import CONSUMPTION_MODES
 
 HOMOGENEOUS = ((2, 2, 2, 2),)
 """8 x TP2 per node: the reference's homogeneous-LB control arm."""
@@ -79,6 +85,19 @@ class SystemConfig:
     planner_twin: bool = False
     """Score the planner's top candidates with the twin simulation (``sim/twin.py``)
     instead of the greedy closed form."""
+    consumption: str = "barrier"
+    """``barrier``: step s trains on step s's trajectories once all finished (the
+    reference, verl, slime); ``stream``: on the first trajectories to finish, whatever
+    their step (AReaL, verl fully-async). See ``sim.trainer.BatchSource``."""
+
+    def __post_init__(self) -> None:
+        if self.consumption not in CONSUMPTION_MODES:
+            raise ValueError(
+                f"system {self.name!r}: consumption must be one of "
+                f"{', '.join(CONSUMPTION_MODES)}, got {self.consumption!r}"
+            )
+        if self.consumption == "stream" and self.mode == "sync":
+            raise ValueError(f"system {self.name!r}: a synchronous loop cannot stream")
 
     def with_split(self, train_gpus: int, pattern: tuple[int, ...], label: str) -> SystemConfig:
         """This system at a fixed split and one node pattern (static systems only)."""
@@ -152,6 +171,13 @@ SYSTEMS: dict[str, SystemConfig] = {
         policy_config=LengthAwareConfig(),
         node_patterns=REFERENCE_HETEROGENEOUS,
         planner_config=_STATIC_PLANNER,
+    ),
+    "stream-lb": SystemConfig(
+        name="stream-lb",
+        policy="least_loaded",
+        node_patterns=HOMOGENEOUS,
+        planner_config=_STATIC_PLANNER,
+        consumption="stream",
     ),
     "la-mlfq": SystemConfig(
         name="la-mlfq",

@@ -61,3 +61,64 @@ class SimTrainer:
         """The step in progress ended: the version advances."""
         self.busy = False
         self.version += 1
+
+
+CONSUMPTION_MODES = ("barrier", "stream")
+
+
+class BatchSource:
+    """Which finished trajectories the next training step consumes (issue 20 item 3).
+
+    ``barrier`` (the reference, verl, slime): step s trains on step s's trajectories
+    once all of them have finished. ``stream`` (AReaL, verl fully-async): a step trains
+    on the first ``len(step s)`` trajectories to finish, whichever step released them;
+    a straggler is consumed by a later step, its staleness (trainer version at
+    consumption minus the version its step was released at) recorded.
+
+    Args:
+        mode: ``barrier`` or ``stream``.
+        by_step: Trajectories of each step (their count is the batch size).
+
+    Raises:
+        ValueError: Unknown mode.
+    """
+
+    def __init__(self, mode: str, by_step: dict[int, list[Any]]) -> None:
+        if mode not in CONSUMPTION_MODES:
+            raise ValueError(
+                f"consumption must be one of {', '.join(CONSUMPTION_MODES)}, got {mode!r}"
+            )
+        self._mode, self._by_step = mode, by_step
+        self._done: dict[int, int] = {}
+        self._ready: list[Any] = []
+        self.released_version: dict[int, int] = {}
+        self.staleness: list[int] = []
+        """Per consumed trajectory: versions between its step's release and its use."""
+
+    def on_release(self, step: int, version: int) -> None:
+        """Step ``step`` was released at trainer ``version``."""
+        self.released_version[step] = version
+
+    def on_finish(self, traj: Any) -> bool:
+        """A trajectory finished; True when its step is now complete."""
+        step = traj.rec.step
+        self._done[step] = self._done.get(step, 0) + 1
+        self._ready.append(traj)
+        return self._done[step] == len(self._by_step[step])
+
+    def take(self, step: int, complete: bool, version: int) -> list[Any] | None:
+        """The batch of training step ``step`` if it can start (``complete``: all of
+        step ``step``'s trajectories finished), else ``None``."""
+        if self._mode == "barrier":
+            if not complete:
+                return None
+            batch = self._by_step[step]
+            ids = {id(t) for t in batch}
+            self._ready = [t for t in self._ready if id(t) not in ids]
+        else:
+            size = len(self._by_step[step])
+            if len(self._ready) < size:
+                return None
+            batch, self._ready = self._ready[:size], self._ready[size:]
+        self.staleness += [version - self.released_version[t.rec.step] for t in batch]
+        return batch
