@@ -276,9 +276,11 @@ class Simulator:
         t.placed, t.finished_s = False, now
         self.finished += 1
         self.last_done_s = now
-        if self.batches.on_finish(t):
+        complete = self.batches.on_finish(t)
+        if complete:
             self.step_complete_s[t.rec.step] = now
-        self._maybe_train(now)
+        if complete or self.system.consumption == "stream":
+            self._maybe_train(now)
         self._admit_pending(now)
 
     # RL loop.
