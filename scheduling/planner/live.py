@@ -361,9 +361,8 @@ def live_planner(spec: ElasticSpec, max_staleness: int | None = None) -> LivePla
     ``join_timeout_s``, ``gradient_deadline_s`` and ``lockstep_check_interval`` belong to
     the executor and the trainer. The services' trainer holds no lease, so it is counted
     as the one core-training worker (``min_core_training=1``; elastic jobs train on one
-    rank). ``max_staleness`` is the job's ``algorithm.max_staleness`` (default: the spec
-    default; the coordinator's factory passes the elastic section only, see
-    docs/planner.md). Raises ``ValueError`` naming a knob the core refuses.
+    rank). ``max_staleness`` is the job's ``algorithm.max_staleness`` (the coordinator
+    passes it; default: the spec default). Raises ``ValueError`` naming a knob the core refuses.
     """
     config = LiveConfig(
         reserve_workers=spec.reserve_workers,
