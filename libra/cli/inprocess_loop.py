@@ -31,16 +31,15 @@ servicers do between the wire and a core. The path of one trajectory:
    the step record goes to the coordinator (``services/coordinator/core.py``
    ``report_step``). After ``num_steps`` the trainer reports the job's end there too.
 
-Stores: ONE embedded redis-server (``libra/redis_server.py``) with the services' real
-Redis stores, not the in-memory ones. Each memory store stands in for one service and
-fakes the others' writes (``MemoryTrainerStore.append`` plays the rollout's publish,
-``MemoryRolloutStore.place`` the scheduler's placement), and their counters live apart:
-joining them into one world would be new code with its own bugs. With Redis the loop
-runs the services' exact Lua scripts and transactions, so its accounting is the stack's.
+Stores: ONE embedded redis-server (``libra/redis_server.py``) with the services' Redis
+stores, not the in-memory ones: each memory store fakes the others' writes
+(``MemoryTrainerStore.append`` plays the rollout's publish, ``MemoryRolloutStore.place``
+the scheduler's placement) and keeps its own counters, so one world of them would be new
+code with its own bugs; Redis runs the services' own scripts and the stack's accounting.
 
-Left out: servers, sockets and the coordinator's REST API; the elastic pool (a job with
-``elastic.enabled`` runs without lending, logged) and reconciliation (one process: the
-trainer cannot be lost alone). One rollout instance per bucket of the job's layout.
+Left out: servers, sockets, the REST API, the elastic pool (an ``elastic.enabled`` job
+runs without lending, logged) and reconciliation (the trainer cannot be lost alone).
+One rollout instance per bucket of the job's layout.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,8 +82,7 @@ from services.trainer.store import RedisTrainerStore
 
 logger = logging.getLogger(__name__)
 
-# What `libra up` gives the services: the scheduler's tick and lease re-read (its
-# __main__), the drain a SIGTERM allows (deploy/baremetal/stack.toml).
+# As `libra up` runs them: the scheduler's tick (its config), a SIGTERM's drain (stack.toml).
 TICK_S = SchedulerConfig().tick_s
 DRAIN_GRACE_S = 10.0
 
@@ -94,58 +93,80 @@ class InProcessStack:
 
     coordinator: InProcessCoordinatorClient
     redis_url: str
-    rollouts: list[RolloutCore]
 
 
 class _LateCoordinator:
-    """The trainer and the rollouts need the coordinator's client, whose core needs the
-    trainer's: over the network an address breaks that cycle, here this forwarder."""
+    """Breaks the cycle coordinator <-> trainer and rollouts (an address, over a network)."""
 
-    client: InProcessCoordinatorClient
+    client: InProcessCoordinatorClient | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
 
 
+class _OneModelLoadAtATime:
+    """transformers' ``from_pretrained`` patches class attributes while it loads
+    (``no_init_weights``, ``no_tie_weights``): two loads in threads of one process can
+    leave them patched for good (later models untied, not initialised). A service loads
+    one model at a time; here the engines' loads and the trainer's build take turns."""
+
+    def __init__(self, inner: Any, lock: threading.Lock) -> None:
+        self._inner, self._lock = inner, lock
+
+    def __getattr__(self, name: str) -> Any:  # the loader's load, the factory's create
+        def locked(*args: Any) -> Any:
+            with self._lock:
+                return getattr(self._inner, name)(*args)
+        return locked
+
+
 @contextlib.asynccontextmanager
 async def in_process_stack(run_root: Path, spec: JobSpec) -> AsyncIterator[InProcessStack]:
-    """Redis and the five cores, wired as ``libra up`` wires the services; stopped on exit."""
-    server = start_redis(run_root / ".libra" / "inprocess-redis", appendonly=False)
-    text = aioredis.from_url(server.url, decode_responses=True)  # the coordinator's mode
-    raw = aioredis.from_url(server.url, decode_responses=False)  # the other stores'
-    clock, coordinator_api = SystemClock(), _LateCoordinator()
-    scheduler = SchedulerCore(RedisSchedulerStore(raw), clock, tick_s=TICK_S,
-                              lease_snapshot_s=5 * TICK_S)
-    gateway = InProcessToolGatewayClient(build_toolgateway_core(ToolGatewayConfig()))
-    trainer = TrainerCore(RedisTrainerStore(raw), make_backend_factory(1, 1),
-                          coordinator_api, clock, consumer="trainer-0")
-    roots = resolve_roots(DEFAULT_DATA_ROOTS)
-    coordinator = CoordinatorCore(
-        RedisCoordinatorStore(text, clock), InProcessTrainerClient(trainer),
-        InProcessSchedulerClient(scheduler), clock, run_root,
-        model_check=check_job_model, dataset_check=check_dataset,
-        init_from_check=check_job_init_from, tool_catalog=gateway,
-        corpus_check=lambda job: check_search_corpus(job.tools.search_corpus, roots))
-    coordinator_api.client = InProcessCoordinatorClient(coordinator)
-    rollouts = [RolloutCore(
-        RolloutSettings(instance_id=f"rollout-{i}", bucket=bucket.name,
-                        address=f"in-process/rollout-{i}",
-                        max_batch_size=bucket.max_batch_size,
-                        max_trajectories=bucket.max_trajectories_per_instance),
-        RedisRolloutStore(raw), TorchEngineLoader(), gateway,
-        InProcessSchedulerClient(scheduler), coordinator_api, clock)
-        for i, bucket in enumerate(spec.layout.buckets)]
-    loops: list[asyncio.Task] = []
-    try:
+    """Redis and the five cores, wired as ``libra up`` wires the services; stopped on exit
+    (what was started is stopped in reverse order, also when wiring fails half-way)."""
+    async with contextlib.AsyncExitStack() as exits:
+        server = start_redis(run_root / ".libra" / "inprocess-redis", appendonly=False)
+        exits.callback(server.stop)
+        text = aioredis.from_url(server.url, decode_responses=True)  # the coordinator's
+        exits.push_async_callback(text.aclose)
+        raw = aioredis.from_url(server.url, decode_responses=False)  # the other stores'
+        exits.push_async_callback(raw.aclose)
+        clock, coordinator_api, models = SystemClock(), _LateCoordinator(), threading.Lock()
+        scheduler = SchedulerCore(RedisSchedulerStore(raw), clock, tick_s=TICK_S,
+                                  lease_snapshot_s=5 * TICK_S)
+        gateway = InProcessToolGatewayClient(build_toolgateway_core(ToolGatewayConfig()))
+        trainer = TrainerCore(RedisTrainerStore(raw), _OneModelLoadAtATime(
+            make_backend_factory(1, 1), models), coordinator_api, clock, consumer="trainer-0")
+        roots = resolve_roots(DEFAULT_DATA_ROOTS)
+        coordinator = CoordinatorCore(
+            RedisCoordinatorStore(text, clock), InProcessTrainerClient(trainer),
+            InProcessSchedulerClient(scheduler), clock, run_root,
+            model_check=check_job_model, dataset_check=check_dataset,
+            init_from_check=check_job_init_from, tool_catalog=gateway,
+            corpus_check=lambda job: check_search_corpus(job.tools.search_corpus, roots))
+        coordinator_api.client = InProcessCoordinatorClient(coordinator)
+        rollouts = [RolloutCore(
+            RolloutSettings(instance_id=f"rollout-{i}", bucket=bucket.name,
+                            address=f"in-process/rollout-{i}",
+                            max_batch_size=bucket.max_batch_size,
+                            max_trajectories=bucket.max_trajectories_per_instance),
+            RedisRolloutStore(raw), _OneModelLoadAtATime(TorchEngineLoader(), models), gateway,
+            InProcessSchedulerClient(scheduler), coordinator_api, clock)
+            for i, bucket in enumerate(spec.layout.buckets)]
+        loops: list[asyncio.Task] = []
+        exits.push_async_callback(_stop, trainer, scheduler, rollouts, loops)
         for rollout in rollouts:  # as each rollout's __main__ does once it serves
             await rollout.register()
-        loops = [asyncio.create_task(core.run()) for core in (scheduler, *rollouts)]
-        yield InProcessStack(coordinator_api.client, server.url, rollouts)
-    finally:
-        await _stop(trainer, scheduler, rollouts, loops)
-        await text.aclose()
-        await raw.aclose()
-        server.stop()
+        loops += [asyncio.create_task(core.run()) for core in (scheduler, *rollouts)]
+        for task in loops:
+            task.add_done_callback(_log_crash)
+        yield InProcessStack(coordinator_api.client, server.url)
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    """A service would exit on its loop's crash; here the job would only stall: say why."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("[loop] a core's loop crashed", exc_info=task.exception())
 
 
 async def _stop(trainer: TrainerCore, scheduler: SchedulerCore,

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from transformers.modeling_utils import PreTrainedModel
 
 from libra import types as t
 from libra.cli.inprocess_loop import in_process_stack
@@ -62,6 +64,10 @@ async def test_a_demo_job_runs_in_process_to_succeeded_with_exact_accounting(
         assert report["trained"] == counters["trained"]
         redis_pid = int((tmp_path / REDIS_PID).read_text())
     assert not pid_alive(redis_pid)  # the loop's Redis is stopped with it
+    # The rollouts' and the trainer's model loads took turns: transformers' patches of
+    # class attributes while loading (no tying, no init) were all undone.
+    assert PreTrainedModel.tie_weights.__qualname__ == "PreTrainedModel.tie_weights"
+    assert torch.nn.init.normal_.__name__ == "normal_"
 
 
 def _job_file(tmp_path: Path, **algorithm: int) -> Path:
@@ -70,13 +76,15 @@ def _job_file(tmp_path: Path, **algorithm: int) -> Path:
     return path
 
 
-def test_libra_run_in_process_follows_reports_and_stops(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_libra_run_in_process_follows_reports_and_stops(tmp_path: Path) -> None:
+    # Its own process, as a user runs it (stdout carries only the JSON summary).
     run_root = tmp_path / "runs"
-    code = main(["--run-root", str(run_root), "run", str(_job_file(tmp_path)),
-                 "--in-process", "--json", "--set", "algorithm.num_steps=2"])
-    summary = json.loads(capsys.readouterr().out)
-    assert code == 0, summary
+    done = subprocess.run(
+        [sys.executable, "-m", "libra.cli.main", "--run-root", str(run_root), "run",
+         str(_job_file(tmp_path)), "--in-process", "--json", "--set",
+         "algorithm.num_steps=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
     assert (summary["state"], summary["steps"]) == ("succeeded", 2)
     assert json.loads(Path(summary["report"]).read_text())["trajectories"]["trained"] == 8
     assert not pid_alive(int((run_root / REDIS_PID).read_text()))

@@ -17,7 +17,7 @@ MAX_LINES = 180
 ALLOWED_SERVICE_MODULES = re.compile(
     r"services\.\w+\.(core|inprocess|store|config|backend|distributed|model_check"
     r"|dataset_check|init_from_check)$")
-ALLOWED_OTHER = {"asyncio", "contextlib", "logging", "collections.abc", "dataclasses",
+ALLOWED_OTHER = {"asyncio", "contextlib", "logging", "threading", "collections.abc", "dataclasses",
                  "pathlib", "typing", "__future__", "redis.asyncio", "libra.clock",
                  "libra.data_roots", "libra.jobspec", "libra.redis_server"}
 # The gateway's one builder of its tools, rewards and sandbox lives in its __main__,
