@@ -2,6 +2,7 @@
 
 Examples:
   libra run deploy/configs/demo.toml     start everything, submit, follow, report, stop
+  libra run JOB.toml --in-process        the same in one process, no servers (debugging)
   libra up / libra down                  start / stop Redis + the five services
   libra status --json                    each service: name, pid, address, health, and
                                          its worker lease: role, epoch, bucket
@@ -142,6 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _check_model_here(spec)
         return data
 
+    if args.in_process:
+        return run.cmd_run_in_process(args, load, _report, _print)
     return run.cmd_run(args, load, _report, _print)
 
 
@@ -240,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", type=Path, help="job spec file (.toml, .json, .yaml)")
     _add_set(p)
     p.add_argument("--keep-up", action="store_true", help="leave the stack running")
+    p.add_argument("--in-process", action="store_true",
+                   help="debug: run the five service cores in this process over a "
+                   "throwaway Redis, no servers (libra_cli/inprocess_loop.py; one rollout "
+                   "instance per bucket, no elastic pool)")
     add("up", cmd_up, "start Redis and the five services (bare metal, supervised by pid)")
     add("down", cmd_down, "stop what `libra up` started, by pid")
     add("status", cmd_status, "name, pid, address, health and lease (role, epoch, "

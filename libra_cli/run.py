@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -132,6 +133,59 @@ def cmd_run(args: argparse.Namespace, load: Callable[[argparse.Namespace], dict[
     if summary is not None:
         show(summary, args.json)
     return code
+
+
+def cmd_run_in_process(args: argparse.Namespace,
+                       load: Callable[[argparse.Namespace], dict[str, Any]],
+                       report: Callable[..., Awaitable[dict[str, Any]]],
+                       show: Callable[[Any, bool], None]) -> int:
+    """``libra run --in-process``: the five cores in this process over a throwaway Redis
+    (libra_cli/inprocess_loop.py), no servers; then the same following and report.
+
+    SIGINT (asyncio.run's handler, set even where SIGINT was inherited ignored, as
+    ``libra run`` does) and SIGTERM cancel the run: the cores are drained and Redis is
+    stopped by pid; the exit code is 128 + the signal."""
+    data = load(args)
+    # Every weight load would draw a progress bar here (the services' go to log files).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    signals: list[int] = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, summary = asyncio.run(_run_in_process(args, data, report, signals))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        signum = signals[0] if signals else signal.SIGINT
+        print(f"libra: interrupted by {signal.Signals(signum).name}; the in-process run "
+              "stopped", file=sys.stderr)
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    show(summary, args.json)
+    return code
+
+
+async def _run_in_process(args: argparse.Namespace, data: dict[str, Any],
+                          report: Callable[..., Awaitable[dict[str, Any]]],
+                          signals: list[int]) -> tuple[int, dict[str, Any]]:
+    # Imported here: the services' modules (and torch) load only for this command.
+    from libra.jobspec import job_spec_from_dict
+    from libra_cli.inprocess_loop import in_process_stack
+
+    task = asyncio.current_task()
+    assert task is not None
+
+    def on_sigterm() -> None:
+        signals.append(signal.SIGTERM)
+        task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+    async with in_process_stack(args.run_root, job_spec_from_dict(data)) as inproc:
+        client = inproc.coordinator
+        started = time.monotonic()
+        job = await client.create_job(json.dumps(data), "json")
+        print(f"libra: job {job.job_id} submitted (in-process)", file=sys.stderr)
+        job = await follow(client, job, args.json)
+        rep = await report(client, job.job_id, time.monotonic() - started)
+    return (0 if job.state is t.JobState.SUCCEEDED else 1), _summary(job, rep)
 
 
 class RunSession:
