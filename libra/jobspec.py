@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 
 from libra.agents import check_builtin_agent
+from libra.chat.protocol import TOOL_TEMPLATES
+from libra.chat.toolcalls import PARSERS
 from libra.errors import InvalidArgument
 from libra.rewardspec import RewardSpec, check_plugin_name, validate_reward
 from libra.spec_limits import (
@@ -34,14 +36,10 @@ from libra.taskspec import TaskSpec, normalise_task, validate_task_source
 SUPPORTED_MODELS = ("tiny-llama", "hf")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16")
 SUPPORTED_TASKS = tuple(TASKS)
-# How a model asks for a tool: the tiny model's single-token tags, or Hermes/Qwen JSON
-# inside <tool_call>...</tool_call> (chat models); parsers live in libra/chat/toolcalls.py.
-SUPPORTED_TOOL_CALL_FORMATS = ("arith", "hermes")
-# Where tool schemas enter the prompt: the model's own chat template (``model``), the
-# shipped Hermes-style template (``hermes``), or ``auto`` (the model's when it renders
-# ``tools``, else the shipped one).
-SUPPORTED_TOOL_TEMPLATES = ("auto", "model", "hermes")
-SUPPORTED_POLICIES = ("least_loaded", "cmlfq", "length_aware", "la_mlfq", "toolcount")
+# The registries are the only lists: tool-call formats are libra.chat's parsers
+# (``PARSERS``), tool templates its ``TOOL_TEMPLATES``; ``layout.policy`` is checked against
+# the scheduling policy registry by the coordinator at submit (the foundation may not
+# import the algorithms), so only its type is checked here.
 _BUCKET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
@@ -291,8 +289,8 @@ def _validate_ranges(spec: JobSpec) -> None:
     _require(bool(spec.name.strip()), "name", "must not be empty")
     _validate_model(spec)
     validate_task_source(t, prompts_per_step=a.prompts_per_step, sft_steps=a.sft_steps)
-    _require(t.tool_call_format in SUPPORTED_TOOL_CALL_FORMATS, "task.tool_call_format",
-             f"one of {SUPPORTED_TOOL_CALL_FORMATS}")
+    _require(t.tool_call_format in PARSERS, "task.tool_call_format",
+             f"one of {tuple(PARSERS)} (the parsers of libra/chat/toolcalls.py)")
     _require(spec.model.kind == "hf" or t.tool_call_format == "arith",
              "task.tool_call_format", "the tiny-llama model speaks only the arith format")
     check_plugin_name(t.agent, "task.agent")  # plugins: the coordinator, at submit
@@ -344,8 +342,8 @@ def _validate_model(spec: JobSpec) -> None:
     m = spec.model
     _require(m.kind in SUPPORTED_MODELS, "model.kind", f"one of {SUPPORTED_MODELS}")
     _require(m.dtype in SUPPORTED_DTYPES, "model.dtype", f"one of {SUPPORTED_DTYPES}")
-    _require(m.tool_template in SUPPORTED_TOOL_TEMPLATES, "model.tool_template",
-             f"one of {SUPPORTED_TOOL_TEMPLATES}")
+    _require(m.tool_template in TOOL_TEMPLATES, "model.tool_template",
+             f"one of {TOOL_TEMPLATES}")
     _require(0 <= m.max_context_tokens <= 1 << 20, "model.max_context_tokens",
              "must be in [0, 1048576] (0 = the model's own limit, capped at 4096)")
     if m.kind == "hf":
@@ -359,8 +357,8 @@ def _validate_model(spec: JobSpec) -> None:
 
 
 def _validate_layout(layout: LayoutSpec) -> None:
-    _require(layout.policy in SUPPORTED_POLICIES, "layout.policy",
-             f"one of {SUPPORTED_POLICIES}")
+    _require(bool(layout.policy.strip()), "layout.policy",
+             "must name a placement policy (which ones: the scheduler's registry)")
     _require(len(layout.buckets) >= 1, "layout.buckets", "at least one bucket is required")
     names = [b.name for b in layout.buckets]
     for i, name in enumerate(names):

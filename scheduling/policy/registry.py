@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from libra.clock import Clock
+from libra.errors import InvalidArgument
 from scheduling.policy.base import PlacementPolicy
 from scheduling.policy.cmlfq import CmlfqConfig, CmlfqPolicy
 from scheduling.policy.la_mlfq import LaMlfqConfig, LaMlfqPolicy
@@ -55,6 +56,22 @@ _REGISTRY: dict[str, tuple[type, _Builder]] = {
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def check_policy_name(name: str, field: str = "layout.policy") -> None:
+    """Refuse a policy name this registry cannot build.
+
+    The job spec lives in the foundation, which may not import the algorithms, so the
+    spec checks only the name's type; the coordinator calls this at submit and the
+    scheduler before it builds the policy, so the registry stays the only list.
+
+    Raises:
+        InvalidArgument: ``field`` (``layout.policy``) names an unregistered policy; the
+            reason lists the registered ones.
+    """
+    if name not in _REGISTRY:
+        raise InvalidArgument(field, f"unknown policy {name!r} (the scheduler has: "
+                                     f"{', '.join(POLICY_NAMES)})")
 
 
 def make_policy(

@@ -1,6 +1,7 @@
 """What a job spec must pass before the coordinator stores it, in one place.
 
-The schema (``libra.jobspec``), the agent name, then the injected checks: the tools' data
+The schema (``libra.jobspec``), the agent name, the placement policy (the scheduling
+registry: the foundation's schema may not import it), then the injected checks: the tools' data
 files (:class:`CorpusCheck`), the model (:class:`ModelCheck`), the dataset
 (:class:`DatasetCheck`), ``algorithm.init_from`` (:class:`InitFromCheck`), and finally
 the tool gateway's registries (:class:`ToolCatalog`), whose schemas are frozen into the
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from libra.agents import check_agent_name
 from libra.errors import InvalidArgument, LibraError, Unavailable
 from libra.jobspec import JobSpec, ToolSchema, parse_job_spec
+from scheduling.policy.registry import check_policy_name
 
 
 class ModelCheck(Protocol):
@@ -94,6 +96,7 @@ class SpecChecks:
         """The parsed spec once every check passed, with the tools' schemas frozen in."""
         spec = parse_job_spec(spec_text, spec_format)
         check_agent_name(spec.task.agent)  # built-ins + libra.agents entry points
+        check_policy_name(spec.layout.policy)  # the scheduler builds from this registry
         if self.corpus_check is not None and spec.tools.search_corpus:
             await asyncio.to_thread(self.corpus_check, spec)
         if self.model_check is not None:
