@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram, start_http_server
 
 from libra.access import check_exposure, is_loopback, load_tokens
-from libra.errors import InvalidArgument
+from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import AuthInterceptor, ClientAuth, open_channel, server_credentials
 from libra.service_config import AuthConfig, ServerConfig
 
@@ -102,12 +102,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 code = "CANCELLED"
                 raise
             except Exception as exc:
-                # Domain errors (libra.errors and the cores' own, which never import grpc)
-                # declare their status by name.
-                status_name = getattr(exc, "grpc_status_name", None)
-                if status_name is not None:
-                    code = status_name
-                    await context.abort(grpc.StatusCode[status_name], status_details(exc))
+                # Domain errors (libra.errors, the one hierarchy every service raises)
+                # declare their status by name; anything else is a bug: INTERNAL.
+                if isinstance(exc, LibraError):
+                    code = exc.grpc_status_name
+                    await context.abort(grpc.StatusCode[code], status_details(exc))
                 if context.code() is None:  # not an abort raised by the handler itself
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
@@ -132,13 +131,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 code = "CANCELLED"
                 raise
             except Exception as exc:
-                status_name = getattr(exc, "grpc_status_name", None)
-                if status_name is None:
+                if not isinstance(exc, LibraError):
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
                     raise
-                code = status_name
-                await context.abort(grpc.StatusCode[status_name], status_details(exc))
+                code = exc.grpc_status_name
+                await context.abort(grpc.StatusCode[code], status_details(exc))
             finally:
                 RPC_TOTAL.labels(service, method, code).inc()
 
