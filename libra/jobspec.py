@@ -3,6 +3,8 @@
 Validation is strict and names the field: an unknown key, a wrong type or a value out of
 range raises ``InvalidArgument("section.field", reason)`` so the REST API answers 400
 and gRPC answers INVALID_ARGUMENT, and nothing is created. Schema: docs/jobspec.md.
+Reading the document and building the dataclasses (unknown keys, types) is
+``libra.spec_document``'s; the ranges and cross-field rules are here, beside the fields.
 """
 
 from __future__ import annotations
@@ -11,25 +13,17 @@ import dataclasses
 import json
 import math
 import re
-import tomllib
-import typing
 from dataclasses import dataclass, field
 from typing import Any
-
-import yaml
 
 from libra.agents import check_builtin_agent
 from libra.chat.protocol import TOOL_TEMPLATES
 from libra.chat.toolcalls import PARSERS
 from libra.errors import InvalidArgument
 from libra.rewardspec import RewardSpec, check_plugin_name, validate_reward
-from libra.spec_limits import (
-    COUNTS,
-    MAX_SPEC_INT,
-    check_document_text,
-    check_document_values,
-    validate_limits,
-)
+from libra.spec_document import build_dataclass
+from libra.spec_document import parse_document as parse_document
+from libra.spec_limits import validate_limits
 from libra.tasks import TASKS
 from libra.taskspec import TaskSpec, normalise_task, validate_task_source
 
@@ -214,71 +208,6 @@ class JobSpec:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
-def parse_document(text: str, fmt: str) -> dict[str, Any]:
-    """Parse a spec document; ``fmt`` is toml, json or yaml."""
-    fmt = (fmt or "toml").lower()
-    check_document_text(text)
-    try:
-        if fmt == "toml":
-            data = tomllib.loads(text)
-        elif fmt == "json":
-            data = json.loads(text)
-        elif fmt in ("yaml", "yml"):
-            data = yaml.safe_load(text)
-        else:
-            raise InvalidArgument("spec_format", f"unknown format {fmt!r} (toml, json, yaml)")
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InvalidArgument("spec", f"not valid {fmt}: {exc}") from exc
-    except RecursionError as exc:  # "[[[[...": nesting deeper than any spec needs
-        raise InvalidArgument("spec", f"not valid {fmt}: nested too deeply") from exc
-    if not isinstance(data, dict):
-        raise InvalidArgument("spec", "the document must be a mapping")
-    check_document_values(data)
-    return data
-
-
-def _convert(path: str, ftype: Any, value: Any) -> Any:
-    origin = typing.get_origin(ftype)
-    if dataclasses.is_dataclass(ftype):
-        if not isinstance(value, dict):
-            raise InvalidArgument(path, "must be a table/object")
-        return _build(ftype, value, path)
-    if origin is list:
-        if not isinstance(value, list):
-            raise InvalidArgument(path, "must be a list")
-        if len(value) > COUNTS.get(path, len(value)):  # before building thousands of items
-            raise InvalidArgument(path, f"{len(value)} entries, at most {COUNTS[path]}")
-        (item,) = typing.get_args(ftype)
-        return [_convert(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
-    if ftype is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value) if abs(value) <= MAX_SPEC_INT else math.inf
-    if not isinstance(value, ftype) or (ftype is int and isinstance(value, bool)):
-        raise InvalidArgument(path, f"must be {ftype.__name__}, got {type(value).__name__}")
-    # Every number finite and JSON-safe; the per-field maxima: libra/spec_limits.py.
-    if ftype is float and not math.isfinite(value):
-        raise InvalidArgument(path, f"must be a finite number, got {value!r}")
-    if ftype is int and abs(value) > MAX_SPEC_INT:
-        raise InvalidArgument(path, f"must be an integer of magnitude at most {MAX_SPEC_INT}")
-    return value
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in names:
-            where = f"{prefix}.{key}" if prefix else key
-            raise InvalidArgument(where, f"unknown field (known: {', '.join(sorted(names))})")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        path = f"{prefix}.{f.name}" if prefix else f.name
-        if f.name in data:
-            kwargs[f.name] = _convert(path, hints[f.name], data[f.name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise InvalidArgument(path, "required")
-    return cls(**kwargs)
-
-
 def _require(ok: bool, path: str, reason: str) -> None:
     if not ok:
         raise InvalidArgument(path, reason)
@@ -429,7 +358,7 @@ def parse_job_spec(text: str, fmt: str = "toml") -> JobSpec:
 
 
 def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
-    spec = _build(JobSpec, data, "")
+    spec = build_dataclass(JobSpec, data, "")
     spec = dataclasses.replace(spec, task=normalise_task(spec.task, data.get("task")))
     spec = _skip_warm_start_after_init_from(spec, data.get("algorithm"))
     validate_limits(spec)  # first: the checks below may walk lists
