@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from libra.data.builtin import BuiltinSource
 from libra.data.files import FileSource, open_table
@@ -19,8 +19,30 @@ from libra.data.order import OrderFn, legacy_order, permuted_order
 from libra.data.rows import DatasetRow, FieldMap
 from libra.tasks import TASKS
 
-if TYPE_CHECKING:
-    from libra.taskspec import TaskSpec
+
+class TaskFields(Protocol):
+    """What an opener reads of the spec's ``[task]`` (``libra.taskspec.TaskSpec`` has it).
+
+    A Protocol, not the class: the task spec validates ``task.kind`` against this
+    registry, so naming ``TaskSpec`` here would make the two modules import each other.
+    """
+
+    @property
+    def split(self) -> str: ...
+    @property
+    def prompt_field(self) -> str: ...
+    @property
+    def messages_field(self) -> str: ...
+    @property
+    def reference_field(self) -> str: ...
+    @property
+    def metadata_field(self) -> str: ...
+    @property
+    def demonstration_field(self) -> str: ...
+    @property
+    def num_prompts(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
 
 
 class RowSource(Protocol):
@@ -31,7 +53,7 @@ class RowSource(Protocol):
     def row(self, index: int) -> DatasetRow: ...
 
 
-Opener = Callable[["TaskSpec", str, str, "str | None"], RowSource]
+Opener = Callable[[TaskFields, str, str, "str | None"], RowSource]
 """``(task, path, spec field of the path, cache dir) -> RowSource``."""
 
 
@@ -46,7 +68,7 @@ class DatasetKind:
     is_file: bool
 
 
-def field_map(task: TaskSpec) -> FieldMap:
+def field_map(task: TaskFields) -> FieldMap:
     """The spec's field mapping."""
     return FieldMap(prompt=task.prompt_field, messages=task.messages_field,
                     reference=task.reference_field, metadata=task.metadata_field,
@@ -54,14 +76,14 @@ def field_map(task: TaskSpec) -> FieldMap:
 
 
 def _open_builtin(name: str) -> Opener:
-    def open_builtin(task: TaskSpec, _path: str, _field: str,
+    def open_builtin(task: TaskFields, _path: str, _field: str,
                      _cache_dir: str | None) -> RowSource:
         return BuiltinSource.generate(name, task.seed, task.num_prompts)
     return open_builtin
 
 
 def _open_file(kind: str) -> Opener:
-    def open_file(task: TaskSpec, path: str, field: str, cache_dir: str | None) -> RowSource:
+    def open_file(task: TaskFields, path: str, field: str, cache_dir: str | None) -> RowSource:
         table = open_table(kind, path, task.split, field=field, cache_dir=cache_dir)
         return FileSource(table, field_map(task), "eval" if field == "task.eval_path" else "row")
     return open_file
