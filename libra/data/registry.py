@@ -20,29 +20,17 @@ from libra.data.rows import DatasetRow, FieldMap
 from libra.tasks import TASKS
 
 
-class TaskFields(Protocol):
-    """What an opener reads of the spec's ``[task]`` (``libra.taskspec.TaskSpec`` has it).
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """What an opener needs of the spec's ``[task]``: the column mapping, the split, and
+    a built-in task's seed and size. ``libra.data.dataset`` builds it from the
+    ``TaskSpec``; the registry never names that class, because the task spec validates
+    ``task.kind`` against this registry and the two would import each other."""
 
-    A Protocol, not the class: the task spec validates ``task.kind`` against this
-    registry, so naming ``TaskSpec`` here would make the two modules import each other.
-    """
-
-    @property
-    def split(self) -> str: ...
-    @property
-    def prompt_field(self) -> str: ...
-    @property
-    def messages_field(self) -> str: ...
-    @property
-    def reference_field(self) -> str: ...
-    @property
-    def metadata_field(self) -> str: ...
-    @property
-    def demonstration_field(self) -> str: ...
-    @property
-    def num_prompts(self) -> int: ...
-    @property
-    def seed(self) -> int: ...
+    fields: FieldMap
+    split: str
+    seed: int
+    num_prompts: int
 
 
 class RowSource(Protocol):
@@ -53,8 +41,8 @@ class RowSource(Protocol):
     def row(self, index: int) -> DatasetRow: ...
 
 
-Opener = Callable[[TaskFields, str, str, "str | None"], RowSource]
-"""``(task, path, spec field of the path, cache dir) -> RowSource``."""
+Opener = Callable[[SourceOptions, str, str, "str | None"], RowSource]
+"""``(options, path, spec field of the path, cache dir) -> RowSource``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,24 +56,19 @@ class DatasetKind:
     is_file: bool
 
 
-def field_map(task: TaskFields) -> FieldMap:
-    """The spec's field mapping."""
-    return FieldMap(prompt=task.prompt_field, messages=task.messages_field,
-                    reference=task.reference_field, metadata=task.metadata_field,
-                    demonstration=task.demonstration_field)
-
-
 def _open_builtin(name: str) -> Opener:
-    def open_builtin(task: TaskFields, _path: str, _field: str,
+    def open_builtin(options: SourceOptions, _path: str, _field: str,
                      _cache_dir: str | None) -> RowSource:
-        return BuiltinSource.generate(name, task.seed, task.num_prompts)
+        return BuiltinSource.generate(name, options.seed, options.num_prompts)
     return open_builtin
 
 
 def _open_file(kind: str) -> Opener:
-    def open_file(task: TaskFields, path: str, field: str, cache_dir: str | None) -> RowSource:
-        table = open_table(kind, path, task.split, field=field, cache_dir=cache_dir)
-        return FileSource(table, field_map(task), "eval" if field == "task.eval_path" else "row")
+    def open_file(options: SourceOptions, path: str, field: str,
+                  cache_dir: str | None) -> RowSource:
+        table = open_table(kind, path, options.split, field=field, cache_dir=cache_dir)
+        return FileSource(table, options.fields,
+                          "eval" if field == "task.eval_path" else "row")
     return open_file
 
 

@@ -1,11 +1,11 @@
 """Arrows inside the foundation and a service that the four import contracts do not name.
 
 The dataset registry and the task spec must not import each other (the spec validates
-``task.kind`` against the registry; the registry names what it reads of ``[task]`` by a
-Protocol), and the rollout's in-memory store must not import its Redis store (the rule
-both share lives in ``store_protocol.py``). Type-checking imports count, as in
-``test_import_contracts.py``. Real: the import graph of the checked-out tree (grimp, the
-library under import-linter).
+``task.kind`` against the registry; the registry's openers take ``SourceOptions``, built
+from the spec in ``libra.data.dataset``), and the rollout's in-memory store must not
+import its Redis store (the rule both share lives in ``store_protocol.py``).
+Type-checking imports count, as in ``test_import_contracts.py``. Real: the import graph
+of the checked-out tree (grimp, the library under import-linter).
 """
 
 from __future__ import annotations
