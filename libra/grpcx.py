@@ -41,6 +41,8 @@ MAX_STATUS_DETAILS_CHARS = 2048
 
 
 def status_details(exc: Exception) -> str:
+    """The status details of ``exc``, clipped to MAX_STATUS_DETAILS_CHARS so the field name
+    and reason survive the peer's metadata limit."""
     text = str(exc)
     if len(text) <= MAX_STATUS_DETAILS_CHARS:
         return text
@@ -82,6 +84,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         self._service = service
 
     async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
+        """Wrap the method's handler so domain errors become status codes and the RPC is counted."""
         handler = await continuation(handler_call_details)
         if handler is not None and handler.stream_stream is not None:
             return self._wrap_stream(handler, handler_call_details.method.rsplit("/", 1)[-1])
@@ -180,6 +183,8 @@ class Server:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
+        """Register the servicers, health (and reflection), bind the port, serve, mark every
+        service SERVING and start the metrics endpoint."""
         for reg in self._registrations:
             reg.add_to_server(reg.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -77,6 +77,8 @@ class ToolSchema:
 
 @dataclass(frozen=True, kw_only=True)
 class ToolsSpec:
+    """``[tools]``: which gateway tools the model may call, their time limit and options."""
+
     enabled: list[str] = field(default_factory=lambda: ["calculator"])
     calculator_transient_failure_rate: float = 0.25
     call_timeout_s: float = 5.0
@@ -94,6 +96,8 @@ class ToolsSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmSpec:
+    """``[algorithm]``: GRPO/PPO hyperparameters, the warm start and the staleness budget."""
+
     num_steps: int = 600
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
@@ -125,6 +129,8 @@ class AlgorithmSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class BucketSpec:
+    """``[[layout.buckets]]``: one rollout bucket, by the longest trajectory it serves."""
+
     name: str
     max_tokens: int
     tp_degree: int = 1
@@ -163,6 +169,8 @@ class CmlfqSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutSpec:
+    """``[layout]``: the placement policy, the buckets (shortest first) and C-MLFQ's knobs."""
+
     policy: str = "least_loaded"
     buckets: list[BucketSpec] = field(default_factory=_default_buckets)
     cmlfq: CmlfqSpec = field(default_factory=CmlfqSpec)
@@ -195,6 +203,8 @@ class ElasticSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
+    """A whole job spec, validated (``parse_job_spec``); every service reads the job from it."""
+
     name: str = "job"
     model: ModelSpec = field(default_factory=ModelSpec)
     task: TaskSpec = field(default_factory=TaskSpec)
@@ -205,6 +215,8 @@ class JobSpec:
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
 
     def to_json(self) -> str:
+        """The normalised spec as sorted JSON: what the coordinator stores and the services
+        parse."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
@@ -358,6 +370,7 @@ def parse_job_spec(text: str, fmt: str = "toml") -> JobSpec:
 
 
 def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
+    """Build and validate a spec from a parsed document; raises InvalidArgument naming the field."""
     spec = build_dataclass(JobSpec, data, "")
     spec = dataclasses.replace(spec, task=normalise_task(spec.task, data.get("task")))
     spec = _skip_warm_start_after_init_from(spec, data.get("algorithm"))

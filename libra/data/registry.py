@@ -38,7 +38,8 @@ class RowSource(Protocol):
 
     def __len__(self) -> int: ...
 
-    def row(self, index: int) -> DatasetRow: ...
+    def row(self, index: int) -> DatasetRow:
+        """Row ``index`` (0 <= index < len)."""
 
 
 Opener = Callable[[SourceOptions, str, str, "str | None"], RowSource]
