@@ -31,9 +31,9 @@ SUPPORTED_MODELS = ("tiny-llama", "hf")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16")
 SUPPORTED_TASKS = tuple(TASKS)
 # The registries are the only lists: tool-call formats are libra.chat's parsers
-# (``PARSERS``), tool templates its ``TOOL_TEMPLATES``; ``layout.policy`` is checked against
-# the scheduling policy registry by the coordinator at submit (the foundation may not
-# import the algorithms), so only its type is checked here.
+# (``PARSERS``), tool templates its ``TOOL_TEMPLATES``; ``layout.policy`` and the C-MLFQ
+# rule names are checked against the scheduling policies by the coordinator at submit
+# (the foundation may not import the algorithms), so only their type is checked here.
 _BUCKET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
@@ -324,10 +324,8 @@ def _validate_cmlfq(layout: LayoutSpec) -> None:
         _require(getattr(c, name) >= 1, f"layout.cmlfq.{name}", "must be >= 1")
     for name in ("rebuild_interval_steps", "tree_persist_interval_finishes", "max_queue_length"):
         _require(getattr(c, name) >= 0, f"layout.cmlfq.{name}", "must be >= 0 (0 = never/off)")
-    _require(c.entry in ("predict", "shortest"), "layout.cmlfq.entry",
-             f"must be \"predict\" or \"shortest\", got {c.entry!r}")
-    _require(c.disagree_rule in ("clamp", "stay"), "layout.cmlfq.disagree_rule",
-             f"must be \"clamp\" or \"stay\", got {c.disagree_rule!r}")
+    # entry and disagree_rule: the rule names are the policy's (scheduling/policy/
+    # cmlfq.py); the coordinator checks them at submit (scheduling.policy.check_layout).
     thresholds = c.bucket_thresholds_tokens
     if thresholds:
         _require(len(thresholds) == len(layout.buckets), "layout.cmlfq.bucket_thresholds_tokens",

@@ -35,6 +35,7 @@ from scheduling.policy.prefix_tree import (
 from scheduling.policy.registry import (
     POLICY_NAMES,
     PolicyConfig,
+    check_layout,
     check_policy_name,
     make_policy,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "TreeStats",
     "UnknownBucket",
     "UnknownTrajectory",
+    "check_layout",
     "check_policy_name",
     "make_policy",
     "route",

@@ -88,6 +88,15 @@ async def test_a_policy_the_scheduling_registry_lacks_is_refused_listing_its_nam
     assert await store.list_jobs() == [] and scheduler.started == []
 
 
+async def test_a_cmlfq_rule_the_policy_lacks_is_refused_at_submit() -> None:
+    core, store, *_ = make_core()
+    with pytest.raises(InvalidArgument) as info:
+        await core.create_job(VALID_SPEC + '[layout]\npolicy = "cmlfq"\n[layout.cmlfq]\n'
+                                           'entry = "longest"\n', "toml")
+    assert info.value.field == "layout.cmlfq.entry" and "predict, shortest" in info.value.reason
+    assert await store.list_jobs() == []
+
+
 async def test_every_registered_policy_is_accepted_at_submit() -> None:
     core, *_ = make_core()
     for name in POLICY_NAMES:
