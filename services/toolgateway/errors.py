@@ -16,6 +16,14 @@ from collections.abc import Iterable
 
 from libra import errors
 
+# The classes plugins were told to raise from here (docs/plugins.md: a reward that cannot
+# decide raises Unavailable) stay importable from this module: they are libra's own.
+from libra.errors import DeadlineExceeded as DeadlineExceeded
+from libra.errors import Internal as Internal
+from libra.errors import InvalidArgument as InvalidArgument
+from libra.errors import ResourceExhausted as ResourceExhausted
+from libra.errors import Unavailable as Unavailable
+
 
 class UnknownTool(errors.InvalidArgument):
     """The call names a tool that is not registered (field ``tool``; ``known`` lists the

@@ -20,6 +20,13 @@ def _own_classes() -> list[type]:
             if cls.__module__ == gateway_errors.__name__]
 
 
+def test_the_names_plugins_import_from_the_gateway_are_libras_classes() -> None:
+    # docs/plugins.md told reward authors to raise services.toolgateway.errors.Unavailable.
+    for name in ("Unavailable", "Internal", "InvalidArgument", "DeadlineExceeded",
+                 "ResourceExhausted"):
+        assert getattr(gateway_errors, name) is getattr(errors, name)
+
+
 def test_every_gateway_error_is_a_libra_error() -> None:
     classes = _own_classes()
     assert {c.__name__ for c in classes} == {"ToolBusy", "UnknownReward", "UnknownTool"}
