@@ -25,8 +25,8 @@ from pathlib import Path
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from libra.errors import LibraError  # noqa: E402
 from services.toolgateway.core import ToolCall, ToolGatewayCore, ToolGatewayLimits  # noqa: E402
-from services.toolgateway.errors import ToolGatewayError  # noqa: E402
 from services.toolgateway.rewards import RewardRegistry  # noqa: E402
 from services.toolgateway.sandbox import SubprocessSandbox  # noqa: E402
 from services.toolgateway.tools import PythonTool, ToolRegistry  # noqa: E402
@@ -61,7 +61,7 @@ async def _load(num_calls: int, queue_depth: int, deadline_ms: int) -> dict[str,
     async def one(i: int) -> str:
         try:
             return (await core.execute(_call(i, code, deadline_ms))).status.value
-        except ToolGatewayError as exc:
+        except LibraError as exc:
             return exc.grpc_status_name
 
     start_s = time.monotonic()

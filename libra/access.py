@@ -26,6 +26,9 @@ from libra.service_config import AuthConfig
 
 
 class Access(enum.Enum):
+    """Who may call a method: anyone (OPEN: health, reflection), the api token (PUBLIC: the
+    job API) or only the service token (INTERNAL: worker RPCs)."""
+
     OPEN = "open"
     PUBLIC = "public"
     INTERNAL = "internal"
@@ -98,6 +101,8 @@ class Tokens:
 
     @property
     def enabled(self) -> bool:
+        """Tokens are configured, so calls must present one (no tokens: an open, loopback-only
+        stack)."""
         return bool(self.api or self.service)
 
     def classify(self, presented: str) -> Access | None:

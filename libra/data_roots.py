@@ -35,6 +35,7 @@ def inside_roots(path: str, roots: Sequence[Path]) -> bool:
 
 
 def describe_roots(roots: Sequence[Path]) -> str:
+    """The roots as one line for error messages ("(none configured)" when empty)."""
     return ", ".join(str(root) for root in roots) or "(none configured)"
 
 

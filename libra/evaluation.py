@@ -121,10 +121,12 @@ class EvalRecord:
     """From the round's first trajectory created to its last one finished."""
 
     def to_json(self) -> str:
+        """The record as sorted JSON (the form stored in Redis and report.json)."""
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> EvalRecord:
+        """Read a record written by :meth:`to_json`."""
         return cls(**json.loads(text))
 
 

@@ -39,6 +39,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._logged_at_s: dict[tuple[str, str], float] = {}
 
     async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
+        """Refuse the call unless its bearer token may call the method (see the class)."""
         handler = await continuation(handler_call_details)
         if handler is None:
             return None

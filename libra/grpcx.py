@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram, start_http_server
 
 from libra.access import check_exposure, is_loopback, load_tokens
-from libra.errors import InvalidArgument
+from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import AuthInterceptor, ClientAuth, open_channel, server_credentials
 from libra.service_config import AuthConfig, ServerConfig
 
@@ -41,6 +41,8 @@ MAX_STATUS_DETAILS_CHARS = 2048
 
 
 def status_details(exc: Exception) -> str:
+    """The status details of ``exc``, clipped to MAX_STATUS_DETAILS_CHARS so the field name
+    and reason survive the peer's metadata limit."""
     text = str(exc)
     if len(text) <= MAX_STATUS_DETAILS_CHARS:
         return text
@@ -82,6 +84,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         self._service = service
 
     async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001
+        """Wrap the method's handler so domain errors become status codes and the RPC is counted."""
         handler = await continuation(handler_call_details)
         if handler is not None and handler.stream_stream is not None:
             return self._wrap_stream(handler, handler_call_details.method.rsplit("/", 1)[-1])
@@ -102,12 +105,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 code = "CANCELLED"
                 raise
             except Exception as exc:
-                # Domain errors (libra.errors and the cores' own, which never import grpc)
-                # declare their status by name.
-                status_name = getattr(exc, "grpc_status_name", None)
-                if status_name is not None:
-                    code = status_name
-                    await context.abort(grpc.StatusCode[status_name], status_details(exc))
+                # Domain errors (libra.errors, the one hierarchy every service raises)
+                # declare their status by name; anything else is a bug: INTERNAL.
+                if isinstance(exc, LibraError):
+                    code = exc.grpc_status_name
+                    await context.abort(grpc.StatusCode[code], status_details(exc))
                 if context.code() is None:  # not an abort raised by the handler itself
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
@@ -132,13 +134,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 code = "CANCELLED"
                 raise
             except Exception as exc:
-                status_name = getattr(exc, "grpc_status_name", None)
-                if status_name is None:
+                if not isinstance(exc, LibraError):
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
                     raise
-                code = status_name
-                await context.abort(grpc.StatusCode[status_name], status_details(exc))
+                code = exc.grpc_status_name
+                await context.abort(grpc.StatusCode[code], status_details(exc))
             finally:
                 RPC_TOTAL.labels(service, method, code).inc()
 
@@ -182,6 +183,8 @@ class Server:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
+        """Register the servicers, health (and reflection), bind the port, serve, mark every
+        service SERVING and start the metrics endpoint."""
         for reg in self._registrations:
             reg.add_to_server(reg.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -3,6 +3,8 @@
 Validation is strict and names the field: an unknown key, a wrong type or a value out of
 range raises ``InvalidArgument("section.field", reason)`` so the REST API answers 400
 and gRPC answers INVALID_ARGUMENT, and nothing is created. Schema: docs/jobspec.md.
+Reading the document and building the dataclasses (unknown keys, types) is
+``libra.spec_document``'s; the ranges and cross-field rules are here, beside the fields.
 """
 
 from __future__ import annotations
@@ -11,37 +13,27 @@ import dataclasses
 import json
 import math
 import re
-import tomllib
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from libra.agents import check_builtin_agent
+from libra.chat.protocol import TOOL_TEMPLATES
+from libra.chat.toolcalls import PARSERS
 from libra.errors import InvalidArgument
 from libra.rewardspec import RewardSpec, check_plugin_name, validate_reward
-from libra.spec_limits import (
-    COUNTS,
-    MAX_SPEC_INT,
-    check_document_text,
-    check_document_values,
-    validate_limits,
-)
+from libra.spec_document import build_dataclass
+from libra.spec_document import parse_document as parse_document
+from libra.spec_limits import validate_limits
 from libra.tasks import TASKS
 from libra.taskspec import TaskSpec, normalise_task, validate_task_source
 
 SUPPORTED_MODELS = ("tiny-llama", "hf")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16")
 SUPPORTED_TASKS = tuple(TASKS)
-# How a model asks for a tool: the tiny model's single-token tags, or Hermes/Qwen JSON
-# inside <tool_call>...</tool_call> (chat models); parsers live in libra/chat/toolcalls.py.
-SUPPORTED_TOOL_CALL_FORMATS = ("arith", "hermes")
-# Where tool schemas enter the prompt: the model's own chat template (``model``), the
-# shipped Hermes-style template (``hermes``), or ``auto`` (the model's when it renders
-# ``tools``, else the shipped one).
-SUPPORTED_TOOL_TEMPLATES = ("auto", "model", "hermes")
-SUPPORTED_POLICIES = ("least_loaded", "cmlfq", "length_aware", "la_mlfq", "toolcount")
+# The registries are the only lists: tool-call formats are libra.chat's parsers
+# (``PARSERS``), tool templates its ``TOOL_TEMPLATES``; ``layout.policy`` and the C-MLFQ
+# rule names are checked against the scheduling policies by the coordinator at submit
+# (the foundation may not import the algorithms), so only their type is checked here.
 _BUCKET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
@@ -85,6 +77,8 @@ class ToolSchema:
 
 @dataclass(frozen=True, kw_only=True)
 class ToolsSpec:
+    """``[tools]``: which gateway tools the model may call, their time limit and options."""
+
     enabled: list[str] = field(default_factory=lambda: ["calculator"])
     calculator_transient_failure_rate: float = 0.25
     call_timeout_s: float = 5.0
@@ -102,6 +96,8 @@ class ToolsSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmSpec:
+    """``[algorithm]``: GRPO/PPO hyperparameters, the warm start and the staleness budget."""
+
     num_steps: int = 600
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
@@ -133,6 +129,8 @@ class AlgorithmSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class BucketSpec:
+    """``[[layout.buckets]]``: one rollout bucket, by the longest trajectory it serves."""
+
     name: str
     max_tokens: int
     tp_degree: int = 1
@@ -171,6 +169,8 @@ class CmlfqSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutSpec:
+    """``[layout]``: the placement policy, the buckets (shortest first) and C-MLFQ's knobs."""
+
     policy: str = "least_loaded"
     buckets: list[BucketSpec] = field(default_factory=_default_buckets)
     cmlfq: CmlfqSpec = field(default_factory=CmlfqSpec)
@@ -203,6 +203,8 @@ class ElasticSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
+    """A whole job spec, validated (``parse_job_spec``); every service reads the job from it."""
+
     name: str = "job"
     model: ModelSpec = field(default_factory=ModelSpec)
     task: TaskSpec = field(default_factory=TaskSpec)
@@ -213,72 +215,9 @@ class JobSpec:
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
 
     def to_json(self) -> str:
+        """The normalised spec as sorted JSON: what the coordinator stores and the services
+        parse."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-
-def parse_document(text: str, fmt: str) -> dict[str, Any]:
-    """Parse a spec document; ``fmt`` is toml, json or yaml."""
-    fmt = (fmt or "toml").lower()
-    check_document_text(text)
-    try:
-        if fmt == "toml":
-            data = tomllib.loads(text)
-        elif fmt == "json":
-            data = json.loads(text)
-        elif fmt in ("yaml", "yml"):
-            data = yaml.safe_load(text)
-        else:
-            raise InvalidArgument("spec_format", f"unknown format {fmt!r} (toml, json, yaml)")
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InvalidArgument("spec", f"not valid {fmt}: {exc}") from exc
-    except RecursionError as exc:  # "[[[[...": nesting deeper than any spec needs
-        raise InvalidArgument("spec", f"not valid {fmt}: nested too deeply") from exc
-    if not isinstance(data, dict):
-        raise InvalidArgument("spec", "the document must be a mapping")
-    check_document_values(data)
-    return data
-
-
-def _convert(path: str, ftype: Any, value: Any) -> Any:
-    origin = typing.get_origin(ftype)
-    if dataclasses.is_dataclass(ftype):
-        if not isinstance(value, dict):
-            raise InvalidArgument(path, "must be a table/object")
-        return _build(ftype, value, path)
-    if origin is list:
-        if not isinstance(value, list):
-            raise InvalidArgument(path, "must be a list")
-        if len(value) > COUNTS.get(path, len(value)):  # before building thousands of items
-            raise InvalidArgument(path, f"{len(value)} entries, at most {COUNTS[path]}")
-        (item,) = typing.get_args(ftype)
-        return [_convert(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
-    if ftype is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value) if abs(value) <= MAX_SPEC_INT else math.inf
-    if not isinstance(value, ftype) or (ftype is int and isinstance(value, bool)):
-        raise InvalidArgument(path, f"must be {ftype.__name__}, got {type(value).__name__}")
-    # Every number finite and JSON-safe; the per-field maxima: libra/spec_limits.py.
-    if ftype is float and not math.isfinite(value):
-        raise InvalidArgument(path, f"must be a finite number, got {value!r}")
-    if ftype is int and abs(value) > MAX_SPEC_INT:
-        raise InvalidArgument(path, f"must be an integer of magnitude at most {MAX_SPEC_INT}")
-    return value
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in names:
-            where = f"{prefix}.{key}" if prefix else key
-            raise InvalidArgument(where, f"unknown field (known: {', '.join(sorted(names))})")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        path = f"{prefix}.{f.name}" if prefix else f.name
-        if f.name in data:
-            kwargs[f.name] = _convert(path, hints[f.name], data[f.name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise InvalidArgument(path, "required")
-    return cls(**kwargs)
 
 
 def _require(ok: bool, path: str, reason: str) -> None:
@@ -291,8 +230,8 @@ def _validate_ranges(spec: JobSpec) -> None:
     _require(bool(spec.name.strip()), "name", "must not be empty")
     _validate_model(spec)
     validate_task_source(t, prompts_per_step=a.prompts_per_step, sft_steps=a.sft_steps)
-    _require(t.tool_call_format in SUPPORTED_TOOL_CALL_FORMATS, "task.tool_call_format",
-             f"one of {SUPPORTED_TOOL_CALL_FORMATS}")
+    _require(t.tool_call_format in PARSERS, "task.tool_call_format",
+             f"one of {tuple(PARSERS)} (the parsers of libra/chat/toolcalls.py)")
     _require(spec.model.kind == "hf" or t.tool_call_format == "arith",
              "task.tool_call_format", "the tiny-llama model speaks only the arith format")
     check_plugin_name(t.agent, "task.agent")  # plugins: the coordinator, at submit
@@ -344,8 +283,8 @@ def _validate_model(spec: JobSpec) -> None:
     m = spec.model
     _require(m.kind in SUPPORTED_MODELS, "model.kind", f"one of {SUPPORTED_MODELS}")
     _require(m.dtype in SUPPORTED_DTYPES, "model.dtype", f"one of {SUPPORTED_DTYPES}")
-    _require(m.tool_template in SUPPORTED_TOOL_TEMPLATES, "model.tool_template",
-             f"one of {SUPPORTED_TOOL_TEMPLATES}")
+    _require(m.tool_template in TOOL_TEMPLATES, "model.tool_template",
+             f"one of {TOOL_TEMPLATES}")
     _require(0 <= m.max_context_tokens <= 1 << 20, "model.max_context_tokens",
              "must be in [0, 1048576] (0 = the model's own limit, capped at 4096)")
     if m.kind == "hf":
@@ -359,8 +298,8 @@ def _validate_model(spec: JobSpec) -> None:
 
 
 def _validate_layout(layout: LayoutSpec) -> None:
-    _require(layout.policy in SUPPORTED_POLICIES, "layout.policy",
-             f"one of {SUPPORTED_POLICIES}")
+    _require(bool(layout.policy.strip()), "layout.policy",
+             "must name a placement policy (which ones: the scheduler's registry)")
     _require(len(layout.buckets) >= 1, "layout.buckets", "at least one bucket is required")
     names = [b.name for b in layout.buckets]
     for i, name in enumerate(names):
@@ -385,10 +324,8 @@ def _validate_cmlfq(layout: LayoutSpec) -> None:
         _require(getattr(c, name) >= 1, f"layout.cmlfq.{name}", "must be >= 1")
     for name in ("rebuild_interval_steps", "tree_persist_interval_finishes", "max_queue_length"):
         _require(getattr(c, name) >= 0, f"layout.cmlfq.{name}", "must be >= 0 (0 = never/off)")
-    _require(c.entry in ("predict", "shortest"), "layout.cmlfq.entry",
-             f"must be \"predict\" or \"shortest\", got {c.entry!r}")
-    _require(c.disagree_rule in ("clamp", "stay"), "layout.cmlfq.disagree_rule",
-             f"must be \"clamp\" or \"stay\", got {c.disagree_rule!r}")
+    # entry and disagree_rule: the rule names are the policy's (scheduling/policy/
+    # cmlfq.py); the coordinator checks them at submit (scheduling.policy.check_layout).
     thresholds = c.bucket_thresholds_tokens
     if thresholds:
         _require(len(thresholds) == len(layout.buckets), "layout.cmlfq.bucket_thresholds_tokens",
@@ -431,7 +368,8 @@ def parse_job_spec(text: str, fmt: str = "toml") -> JobSpec:
 
 
 def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
-    spec = _build(JobSpec, data, "")
+    """Build and validate a spec from a parsed document; raises InvalidArgument naming the field."""
+    spec = build_dataclass(JobSpec, data, "")
     spec = dataclasses.replace(spec, task=normalise_task(spec.task, data.get("task")))
     spec = _skip_warm_start_after_init_from(spec, data.get("algorithm"))
     validate_limits(spec)  # first: the checks below may walk lists

@@ -61,6 +61,7 @@ class SafeMessages(logging.Filter):
         self._max_chars = max_chars
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Render, escape and clip the record's message in place; always keeps the record."""
         try:
             message = record.getMessage()
         except (TypeError, ValueError):  # a bad format string must not lose the record
@@ -97,6 +98,7 @@ class RepeatLimiter(logging.Filter):
         self._windows: dict[tuple[str, int, str], _Window] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Keep the record unless its key already logged ``burst`` records in this window."""
         if record.levelno < self._min_level:
             return True
         now_s = self._clock()

@@ -19,13 +19,16 @@ class JobRecordReader:
     _r: Any
 
     async def job_field(self, job_id: str, name: str) -> str | None:
+        """Field ``name`` of the job's hash, decoded (None when the job or field is missing)."""
         raw = await self._r.hget(keys.job(job_id), name)
         return raw.decode() if raw else None
 
     async def job_spec_json(self, job_id: str) -> str | None:
+        """The job's stored spec (normalised JSON), None for an unknown job."""
         return await self.job_field(job_id, "spec_json")
 
     async def job_state(self, job_id: str) -> str | None:
+        """The job's state (a ``JobState`` value), None for an unknown job."""
         return await self.job_field(job_id, "state")
 
 
@@ -82,31 +85,39 @@ class ScriptBatch:
 
     def hset(self, name: str, key: Any = None, value: Any = None,
              mapping: dict[Any, Any] | None = None) -> None:
+        """Queue the pipeline's ``hset``, split so no Lua call passes ~8000 arguments."""
         pairs = list((mapping or {}).items()) + ([(key, value)] if key is not None else [])
         for start in range(0, len(pairs), _MAX_FIELDS_PER_OP):
             self._op("HSET", name, *(x for pair in pairs[start:start + _MAX_FIELDS_PER_OP]
                                      for x in pair))
 
     def hdel(self, name: str, *fields: Any) -> None:
+        """Queue the pipeline's ``hdel``, split like :meth:`hset`."""
         for start in range(0, len(fields), _MAX_FIELDS_PER_OP):
             self._op("HDEL", name, *fields[start:start + _MAX_FIELDS_PER_OP])
 
     def hincrby(self, name: str, key: Any, amount: int = 1) -> None:
+        """Queue the pipeline's ``hincrby`` (run by :meth:`execute`)."""
         self._op("HINCRBY", name, key, amount)
 
     def xadd(self, name: str, fields: dict[Any, Any]) -> None:
+        """Queue the pipeline's ``xadd`` (the entry id chosen by Redis)."""
         self._op("XADD", name, "*", *(x for pair in fields.items() for x in pair))
 
     def rpush(self, name: str, *values: Any) -> None:
+        """Queue the pipeline's ``rpush``, split like :meth:`hset`."""
         for start in range(0, len(values), _MAX_FIELDS_PER_OP):
             self._op("RPUSH", name, *values[start:start + _MAX_FIELDS_PER_OP])
 
     def ltrim(self, name: str, start: int, end: int) -> None:
+        """Queue the pipeline's ``ltrim`` (run by :meth:`execute`)."""
         self._op("LTRIM", name, start, end)
 
     def set(self, name: str, value: Any) -> None:
+        """Queue the pipeline's ``set`` (run by :meth:`execute`)."""
         self._op("SET", name, value)
 
     async def execute(self) -> None:
+        """Run the collected commands in one EVALSHA (nothing to do when none were added)."""
         if self._args:
             await self._script(keys=list(self._keys), args=self._args)

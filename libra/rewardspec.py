@@ -56,6 +56,9 @@ class LlmJudgeSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class RewardSpec:
+    """``[reward]``: the reward that scores a trajectory (checked against the gateway's
+    registry at submit), a composite's parts, the judge and the failure budget."""
+
     name: str = "exact_match"
     components: list[RewardComponent] = field(default_factory=list)
     """``composite``: the rewards summed, each times its weight."""
@@ -80,6 +83,7 @@ class RewardSpec:
         return opts
 
     def options_json(self) -> str:
+        """:meth:`options` as sorted JSON (``ScoreInput.options_json``)."""
         return json.dumps(self.options(), sort_keys=True)
 
 

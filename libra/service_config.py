@@ -9,6 +9,8 @@ from libra.config import knob
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ServerConfig:
+    """The gRPC server of a service: address, ports, drain time, reflection."""
+
     host: str = knob("127.0.0.1", "address the gRPC server binds to")
     port: int = knob(0, "gRPC port (0 picks a free port, printed at start-up)")
     metrics_port: int = knob(0, "Prometheus /metrics port (0 picks a free port, -1 disables)")
@@ -18,6 +20,8 @@ class ServerConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TelemetryConfig:
+    """Logging and tracing of a service."""
+
     log_level: str = knob("INFO", "log level")
     log_json: bool = knob(False, "structured JSON log lines instead of key=value text")
     otlp_endpoint: str = knob("", "OTLP gRPC endpoint for traces (host:port); empty = no export")
@@ -33,6 +37,8 @@ class TelemetryConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PeersConfig:
+    """Where a service finds its peers, and its default deadline for calls to them."""
+
     coordinator: str = knob("127.0.0.1:50051", "coordinator gRPC address")
     scheduler: str = knob("127.0.0.1:50052", "scheduler gRPC address")
     trainer: str = knob("127.0.0.1:50053", "trainer gRPC address")

@@ -29,6 +29,9 @@ _MAPPING_FIELDS = ("prompt_field", "messages_field", "reference_field", "metadat
 
 @dataclass(frozen=True, kw_only=True)
 class TaskSpec:
+    """``[task]``: where prompts come from (a built-in task or a dataset file and its column
+    mapping), how the model calls tools, and the turn limits."""
+
     name: str = "arith"
     """Built-in task (``arith``, ``calc-words``) when ``kind`` is empty; see the module."""
     kind: str = ""

@@ -130,4 +130,6 @@ def instrument_libraries(with_redis: bool = True) -> None:
 
 
 def tracer(name: str) -> trace.Tracer:
+    """The OpenTelemetry tracer called ``name`` (spans are exported only where tracing was
+    set up)."""
     return trace.get_tracer(name)

@@ -6,19 +6,20 @@ Procedure (:func:`validate`), against a running stack (`libra up`):
 2. record its finished trajectories (``libra_cli/sim_record.py``) with their admission
    (``created_at_ms``, stamped by the scheduler) and finish (``finished_at_ms``,
    stamped by the rollout instance) times;
-3. measure every cost the replay needs *in the run*: each rollout instance's engine
-   calls (shape and wall time, timed by the engine in the serving process and read
-   from ``GetInstanceStatus.engine_profile_json``; ``sim/cpu_engine.py`` fits the
-   instance's step costs to them), its event loop's own costs (``loop_profile_json``:
-   each pass's phases, each task's start lag, and every tool call and scoring RPC as
-   the rollout's task saw it; ``sim/loop_costs.py``), the first job contact (first
-   admission on an instance -> its ``weights_loaded`` of version 0) and the weight
-   reloads (the rollout's own ``weights_loaded`` events). Fallbacks, used only where
-   the run has no measurement (a ring buffer overflowed, an engine that logs nothing):
-   afterwards, with the stack still up, each recorded tool call is re-issued with the
-   *same call id* (deterministic outcomes; retries and back-off recur), each answer
-   re-scored and a loop pass's Redis round trips timed. The delays nothing measures
-   are read from the code and configuration they model (:func:`system_delays`);
+3. measure every cost the replay needs *in the run* (``libra_cli/sim_measure.py``): each
+   rollout instance's engine calls (shape and wall time, timed by the engine in the
+   serving process and read from ``GetInstanceStatus.engine_profile_json``;
+   ``sim/cpu_engine.py`` fits the instance's step costs to them), its event loop's own
+   costs (``loop_profile_json``: each pass's phases, each task's start lag, and every
+   tool call and scoring RPC as the rollout's task saw it; ``sim/loop_costs.py``), the
+   first job contact (first admission on an instance -> its ``weights_loaded`` of
+   version 0) and the weight reloads (the rollout's own ``weights_loaded`` events).
+   Fallbacks, used only where the run has no measurement (a ring buffer overflowed, an
+   engine that logs nothing): afterwards, with the stack still up, each recorded tool
+   call is re-issued with the *same call id* (deterministic outcomes; retries and
+   back-off recur), each answer re-scored and a loop pass's Redis round trips timed. The
+   delays nothing measures are read from the code and configuration they model
+   (:func:`system_delays`);
 4. replay the trace on the same instances, batch caps and policy (``sim/cpu_replay.py``)
    and compare.
 
@@ -39,6 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from libra import types as t
+from libra_cli.sim_measure import instance_profiles as instance_profiles
+from libra_cli.sim_measure import measure_round_trips as measure_round_trips
+from libra_cli.sim_measure import measure_scoring as measure_scoring
+from libra_cli.sim_measure import measure_tool_calls as measure_tool_calls
+from libra_cli.sim_measure import read_run as read_run
+from libra_cli.sim_measure import run_and_measure
+from libra_cli.sim_measure import run_job as run_job
 
 SPEC_OVERRIDES = {"num_steps": 12, "prompts_per_step": 4, "samples_per_prompt": 4,
                   "sft_steps": 500}
@@ -71,102 +79,6 @@ def write_stack_file(path: Path) -> Path:
     path.write_text("\n".join(lines) + "\n")
     return path
 
-
-async def run_job(coordinator: str, spec_json: str, timeout_s: float = 600.0,
-                  auth: Any = None) -> str:
-    """Create the job and wait until it ends; return its id (``auth``: a ClientAuth)."""
-    from libra.clients.coordinator import GrpcCoordinatorClient
-
-    client = GrpcCoordinatorClient(coordinator, auth=auth)
-    job = await client.create_job(spec_json, "json")
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            job, _steps, _counters = await client.get_job(job.job_id)
-            if job.state.is_terminal:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"job {job.job_id} not done after {timeout_s}s")
-            await asyncio.sleep(0.3)
-    finally:
-        await client.close()
-    if job.state is not t.JobState.SUCCEEDED:
-        raise RuntimeError(f"job {job.job_id} ended {job.state.value}: {job.message}")
-    return job.job_id
-
-
-async def read_run(redis: Any, job_id: str) -> tuple[list[t.Trajectory], list[dict], dict]:
-    """Finished trajectories, ``weights_loaded`` events and the job hash, from Redis."""
-    from libra import redis_keys
-    from libra.wire.common import decode_trajectory
-
-    trajs = []
-    for _, fields in await redis.xrange(redis_keys.trajectories(job_id)):
-        traj = decode_trajectory(fields[b"data"])
-        if traj.status is t.TrajectoryStatus.FINISHED:
-            trajs.append(traj)
-    events = []
-    for entry_id, fields in await redis.xrange(redis_keys.events(job_id)):
-        row = {k.decode(): v.decode() for k, v in fields.items()}
-        row["at_ms"] = int(entry_id.decode().split("-")[0])
-        events.append(row)
-    job = {k.decode(): v.decode() for k, v in (await redis.hgetall(redis_keys.job(job_id))).items()}
-    return trajs, events, job
-
-
-async def _timed(coro: Any) -> float:
-    """Wall time of one RPC; an RPC that answers with an error still took its round trip."""
-    from libra.errors import LibraError
-
-    started = time.perf_counter()
-    try:
-        await coro
-    except LibraError:
-        pass
-    return time.perf_counter() - started
-
-
-async def measure_tool_calls(gateway: Any, spec: Any, trajs: list[t.Trajectory]) -> dict:
-    """Latency of every recorded tool call, re-issued with its own call id."""
-    tool = spec.tools.enabled[0]
-    options = spec.tools.options_for(tool)
-    deadline_ms = int(min(5.0, spec.tools.call_timeout_s) * 1000)
-    out: dict[str, list[float]] = {}
-    for traj in trajs:
-        lat = []
-        for k in range(len(traj.tool_states)):
-            call_id = f"{traj.trajectory_id}:t{k + 1}"  # the rollout's own call id
-            lat.append(await _timed(gateway.execute(
-                traj.trajectory_id, call_id, tool, {"expression": "1+1"}, deadline_ms, options)))
-        out[traj.trajectory_id] = lat
-    return out
-
-
-async def measure_scoring(gateway: Any, spec: Any, trajs: list[t.Trajectory]) -> dict:
-    """Scoring RPC latency of every trajectory that ended with an answer (else 0)."""
-    out = {}
-    for traj in trajs:
-        if not traj.final_text:
-            out[traj.trajectory_id] = 0.0
-            continue
-        out[traj.trajectory_id] = await _timed(gateway.score(t.ScoreInput(
-            traj.trajectory_id, spec.reward.name, traj.final_text, traj.reference,
-            options_json=spec.reward.options_json())))
-    return out
-
-
-async def measure_round_trips(redis: Any, job_id: str, n: int = 50) -> dict:
-    """Median 3-Redis-round-trip loop pass (idle stack; the fallback pass overhead)."""
-    from libra import redis_keys
-
-    passes = []
-    for _ in range(n):
-        started = time.perf_counter()
-        await redis.hget(redis_keys.job(job_id), "state")
-        await redis.hgetall(redis_keys.policy(job_id))
-        await redis.xlen(redis_keys.trajectories(job_id))
-        passes.append(time.perf_counter() - started)
-    return {"pass_overhead_s": statistics.median(passes)}
 
 
 def reload_schedule(events: list[dict], t0_ms: int) -> tuple[tuple[float, ...], float]:
@@ -250,57 +162,6 @@ def compare(recs: list, predicted_finish_s: list[float]) -> dict[str, Any]:
         "predicted_makespan_s": max(predicted_finish_s),
     }
 
-
-async def instance_profiles(state: dict[str, Any]) -> tuple[dict[str, list], dict[str, dict]]:
-    """Every rollout instance's engine calls and loop profile, as it timed them during
-    the run."""
-    from libra.grpcx import client_channel
-    from libra.proto.rollout.v1 import rollout_pb2 as pb
-    from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
-    from libra_cli.credentials import stack_auth
-
-    engine, loop = {}, {}
-    for svc in state["services"]:
-        if svc["name"] not in dict(STACK_INSTANCES):
-            continue
-        auth = stack_auth(Path(state["run_root"]), internal=True)
-        async with client_channel(f"127.0.0.1:{svc['port']}", auth) as channel:
-            resp = await pb_grpc.RolloutServiceStub(channel).GetInstanceStatus(
-                pb.GetInstanceStatusRequest(), timeout=10.0)
-        engine[svc["name"]] = json.loads(resp.engine_profile_json or "[]")
-        loop[svc["name"]] = json.loads(resp.loop_profile_json or "{}")
-    return engine, loop
-
-
-async def _run_and_measure(state: dict[str, Any], spec_json: str) -> dict[str, Any]:
-    """Steps 1-3 against the live stack: the job, the instances' engine and loop
-    profiles, then the idle re-issue of its tool calls and scoring (fallbacks)."""
-    import redis.asyncio as aioredis
-
-    from libra.clients.toolgateway import GrpcToolGatewayClient
-    from libra.jobspec import job_spec_from_json
-    from libra_cli import stack
-    from libra_cli.credentials import stack_auth
-
-    redis = aioredis.from_url(state["redis_url"], decode_responses=False)
-    port = {svc["name"]: svc["port"] for svc in state["services"]}
-    internal = stack_auth(Path(state["run_root"]), internal=True)
-    gateway = GrpcToolGatewayClient(f"127.0.0.1:{port['toolgateway']}", auth=internal)
-    try:
-        job_id = await run_job(stack.coordinator_address(state), spec_json,
-                               auth=stack_auth(Path(state["run_root"])))
-        profiles, loop = await instance_profiles(state)
-        trajs, events, job = await read_run(redis, job_id)
-        spec = job_spec_from_json(job["spec_json"])
-        tool_s = await measure_tool_calls(gateway, spec, trajs)
-        score_s = await measure_scoring(gateway, spec, trajs)
-        idle = await measure_round_trips(redis, job_id)
-    finally:
-        await gateway.close()
-        await redis.aclose()
-    return {"job_id": job_id, "trajs": trajs, "events": events, "spec": spec,
-            "profiles": profiles, "loop": loop, "tool_s": tool_s, "score_s": score_s,
-            "idle": idle}
 
 
 def first_contact_s(trajs: list[t.Trajectory], events: list[dict]) -> dict[str, float]:
@@ -426,7 +287,8 @@ def validate(run_root: Path, repo_root: Path, **overrides: Any) -> dict[str, Any
     started = time.perf_counter()
     state = stack.up(run_root, write_stack_file(run_root / "stack.toml"), timeout_s=120)
     try:
-        measured = asyncio.run(_run_and_measure(state, demo_spec(repo_root, **overrides)))
+        measured = asyncio.run(run_and_measure(state, demo_spec(repo_root, **overrides),
+                                               [name for name, _ in STACK_INSTANCES]))
     finally:
         stack.down(run_root)
     result = replay_measured(measured)

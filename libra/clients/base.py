@@ -35,6 +35,7 @@ class GrpcClientBase:
         self._channel = client_channel(address, auth)
 
     async def close(self) -> None:
+        """Close the channel; calls still in flight fail with CANCELLED."""
         await self._channel.close()
 
     async def _call(self, method: Callable[..., Awaitable[R]], request: Any, *,

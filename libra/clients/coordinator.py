@@ -45,6 +45,7 @@ class GrpcCoordinatorClient(GrpcClientBase):
         return job_from_proto(resp.job)
 
     async def get_job(self, job_id: str) -> tuple[t.Job, list[dict], dict]:
+        """The job, its step records (oldest first) and its counters; NotFound for an unknown id."""
         resp = await self._call(self._stub.GetJob, pb.GetJobRequest(job_id=job_id),
                                 idempotent=True)
         steps = [json.loads(s) for s in resp.steps_json]
@@ -57,6 +58,7 @@ class GrpcCoordinatorClient(GrpcClientBase):
         return [json.loads(e) for e in resp.events_json]
 
     async def list_jobs(self) -> list[t.Job]:
+        """Every job the coordinator still holds, whatever its state."""
         resp = await self._call(self._stub.ListJobs, pb.ListJobsRequest(), idempotent=True)
         return [job_from_proto(j) for j in resp.jobs]
 
@@ -69,18 +71,23 @@ class GrpcCoordinatorClient(GrpcClientBase):
 
     async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
                             address: str, ttl_ms: int) -> t.Lease:
+        """Register a worker: a lease for ``ttl_ms`` whose new epoch fences out any older holder
+        of the same worker id."""
         resp = await self._call(self._stub.AcquireLease, pb.AcquireLeaseRequest(
             worker_id=worker_id, role=role_to_proto(role), bucket=bucket, address=address,
             ttl_ms=ttl_ms), idempotent=True)
         return lease_from_proto(resp.lease)
 
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+        """Extend the lease held at ``epoch``; LeaseLost once it expired or was granted anew
+        (which tells a zombie worker to stop)."""
         resp = await self._call(self._stub.RenewLease,
                                 pb.RenewLeaseRequest(worker_id=worker_id, epoch=epoch),
                                 idempotent=True)
         return lease_from_proto(resp.lease)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
+        """Give the lease up on a clean exit, so peers need not wait for its TTL."""
         await self._call(self._stub.ReleaseLease,
                          pb.ReleaseLeaseRequest(worker_id=worker_id, epoch=epoch),
                          idempotent=True)
@@ -95,12 +102,15 @@ class GrpcCoordinatorClient(GrpcClientBase):
         return lease_from_proto(resp.lease)
 
     async def list_workers(self) -> list[t.Lease]:
+        """The leases held now: which workers are alive, in which role and bucket."""
         resp = await self._call(self._stub.ListWorkers, pb.ListWorkersRequest(),
                                 idempotent=True)
         return [lease_from_proto(lease) for lease in resp.leases]
 
     async def report_step(self, job_id: str, record: t.StepRecord | dict[str, Any],
                           idempotency_key: str = "") -> None:
+        """Append one training step to the job's history; ``idempotency_key`` makes a retried
+        report (its reply lost) a no-op."""
         # A raw dict (tests, tools) goes as it is; the coordinator checks either.
         step_json = (json.dumps(record) if isinstance(record, dict)
                      else step_record_to_json(record))
@@ -109,5 +119,6 @@ class GrpcCoordinatorClient(GrpcClientBase):
             idempotent=True)
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:
+        """The trainer's word that the job ended (succeeded or failed, and why)."""
         await self._call(self._stub.ReportJobDone, pb.ReportJobDoneRequest(
             job_id=job_id, state=job_state_to_proto(state), message=message), idempotent=True)

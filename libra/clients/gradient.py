@@ -32,6 +32,7 @@ class GradientStream:
             yield piece
 
     async def send(self, msg: ch.HybridMessage) -> None:
+        """Queue ``msg`` for the core, cut into pieces that fit a gRPC message."""
         for piece in hybrid_to_pb(msg):
             self._outgoing.put_nowait(piece)
 
@@ -49,6 +50,7 @@ class GradientStream:
                 return msg
 
     async def close(self) -> None:
+        """End the stream from this side and close the channel."""
         self._outgoing.put_nowait(_END)
         self._call.cancel()
         await self._channel.close()
@@ -61,6 +63,7 @@ class GrpcGradientChannel:
         self._auth = auth
 
     async def open(self, address: str, hello: ch.Hello) -> GradientStream:
+        """Open a stream to the trainer at ``address`` and introduce this hybrid with ``hello``."""
         stream = GradientStream(client_channel(address, self._auth))
         await stream.send(hello)
         return stream

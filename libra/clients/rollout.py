@@ -46,6 +46,8 @@ class GrpcRolloutClient(GrpcClientBase):
         return lease_from_proto(resp.lease)
 
     async def get_instance_status(self) -> InstanceStatus:
+        """What the instance is doing now (for the planner and ``libra status``), with the
+        engine and loop profiles it timed."""
         resp = await self._call(self._stub.GetInstanceStatus, pb.GetInstanceStatusRequest(),
                                 idempotent=True)
         return InstanceStatus(

@@ -15,6 +15,8 @@ __all__ = ["GrpcSchedulerClient", "GrpcTrainerClient"]
 
 
 class GrpcTrainerClient(GrpcClientBase):
+    """Starts, stops and asks after a job on the trainer (the coordinator's runner)."""
+
     def __init__(self, address: str, timeout_s: float = 10.0, *,
                  auth: ClientAuth | None = None) -> None:
         super().__init__(address, timeout_s, auth=auth)
@@ -27,10 +29,12 @@ class GrpcTrainerClient(GrpcClientBase):
                                                                   resume=resume))
 
     async def stop_job(self, job_id: str) -> None:
+        """Stop training ``job_id`` (idempotent: retried on UNAVAILABLE)."""
         await self._call(self._stub.StopJob, tpb.StopJobRequest(job_id=job_id),
                          idempotent=True)
 
     async def status(self) -> t.TrainerStatus:
+        """What the trainer is doing: its phase, job, step and policy version (reconciliation)."""
         resp = await self._call(self._stub.GetTrainerStatus, tpb.GetTrainerStatusRequest(),
                                 idempotent=True)
         return trainer_status_from_proto(resp)

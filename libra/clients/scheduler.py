@@ -72,6 +72,9 @@ class _Batch:
 
 
 class GrpcSchedulerClient(GrpcClientBase):
+    """The scheduler over gRPC: job start and stop, and the tool-return reports, batched
+    onto one long-lived stream per instance (see the module docstring)."""
+
     def __init__(self, address: str, timeout_s: float = 10.0, linger_s: float = 0.0,
                  max_unanswered: int = MAX_UNANSWERED_BATCHES, *,
                  auth: ClientAuth | None = None) -> None:
@@ -101,6 +104,7 @@ class GrpcSchedulerClient(GrpcClientBase):
                                                                   resume=resume))
 
     async def stop_job(self, job_id: str) -> None:
+        """Stop admitting and placing the job's work (what the store holds stays)."""
         await self._call(self._stub.StopJob, spb.StopJobRequest(job_id=job_id),
                          idempotent=True)
 
@@ -230,11 +234,14 @@ class GrpcSchedulerClient(GrpcClientBase):
             lease_epoch=lease_epoch), idempotent=True)
 
     async def stats(self, job_id: str) -> dict[str, Any]:
+        """The job's placement figures: policy, pending work, decisions, migrations."""
         resp = await self._call(self._stub.GetSchedulerStats,
                                 spb.GetSchedulerStatsRequest(job_id=job_id), idempotent=True)
         return json.loads(resp.stats_json or "{}")
 
     async def close(self) -> None:
+        """Stop the sender, fail the reports not yet sent, end the report stream and close the
+        channel."""
         if self._sender is not None:
             self._sender.cancel()
             await asyncio.gather(self._sender, return_exceptions=True)

@@ -16,6 +16,8 @@ from libra.wire.toolgateway import score_input_to_proto, score_output_from_proto
 
 
 class GrpcToolGatewayClient(GrpcClientBase):
+    """The tool gateway over gRPC: tool calls, scoring and the tool and reward registries."""
+
     def __init__(self, address: str, timeout_s: float = 10.0, max_attempts: int = 3, *,
                  auth: ClientAuth | None = None) -> None:
         super().__init__(address, timeout_s, max_attempts, auth=auth)
@@ -24,6 +26,8 @@ class GrpcToolGatewayClient(GrpcClientBase):
     async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],
                       deadline_ms: int, options: dict[str, Any] | None = None
                       ) -> t.ToolResult:
+        """Run one tool call; a tool that fails comes back as a result with a failure state,
+        only a refusal (unknown tool, bad arguments, busy) raises."""
         # Idempotent by call_id: the gateway's outcome is a function of the call id.
         resp = await self._call(self._stub.ExecuteToolCall, pb.ExecuteToolCallRequest(
             trajectory_id=trajectory_id, call_id=call_id, tool=tool,
@@ -49,6 +53,8 @@ class GrpcToolGatewayClient(GrpcClientBase):
         return [{"name": r.name, "description": r.description} for r in resp.rewards]
 
     async def list_tools(self) -> list[dict[str, Any]]:
+        """The gateway's tool registry: name, description, JSON schema of the arguments,
+        idempotent."""
         resp = await self._call(self._stub.ListTools, pb.ListToolsRequest(), idempotent=True)
         return [{"name": s.name, "description": s.description,
                  "args_schema": json.loads(s.args_schema_json or "{}"),

@@ -9,14 +9,14 @@ Guide: docs/datasets.md.
 """
 
 from libra.data.check import DatasetSummary, check_job_dataset
-from libra.data.dataset import DatasetSplit, Drawn, JobDataset, open_job_dataset
+from libra.data.dataset import DatasetSplit, Drawn, JobDataset, field_map, open_job_dataset
 from libra.data.registry import (
     BUILTIN_KINDS,
     DATASET_KINDS,
     FILE_KINDS,
     DatasetKind,
     RowSource,
-    field_map,
+    SourceOptions,
 )
 from libra.data.rows import DatasetRow, FieldMap, Message, RowError, render_row
 
@@ -34,6 +34,7 @@ __all__ = [
     "Message",
     "RowError",
     "RowSource",
+    "SourceOptions",
     "check_job_dataset",
     "field_map",
     "open_job_dataset",

@@ -28,6 +28,7 @@ class BuiltinSource:
         return len(self.problems)
 
     def row(self, index: int) -> DatasetRow:
+        """Row ``index`` of the generated problems as a dataset row (prompt, reference answer)."""
         problem = self.problems[int(index)]
         return DatasetRow(prompt_id=problem.prompt_id, prompt_text=problem.prompt,
                           reference=str(problem.answer))

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from libra.data.builtin import BuiltinSource
 from libra.data.order import OrderFn, held_out
-from libra.data.registry import DATASET_KINDS, RowSource
-from libra.data.rows import DatasetRow, RowError
+from libra.data.registry import DATASET_KINDS, RowSource, SourceOptions
+from libra.data.rows import DatasetRow, FieldMap, RowError
 from libra.errors import FailedPrecondition
 from libra.tasks import Problem
 
@@ -103,6 +103,13 @@ class JobDataset:
     eval: DatasetSplit | None
 
 
+def field_map(task: TaskSpec) -> FieldMap:
+    """The spec's mapping of dataset columns (``task.prompt_field``, ...) to row parts."""
+    return FieldMap(prompt=task.prompt_field, messages=task.messages_field,
+                    reference=task.reference_field, metadata=task.metadata_field,
+                    demonstration=task.demonstration_field)
+
+
 def open_job_dataset(task: TaskSpec, *, cache_dir: str | None = None) -> JobDataset:
     """Open the dataset ``task`` describes (a validated spec's ``[task]``).
 
@@ -116,11 +123,12 @@ def open_job_dataset(task: TaskSpec, *, cache_dir: str | None = None) -> JobData
     """
     kind = DATASET_KINDS[task.resolved_kind]
     seed = task.order_seed
-    source = kind.open(task, task.path, "task.path", cache_dir)
+    options = SourceOptions(field_map(task), task.split, task.seed, task.num_prompts)
+    source = kind.open(options, task.path, "task.path", cache_dir)
     train: Sequence[int] | None = None
     eval_split = None
     if task.eval_path:
-        eval_split = DatasetSplit(kind.open(task, task.eval_path, "task.eval_path", cache_dir),
+        eval_split = DatasetSplit(kind.open(options, task.eval_path, "task.eval_path", cache_dir),
                                   None, kind.order, seed)
     elif task.eval_fraction > 0:
         train, held = held_out(len(source), task.eval_fraction, seed)

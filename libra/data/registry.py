@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from libra.data.builtin import BuiltinSource
 from libra.data.files import FileSource, open_table
@@ -19,8 +19,18 @@ from libra.data.order import OrderFn, legacy_order, permuted_order
 from libra.data.rows import DatasetRow, FieldMap
 from libra.tasks import TASKS
 
-if TYPE_CHECKING:
-    from libra.taskspec import TaskSpec
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """What an opener needs of the spec's ``[task]``: the column mapping, the split, and
+    a built-in task's seed and size. ``libra.data.dataset`` builds it from the
+    ``TaskSpec``; the registry never names that class, because the task spec validates
+    ``task.kind`` against this registry and the two would import each other."""
+
+    fields: FieldMap
+    split: str
+    seed: int
+    num_prompts: int
 
 
 class RowSource(Protocol):
@@ -28,11 +38,12 @@ class RowSource(Protocol):
 
     def __len__(self) -> int: ...
 
-    def row(self, index: int) -> DatasetRow: ...
+    def row(self, index: int) -> DatasetRow:
+        """Row ``index`` (0 <= index < len)."""
 
 
-Opener = Callable[["TaskSpec", str, str, "str | None"], RowSource]
-"""``(task, path, spec field of the path, cache dir) -> RowSource``."""
+Opener = Callable[[SourceOptions, str, str, "str | None"], RowSource]
+"""``(options, path, spec field of the path, cache dir) -> RowSource``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,24 +57,19 @@ class DatasetKind:
     is_file: bool
 
 
-def field_map(task: TaskSpec) -> FieldMap:
-    """The spec's field mapping."""
-    return FieldMap(prompt=task.prompt_field, messages=task.messages_field,
-                    reference=task.reference_field, metadata=task.metadata_field,
-                    demonstration=task.demonstration_field)
-
-
 def _open_builtin(name: str) -> Opener:
-    def open_builtin(task: TaskSpec, _path: str, _field: str,
+    def open_builtin(options: SourceOptions, _path: str, _field: str,
                      _cache_dir: str | None) -> RowSource:
-        return BuiltinSource.generate(name, task.seed, task.num_prompts)
+        return BuiltinSource.generate(name, options.seed, options.num_prompts)
     return open_builtin
 
 
 def _open_file(kind: str) -> Opener:
-    def open_file(task: TaskSpec, path: str, field: str, cache_dir: str | None) -> RowSource:
-        table = open_table(kind, path, task.split, field=field, cache_dir=cache_dir)
-        return FileSource(table, field_map(task), "eval" if field == "task.eval_path" else "row")
+    def open_file(options: SourceOptions, path: str, field: str,
+                  cache_dir: str | None) -> RowSource:
+        table = open_table(kind, path, options.split, field=field, cache_dir=cache_dir)
+        return FileSource(table, options.fields,
+                          "eval" if field == "task.eval_path" else "row")
     return open_file
 
 

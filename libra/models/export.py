@@ -60,6 +60,7 @@ class ExportSummary:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (``libra model export --json``)."""
         return asdict(self)
 
 

@@ -78,6 +78,7 @@ class ImportSummary:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (``libra model import --json``)."""
         return asdict(self)
 
 

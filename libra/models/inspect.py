@@ -73,6 +73,7 @@ class ModelInfo:
     tie_word_embeddings: bool
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (``libra model inspect --json``)."""
         return asdict(self)
 
 

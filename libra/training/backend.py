@@ -64,6 +64,7 @@ class JobBackend:
 
     @property
     def model(self) -> torch.nn.Module:
+        """The policy being trained."""
         return self._backend.model
 
     def enable_data_parallel(self, parallelism: str = "ddp", device: str = "cpu") -> None:
@@ -94,17 +95,21 @@ class JobBackend:
                 "sft_loss_last": losses[-1], "sft_s": time.perf_counter() - started, **extra}
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One PPO-clip step with the spec's hyperparameters; returns the step's metrics."""
         a = self._spec.algorithm
         return self._backend.train_step(samples, lr=a.learning_rate, clip_eps=a.clip_eps,
                                         kl_coef=a.kl_coef, is_cap=a.is_cap)
 
     def save_weights(self, path: str) -> str:
+        """Publish the weights file; returns its sha256."""
         return self._backend.save_weights(path)
 
     def save_checkpoint(self, directory: str) -> list[str]:
+        """Write a checkpoint into ``directory``; returns the file names."""
         return self._backend.save_checkpoint(directory)
 
     def load_checkpoint(self, directory: str) -> None:
+        """Restore a checkpoint written by :meth:`save_checkpoint`."""
         self._backend.load_checkpoint(directory)
 
     def load_model_weights(self, checkpoint_dir: str) -> None:
@@ -208,9 +213,12 @@ def _row_demonstrations(spec: JobSpec, tokenizer: object, prompts: DatasetSplit,
 
 
 class TorchBackendFactory:
+    """Builds a torch ``JobBackend`` per job (the trainer core's backend factory)."""
+
     def __init__(self, num_threads: int = 1) -> None:
         self._num_threads = num_threads
 
     def create(self, spec: JobSpec, model_dir: str) -> JobBackend:
+        """The job's backend, its model written to ``model_dir`` for the rollout engines."""
         return JobBackend(spec, model_dir, self._num_threads)
 

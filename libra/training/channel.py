@@ -27,6 +27,8 @@ from libra.training.samples import TrainSample
 
 @dataclass(frozen=True, slots=True)
 class Hello:
+    """Opens the stream: the hybrid's job, worker id, lease epoch and lend generation."""
+
     job_id: str
     worker_id: str
     epoch: int
@@ -51,6 +53,9 @@ class Activated:
 
 @dataclass(frozen=True, slots=True)
 class GradientPayload:
+    """A slice's gradient (safetensors bytes) for ``step``, with its token-mean metrics;
+    ``non_finite`` when the slice's loss or gradient was not finite."""
+
     step: int
     policy_version: int
     epoch: int
@@ -67,6 +72,9 @@ HybridMessage = Hello | Applied | Activated | GradientPayload
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """The core's state after ``step`` (model, optimizer, RNG in ``directory``) for a
+    joining hybrid to load, with the job's spec."""
+
     directory: str
     step: int
     policy_version: int
@@ -85,11 +93,16 @@ class Update:
 
 @dataclass(frozen=True, slots=True)
 class Offer:
+    """The core invites the hybrid to take a hybrid-training epoch from ``step`` on."""
+
     step: int
 
 
 @dataclass(frozen=True, slots=True)
 class SliceTask:
+    """Compute slice ``slice_id`` of ``step``'s gradient: ``samples``' token-mean loss times
+    ``scale`` (slice tokens / batch tokens)."""
+
     step: int
     policy_version: int
     epoch: int
@@ -100,6 +113,8 @@ class SliceTask:
 
 @dataclass(frozen=True, slots=True)
 class Detach:
+    """The core ends the hybrid's part (``reason`` says why)."""
+
     reason: str
 
 

@@ -70,6 +70,7 @@ class PolicyForward:
         return torch.bfloat16 if self._autocast_bf16 else torch.float32
 
     def to_device(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Move batch tensors to the model's device (non-blocking copies from the CPU)."""
         return tuple(tensor.to(self.device, non_blocking=True) for tensor in tensors)
 
     @contextlib.contextmanager

@@ -5,7 +5,8 @@ publishes :meth:`save_weights` files to rollout workers. One optimizer step per 
 (one PPO epoch, as in the reference). Decoupled PPO: the proximal log-probs are
 recomputed with the current weights before the update (the ratio's denominator), and the
 engine's behaviour log-probs importance-weight tokens sampled by an older policy
-(``loss.behaviour_weights``) and measure drift. :meth:`save_checkpoint` and
+(``loss.behaviour_weights``) and measure drift. Micro-batches and the elastic pool's
+slices compute the batch's gradient in pieces (``accumulate``). :meth:`save_checkpoint` and
 :meth:`load_checkpoint` persist everything a resumed run needs (model, optimizer, RNG).
 
 Data parallel (:meth:`TorchTrainerBackend.enable_data_parallel`, driven by
@@ -43,6 +44,7 @@ from transformers import PreTrainedModel
 
 from libra.models.hf import default_device
 from libra.training import weight_files
+from libra.training.accumulate import accumulate_micro_batches, cpu_gradients
 from libra.training.loss import masked_mean
 from libra.training.parallel import (
     PARALLELISMS,
@@ -256,27 +258,16 @@ class TorchTrainerBackend:
         """:meth:`train_step` in micro-batches (one rank): each micro-batch's token-mean
         loss weighted by its share of the batch's tokens, so the accumulated gradient is
         the whole batch's; metrics are token-weighted the same way."""
-        size = self._micro_batch_size
-        total = float(sum(sum(sample.loss_mask) for sample in samples)) or 1.0
         self._optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {"loss": 0.0, "recompute_s": 0.0, "fwd_bwd_s": 0.0}
-        finite = True
-        for start in range(0, len(samples), size):
-            pl = self.policy_loss(samples[start:start + size], clip_eps=clip_eps,
-                                  kl_coef=kl_coef, is_cap=is_cap)
-            share = pl.num_tokens / total
-            finite = finite and bool(torch.isfinite(pl.loss))
-            if finite:
-                (pl.loss * share).backward()
-            for name, value in {**pl.metrics, "loss": float(pl.loss.detach())}.items():
-                sums[name] = sums.get(name, 0.0) + value * share
-            sums["recompute_s"] += pl.recompute_s
-            sums["fwd_bwd_s"] += time.perf_counter() - pl.started
+        acc = accumulate_micro_batches(
+            lambda part: self.policy_loss(part, clip_eps=clip_eps, kl_coef=kl_coef,
+                                          is_cap=is_cap),
+            samples, self._micro_batch_size)
         lr = self._learning_rate if lr is None else lr
-        grad_norm = self._clip_and_step(lr) if finite else math.nan
+        grad_norm = self._clip_and_step(lr) if acc.finite else math.nan
         self._optimizer.zero_grad(set_to_none=True)
         self._model.eval()
-        return {**sums, "num_tokens": total, "grad_norm": grad_norm,
+        return {**acc.sums, "num_tokens": acc.num_tokens, "grad_norm": grad_norm,
                 "is_skipped": float(not math.isfinite(grad_norm))}
 
     def policy_loss(self, samples: Sequence[TrainSample], *, clip_eps: float,
@@ -299,10 +290,7 @@ class TorchTrainerBackend:
         finite = bool(torch.isfinite(pl.loss))
         if finite:
             (pl.loss * scale).backward()
-        # On the CPU: the gradients travel (safetensors bytes) to the other workers.
-        grads = {name: (p.grad.detach().cpu().clone() if p.grad is not None and finite
-                        else torch.zeros_like(p, device="cpu"))
-                 for name, p in self._model.named_parameters()}
+        grads = cpu_gradients(self._model, finite)
         self._optimizer.zero_grad(set_to_none=True)
         self._model.eval()
         finite = finite and all(bool(torch.isfinite(g).all()) for g in grads.values())

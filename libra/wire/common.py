@@ -32,26 +32,32 @@ _ROLE_IN = _inverse(_ROLE)
 
 
 def tool_status_to_proto(status: t.ToolStatus) -> int:
+    """The proto enum value of a tool call's status."""
     return _TOOL_STATUS[status]
 
 
 def tool_status_from_proto(value: int) -> t.ToolStatus:
+    """A tool status from its proto value; an unknown value counts as a failure."""
     return _TOOL_STATUS_IN.get(value, t.ToolStatus.FAILURE)
 
 
 def traj_status_to_proto(status: t.TrajectoryStatus) -> int:
+    """The proto enum value of a trajectory's status."""
     return _TRAJ_STATUS[status]
 
 
 def traj_status_from_proto(value: int) -> t.TrajectoryStatus:
+    """A trajectory status from its proto value (unknown: running)."""
     return _TRAJ_STATUS_IN.get(value, t.TrajectoryStatus.RUNNING)
 
 
 def role_to_proto(role: t.WorkerRole) -> int:
+    """The proto enum value of a worker role."""
     return _ROLE[role]
 
 
 def role_from_proto(value: int) -> t.WorkerRole:
+    """A worker role from its proto value; InvalidArgument("role") for an unknown one."""
     if value not in _ROLE_IN:
         from libra.errors import InvalidArgument
 
@@ -60,11 +66,13 @@ def role_from_proto(value: int) -> t.WorkerRole:
 
 
 def tool_state_to_proto(state: t.ToolReturnState) -> pb.ToolReturnState:
+    """A tool return's causal state as its proto message."""
     return pb.ToolReturnState(tool_type=state.tool_type, size_class=_SIZE[state.size_class],
                               status=_TOOL_STATUS[state.status])
 
 
 def tool_state_from_proto(msg: pb.ToolReturnState) -> t.ToolReturnState:
+    """A tool return's causal state from its proto message (unknown size: small)."""
     return t.ToolReturnState(msg.tool_type, _SIZE_IN.get(msg.size_class, t.SizeClass.SMALL),
                              tool_status_from_proto(msg.status))
 
@@ -79,6 +87,7 @@ _TRAJ_LISTS = ("token_ids", "loss_mask", "logprobs", "token_versions",
 
 
 def trajectory_to_proto(traj: t.Trajectory) -> pb.Trajectory:
+    """A trajectory as its proto message (also its Redis encoding, :func:`encode_trajectory`)."""
     msg = pb.Trajectory(status=_TRAJ_STATUS[traj.status],
                         **{name: getattr(traj, name) for name in _TRAJ_SCALARS})
     for name in _TRAJ_LISTS:
@@ -89,6 +98,7 @@ def trajectory_to_proto(traj: t.Trajectory) -> pb.Trajectory:
 
 
 def trajectory_from_proto(msg: pb.Trajectory) -> t.Trajectory:
+    """A trajectory from its proto message."""
     traj = t.Trajectory(**{name: getattr(msg, name) for name in _TRAJ_SCALARS})
     traj.status = traj_status_from_proto(msg.status)
     for name in _TRAJ_LISTS:
@@ -104,15 +114,18 @@ def encode_trajectory(traj: t.Trajectory) -> bytes:
 
 
 def decode_trajectory(data: bytes) -> t.Trajectory:
+    """A trajectory from the bytes :func:`encode_trajectory` wrote (Redis streams)."""
     return trajectory_from_proto(pb.Trajectory.FromString(data))
 
 
 def lease_to_proto(lease: t.Lease) -> pb.Lease:
+    """A lease as its proto message."""
     return pb.Lease(worker_id=lease.worker_id, role=_ROLE[lease.role], bucket=lease.bucket,
                     address=lease.address, epoch=lease.epoch,
                     expires_at_ms=lease.expires_at_ms, ttl_ms=lease.ttl_ms)
 
 
 def lease_from_proto(msg: pb.Lease) -> t.Lease:
+    """A lease from its proto message; InvalidArgument("role") for an unknown role."""
     return t.Lease(t.WorkerId(msg.worker_id), role_from_proto(msg.role), msg.bucket,
                    msg.address, msg.epoch, msg.expires_at_ms, msg.ttl_ms)

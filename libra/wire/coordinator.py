@@ -13,10 +13,12 @@ _STATE_IN = {v: k for k, v in _STATE.items()}
 
 
 def job_state_to_proto(state: t.JobState) -> int:
+    """The proto enum value of a job state."""
     return _STATE[state]
 
 
 def job_state_from_proto(value: int) -> t.JobState:
+    """A job state from its proto value; InvalidArgument("state") for an unknown one."""
     if value not in _STATE_IN:
         raise InvalidArgument("state", "must be a known job state")
     return _STATE_IN[value]
@@ -27,8 +29,10 @@ _FIELDS = ("job_id", "name", "spec_json", "created_at_ms", "updated_at_ms", "mes
 
 
 def job_to_proto(job: t.Job) -> pb.Job:
+    """A job as its proto message."""
     return pb.Job(state=_STATE[job.state], **{f: getattr(job, f) for f in _FIELDS})
 
 
 def job_from_proto(msg: pb.Job) -> t.Job:
+    """A job from its proto message."""
     return t.Job(state=job_state_from_proto(msg.state), **{f: getattr(msg, f) for f in _FIELDS})

@@ -45,6 +45,8 @@ def _sample_from_pb(msg: pb.TrainSample) -> TrainSample:
 
 
 def hybrid_to_pb(msg: ch.HybridMessage) -> Iterator[pb.HybridMessage]:
+    """A hybrid's message as stream pieces (a gradient split into chunks under the message
+    limit)."""
     if isinstance(msg, ch.Hello):
         yield pb.HybridMessage(hello=pb.HybridHello(
             job_id=msg.job_id, worker_id=msg.worker_id, epoch=msg.epoch,
@@ -69,6 +71,7 @@ class HybridAssembler:
         self._parts: list[bytes] = []
 
     def feed(self, msg: pb.HybridMessage) -> ch.HybridMessage | None:
+        """Take one piece; the whole message once its last piece arrived, else None."""
         kind = msg.WhichOneof("body")
         if kind == "hello":
             h = msg.hello
@@ -94,6 +97,8 @@ class HybridAssembler:
 
 
 def core_to_pb(msg: ch.CoreMessage) -> Iterator[pb.CoreMessage]:
+    """A core's message as stream pieces (an update's gradient split into chunks under the
+    message limit)."""
     if isinstance(msg, ch.Snapshot):
         yield pb.CoreMessage(snapshot=pb.StateSnapshot(
             directory=msg.directory, step=msg.step, policy_version=msg.policy_version,
@@ -120,6 +125,7 @@ class CoreAssembler:
         self._parts: list[bytes] = []
 
     def feed(self, msg: pb.CoreMessage) -> ch.CoreMessage | None:
+        """Take one piece; the whole message once complete, else None."""
         kind = msg.WhichOneof("body")
         if kind == "snapshot":
             s = msg.snapshot

@@ -36,6 +36,7 @@ def step_record_to_dict(record: StepRecord) -> dict[str, Any]:
 
 
 def step_record_to_json(record: StepRecord) -> str:
+    """Encode a step record as ``step_json`` (None fields left out)."""
     return json.dumps(step_record_to_dict(record))
 
 

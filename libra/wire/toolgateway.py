@@ -8,6 +8,7 @@ from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 
 
 def score_input_to_proto(req: t.ScoreInput) -> pb.ScoreRequest:
+    """A trajectory to score as the gateway's ScoreRequest."""
     return pb.ScoreRequest(
         trajectory_id=req.trajectory_id, reward=req.reward, final_text=req.final_text,
         reference=req.reference, metadata_json=req.metadata_json, num_turns=req.num_turns,
@@ -20,6 +21,7 @@ def score_input_to_proto(req: t.ScoreInput) -> pb.ScoreRequest:
 
 
 def score_input_from_proto(msg: pb.ScoreRequest) -> t.ScoreInput:
+    """A trajectory to score from the gateway's ScoreRequest."""
     messages = tuple(
         t.TranscriptMessage(m.role, m.content,
                             tuple(t.TranscriptToolCall(c.name, c.arguments_json or "{}")
@@ -31,9 +33,11 @@ def score_input_from_proto(msg: pb.ScoreRequest) -> t.ScoreInput:
 
 
 def score_output_to_proto(out: t.ScoreOutput, details_json: str = "{}") -> pb.ScoreResponse:
+    """A score as the ScoreResponse (``details_json``: the reward's own details)."""
     return pb.ScoreResponse(reward=out.reward, details_json=details_json,
                             components=out.components)
 
 
 def score_output_from_proto(msg: pb.ScoreResponse) -> t.ScoreOutput:
+    """A score from the ScoreResponse."""
     return t.ScoreOutput(msg.reward, dict(msg.components))

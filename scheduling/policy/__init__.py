@@ -32,7 +32,13 @@ from scheduling.policy.prefix_tree import (
     RecentTrajectory,
     TreeStats,
 )
-from scheduling.policy.registry import POLICY_NAMES, PolicyConfig, make_policy
+from scheduling.policy.registry import (
+    POLICY_NAMES,
+    PolicyConfig,
+    check_layout,
+    check_policy_name,
+    make_policy,
+)
 from scheduling.policy.routing import (
     RoundRobinCursor,
     RouteKind,
@@ -79,6 +85,8 @@ __all__ = [
     "TreeStats",
     "UnknownBucket",
     "UnknownTrajectory",
+    "check_layout",
+    "check_policy_name",
     "make_policy",
     "route",
     "route_any",

@@ -8,17 +8,21 @@ names match the reference schedulers (``least_loaded`` is the reference
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libra.clock import Clock
+from libra.errors import InvalidArgument
 from scheduling.policy.base import PlacementPolicy
-from scheduling.policy.cmlfq import CmlfqConfig, CmlfqPolicy
+from scheduling.policy.cmlfq import DISAGREE_RULES, ENTRY_RULES, CmlfqConfig, CmlfqPolicy
 from scheduling.policy.la_mlfq import LaMlfqConfig, LaMlfqPolicy
 from scheduling.policy.layout import BucketLayout
 from scheduling.policy.least_loaded import LeastLoadedConfig, LeastLoadedPolicy
 from scheduling.policy.length_aware import LengthAwareConfig, LengthAwarePolicy
 from scheduling.policy.store import InMemoryPolicyStore, PolicyStore
 from scheduling.policy.toolcount import ToolcountConfig, ToolcountPolicy
+
+if TYPE_CHECKING:
+    from libra.jobspec import LayoutSpec
 
 PolicyConfig = CmlfqConfig | LeastLoadedConfig | LengthAwareConfig | LaMlfqConfig | ToolcountConfig
 
@@ -55,6 +59,39 @@ _REGISTRY: dict[str, tuple[type, _Builder]] = {
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def check_policy_name(name: str, field: str = "layout.policy") -> None:
+    """Refuse a policy name this registry cannot build.
+
+    The job spec lives in the foundation, which may not import the algorithms, so the
+    spec checks only the name's type; the coordinator calls this at submit and the
+    scheduler before it builds the policy, so the registry stays the only list.
+
+    Raises:
+        InvalidArgument: ``field`` (``layout.policy``) names an unregistered policy; the
+            reason lists the registered ones.
+    """
+    if name not in _REGISTRY:
+        raise InvalidArgument(field, f"unknown policy {name!r} (the scheduler has: "
+                                     f"{', '.join(POLICY_NAMES)})")
+
+
+def check_layout(layout: LayoutSpec) -> None:
+    """Refuse a ``[layout]`` naming what the policies do not know: the policy
+    (:func:`check_policy_name`) and C-MLFQ's entry and disagreement rules, whose lists
+    are ``scheduling/policy/cmlfq.py``'s. The spec checks the rest (ranges, buckets).
+
+    Raises:
+        InvalidArgument: ``layout.policy``, ``layout.cmlfq.entry`` or
+            ``layout.cmlfq.disagree_rule``, listing the known names.
+    """
+    check_policy_name(layout.policy)
+    for name, value, known in (("entry", layout.cmlfq.entry, ENTRY_RULES),
+                               ("disagree_rule", layout.cmlfq.disagree_rule, DISAGREE_RULES)):
+        if value not in known:
+            raise InvalidArgument(f"layout.cmlfq.{name}", f"must be one of "
+                                  f"{', '.join(known)}, got {value!r}")
 
 
 def make_policy(

@@ -1,11 +1,13 @@
 """What a job spec must pass before the coordinator stores it, in one place.
 
-The schema (``libra.jobspec``), the agent name, then the injected checks: the tools' data
-files (:class:`CorpusCheck`), the model (:class:`ModelCheck`), the dataset
-(:class:`DatasetCheck`), ``algorithm.init_from`` (:class:`InitFromCheck`), and finally
-the tool gateway's registries (:class:`ToolCatalog`), whose schemas are frozen into the
-spec. Each failure is InvalidArgument naming the field. The blocking checks run off the
-event loop. Pure: the checks that read files or call the gateway are injected.
+The schema (``libra.jobspec``), the agent name, the layout's policy and C-MLFQ rule
+names (the scheduling registry: the foundation's schema may not import it), then the
+injected checks: the tools' data files (:class:`CorpusCheck`), the model
+(:class:`ModelCheck`), the dataset (:class:`DatasetCheck`), ``algorithm.init_from``
+(:class:`InitFromCheck`), and finally the tool gateway's registries
+(:class:`ToolCatalog`), whose schemas are frozen into the spec. Each failure is
+InvalidArgument naming the field. The blocking checks run off the event loop. Pure: the
+checks that read files or call the gateway are injected.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Protocol
 from libra.agents import check_agent_name
 from libra.errors import InvalidArgument, LibraError, Unavailable
 from libra.jobspec import JobSpec, ToolSchema, parse_job_spec
+from scheduling.policy.registry import check_layout
 
 
 class ModelCheck(Protocol):
@@ -94,6 +97,7 @@ class SpecChecks:
         """The parsed spec once every check passed, with the tools' schemas frozen in."""
         spec = parse_job_spec(spec_text, spec_format)
         check_agent_name(spec.task.agent)  # built-ins + libra.agents entry points
+        check_layout(spec.layout)  # the policy registry and C-MLFQ rules the scheduler uses
         if self.corpus_check is not None and spec.tools.search_corpus:
             await asyncio.to_thread(self.corpus_check, spec)
         if self.model_check is not None:

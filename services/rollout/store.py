@@ -26,12 +26,12 @@ from typing import Any
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.evaluation import EVAL_FAILED, EVAL_PRODUCED
 from libra.redis_fields import LEASE_EPOCH_CHECK_LUA
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.rollout.store_protocol import InboxEntry as InboxEntry
 from services.rollout.store_protocol import RolloutStore as RolloutStore
+from services.rollout.store_protocol import produced_counter
 
 logger = logging.getLogger(__name__)
 
@@ -191,11 +191,3 @@ class RedisRolloutStore(JobRecordReader):
     async def leave_weights(self, job_id: str, instance_id: str) -> None:
         """This instance no longer serves the job: its versions may be pruned."""
         await self._r.hdel(keys.weights_in_use(job_id), instance_id)
-
-def produced_counter(traj: t.Trajectory) -> str:
-    """The counter a published trajectory bumps: eval trajectories have their own, so
-    the training accounting identity (libra_cli/report.py) never sees them."""
-    failed = traj.status is t.TrajectoryStatus.FAILED
-    if traj.is_eval:
-        return EVAL_FAILED if failed else EVAL_PRODUCED
-    return "failed" if failed else "produced"

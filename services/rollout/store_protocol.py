@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from libra import types as t
+from libra.evaluation import EVAL_FAILED, EVAL_PRODUCED
 
 
 @dataclass(frozen=True)
@@ -49,3 +50,13 @@ class RolloutStore(Protocol):
                              loading: int) -> None: ...
 
     async def leave_weights(self, job_id: str, instance_id: str) -> None: ...
+
+
+# Both stores bump the same counters: the one rule lives beside their shared contract.
+def produced_counter(traj: t.Trajectory) -> str:
+    """The counter a published trajectory bumps: eval trajectories have their own, so
+    the training accounting identity (libra_cli/report.py) never sees them."""
+    failed = traj.status is t.TrajectoryStatus.FAILED
+    if traj.is_eval:
+        return EVAL_FAILED if failed else EVAL_PRODUCED
+    return "failed" if failed else "produced"

@@ -56,7 +56,7 @@ from libra.evaluation import eval_rows, eval_steps
 from libra.jobspec import job_spec_from_json
 from libra.limits import check_id
 from scheduling.policy.errors import UnknownTrajectory
-from scheduling.policy.registry import make_policy
+from scheduling.policy.registry import check_layout, make_policy
 from services.scheduler.admission import Admission
 from services.scheduler.job_run import (
     JobRun,
@@ -114,6 +114,8 @@ class SchedulerCore:
         if job_id in self._jobs:
             return
         spec = job_spec_from_json(spec_json)
+        # Checked at submit too; a stored spec may predate a policy's removal.
+        check_layout(spec.layout)
         # Off the event loop: a file dataset's first open converts it to Arrow (seconds
         # for millions of rows; the coordinator's check usually did it already).
         dataset = await asyncio.to_thread(open_job_dataset, spec.task)

@@ -33,13 +33,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from libra.errors import DeadlineExceeded, Internal, LibraError
 from libra.types import SizeClass, SizeThresholds, ToolReturnState, ToolStatus
-from services.toolgateway.errors import (
-    DeadlineExceeded,
-    Internal,
-    ResourceExhausted,
-    ToolGatewayError,
-)
+from services.toolgateway.errors import ToolBusy
 from services.toolgateway.rewards.base import RewardContractError, ScoreRequest, check_output
 from services.toolgateway.rewards.composite import composite_weights
 from services.toolgateway.rewards.registry import RewardRegistry
@@ -62,7 +58,7 @@ class ToolGatewayLimits:
     max_concurrency_per_tool: int = 8
     """Calls of one tool running at once."""
     max_queue_depth_per_tool: int = 64
-    """Calls of one tool waiting for a slot; beyond it calls get ResourceExhausted."""
+    """Calls of one tool waiting for a slot; beyond it calls get ToolBusy (ResourceExhausted)."""
     tool_max_concurrency: Mapping[str, int] = field(default_factory=dict)
     """Per-tool overrides of ``max_concurrency_per_tool``."""
     max_output_chars: int = 65536
@@ -186,8 +182,8 @@ class _ToolLane:
             self.num_running += 1
             return
         if self.num_waiting >= self.queue_depth:
-            raise ResourceExhausted(f"tool {tool!r}: {self.limit} running and "
-                                    f"{self.num_waiting} queued", self.retry_after_ms(cap_ms))
+            raise ToolBusy(f"tool {tool!r}: {self.limit} running and "
+                           f"{self.num_waiting} queued", self.retry_after_ms(cap_ms))
         self.num_waiting += 1
         try:
             await asyncio.wait_for(self._slots.acquire(), timeout_s)
@@ -248,7 +244,7 @@ class ToolGatewayCore:
         Raises:
             UnknownTool: The tool is not registered (the message lists known tools).
             InvalidArgument: ``args`` fail the tool's schema (``field`` names the field).
-            ResourceExhausted: All slots and queue positions of the tool are taken.
+            ToolBusy: (a ResourceExhausted) All slots and queue positions of the tool are taken.
             DeadlineExceeded: The deadline passed before the tool could start.
         """
         tool = self._tools.get(call.tool)
@@ -346,7 +342,7 @@ class ToolGatewayCore:
             upper = (sum(w for _, w in composite_weights(request.options))
                      if request.options.get("components") else 1.0)
             out = check_output(request.reward, out, max_reward=upper)
-        except ToolGatewayError:
+        except LibraError:
             raise  # unknown component, judge unavailable: already an API error
         except TimeoutError:
             raise Internal(f"reward {request.reward!r} timed out after {timeout_s:g}s") from None

@@ -1,37 +1,33 @@
-"""Errors the tool gateway core raises for the servicer to map onto gRPC status codes.
+"""The tool gateway's own refusals, as subclasses of ``libra.errors``.
 
 A tool that *runs and fails* is not an error here: it is a ``ToolResult`` with status
 failure or timeout, because that outcome is part of the causal signal the model learns
-from. These classes are for calls the gateway refuses or cannot finish. Each declares
-``grpc_status_name`` (a ``grpc.StatusCode`` member name, kept as a string so the core never
-imports grpc) and ``retryable`` (whether the same request may succeed later).
+from. The gateway raises ``libra.errors`` classes for calls it refuses or cannot finish
+(``InvalidArgument`` naming the field, ``DeadlineExceeded``, ``Unavailable``,
+``Internal``), so the one interceptor in ``libra.grpcx`` maps them to status codes as it
+does for every service, and a caller sees the class the gateway raised. The subclasses
+below only carry what a caller may want besides the message (the names the gateway knows,
+the retry hint).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from libra import errors
 
-class ToolGatewayError(Exception):
-    """Base class of the gateway's API errors."""
-
-    grpc_status_name: str = "INTERNAL"
-    retryable: bool = False
-
-
-class InvalidArgument(ToolGatewayError):
-    """The request is malformed; ``field`` names the offending field."""
-
-    grpc_status_name = "INVALID_ARGUMENT"
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
+# The classes plugins were told to raise from here (docs/plugins.md: a reward that cannot
+# decide raises Unavailable) stay importable from this module: they are libra's own.
+from libra.errors import DeadlineExceeded as DeadlineExceeded
+from libra.errors import Internal as Internal
+from libra.errors import InvalidArgument as InvalidArgument
+from libra.errors import ResourceExhausted as ResourceExhausted
+from libra.errors import Unavailable as Unavailable
 
 
-class UnknownTool(InvalidArgument):
-    """The call names a tool that is not registered."""
+class UnknownTool(errors.InvalidArgument):
+    """The call names a tool that is not registered (field ``tool``; ``known`` lists the
+    registered names, sorted)."""
 
     def __init__(self, tool: str, known: Iterable[str]) -> None:
         self.known = sorted(known)
@@ -39,8 +35,8 @@ class UnknownTool(InvalidArgument):
         self.tool = tool
 
 
-class UnknownReward(InvalidArgument):
-    """The score request names a reward that is not registered."""
+class UnknownReward(errors.InvalidArgument):
+    """The score request names a reward that is not registered (field ``reward``)."""
 
     def __init__(self, reward: str, known: Iterable[str]) -> None:
         self.known = sorted(known)
@@ -50,32 +46,13 @@ class UnknownReward(InvalidArgument):
         self.reward = reward
 
 
-class ResourceExhausted(ToolGatewayError):
-    """The tool's concurrency slots and wait queue are full; retry after ``retry_after_ms``."""
+class ToolBusy(errors.ResourceExhausted):
+    """The tool's concurrency slots and wait queue are full.
 
-    grpc_status_name = "RESOURCE_EXHAUSTED"
-    retryable = True
+    The hint goes into the message as "(retry after N ms)" because gRPC carries only the
+    details string: ``libra.errors.error_from_status`` reads it back into
+    ``retry_after_ms`` on the caller's side.
+    """
 
     def __init__(self, message: str, retry_after_ms: int) -> None:
-        super().__init__(f"{message} (retry after {retry_after_ms} ms)")
-        self.retry_after_ms = retry_after_ms
-
-
-class DeadlineExceeded(ToolGatewayError):
-    """The caller's deadline passed before the tool could start."""
-
-    grpc_status_name = "DEADLINE_EXCEEDED"
-    retryable = True
-
-
-class Unavailable(ToolGatewayError):
-    """A remote dependency (for example an LLM judge) failed; a retry may succeed."""
-
-    grpc_status_name = "UNAVAILABLE"
-    retryable = True
-
-
-class Internal(ToolGatewayError):
-    """A plugin broke its contract (for example a reward outside [0, 1])."""
-
-    grpc_status_name = "INTERNAL"
+        super().__init__(f"{message} (retry after {retry_after_ms} ms)", retry_after_ms)

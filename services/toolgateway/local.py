@@ -1,19 +1,18 @@
 """The gateway in-process, for ``libra tool run|list|rewards --local``.
 
 The CLI lives in ``libra`` and must not import ``services`` at module import time, so it
-imports this module lazily. Results and errors come back as the same ``libra.types`` and
-``libra.errors`` classes the gRPC client returns, so the CLI handles one shape either way.
+imports this module lazily. Results come back as the ``libra.types`` the gRPC client
+returns, and the gateway raises ``libra.errors`` classes itself (services/toolgateway/
+errors.py), so the CLI handles one shape either way.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from libra import errors
 from libra import types as t
 from services.toolgateway.config import ToolGatewayConfig
 from services.toolgateway.core import ToolCall, ToolGatewayCore
-from services.toolgateway.errors import ResourceExhausted, ToolGatewayError
 
 
 def local_config() -> ToolGatewayConfig:
@@ -31,13 +30,6 @@ def _core(cfg: ToolGatewayConfig | None) -> ToolGatewayCore:
     return build_core(cfg or local_config())
 
 
-def _as_libra_error(exc: ToolGatewayError) -> errors.LibraError:
-    """The ``libra.errors`` class a gRPC client would have seen for ``exc``."""
-    if isinstance(exc, ResourceExhausted):
-        return errors.ResourceExhausted(str(exc), exc.retry_after_ms)
-    return errors.error_from_status(exc.grpc_status_name, str(exc))
-
-
 async def run_tool(tool: str, args: dict[str, Any], *, call_id: str = "local",
                    deadline_ms: int | None = None,
                    cfg: ToolGatewayConfig | None = None) -> t.ToolResult:
@@ -49,10 +41,7 @@ async def run_tool(tool: str, args: dict[str, Any], *, call_id: str = "local",
         libra.errors.LibraError: Any other refusal of the gateway.
     """
     core = _core(cfg)
-    try:
-        res = await core.execute(ToolCall("local", call_id, tool, args, deadline_ms))
-    except ToolGatewayError as exc:
-        raise _as_libra_error(exc) from exc
+    res = await core.execute(ToolCall("local", call_id, tool, args, deadline_ms))
     return t.ToolResult(res.status, res.output, res.error, res.payload_tokens, res.latency_ms,
                         res.state, res.is_truncated)
 

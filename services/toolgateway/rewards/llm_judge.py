@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from libra.config import env_flag
-from services.toolgateway.errors import Unavailable
+from libra.errors import Unavailable
 from services.toolgateway.rewards.base import RewardContractError, RewardOutput
 
 if TYPE_CHECKING:

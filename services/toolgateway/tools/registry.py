@@ -13,8 +13,9 @@ from typing import Any
 
 import jsonschema
 
+from libra.errors import InvalidArgument
 from libra.plugins import TOOLS_GROUP, PluginError, load_entry_points, load_object
-from services.toolgateway.errors import InvalidArgument, UnknownTool
+from services.toolgateway.errors import UnknownTool
 from services.toolgateway.tools.base import Tool
 
 _REQUIRED_ATTRS = ("name", "description", "args_schema", "idempotent", "timeout_s")

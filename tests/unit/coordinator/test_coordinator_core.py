@@ -16,6 +16,7 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, Unavailable
 from libra.limits import MAX_NUM_STEPS
+from scheduling.policy import POLICY_NAMES
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.store_protocol import StepAppend
@@ -76,6 +77,31 @@ async def test_invalid_spec_raises_invalid_argument_naming_field_and_creates_not
     assert info.value.field == field
     assert await store.list_jobs() == []
     assert trainer.started == [] and scheduler.started == []
+
+
+async def test_a_policy_the_scheduling_registry_lacks_is_refused_listing_its_names() -> None:
+    core, store, trainer, scheduler, _ = make_core()
+    with pytest.raises(InvalidArgument) as info:
+        await core.create_job(VALID_SPEC + '[layout]\npolicy = "fifo"\n', "toml")
+    assert info.value.field == "layout.policy"
+    assert "'fifo'" in info.value.reason and ", ".join(POLICY_NAMES) in info.value.reason
+    assert await store.list_jobs() == [] and scheduler.started == []
+
+
+async def test_a_cmlfq_rule_the_policy_lacks_is_refused_at_submit() -> None:
+    core, store, *_ = make_core()
+    with pytest.raises(InvalidArgument) as info:
+        await core.create_job(VALID_SPEC + '[layout]\npolicy = "cmlfq"\n[layout.cmlfq]\n'
+                                           'entry = "longest"\n', "toml")
+    assert info.value.field == "layout.cmlfq.entry" and "predict, shortest" in info.value.reason
+    assert await store.list_jobs() == []
+
+
+async def test_every_registered_policy_is_accepted_at_submit() -> None:
+    core, *_ = make_core()
+    for name in POLICY_NAMES:
+        job = await core.create_job(VALID_SPEC + f'[layout]\npolicy = "{name}"\n', "toml")
+        assert job.state in (t.JobState.RUNNING, t.JobState.PENDING)
 
 
 async def test_unknown_spec_format_raises_invalid_argument_on_spec_format() -> None:

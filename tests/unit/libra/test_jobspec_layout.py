@@ -44,9 +44,15 @@ def test_bad_bucket_name_is_refused_naming_the_entry(name: str) -> None:
     assert err.field == "layout.buckets[1].name"
 
 
-def test_unknown_policy_is_refused_listing_the_known_ones() -> None:
-    err = refused({"policy": "fifo"})
-    assert err.field == "layout.policy" and "cmlfq" in err.reason
+def test_an_empty_policy_is_refused() -> None:
+    err = refused({"policy": " "})
+    assert err.field == "layout.policy" and "registry" in err.reason
+
+
+def test_which_policies_exist_is_not_the_schemas_list() -> None:
+    # The scheduling registry decides, at submit (tests/unit/coordinator/
+    # test_coordinator_spec_registries.py); the foundation may not import it.
+    assert job_spec_from_dict({"layout": {"policy": "fifo"}}).layout.policy == "fifo"
 
 
 def test_cmlfq_table_is_optional_and_defaults_to_the_reference() -> None:

@@ -252,7 +252,9 @@ def test_stored_spec_json_loads_back_to_the_same_spec() -> None:
     ("[[layout.buckets]]\nmax_tokens = 5", "toml", "layout.buckets[0].name"),
     ("[layout]\nbuckets = [{name = \"a\", max_tokens = 9}, {name = \"a\", max_tokens = 99}]",
      "toml", "layout.buckets"),
-    ("[layout]\npolicy = \"random\"", "toml", "layout.policy"),
+    ("[layout]\npolicy = \"\"", "toml", "layout.policy"),
+    ("[task]\ntool_call_format = \"xml\"", "toml", "task.tool_call_format"),
+    ("[model]\ntool_template = \"jinja\"", "toml", "model.tool_template"),
     ("model = 3", "toml", "model"),
 ])
 def test_invalid_spec_names_the_field(text: str, fmt: str, field: str) -> None:

@@ -16,7 +16,8 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import InvalidArgument
 from libra.jobspec import CmlfqSpec, JobSpec, job_spec_from_dict
-from scheduling.policy.cmlfq import CmlfqConfig, CmlfqPolicy
+from scheduling.policy.cmlfq import DISAGREE_RULES, ENTRY_RULES, CmlfqConfig, CmlfqPolicy
+from scheduling.policy.registry import check_layout
 from services.scheduler import metrics
 from services.scheduler.core import SchedulerCore, build_policy_config
 from services.scheduler.memory_store import MemorySchedulerStore
@@ -193,13 +194,23 @@ def test_layout_cmlfq_table_maps_onto_cmlfq_config() -> None:
                                  live_thresholds=False, min_node_visits=1, max_queue_length=0)
 
 
-@pytest.mark.parametrize(("key", "value"), [("entry", "longest"), ("disagree_rule", "p90"),
-                                            ("max_queue_length", -1)])
-def test_layout_cmlfq_rejects_unknown_rules_naming_the_field(key: str, value: object) -> None:
+def test_layout_cmlfq_rejects_a_negative_queue_length_naming_the_field() -> None:
     with pytest.raises(InvalidArgument) as err:
-        job_spec_from_dict({"layout": {"policy": "cmlfq", "cmlfq": {key: value}}})
-    assert err.value.field == f"layout.cmlfq.{key}"
+        job_spec_from_dict({"layout": {"policy": "cmlfq", "cmlfq": {"max_queue_length": -1}}})
+    assert err.value.field == "layout.cmlfq.max_queue_length"
     assert build_policy_config(job_spec_from_dict({})) is None  # least_loaded: defaults
+
+
+@pytest.mark.parametrize(("key", "value", "known"), [("entry", "longest", ENTRY_RULES),
+                                                     ("disagree_rule", "p90", DISAGREE_RULES)])
+def test_layout_cmlfq_rule_names_are_the_policys_own(key: str, value: str,
+                                                     known: tuple[str, ...]) -> None:
+    # The spec checks types only; the policy's lists decide (at submit and at start).
+    spec = job_spec_from_dict({"layout": {"policy": "cmlfq", "cmlfq": {key: value}}})
+    with pytest.raises(InvalidArgument) as err:
+        check_layout(spec.layout)
+    assert err.value.field == f"layout.cmlfq.{key}"
+    assert ", ".join(known) in err.value.reason and repr(value) in err.value.reason
 
 
 async def test_an_instance_the_layout_cannot_reach_is_flagged_idle_while_work_waits(

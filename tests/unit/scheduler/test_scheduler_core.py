@@ -9,7 +9,9 @@ import pytest
 
 from libra import types as t
 from libra.clock import FakeClock
+from libra.errors import InvalidArgument
 from libra.jobspec import JobSpec, job_spec_from_dict
+from scheduling.policy import POLICY_NAMES
 from services.scheduler.core import SchedulerCore
 from services.scheduler.memory_store import MemorySchedulerStore
 
@@ -202,3 +204,13 @@ async def test_a_plain_start_keeps_assignments_of_live_instances(
     await restarted.start_job(JOB)  # a scheduler restart, not a resume
     assert len(await restarted._store.assignments(JOB)) == 2
     assert (await counters(store)).get("requeued", 0) == 0
+
+
+async def test_a_stored_spec_naming_an_unregistered_policy_is_refused_at_start(
+        store: MemorySchedulerStore) -> None:
+    # The schema checks only the name's type; the policy registry decides (docs/jobspec.md).
+    await add_job(store, make_spec(policy="fifo"))
+    with pytest.raises(InvalidArgument) as info:
+        await SchedulerCore(store, FakeClock()).start_job(JOB)
+    assert info.value.field == "layout.policy"
+    assert "'fifo'" in info.value.reason and ", ".join(POLICY_NAMES) in info.value.reason

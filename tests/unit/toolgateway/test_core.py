@@ -6,6 +6,12 @@ import asyncio
 
 import pytest
 
+from libra.errors import (
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+)
 from libra.types import SizeClass, SizeThresholds, ToolStatus
 from services.toolgateway.core import (
     ScoreRequest,
@@ -14,14 +20,7 @@ from services.toolgateway.core import (
     ToolGatewayLimits,
     estimate_tokens,
 )
-from services.toolgateway.errors import (
-    DeadlineExceeded,
-    Internal,
-    InvalidArgument,
-    ResourceExhausted,
-    UnknownReward,
-    UnknownTool,
-)
+from services.toolgateway.errors import UnknownReward, UnknownTool
 from services.toolgateway.rewards import RewardOutput, RewardRegistry
 from services.toolgateway.tools import ToolOutput, ToolRegistry
 

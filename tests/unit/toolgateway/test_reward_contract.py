@@ -14,8 +14,9 @@ import math
 import pytest
 
 from libra import types as t
+from libra.errors import Internal
 from services.toolgateway.core import ScoreRequest, ToolGatewayCore
-from services.toolgateway.errors import Internal, UnknownReward
+from services.toolgateway.errors import UnknownReward
 from services.toolgateway.rewards import (
     RewardOutput,
     RewardRegistry,

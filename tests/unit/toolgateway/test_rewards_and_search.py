@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from libra.errors import Unavailable
 from services.toolgateway.core import ScoreRequest, ToolCall, ToolGatewayCore, ToolGatewayLimits
-from services.toolgateway.errors import Unavailable
 from services.toolgateway.rewards import LlmJudgeConfig, LlmJudgeReward, RewardRegistry
 from services.toolgateway.rewards.llm_judge import parse_score
 from services.toolgateway.tools import SearchConfig, ToolRegistry, builtin_tools
