@@ -38,6 +38,7 @@ from libra.run_dir import is_dir_reference
 from libra_cli import agent, certs, credentials, model, run, sim, stack, tool
 from libra_cli.report import build_report, write_report
 from libra_cli.spec_overrides import apply_overrides
+from scheduling.policy.registry import check_layout
 
 FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 
@@ -90,7 +91,11 @@ def load_spec(path: Path, overrides: list[str]) -> tuple[dict[str, Any], JobSpec
     init_from = algorithm.get("init_from") if isinstance(algorithm, dict) else None
     if isinstance(init_from, str) and is_dir_reference(init_from):  # not a job id
         algorithm["init_from"] = str(Path(init_from).expanduser().resolve())
-    return data, job_spec_from_dict(data)
+    spec = job_spec_from_dict(data)
+    # The policy names live in their registry (the foundation's spec cannot import it):
+    # checked here too so `libra run` refuses a misspelt policy before starting a stack.
+    check_layout(spec.layout)
+    return data, spec
 
 
 _PATH_FIELDS = (("model", "path"), ("task", "path"), ("task", "eval_path"),

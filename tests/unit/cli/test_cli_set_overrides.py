@@ -81,6 +81,13 @@ def test_submit_with_bad_override_exits_2_without_calling_the_coordinator(capsys
     assert "tools.enabled[0]: 'rm -rf' is not a plugin name" in err
 
 
+def test_unknown_policy_exits_2_before_anything_starts(capsys, spec_file):
+    code, out, err = run_cli(capsys, "--coordinator", NOBODY, "submit", str(spec_file),
+                             "--set", "layout.policy=cmlfqq")
+    assert code == 2 and out == ""
+    assert "layout.policy" in err and "cmlfq" in err
+
+
 def test_overrides_apply_in_order_and_list_items_by_index(spec_file):
     data, spec = load_spec(spec_file, ["algorithm.num_steps=7", "algorithm.num_steps=9",
                                        "layout.buckets=[{name = \"only\", max_tokens = 64}]",
