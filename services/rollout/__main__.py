@@ -100,7 +100,7 @@ async def main(cfg: RolloutConfig) -> None:
 
     async def register(server: Server) -> None:
         core.settings = dataclasses.replace(settings,
-                                            address=f"{cfg.server.host}:{server.port}")
+                                            address=f"{cfg.advertise_host or cfg.server.host}:{server.port}")
         await core.register()
 
     name = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name

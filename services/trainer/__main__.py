@@ -30,7 +30,8 @@ logger = logging.getLogger("services.trainer")
 
 async def main(cfg: TrainerConfig) -> None:
     redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
-    factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism)
+    factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism,
+                                   cfg.rendezvous.address, cfg.rendezvous.timeout_s)
     core = TrainerCore(RedisTrainerStore(redis), factory,
                        GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s,
                                              auth=ClientAuth.for_service(cfg.auth)),

@@ -35,7 +35,7 @@ SNAPSHOT: dict[type, list[str]] = {
                                "tool_data_roots", "trainer_lost_s"]),
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
-        *SHARED, *PEERS, "bucket", "engine", "instance_id",
+        *SHARED, *PEERS, "advertise_host", "bucket", "engine", "instance_id",
         "lease_ttl_ms", "max_batch_size",
         "max_trajectories", "num_threads", "redis_url", "report_linger_ms",
         "report_max_unanswered", "role", "seed",
@@ -44,7 +44,7 @@ SNAPSHOT: dict[type, list[str]] = {
         "vllm_tensor_parallel_size", "weight_load_deadline_s"]),
     TrainerConfig: sorted([
         *SHARED, *PEERS, "coordinator_retry_s", "num_ranks", "num_threads", "parallelism",
-        "redis_url", "worker_id"]),
+        "redis_url", "rendezvous.address", "rendezvous.timeout_s", "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "data_roots", "extra_rewards",
         "extra_tools",
