@@ -1,6 +1,6 @@
 """A service whose Redis is unreachable says so: health NOT_SERVING while Redis is down
-(its liveness service stays SERVING), SERVING once it is back on its port, with one log line per change (real processes, a
-real redis-server killed and restarted)."""
+(its liveness service stays SERVING), SERVING once it is back on its port, with one log
+line per change (real processes, a real redis-server killed and restarted)."""
 
 from __future__ import annotations
 
