@@ -6,8 +6,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import SentinelConnectionPool
 
-from libra.redis_connect import (SentinelTarget, is_sentinel_url, parse_sentinel_url,
-                                 redis_client)
+from libra.redis_connect import SentinelTarget, is_sentinel_url, parse_sentinel_url, redis_client
 
 
 def test_a_sentinel_url_names_sentinels_master_db_and_passwords() -> None:
