@@ -118,7 +118,7 @@ def _run(backend: JobBackend, rank: int, name: str, args: tuple) -> Any:
     raise ValueError(f"unknown command {name!r}")
 
 
-def _worker_entry(*args: Any) -> None:
+def run_rank_process(*args: Any) -> None:
     """Process target: serve, then leave with ``os._exit``.
 
     The interpreter's own teardown after a gloo group (its threads, atexit hooks) was seen
@@ -236,7 +236,7 @@ class DistributedJobBackend:
         """Start ranks 1..N-1 here; they join at this backend's address."""
         context = mp.get_context("spawn")
         workers = [
-            context.Process(target=_worker_entry, name=f"libra-trainer-rank{rank}", daemon=True,
+            context.Process(target=run_rank_process, name=f"libra-trainer-rank{rank}", daemon=True,
                             args=(rank, self.address, timeout_s, rank))
             for rank in range(1, self._num_ranks)
         ]

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from libra.config import env_flag, knob, load_config, redact
 from libra.service_config import TelemetryConfig
 from libra.telemetry import init_logging
-from services.trainer.distributed import _worker_entry
+from services.trainer.distributed import run_rank_process
 
 logger = logging.getLogger("services.trainer.rank")
 
@@ -78,7 +78,7 @@ def with_torch_env(cfg: RankConfig) -> RankConfig:
 def _run_one_job(cfg: RankConfig) -> None:
     """Child process: log like the parent, then join one job and leave (``os._exit``)."""
     init_logging(f"trainer-rank{cfg.resolved_rank}", cfg.telemetry)
-    _worker_entry(cfg.resolved_rank, cfg.rendezvous, cfg.join_timeout_s, cfg.local_rank)
+    run_rank_process(cfg.resolved_rank, cfg.rendezvous, cfg.join_timeout_s, cfg.local_rank)
 
 
 def serve(cfg: RankConfig) -> int:
