@@ -78,3 +78,14 @@ def test_cli_override_of_one_group_field_keeps_the_services_group_defaults() -> 
     cfg = load_config(CoordinatorConfig, "coordinator", argv=["--server.host", "0.0.0.0"],
                       environ={})
     assert (cfg.server.host, cfg.server.port) == ("0.0.0.0", 50051)
+
+
+def test_trainer_rank_options_match_frozen_snapshot() -> None:
+    """``python -m services.trainer.rank`` (ranks 1..N-1 started on their own)."""
+    from services.trainer.rank import RankConfig
+
+    telemetry = [name for name in SHARED if name.startswith("telemetry.")]
+    assert sorted(option_names(RankConfig)) == sorted([
+        *telemetry, "join_timeout_s", "local_rank", "max_jobs", "rank", "rank_offset",
+        "rendezvous"])
+    assert all(help_text.strip() for _name, _type, help_text in _leaf_fields(RankConfig))
