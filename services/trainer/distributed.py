@@ -63,6 +63,7 @@ from services.trainer.rendezvous import GroupSettings
 logger = logging.getLogger(__name__)
 
 _LOCAL_HOST = "127.0.0.1"
+EXIT_NO_JOB = 3
 _STOP = "stop"
 
 
@@ -122,11 +123,15 @@ def run_rank_process(*args: Any) -> None:
     """Process target: serve, then leave with ``os._exit``.
 
     The interpreter's own teardown after a gloo group (its threads, atexit hooks) was seen
-    to hang now and then; nothing is left to flush, so skip it.
+    to hang now and then; nothing is left to flush, so skip it. Exit codes: 0 the job ran,
+    ``EXIT_NO_JOB`` no job opened at the rendezvous in time (a rank waiting between jobs),
+    1 anything else (traceback on stderr).
     """
     code = 0
     try:
         _worker_main(*args)
+    except meeting.NoJobYet:
+        code = EXIT_NO_JOB
     except BaseException:
         traceback.print_exc()
         code = 1

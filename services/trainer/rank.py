@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from libra.config import env_flag, knob, load_config, redact
 from libra.service_config import TelemetryConfig
 from libra.telemetry import init_logging
-from services.trainer.distributed import run_rank_process
+from services.trainer.distributed import EXIT_NO_JOB, run_rank_process
 
 logger = logging.getLogger("services.trainer.rank")
 
@@ -94,6 +94,8 @@ def serve(cfg: RankConfig) -> int:
         if child.exitcode == 0:
             num_jobs += 1
             logger.info("[train] rank %d: job done (%d so far)", rank, num_jobs)
+        elif child.exitcode == EXIT_NO_JOB:  # idle: rank 0 has no job; ask again at once
+            logger.debug("[train] rank %d: no job at %s yet", rank, cfg.rendezvous)
         else:  # no store or no job yet, or a failed job: the child said why
             logger.info("[train] rank %d: attempt ended exit=%s; rejoining at %s", rank,
                         child.exitcode, cfg.rendezvous)

@@ -42,6 +42,10 @@ class RendezvousTimeout(RuntimeError):
     """Not every rank joined within the timeout."""
 
 
+class NoJobYet(TimeoutError):
+    """A rank found the store but no open job within its timeout (idle between jobs)."""
+
+
 @dataclass(frozen=True)
 class GroupSettings:
     """What every rank needs to build the job's backend; published by rank 0."""
@@ -138,14 +142,14 @@ def join(address: str, rank: int, timeout_s: float
     """Rank ``rank`` (>= 1) checks in at ``address`` for the open job; returns its group's
     store and settings.
 
-    Raises DistNetworkError when no store answers within ``timeout_s``, TimeoutError when
+    Raises DistNetworkError when no store answers within ``timeout_s``, NoJobYet when
     no job opens within it, ValueError for a rank outside the group or taken."""
     host, port = split_address(address)
     store = dist.TCPStore(host, port, is_master=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     generation = _open_generation(store, timeout_s)
     if generation is None:
-        raise TimeoutError(f"trainer rendezvous at {address}: no job within {timeout_s:g}s")
+        raise NoJobYet(f"trainer rendezvous at {address}: no job within {timeout_s:g}s")
     settings = GroupSettings.from_json(store.get(_key(generation, "settings")).decode())
     if not 1 <= rank < settings.world_size:
         raise ValueError(f"trainer rendezvous at {address}: rank {rank} is outside the group"

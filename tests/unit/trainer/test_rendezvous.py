@@ -166,3 +166,20 @@ def test_rank_config_takes_torch_env_names_and_refuses_rank_zero(
     monkeypatch.delenv("MASTER_ADDR")
     with pytest.raises(ValueError, match="MASTER_ADDR"):
         with_torch_env(RankConfig(rank=1))
+
+
+def test_a_rank_waiting_between_jobs_asks_again_quietly(tmp_path: Path) -> None:
+    from services.trainer import rendezvous
+
+    store = rendezvous.open_store(0, 30)  # rank 0 is up, with no job yet
+    log = tmp_path / "rank1.log"
+    rank1 = _start_rank(f"127.0.0.1:{store.port}", 1, log, "--join-timeout-s", "1")
+    try:
+        deadline = time.monotonic() + 120
+        while log.read_text().count("connecting to the rendezvous") < 2:
+            assert rank1.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        _stop(rank1)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
