@@ -32,6 +32,11 @@ RPC_TOTAL = Counter("libra_rpc_server_total", "RPCs handled", ["service", "metho
 RPC_SECONDS = Histogram("libra_rpc_server_seconds", "RPC latency", ["service", "method"])
 # How often a service checks the dependency it cannot work without (its Redis).
 HEALTH_PROBE_INTERVAL_S = 1.0
+# Health service name answered SERVING for as long as the process serves (until SIGTERM),
+# whatever its dependencies: the liveness probe of an orchestrator. The overall status
+# ("") is readiness and goes NOT_SERVING while Redis is unreachable; a liveness probe on
+# it would restart every service during a Redis outage, which restarting cannot fix.
+LIVENESS_SERVICE = "liveness"
 
 
 # Status details echo client strings ("spec_format: unknown format 'xxx...'"); past the
@@ -198,7 +203,7 @@ class Server:
         self.port = (self.server.add_secure_port(address, creds) if creds is not None
                      else self.server.add_insecure_port(address))
         await self.server.start()
-        for name in ["", *names]:
+        for name in ["", LIVENESS_SERVICE, *names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self._cfg.metrics_port >= 0:
             self._metrics_httpd = _start_metrics(self._cfg.host, self._cfg.metrics_port)

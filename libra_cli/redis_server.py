@@ -85,11 +85,13 @@ class EmbeddedRedis:
 
 
 def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True,
-                timeout_s: float = 10.0, password: str = "") -> EmbeddedRedis:
+                timeout_s: float = 10.0, password: str = "",
+                extra_conf: str = "") -> EmbeddedRedis:
     """Start redis-server in the foreground as a child, wait until it answers PING.
 
     With ``password`` the server requires it (``requirepass``); it is written to a 0600
     config file rather than passed as an argument, which any local user could read.
+    ``extra_conf`` is appended to that file (e.g. ``replicaof`` and ``masterauth`` lines).
     """
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -98,6 +100,7 @@ def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(f"requirepass {password}\n" if password else "")
+        fh.write(extra_conf)
     cmd = [
         find_redis_server(), str(conf), "--bind", "127.0.0.1", "--port", str(port),
         "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",

@@ -26,6 +26,7 @@ from libra.data_roots import check_search_corpus, resolve_roots
 from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, serve
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from libra.redis_connect import redis_client
 from libra.telemetry import init_logging, init_tracing
 from scheduling.planner.live import live_planner
 from services.coordinator.config import CoordinatorConfig
@@ -95,7 +96,7 @@ def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore
 
 
 async def main(cfg: CoordinatorConfig) -> None:
-    redis = aioredis.from_url(cfg.redis_url, decode_responses=True,
+    redis = redis_client(cfg.redis_url, decode_responses=True,
                               socket_timeout=REDIS_SOCKET_TIMEOUT_S,
                               socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
                               retry=Retry(NoBackoff(), 0))

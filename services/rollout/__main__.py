@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import logging
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
@@ -24,6 +23,7 @@ from libra.config import load_config, redact
 from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, Server, serve
 from libra.proto.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from libra.redis_connect import redis_client
 from libra.telemetry import init_logging, init_tracing
 from services.rollout.backend import TorchEngineLoader
 from services.rollout.config import RolloutConfig
@@ -78,7 +78,7 @@ async def main(cfg: RolloutConfig) -> None:
     # rides that out (backoff 0.05 s doubling to 1 s, ~15 s in all) instead of ending
     # the loop and the process. Safe to repeat: publishes are idempotent per trajectory
     # id, hand-offs apply only while still assigned here, the rest are reads and sets.
-    redis = aioredis.from_url(cfg.redis_url, decode_responses=False,
+    redis = redis_client(cfg.redis_url, decode_responses=False,
                               retry=Retry(ExponentialBackoff(cap=1.0, base=0.05),
                                           REDIS_RETRIES))
     peers = cfg.peers
@@ -101,8 +101,8 @@ async def main(cfg: RolloutConfig) -> None:
         episodes=RedisEpisodeChannel(redis, SystemClock()))
 
     async def register(server: Server) -> None:
-        core.settings = dataclasses.replace(settings,
-                                            address=f"{cfg.server.host}:{server.port}")
+        host = cfg.advertise_host or cfg.server.host
+        core.settings = dataclasses.replace(settings, address=f"{host}:{server.port}")
         await core.register()
 
     name = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name

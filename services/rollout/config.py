@@ -16,6 +16,9 @@ class RolloutConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding the inbox and results")
     instance_id: str = knob("rollout-0", "unique id of this instance (its worker id)")
+    advertise_host: str = knob("", "host peers dial to reach this instance (its pod IP under "
+                                   "Kubernetes, its service name under compose); empty: "
+                                   "server.host")
     bucket: str = knob("short", "bucket this instance serves in")
     role: str = knob("core-rollout", "lease role: core-rollout, or hybrid-rollout to let the "
                      "elastic pool lend this instance to training (docs/elastic.md)")

@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import redis.asyncio as aioredis
-
 from libra.clock import SystemClock
 from libra.config import load_config, redact
 from libra.grpcx import Registration, serve
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from libra.redis_connect import redis_client
 from libra.telemetry import init_logging, init_tracing
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.core import SchedulerCore
@@ -25,7 +24,7 @@ logger = logging.getLogger("services.scheduler")
 
 
 async def main(cfg: SchedulerConfig) -> None:
-    redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
+    redis = redis_client(cfg.redis_url, decode_responses=False)
     # Leases and loads are re-read every 5th tick (loads are tracked in memory between).
     core = SchedulerCore(RedisSchedulerStore(redis), SystemClock(), tick_s=cfg.tick_s,
                          lease_snapshot_s=5 * cfg.tick_s)

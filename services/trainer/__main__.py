@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import redis.asyncio as aioredis
-
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
 from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, serve
 from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from libra.redis_connect import redis_client
 from libra.retry import RetryPolicy
 from libra.telemetry import init_logging, init_tracing
 from services.trainer.config import TrainerConfig
@@ -29,8 +28,9 @@ logger = logging.getLogger("services.trainer")
 
 
 async def main(cfg: TrainerConfig) -> None:
-    redis = aioredis.from_url(cfg.redis_url, decode_responses=False)
-    factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism)
+    redis = redis_client(cfg.redis_url, decode_responses=False)
+    factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism,
+                                   cfg.rendezvous.address, cfg.rendezvous.timeout_s)
     core = TrainerCore(RedisTrainerStore(redis), factory,
                        GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s,
                                              auth=ClientAuth.for_service(cfg.auth)),

@@ -11,11 +11,34 @@ PARALLELISM_CHOICES = ("auto", "ddp", "fsdp2")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RendezvousConfig:
+    """Where the ranks of a data-parallel job meet (a torch.distributed TCPStore)."""
+
+    address: str = knob(
+        "", "host:port of the ranks' rendezvous, opened by rank 0 (this service) on that port"
+        " for every job. Empty: 127.0.0.1 on a free port, and ranks 1..N-1 are spawned here"
+        " (one machine). Set: ranks 1..N-1 are separate processes, on any host, started with"
+        " `python -m services.trainer.rank` and only this address (docs/operations.md)")
+    timeout_s: float = knob(
+        300.0, "how long rank 0 waits for every rank to join (then the job fails naming the"
+               " address and the missing ranks); also the collectives' timeout")
+
+    def __post_init__(self) -> None:
+        if self.address:
+            host, _, port = self.address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"rendezvous.address must be host:port, got {self.address!r}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"rendezvous.timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainerConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=50053))
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    rendezvous: RendezvousConfig = field(default_factory=RendezvousConfig)
     redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding the trajectory stream")
     worker_id: str = knob("trainer-0", "consumer name in the trajectory stream's group")
     num_threads: int = knob(1, "torch intra-op threads")

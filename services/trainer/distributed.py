@@ -3,8 +3,12 @@
 Rank 0 is the trainer service's own process (the :class:`DistributedJobBackend` the core
 calls); ranks 1..N-1 are daemonic processes spawned (``spawn`` start method) when the
 backend is created and stopped by :meth:`DistributedJobBackend.close`. The group is formed
-over a ``TCPStore`` that rank 0 opens on ``127.0.0.1`` on a free port (port 0, the kernel
-picks). Every rank builds the same :class:`JobBackend` from the job spec (same seed, same
+over a ``TCPStore`` (see ``rendezvous.py``): by default rank 0 opens it on a free port and
+spawns ranks 1..N-1 on this machine; with ``trainer.rendezvous.address`` set, rank 0 opens it
+on that port and ranks 1..N-1 are separate processes on any host (``python -m
+services.trainer.rank``, e.g. the pods of a StatefulSet) that join with only that address,
+read the job from the store, train it and rejoin for the next one.
+Every rank builds the same :class:`JobBackend` from the job spec (same seed, same
 initial weights); rank 0's parameters are broadcast anyway (by DDP, or before sharding
 under FSDP2), and a checksum round checks that all ranks agree before the first step.
 
@@ -19,7 +23,8 @@ Parallelism (``trainer.parallelism``; ``auto`` picks by device):
 Device (``auto``): CUDA when available, else CPU. On CPU the group is gloo; on CUDA it is
 ``cpu:gloo,cuda:nccl`` (NCCL for the model's tensors, gloo for the command objects and the
 small CPU metric reductions), one rank per GPU on ``cuda:<rank>`` (one machine, so the
-local rank is the rank). The GPU path is wired but is only run where CUDA is present.
+local rank is the rank; a rank started on its own uses its ``--local-rank``). The GPU
+path is wired but is only run where CUDA is present.
 
 Rank 0 drives the workers: each command (name + arguments) goes out with
 ``broadcast_object_list``; every rank runs it on its own backend, which splits the batch by
@@ -28,7 +33,7 @@ outcome is gathered on rank 0 (``gather_object``), so an error on a worker is ra
 rank 0 naming the rank. Metrics come back from rank 0 (already reduced over the group).
 Saving is a command too: every rank takes part in gathering the full state dict (a
 collective under FSDP2) and only rank 0 writes. Every rank loads a checkpoint from the
-same folder (one machine) and, under FSDP2, keeps its shard.
+same folder (one machine, or a volume every rank mounts) and, under FSDP2, keeps its shard.
 """
 
 from __future__ import annotations
@@ -46,16 +51,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from libra.jobspec import JobSpec
+from libra.jobspec import JobSpec, job_spec_from_json
 from libra.training.backend import JobBackend, TorchBackendFactory
 from libra.training.parallel import PARALLELISMS
 from libra.training.samples import TrainSample
 from libra.training.tensors import state_checksum
+from services.trainer import rendezvous as meeting
 from services.trainer.core import BackendFactory
+from services.trainer.rendezvous import GroupSettings
 
 logger = logging.getLogger(__name__)
 
-_HOST = "127.0.0.1"
+_LOCAL_HOST = "127.0.0.1"
+EXIT_NO_JOB = 3
 _STOP = "stop"
 
 
@@ -111,15 +119,19 @@ def _run(backend: JobBackend, rank: int, name: str, args: tuple) -> Any:
     raise ValueError(f"unknown command {name!r}")
 
 
-def _worker_entry(*args: Any) -> None:
+def run_rank_process(*args: Any) -> None:
     """Process target: serve, then leave with ``os._exit``.
 
     The interpreter's own teardown after a gloo group (its threads, atexit hooks) was seen
-    to hang now and then; nothing is left to flush, so skip it.
+    to hang now and then; nothing is left to flush, so skip it. Exit codes: 0 the job ran,
+    ``EXIT_NO_JOB`` no job opened at the rendezvous in time (a rank waiting between jobs),
+    1 anything else (traceback on stderr).
     """
     code = 0
     try:
         _worker_main(*args)
+    except meeting.NoJobYet:
+        code = EXIT_NO_JOB
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -128,18 +140,21 @@ def _worker_entry(*args: Any) -> None:
         os._exit(code)
 
 
-def _worker_main(rank: int, world: int, port: int, spec: JobSpec, model_dir: str,
-                 num_threads: int, timeout_s: float, parallelism: str, device: str) -> None:
-    """Rank ``rank`` (>= 1): join the group, build the backend, serve commands until stop."""
-    store = dist.TCPStore(_HOST, port, world, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
-    placement = rank_device(device, rank)
-    dist.init_process_group(process_group_backend(device), store=store, rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+def _worker_main(rank: int, address: str, join_timeout_s: float, local_rank: int) -> None:
+    """Rank ``rank`` (>= 1): join at ``address``, build the job's backend from the settings
+    rank 0 published, serve commands until stop."""
+    logger.info("[train] rank %d: connecting to the rendezvous at %s", rank, address)
+    store, job = meeting.join(address, rank, join_timeout_s)
+    placement = rank_device(job.device, local_rank)
+    dist.init_process_group(process_group_backend(job.device), store=store, rank=rank,
+                            world_size=job.world_size,
+                            timeout=datetime.timedelta(seconds=job.timeout_s))
+    logger.info("[train] rank %d of %d joined at %s", rank, job.world_size, address)
     # No destroy_process_group here: in gloo it can wait for rank 0, which is itself
     # waiting for this process to exit; the process leaves with os._exit instead.
-    backend = JobBackend(spec, model_dir, num_threads, write_model_dir=False)
-    backend.enable_data_parallel(parallelism, placement)
+    backend = JobBackend(job_spec_from_json(job.spec_json), job.model_dir, job.num_threads,
+                         write_model_dir=False)
+    backend.enable_data_parallel(job.parallelism, placement)
     while True:
         message: list[Any] = [None]
         dist.broadcast_object_list(message, src=0)
@@ -163,35 +178,50 @@ class DistributedJobBackend:
         model_dir: Where rank 0 writes the model config and tokenizer.
         num_threads: torch intra-op threads per rank.
         num_ranks: Group size (>= 2).
-        timeout_s: Collective timeout; a dead or stuck rank fails the call after this.
+        timeout_s: Collective timeout; a dead or stuck rank fails the call after this, and
+            a rank that has not joined by then fails the start naming it.
         parallelism: ``auto``, ``ddp`` or ``fsdp2`` (:func:`resolve_parallelism`).
         device: ``auto``, ``cpu`` or ``cuda`` (:func:`resolve_device`).
+        rendezvous: ``(address, store)``: the ``host:port`` the other ranks join at and
+            rank 0's store listening on that port (kept across jobs, see
+            :class:`DistributedBackendFactory`); None: a store of this job's own on a free
+            port, ranks 1..N-1 spawned here.
     """
 
     def __init__(self, spec: JobSpec, model_dir: str, num_threads: int, num_ranks: int,
                  timeout_s: float = 300.0, parallelism: str = "auto",
-                 device: str = "auto") -> None:
+                 device: str = "auto",
+                 rendezvous: tuple[str, dist.TCPStore] | None = None) -> None:
         if num_ranks < 2:
             raise ValueError("DistributedJobBackend needs num_ranks >= 2 (use JobBackend)")
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed group is already active in this process")
         self.device = resolve_device(device)
         self.parallelism = resolve_parallelism(parallelism, self.device)
-        if self.device == "cuda" and num_ranks > torch.cuda.device_count():
+        spawn_here = rendezvous is None
+        if spawn_here and self.device == "cuda" and num_ranks > torch.cuda.device_count():
             raise ValueError(f"{num_ranks} ranks need {num_ranks} GPUs, "
                              f"{torch.cuda.device_count()} visible")
         self._num_ranks = num_ranks
         self._lock = threading.Lock()
         self._closed = False
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(_HOST, 0, num_ranks, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
-        self._workers = self._spawn_workers(
-            store.port, spec, model_dir, num_threads, timeout_s)
+        if rendezvous is None:
+            store = meeting.open_store(0, timeout_s)
+            rendezvous = (f"{_LOCAL_HOST}:{store.port}", store)
+        self.address, self._store = rendezvous
+        self._generation = meeting.begin(self._store, GroupSettings(
+            world_size=num_ranks, spec_json=spec.to_json(), model_dir=model_dir,
+            num_threads=num_threads, parallelism=self.parallelism, device=self.device,
+            timeout_s=timeout_s))
+        self._workers = self._spawn_workers(timeout_s) if spawn_here else []
         try:
+            meeting.wait_for_ranks(self._store, self._generation, self.address, num_ranks,
+                                   timeout_s, check_alive=self._check_workers)
             placement = rank_device(self.device, 0)
-            dist.init_process_group(process_group_backend(self.device), store=store, rank=0,
-                                    world_size=num_ranks, timeout=timeout)
+            dist.init_process_group(process_group_backend(self.device),
+                                    store=meeting.group_store(self._store, self._generation),
+                                    rank=0, world_size=num_ranks, timeout=timeout)
             self._local = JobBackend(spec, model_dir, num_threads)
             self._local.enable_data_parallel(self.parallelism, placement)
             sums = self.checksums()
@@ -199,26 +229,31 @@ class DistributedJobBackend:
             self._kill_workers()
             if dist.is_initialized():
                 dist.destroy_process_group()
+            meeting.end(self._store, self._generation)
             raise
         if len(set(sums)) != 1:
             self.close()
             raise RuntimeError(f"ranks disagree on the initial weights: {sums}")
-        logger.info("[train] data-parallel group up ranks=%d parallelism=%s device=%s port=%d",
-                    num_ranks, self.parallelism, self.device, store.port)
+        logger.info("[train] data-parallel group up ranks=%d parallelism=%s device=%s "
+                    "rendezvous=%s", num_ranks, self.parallelism, self.device, self.address)
 
-    def _spawn_workers(self, port: int, spec: JobSpec, model_dir: str, num_threads: int,
-                       timeout_s: float) -> list[Any]:
-        """Start ranks 1..N-1; they join the group over the store on ``port``."""
+    def _spawn_workers(self, timeout_s: float) -> list[Any]:
+        """Start ranks 1..N-1 here; they join at this backend's address."""
         context = mp.get_context("spawn")
         workers = [
-            context.Process(target=_worker_entry, name=f"libra-trainer-rank{rank}", daemon=True,
-                            args=(rank, self._num_ranks, port, spec, model_dir, num_threads,
-                                  timeout_s, self.parallelism, self.device))
+            context.Process(target=run_rank_process, name=f"libra-trainer-rank{rank}", daemon=True,
+                            args=(rank, self.address, timeout_s, rank))
             for rank in range(1, self._num_ranks)
         ]
         for worker in workers:
             worker.start()
         return workers
+
+    def _check_workers(self) -> None:
+        """Raise when a rank spawned here died (while the others wait to join)."""
+        dead = [worker.name for worker in self._workers if not worker.is_alive()]
+        if dead:
+            raise RuntimeError(f"data-parallel ranks died: {dead}")
 
     def warm_start(self, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float]:
         # The ranks step together (collectives): one that stopped alone would hang the
@@ -261,15 +296,14 @@ class DistributedJobBackend:
             self._kill_workers()
             if dist.is_initialized():
                 dist.destroy_process_group()
+            meeting.end(self._store, self._generation)
 
     def _call(self, name: str, *args: Any, closing: bool = False) -> list[Any]:
         """Run a command on every rank; returns the per-rank results (rank 0 first)."""
         with self._lock:
             if self._closed and not closing:
                 raise RuntimeError("the data-parallel backend is closed")
-            dead = [worker.name for worker in self._workers if not worker.is_alive()]
-            if dead:
-                raise RuntimeError(f"data-parallel ranks died: {dead}")
+            self._check_workers()
             dist.broadcast_object_list([(name, args)], src=0)
             error: BaseException | None = None
             try:
@@ -297,22 +331,40 @@ class DistributedJobBackend:
 
 
 class DistributedBackendFactory:
-    """Creates a :class:`DistributedJobBackend` of ``num_ranks`` ranks per job."""
+    """Creates a :class:`DistributedJobBackend` of ``num_ranks`` ranks per job.
+
+    With a rendezvous address, the store listening on its port is opened on the first
+    job and kept for the life of the process: every job is a generation of it (see
+    ``rendezvous.py`` for why a store per job cannot reuse the port)."""
 
     def __init__(self, num_threads: int = 1, num_ranks: int = 2,
-                 parallelism: str = "auto") -> None:
+                 parallelism: str = "auto", rendezvous_address: str = "",
+                 timeout_s: float = 300.0) -> None:
         self._num_threads = num_threads
         self._num_ranks = num_ranks
         self._parallelism = parallelism
+        self._rendezvous_address = rendezvous_address
+        self._timeout_s = timeout_s
+        self._store: dist.TCPStore | None = None
 
     def create(self, spec: JobSpec, model_dir: str) -> DistributedJobBackend:
+        rendezvous = None
+        if self._rendezvous_address:
+            if self._store is None:
+                port = meeting.split_address(self._rendezvous_address)[1]
+                self._store = meeting.open_store(port, self._timeout_s)
+            rendezvous = (self._rendezvous_address, self._store)
         return DistributedJobBackend(spec, model_dir, self._num_threads, self._num_ranks,
-                                     parallelism=self._parallelism)
+                                     timeout_s=self._timeout_s, parallelism=self._parallelism,
+                                     rendezvous=rendezvous)
 
 
-def make_backend_factory(num_threads: int, num_ranks: int,
-                         parallelism: str = "auto") -> BackendFactory:
-    """The trainer's backend factory: in-process for 1 rank, a process group for more."""
+def make_backend_factory(num_threads: int, num_ranks: int, parallelism: str = "auto",
+                         rendezvous_address: str = "",
+                         timeout_s: float = 300.0) -> BackendFactory:
+    """The trainer's backend factory: in-process for 1 rank, a process group for more
+    (ranks spawned here, or joining at ``rendezvous_address``)."""
     if num_ranks == 1:
         return TorchBackendFactory(num_threads)
-    return DistributedBackendFactory(num_threads, num_ranks, parallelism)
+    return DistributedBackendFactory(num_threads, num_ranks, parallelism, rendezvous_address,
+                                     timeout_s)

@@ -10,12 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import redis as redis_sync
-
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import DeadlineExceeded, Unavailable
+from libra.redis_connect import redis_client_sync
 from libra_cli import stack
 from libra_cli.report import build_report
 
@@ -72,7 +71,7 @@ async def get_job_across_restarts(client: GrpcCoordinatorClient, job_id: str,
 
 def event_kinds(redis_url: str, job_id: str) -> list[str]:
     """The kinds of the job's events, oldest first, read from Redis."""
-    r = redis_sync.from_url(redis_url, decode_responses=True)
+    r = redis_client_sync(redis_url, decode_responses=True)
     return [fields["kind"] for _, fields in r.xrange(keys.events(job_id))]
 
 
@@ -110,7 +109,7 @@ def assert_exact_accounting(redis_url: str, job: t.Job, steps: list[dict],
 
     Returns the report's trajectory accounting.
     """
-    r = redis_sync.from_url(redis_url)
+    r = redis_client_sync(redis_url)
     consumed = sum(counters.get(k, 0) for k in ("trained", "dropped_stale", "dropped_failed"))
     assert r.scard(keys.trained_ids(job.job_id)) == consumed
     report = build_report(job, steps, counters, 0.0)["trajectories"]

@@ -1,6 +1,6 @@
-"""A service whose Redis is unreachable says so: health NOT_SERVING while Redis is down,
-SERVING once it is back on its port, with one log line per change (real processes, a
-real redis-server killed and restarted)."""
+"""A service whose Redis is unreachable says so: health NOT_SERVING while Redis is down
+(its liveness service stays SERVING), SERVING once it is back on its port, with one log
+line per change (real processes, a real redis-server killed and restarted)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from libra.grpcx import LIVENESS_SERVICE
+from libra_cli.healthcheck import check
 from libra_cli.redis_server import free_ports, start_redis
 from libra_cli.stack import health
 from tests.service.test_graceful_shutdown import _start, _wait_serving
@@ -42,6 +44,8 @@ def test_health_is_not_serving_while_redis_is_down(module: str, tmp_path: Path) 
         os.kill(redis.pid, signal.SIGKILL)
         redis.process.wait()
         _wait_health(address, "NOT_SERVING")
+        # Liveness (the orchestrator's restart probe) stays up: a restart cannot fix Redis.
+        assert check(address, service=LIVENESS_SERVICE, timeout_s=2.0) == "SERVING"
         redis = start_redis(tmp_path / "redis", port=redis.port)
         _wait_health(address, "SERVING")
         assert proc.poll() is None

@@ -35,7 +35,7 @@ SNAPSHOT: dict[type, list[str]] = {
                                "tool_data_roots", "trainer_lost_s"]),
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
-        *SHARED, *PEERS, "bucket", "engine", "instance_id",
+        *SHARED, *PEERS, "advertise_host", "bucket", "engine", "instance_id",
         "lease_ttl_ms", "max_batch_size",
         "max_trajectories", "num_threads", "redis_url", "report_linger_ms",
         "report_max_unanswered", "role", "seed",
@@ -44,7 +44,7 @@ SNAPSHOT: dict[type, list[str]] = {
         "vllm_tensor_parallel_size", "weight_load_deadline_s"]),
     TrainerConfig: sorted([
         *SHARED, *PEERS, "coordinator_retry_s", "num_ranks", "num_threads", "parallelism",
-        "redis_url", "worker_id"]),
+        "redis_url", "rendezvous.address", "rendezvous.timeout_s", "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "data_roots", "extra_rewards",
         "extra_tools",
@@ -78,3 +78,14 @@ def test_cli_override_of_one_group_field_keeps_the_services_group_defaults() -> 
     cfg = load_config(CoordinatorConfig, "coordinator", argv=["--server.host", "0.0.0.0"],
                       environ={})
     assert (cfg.server.host, cfg.server.port) == ("0.0.0.0", 50051)
+
+
+def test_trainer_rank_options_match_frozen_snapshot() -> None:
+    """``python -m services.trainer.rank`` (ranks 1..N-1 started on their own)."""
+    from services.trainer.rank import RankConfig
+
+    telemetry = [name for name in SHARED if name.startswith("telemetry.")]
+    assert sorted(option_names(RankConfig)) == sorted([
+        *telemetry, "join_timeout_s", "local_rank", "max_jobs", "rank", "rank_offset",
+        "rendezvous"])
+    assert all(help_text.strip() for _name, _type, help_text in _leaf_fields(RankConfig))

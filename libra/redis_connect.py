@@ -1,0 +1,134 @@
+"""The one way a Libra process opens Redis: a plain URL or Redis Sentinel.
+
+``redis://[:password@]host:port/db`` (and ``rediss://``, ``unix://``) connect as always.
+``redis+sentinel://[[user]:password@]host:port[,host:port...]/master_name[/db]`` asks
+the sentinels which server is the master of ``master_name`` and connects there; when a
+connection fails (the master died) or answers READONLY (it was demoted), the next command
+asks the sentinels again, so clients follow a failover on their own. The password is the
+data servers' (``requirepass``, ``sentinel auth-pass``); query options:
+
+- ``sentinel_password``: the sentinels' own password, when they have one;
+- ``min_other_sentinels`` (0): trust a sentinel's answer only when it sees at least this
+  many other sentinels. Set it to quorum - 1 so a sentinel cut off with the old master
+  (a network partition) cannot send clients to it.
+
+With no master to be found (every sentinel down, or the master down without a quorum to
+promote a replica) commands raise ``MasterNotFoundError``, a ``ConnectionError``: services
+report NOT_SERVING through their Redis health probe and retry as for any Redis outage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from libra.config import mask_url_password
+
+SENTINEL_SCHEME = "redis+sentinel"
+# A sentinel that does not answer within this is skipped for the next one.
+SENTINEL_CONNECT_TIMEOUT_S = 1.0
+_QUERY_OPTIONS = {"sentinel_password", "min_other_sentinels"}
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A parsed ``redis+sentinel://`` URL."""
+
+    sentinels: list[tuple[str, int]]
+    master_name: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_password: str | None = None
+    min_other_sentinels: int = 0
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether ``url`` names sentinels to ask for the master rather than one server."""
+    return url.lower().startswith(f"{SENTINEL_SCHEME}://")
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """Parse ``redis+sentinel://...``; ValueError says what is wrong (password masked)."""
+    shown = mask_url_password(url)
+    parts = urlsplit(url)
+    if parts.scheme.lower() != SENTINEL_SCHEME:
+        raise ValueError(f"redis_url {shown}: not a {SENTINEL_SCHEME}:// URL")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    sentinels = [_host_port(item, shown) for item in hosts.split(",") if item]
+    if not sentinels:
+        raise ValueError(f"redis_url {shown}: no sentinel host:port")
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise ValueError(f"redis_url {shown}: the path must be /master_name[/db]")
+    if len(path) == 2 and not path[1].isdigit():
+        raise ValueError(f"redis_url {shown}: db must be a number, got {path[1]!r}")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = sorted(set(query) - _QUERY_OPTIONS)
+    if unknown:
+        raise ValueError(f"redis_url {shown}: unknown options {unknown} "
+                         f"(known: {sorted(_QUERY_OPTIONS)})")
+    minimum = query.get("min_other_sentinels", "0")
+    if not minimum.isdigit():
+        raise ValueError(f"redis_url {shown}: min_other_sentinels must be a number")
+    return SentinelTarget(
+        sentinels=sentinels, master_name=unquote(path[0]),
+        db=int(path[1]) if len(path) == 2 else 0,
+        username=unquote(username) or None, password=unquote(password) or None,
+        sentinel_password=query.get("sentinel_password") or None,
+        min_other_sentinels=int(minimum))
+
+
+def _host_port(item: str, shown: str) -> tuple[str, int]:
+    host, _, port = item.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"redis_url {shown}: sentinel {item!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def _sentinel_kwargs(target: SentinelTarget, kwargs: dict[str, Any],
+                     retry: Any) -> dict[str, Any]:
+    """Connection options for the sentinels: their own password, no retries and a short
+    connect timeout. Discovery asks the sentinels in turn; redis-py's default retry
+    (exponential backoff from 1 s) spent ~7 s on each dead sentinel before the next, so
+    one dead sentinel of three made every command time out."""
+    out = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+    out.setdefault("socket_connect_timeout", SENTINEL_CONNECT_TIMEOUT_S)
+    out.setdefault("socket_timeout", SENTINEL_CONNECT_TIMEOUT_S)
+    out["retry"] = retry
+    if target.sentinel_password:
+        out["password"] = target.sentinel_password
+    return out
+
+
+def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
+    """An asyncio client for ``url`` (plain or sentinel); ``kwargs`` as for ``from_url``."""
+    if not is_sentinel_url(url):
+        return aioredis.from_url(url, **kwargs)
+    target = parse_sentinel_url(url)
+    sentinel = AsyncSentinel(target.sentinels, min_other_sentinels=target.min_other_sentinels,
+                             sentinel_kwargs=_sentinel_kwargs(target, kwargs,
+                                                              AsyncRetry(NoBackoff(), 0)))
+    return sentinel.master_for(target.master_name, db=target.db, username=target.username,
+                               password=target.password, **kwargs)
+
+
+def redis_client_sync(url: str, **kwargs: Any) -> redis.Redis:
+    """The blocking client (CLI, tests, tools) for ``url`` (plain or sentinel)."""
+    if not is_sentinel_url(url):
+        return redis.from_url(url, **kwargs)
+    target = parse_sentinel_url(url)
+    sentinel = Sentinel(target.sentinels, min_other_sentinels=target.min_other_sentinels,
+                        sentinel_kwargs=_sentinel_kwargs(target, kwargs, Retry(NoBackoff(), 0)))
+    return sentinel.master_for(target.master_name, db=target.db, username=target.username,
+                               password=target.password, **kwargs)

@@ -1,0 +1,52 @@
+"""redis_url: plain URLs as before, redis+sentinel:// URLs parsed or refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import SentinelConnectionPool
+
+from libra.redis_connect import SentinelTarget, is_sentinel_url, parse_sentinel_url, redis_client
+
+
+def test_a_sentinel_url_names_sentinels_master_db_and_passwords() -> None:
+    url = ("redis+sentinel://:s3cret@sentinel-0:26379,sentinel-1:26380,[::1]:26381/"
+           "mymaster/2?sentinel_password=sp&min_other_sentinels=1")
+    assert is_sentinel_url(url) and not is_sentinel_url("redis://127.0.0.1:6379/0")
+    assert parse_sentinel_url(url) == SentinelTarget(
+        sentinels=[("sentinel-0", 26379), ("sentinel-1", 26380), ("::1", 26381)],
+        master_name="mymaster", db=2, password="s3cret", sentinel_password="sp",
+        min_other_sentinels=1)
+    plain = parse_sentinel_url("redis+sentinel://h:1/m")
+    assert (plain.db, plain.password, plain.username) == (0, None, None)
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("redis+sentinel://:pw@/m/0", "no sentinel host:port"),
+    ("redis+sentinel://:pw@h/m/0", "sentinel 'h' is not host:port"),
+    ("redis+sentinel://:pw@h:1", "the path must be /master_name"),
+    ("redis+sentinel://:pw@h:1/m/x", "db must be a number"),
+    ("redis+sentinel://:pw@h:1/m/0?quorum=2", "unknown options ['quorum']"),
+    ("redis+sentinel://:pw@h:1/m/0?min_other_sentinels=many", "min_other_sentinels"),
+])
+def test_a_bad_sentinel_url_is_refused_naming_the_problem_not_the_password(
+        url: str, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_sentinel_url(url)
+    assert message in str(err.value) and "redis_url" in str(err.value)
+    assert ":pw@" not in str(err.value)
+
+
+async def test_the_factory_builds_a_sentinel_client_or_a_plain_one() -> None:
+    client = redis_client("redis+sentinel://:pw@127.0.0.1:1/m/3", decode_responses=True)
+    try:
+        assert isinstance(client.connection_pool, SentinelConnectionPool)
+        assert client.connection_pool.connection_kwargs["db"] == 3
+    finally:
+        await client.aclose()
+    plain = redis_client("redis://127.0.0.1:1/0")
+    try:
+        assert isinstance(plain, aioredis.Redis)
+        assert not isinstance(plain.connection_pool, SentinelConnectionPool)
+    finally:
+        await plain.aclose()
