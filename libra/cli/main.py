@@ -15,6 +15,7 @@ Examples:
   libra model import --smollm2           a GGUF -> Hugging Face directory (docs/models.md)
   libra export JOB --out DIR             a job's policy version -> Hugging Face directory
   libra tool run python --args '{"code": "print(1)"}' --local    try a tool
+  libra gc --dry-run                     what run folders / weight versions would go
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from libra import types as t
-from libra.cli import certs, credentials, model, run, sim, stack, tool
+from libra.cli import certs, credentials, gc, model, run, sim, stack, tool
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import ClientAuth
@@ -261,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs.register(sub)
     sim.register(sub)
     model.register(sub)
+    gc.register(sub, _client)
     return parser
 
 

@@ -36,6 +36,7 @@ from services.coordinator.model_check import check_job_model
 from services.coordinator.planner.live import live_planner
 from services.coordinator.reconcile import ReconcileSettings, ReconcileWiring
 from services.coordinator.rest import build_app
+from services.coordinator.retention import run_retention
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
 
@@ -116,8 +117,10 @@ async def main(cfg: CoordinatorConfig) -> None:
     http_done = asyncio.Event()
 
     async def run_http() -> None:
-        # Reconciliation runs beside the HTTP server for the life of the process.
+        # Reconciliation and retention run beside the HTTP server for the process's life.
         reconciler = asyncio.create_task(core.run_reconciler())
+        retention = asyncio.create_task(run_retention(
+            core.list_jobs, Path(cfg.run_root).resolve(), cfg.retention))
         try:
             if http is not None:
                 await http.serve()
@@ -125,6 +128,7 @@ async def main(cfg: CoordinatorConfig) -> None:
                 await asyncio.Event().wait()
         finally:
             reconciler.cancel()
+            retention.cancel()
             http_done.set()
 
     async def drain(_grace_s: float) -> None:
