@@ -50,7 +50,7 @@ SNAPSHOT: dict[type, list[str]] = {
         "redis_url", "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "data_roots", "extra_rewards",
-        "extra_tools",
+        "extra_tools", "file_read_gid", "file_read_uid",
         "max_concurrency_per_tool", "max_queue_depth_per_tool", "python_timeout_s",
         "require_network_isolation",
         "search_corpus"]),
