@@ -16,7 +16,7 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from libra.access import load_tokens
+from libra.access import TokenStore
 from libra.clients.rollout import GrpcRolloutClient
 from libra.clients.runner import GrpcSchedulerClient, GrpcTrainerClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
@@ -104,7 +104,7 @@ async def main(cfg: CoordinatorConfig) -> None:
                                 CoordinatorServicer(core), name)
     http: uvicorn.Server | None = None
     if cfg.http_port >= 0:
-        app = build_app(core, load_tokens(cfg.auth))
+        app = build_app(core, TokenStore(cfg.auth))  # follows token file rotation
         FastAPIInstrumentor.instrument_app(app)  # REST requests join the same traces
         # HTTPS with the gRPC server's certificate when one is configured.
         http = uvicorn.Server(uvicorn.Config(

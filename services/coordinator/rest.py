@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from libra.access import Access, Tokens
+from libra.access import Access, Tokens, TokenStore
 from libra.errors import InvalidArgument, LibraError, ResourceExhausted, Unauthenticated
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest_models import (
@@ -36,13 +36,14 @@ _PRIORITY_QUERY = Query(None, description="queue priority in [-1000, 1000] (over
 _BEARER = HTTPBearer(auto_error=False, description="the api token (auth.api_token)")
 
 
-def _require_token(tokens: Tokens) -> Any:
-    """A dependency: every /v1 route is the public job API (api or service token)."""
+def _require_token(tokens: Tokens | TokenStore) -> Any:
+    """A dependency: every /v1 route is the public job API (api or service token); a
+    TokenStore's tokens follow its files (rotation)."""
 
     async def check(
             creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
         presented = creds.credentials if creds is not None else ""
-        if tokens.allows(presented, Access.PUBLIC) is not None:
+        if tokens.current().allows(presented, Access.PUBLIC) is not None:
             raise Unauthenticated("missing or invalid bearer token")
 
     return check
@@ -131,7 +132,7 @@ def _drop_422(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def build_app(core: CoordinatorCore, tokens: Tokens | None = None) -> FastAPI:
+def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None) -> FastAPI:
     """The REST API: /v1/jobs (create, list, get, cancel, resume, events) and /v1/workers.
 
     With ``tokens`` enabled every /v1 route needs ``Authorization: Bearer <token>``
@@ -143,8 +144,9 @@ def build_app(core: CoordinatorCore, tokens: Tokens | None = None) -> FastAPI:
                   description="Create, inspect and cancel agentic RL jobs. Every error "
                   "is an ErrorBody; a bad input is 400 naming the field.")
     tokens = tokens or Tokens()
-    v1 = APIRouter(dependencies=[Depends(_require_token(tokens))] if tokens.enabled else [],
-                   responses=error_responses(*((401, 500) if tokens.enabled else (500,))))
+    enabled = tokens.current().enabled  # fixed at start-up; a rotation changes which tokens
+    v1 = APIRouter(dependencies=[Depends(_require_token(tokens))] if enabled else [],
+                   responses=error_responses(*((401, 500) if enabled else (500,))))
     app.add_exception_handler(LibraError, _libra_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
