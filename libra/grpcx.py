@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram, start_http_server
 
 from libra.access import TokenStore, check_exposure, is_loopback
-from libra.errors import InvalidArgument
+from libra.errors import InvalidArgument, as_unavailable
 from libra.grpc_auth import AuthInterceptor, ClientAuth, open_channel, server_credentials
 from libra.service_config import AuthConfig, ServerConfig
 
@@ -104,10 +104,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             except Exception as exc:
                 # Domain errors (libra.errors and the cores' own, which never import grpc)
                 # declare their status by name.
-                status_name = getattr(exc, "grpc_status_name", None)
+                domain = as_unavailable(exc) or exc  # a registered outage: UNAVAILABLE
+                status_name = getattr(domain, "grpc_status_name", None)
                 if status_name is not None:
                     code = status_name
-                    await context.abort(grpc.StatusCode[status_name], status_details(exc))
+                    await context.abort(grpc.StatusCode[status_name], status_details(domain))
                 if context.code() is None:  # not an abort raised by the handler itself
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
@@ -132,13 +133,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 code = "CANCELLED"
                 raise
             except Exception as exc:
-                status_name = getattr(exc, "grpc_status_name", None)
+                domain = as_unavailable(exc) or exc  # a registered outage: UNAVAILABLE
+                status_name = getattr(domain, "grpc_status_name", None)
                 if status_name is None:
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
                     raise
                 code = status_name
-                await context.abort(grpc.StatusCode[status_name], status_details(exc))
+                await context.abort(grpc.StatusCode[status_name], status_details(domain))
             finally:
                 RPC_TOTAL.labels(service, method, code).inc()
 

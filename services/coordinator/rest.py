@@ -15,7 +15,15 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from libra.access import Access, Tokens, TokenStore
-from libra.errors import InvalidArgument, LibraError, ResourceExhausted, Unauthenticated
+from libra.errors import (
+    InvalidArgument,
+    LibraError,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+    as_unavailable,
+    unavailable_types,
+)
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest_models import (
     HTTP_STATUS,
@@ -31,6 +39,10 @@ from services.coordinator.rest_models import (
 _PRIORITY_QUERY = Query(None, description="queue priority in [-1000, 1000] (overrides "
                         "the body's)")
 
+
+# Retry-After (seconds) of a 503: Redis comes back within ~1 s of a restart (AOF replay of
+# a small stack), a restarted peer within a few; clients back off from there.
+UNAVAILABLE_RETRY_AFTER_S = 1
 
 # Module level: the dependency's annotation below is resolved in this module's globals.
 _BEARER = HTTPBearer(auto_error=False, description="the api token (auth.api_token)")
@@ -66,6 +78,8 @@ async def _libra_error(_request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, ResourceExhausted):
         body.retry_after_ms = exc.retry_after_ms
         headers["Retry-After"] = str(math.ceil(exc.retry_after_ms / 1000))
+    if isinstance(exc, Unavailable):
+        headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
     return _error_response(HTTP_STATUS.get(code, 500), body, headers)
 
 
@@ -97,9 +111,21 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
                            dict(exc.headers or {}))
 
 
-async def _unexpected_error(_request: Request, _exc: Exception) -> JSONResponse:
-    """Anything else: a 500 with an ErrorBody. Not logged here: Starlette re-raises the
-    error after this response and the server logs its traceback once."""
+async def _outage(request: Request, exc: Exception) -> JSONResponse:
+    """A registered outage error (Redis unreachable) as 503 + ErrorBody, not logged as a
+    crash: the store already logged its retries, and an outage may last a while."""
+    outage = as_unavailable(exc)
+    assert outage is not None
+    return await _libra_error(request, outage)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """Anything else: a 503 when it is a registered outage (Redis unreachable: the store
+    registers its errors, libra.errors.register_unavailable), else a 500 with an
+    ErrorBody. A 500 is not logged here: Starlette re-raises the error after this
+    response and the server logs its traceback once."""
+    if (outage := as_unavailable(exc)) is not None:
+        return await _libra_error(request, outage)
     return _error_response(500, ErrorBody(error="internal", message="internal error"))
 
 
@@ -146,8 +172,10 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None) 
     tokens = tokens or Tokens()
     enabled = tokens.current().enabled  # fixed at start-up; a rotation changes which tokens
     v1 = APIRouter(dependencies=[Depends(_require_token(tokens))] if enabled else [],
-                   responses=error_responses(*((401, 500) if enabled else (500,))))
+                   responses=error_responses(*((401, 500, 503) if enabled else (500, 503))))
     app.add_exception_handler(LibraError, _libra_error)
+    for outage_type in unavailable_types():  # registered by the store's module (Redis)
+        app.add_exception_handler(outage_type, _outage)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -131,7 +131,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
         out[status] = {"model": ErrorBody, "description": _WHY[status]}
-        if status == 429:
+        if status in (429, 503):
             out[status]["headers"] = _RETRY_AFTER_HEADER
         if status == 401:
             out[status]["headers"] = {"WWW-Authenticate": {

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import FailedPrecondition, LeaseLost, NotFound
+from libra.errors import FailedPrecondition, LeaseLost, NotFound, register_unavailable
 from services.coordinator.store_scripts import (
     ACQUIRE_LUA,
     APPEND_STEP_LUA,
@@ -198,6 +198,7 @@ class RedisCoordinatorStore:
         self._retry_attempts = retry_attempts
         self._retry_first_delay_s = retry_first_delay_s
         self._transient = (redis_errors.ConnectionError, redis_errors.TimeoutError)
+        register_unavailable(*self._transient)  # the API answers UNAVAILABLE / 503 for them
         self._acquire = redis.register_script(ACQUIRE_LUA)
         self._renew = redis.register_script(RENEW_LUA)
         self._release = redis.register_script(RELEASE_LUA)
