@@ -163,7 +163,7 @@ def hybrid_main() -> None:
     """The lent worker: idle until told the trainer's address, then join and serve."""
     from libra.clients.gradient import GrpcGradientChannel
     from services.rollout.hybrid_backend import TorchHybridTrainer
-    from services.rollout.lending import HybridJoin
+    from services.rollout.hybrid_join import HybridJoin
 
     print("ready", flush=True)
     address = sys.stdin.readline().strip()

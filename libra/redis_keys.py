@@ -25,7 +25,7 @@ WORKERS = f"{PREFIX}:workers"
 # Global fencing counter: INCR on every membership change (lease grant); never expires.
 FENCE = f"{PREFIX}:fence"
 
-# A worker's lease (hash: role, bucket, address, epoch, ttl_ms). Expires when the worker
+# A worker's lease (hash: fields and codec in libra/redis_fields.py). Expires when the worker
 # stops renewing, which is how the system learns it died.
 LEASE_TTL_MS_DEFAULT = 3_000
 

@@ -23,7 +23,8 @@ Schema (stable; later versions only add keys)::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from libra.evaluation import (
     EvalRecord,
 )
 from libra.run_dir import run_dir_usage
+from libra.wire.step_record import step_record_from_dict, step_record_to_dict
 
 # 2 added steps[].hybrid_workers and events; 3 added storage, eval, eval_trajectories
 SCHEMA_VERSION = 3
@@ -51,20 +53,24 @@ def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
     return sum(first) / len(first), sum(last) / len(last)
 
 
-def build_report(job: t.Job, steps: list[dict[str, Any]], counters: dict[str, int],
+def build_report(job: t.Job, steps: Sequence[t.StepRecord | dict[str, Any]],
+                 counters: dict[str, int],
                  wall_s: float, events: list[dict[str, Any]] | None = None,
                  storage: dict[str, int] | None = None) -> dict[str, Any]:
     """The report of one job; ``events`` come from the job's events stream (the eval
     rounds the trainer recorded there become ``eval``), ``storage`` from
     :func:`libra.run_dir.run_dir_usage` (measured where the report is written)."""
+    records = [s if isinstance(s, t.StepRecord) else step_record_from_dict(s) for s in steps]
     # Steps recorded without elastic training had no hybrid workers.
-    steps = [{**s, "hybrid_workers": int(s.get("hybrid_workers", 0))} for s in steps]
+    records = [r if r.hybrid_workers is not None else replace(r, hybrid_workers=0)
+               for r in records]
+    steps = [step_record_to_dict(r) for r in records]
     events = list(events or [])  # stream order: the order they were recorded
     evals = eval_entries(events)
     first, last = reward_windows(steps)
     produced = counters.get("produced", 0) + counters.get("failed", 0)
     trained = counters.get("trained", 0)
-    train_wall_s = sum(s.get("wall_s", 0.0) for s in steps)
+    train_wall_s = sum(r.wall_s or 0.0 for r in records)
     return {
         "schema_version": SCHEMA_VERSION, "job_id": job.job_id, "name": job.name,
         "state": job.state.value, "message": job.message, "wall_s": round(wall_s, 3),

@@ -194,6 +194,9 @@ class WorkerRole(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Lease:
+    """A worker's lease as the coordinator grants it (Redis hash codec:
+    ``libra.redis_fields``; ``expires_at_ms`` comes from the key's TTL, not a field)."""
+
     worker_id: WorkerId
     role: WorkerRole
     bucket: str
@@ -201,6 +204,17 @@ class Lease:
     epoch: int
     expires_at_ms: int
     ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSummary:
+    """What the scheduler reads of a live lease to place and to fence: the worker's
+    role (a ``WorkerRole`` value), bucket and epoch."""
+
+    worker_id: str
+    role: str
+    bucket: str
+    epoch: int
 
 
 class JobState(enum.Enum):
@@ -254,6 +268,40 @@ class TrainerStatus:
 
     def is_working_on(self, job_id: str) -> bool:
         return self.job_id == job_id and self.phase in TRAINER_WORKING_PHASES
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One training step as the trainer reports it (``step_json``; report.json's ``steps``).
+
+    Only ``step`` is required: a field left None was not reported and is left out of the
+    JSON (records of older runs lack some; publish and checkpoint times only appear on
+    steps that did those). ``metrics`` are the backend's numbers (loss, grad_norm, ...),
+    flat beside the named fields in the JSON. Codec: ``libra.wire.step_record``.
+    """
+
+    step: int
+    policy_version: int | None = None
+    reward_mean: float | None = None
+    num_trajectories: int | None = None
+    rollout_s: float | None = None
+    """Waiting for complete, fresh groups."""
+    train_s: float | None = None
+    wall_s: float | None = None
+    dropped_stale: int | None = None
+    dropped_failed: int | None = None
+    reward_components: dict[str, float] | None = None
+    turns_mean: float | None = None
+    tokens_mean: float | None = None
+    hybrid_workers: int | None = None
+    hybrid_joining: int | None = None
+    migrations: int | None = None
+    bucket_occupancy: dict[str, int] | None = None
+    """Bucket -> trajectories the scheduler placed there during the step."""
+    publish_s: float | None = None
+    weights_pruned: int | None = None
+    checkpoint_s: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class DecisionAction(enum.Enum):

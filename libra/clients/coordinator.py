@@ -12,6 +12,7 @@ from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from libra.wire.common import lease_from_proto, role_to_proto
 from libra.wire.coordinator import job_from_proto, job_state_to_proto
+from libra.wire.step_record import step_record_to_json
 
 
 class CoordinatorApi(Protocol):
@@ -25,13 +26,33 @@ class CoordinatorApi(Protocol):
     async def change_worker_role(self, worker_id: str, expected_epoch: int,
                                  role: t.WorkerRole) -> t.Lease: ...
 
-    async def report_step(self, job_id: str, record: dict[str, Any],
+    async def report_step(self, job_id: str, record: t.StepRecord | dict[str, Any],
                           idempotency_key: str = "") -> None:
-        """Store a step record; a repeat with the same key is recognised, not stored
-        twice (so it is safe to retry)."""
+        """Store a step record (a raw dict is sent as it is); a repeat with the same
+        key is recognised, not stored twice (so it is safe to retry)."""
         ...
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None: ...
+
+
+class CoordinatorJobApi(Protocol):
+    """The public job API (``libra`` CLI, REST's twin): gRPC or in process
+    (``services/coordinator/inprocess.py``)."""
+
+    async def create_job(self, spec: str, spec_format: str = "toml",
+                         priority: int = 0) -> t.Job: ...
+
+    async def resume_job(self, job_id: str, priority: int = 0) -> t.Job: ...
+
+    async def get_job(self, job_id: str) -> tuple[t.Job, list[dict], dict]: ...
+
+    async def get_job_events(self, job_id: str) -> list[dict[str, Any]]: ...
+
+    async def list_jobs(self) -> list[t.Job]: ...
+
+    async def cancel_job(self, job_id: str, reason: str = "") -> t.Job: ...
+
+    async def list_workers(self) -> list[t.Lease]: ...
 
 
 # CreateJob validates before storing: the model's config and tokenizer (loading
@@ -133,10 +154,13 @@ class GrpcCoordinatorClient(GrpcClientBase):
                                 idempotent=True)
         return [lease_from_proto(lease) for lease in resp.leases]
 
-    async def report_step(self, job_id: str, record: dict[str, Any],
+    async def report_step(self, job_id: str, record: t.StepRecord | dict[str, Any],
                           idempotency_key: str = "") -> None:
+        # A raw dict (tests, tools) goes as it is; the coordinator checks either.
+        step_json = (json.dumps(record) if isinstance(record, dict)
+                     else step_record_to_json(record))
         await self._call(self._stub.ReportStep, pb.ReportStepRequest(
-            job_id=job_id, step_json=json.dumps(record), idempotency_key=idempotency_key),
+            job_id=job_id, step_json=step_json, idempotency_key=idempotency_key),
             idempotent=True)
 
     async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None:

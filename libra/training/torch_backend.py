@@ -21,69 +21,43 @@ over the ranks. A non-finite loss on any rank skips the step on all ranks (one a
 flag); the grad norm is computed after the gradient reduction, so a non-finite gradient is
 seen by every rank alike.
 
-Device and precision: the model and every batch tensor live on one device (CUDA when
-visible, else CPU, unless told). Parameters and AdamW states are always float32 (master
-weights): a model handed over in bfloat16 is upcast once, because AdamW steps at RL
-learning rates (~1e-6) are far below a bfloat16 ulp and would be lost. Compute runs under
-bfloat16 autocast on CUDA, and on CPU when the model came in bfloat16; float32 on CPU
-otherwise. Log-probs always come from a float32 softmax. :meth:`save_weights` publishes
-in the dtype the model came in (what the engines load), checkpoints keep float32.
+Device and precision: one device (CUDA when visible, else CPU, unless told); the forward
+passes, their precision and the PPO loss are ``policy_forward.PolicyForward``'s.
+Parameters and AdamW states are always float32 (master weights): a model handed over in
+bfloat16 is upcast once, because AdamW steps at RL learning rates (~1e-6) are far below a
+bfloat16 ulp and would be lost. :meth:`save_weights` publishes in the dtype the model
+came in (what the engines load), checkpoints keep float32.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from libra.models.hf import default_device
-from libra.training.loss import masked_mean, ppo_clip_loss
+from libra.training import weight_files
+from libra.training.loss import masked_mean
 from libra.training.parallel import (
     PARALLELISMS,
     broadcast_from_rank0,
-    full_state_dict,
     fully_shard_layers,
-    load_full_state_dict,
     max_over_ranks,
-    read_checkpoint,
     reduce_loss,
     reduce_metrics,
     same_optimizer_over,
-    write_checkpoint,
 )
+from libra.training.policy_forward import PolicyForward, PolicyLoss, floating_dtype
 from libra.training.samples import SftExample, TrainSample
-from libra.training.tensors import (
-    right_pad,
-    right_pad_floats,
-    token_logprobs,
-    with_tied_aliases,
-    without_tied_aliases,
-)
-from libra.weight_sync import sha256_file
+from libra.training.tensors import right_pad
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PolicyLoss:
-    """What :meth:`TorchTrainerBackend.policy_loss` computed."""
-
-    loss: torch.Tensor
-    metrics: dict[str, float]
-    num_tokens: float
-    recompute_s: float
-    started: float
-    """``time.perf_counter()`` when the forward with grad began."""
 
 
 class TorchTrainerBackend:
@@ -125,16 +99,16 @@ class TorchTrainerBackend:
         self._micro_batch_size = micro_batch_size
         torch.manual_seed(seed)
         self._model = model
-        self._publish_dtype = _floating_dtype(model)
+        self._publish_dtype = floating_dtype(model)
         if self._publish_dtype != torch.float32:
             logger.info("[train] %s model upcast to float32 master weights", self._publish_dtype)
             model.float()
-        self._place(device if device is not None else default_device())
+        self._fwd = PolicyForward(model, pad_token_id, self._publish_dtype,
+                                  device if device is not None else default_device())
         if gradient_checkpointing:
             # Non-reentrant: works under DDP/FSDP2 and with inputs that need no grad.
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-        self._pad_token_id = pad_token_id
         self._learning_rate = learning_rate
         self._max_grad_norm = max_grad_norm
         self._rng = random.Random(seed)
@@ -142,30 +116,19 @@ class TorchTrainerBackend:
             model.parameters(), lr=learning_rate, weight_decay=weight_decay
         )
         self._num_steps = 0
-        # Data parallel (enable_data_parallel): this rank, the group size, the DDP wrapper
-        # that forwards go through (the bare model on a single rank).
+        # Data parallel (enable_data_parallel): this rank and the group size.
         self._rank = 0
         self._world = 1
-        self._forward_model: torch.nn.Module = model
-
-    def _place(self, device: str) -> None:
-        """Move the model to ``device`` and pick the compute dtype there."""
-        target = torch.device(device)
-        if target.type == "cuda" and target.index is None:
-            target = torch.device("cuda", torch.cuda.current_device())
-        self._model.to(target)
-        self._device = target
-        self._autocast_bf16 = target.type == "cuda" or self._publish_dtype == torch.bfloat16
 
     @property
     def device(self) -> torch.device:
         """Where the model and every batch tensor live."""
-        return self._device
+        return self._fwd.device
 
     @property
     def compute_dtype(self) -> torch.dtype:
         """bfloat16 under autocast, else float32 (parameters are float32 either way)."""
-        return torch.bfloat16 if self._autocast_bf16 else torch.float32
+        return self._fwd.compute_dtype
 
     def enable_data_parallel(self, parallelism: str = "ddp", device: str = "cpu") -> None:
         """Join the (initialised) default process group: shard batches, reduce gradients.
@@ -183,17 +146,18 @@ class TorchTrainerBackend:
         if parallelism not in PARALLELISMS:
             raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
-        if torch.device(device) != self._device:
-            self._place(device)
+        if torch.device(device) != self._fwd.device:
+            self._fwd.place(device)
         if parallelism == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             # Buffers (rotary tables) are the same on every rank: synced once at init,
             # not before every forward.
-            self._forward_model = DistributedDataParallel(self._model, forward_sync_buffers=False)
+            self._fwd.forward_model = DistributedDataParallel(self._model,
+                                                              forward_sync_buffers=False)
             return
         broadcast_from_rank0(self._model)
-        fully_shard_layers(self._model, self._device.type)
+        fully_shard_layers(self._model, self._fwd.device.type)
         # fully_shard swapped in sharded (DTensor) parameters: the optimizer must hold them.
         self._optimizer = same_optimizer_over(self._optimizer, self._model)
 
@@ -226,10 +190,10 @@ class TorchTrainerBackend:
             batch = self._rng.sample(list(examples), k=min(batch_size, len(examples)))
             batch, weight = self._shard(batch)
             padded = right_pad([(example.token_ids, example.loss_mask) for example in batch],
-                               self._pad_token_id)
+                               self._fwd.pad_token_id)
             num_tokens = float(padded[2].sum())  # on the CPU: no device sync
-            input_ids, attention_mask, loss_mask = self._to_device(*padded)
-            logprobs = self._token_logprobs(input_ids, attention_mask)
+            input_ids, attention_mask, loss_mask = self._fwd.to_device(*padded)
+            logprobs = self._fwd.token_logprobs(input_ids, attention_mask)
             loss = -masked_mean(logprobs, loss_mask)
             loss, loss_value, finite = reduce_loss(loss, num_tokens * weight, self._world)
             losses.append(loss_value)
@@ -317,32 +281,9 @@ class TorchTrainerBackend:
 
     def policy_loss(self, samples: Sequence[TrainSample], *, clip_eps: float,
                     kl_coef: float, is_cap: float | None) -> PolicyLoss:
-        """The decoupled PPO-clip loss of ``samples`` (token mean), with grad, no step.
-
-        Recomputes the proximal log-probs with the current weights first (no grad), then
-        the new log-probs with grad; leaves the model in train mode.
-        """
-        padded = right_pad([(sample.token_ids, sample.loss_mask) for sample in samples],
-                           self._pad_token_id)
-        num_tokens = float(padded[2].sum())  # on the CPU: no device sync
-        input_ids, attention_mask, loss_mask, behaviour, advantages = self._to_device(
-            *padded, right_pad_floats([sample.rollout_logprobs for sample in samples]),
-            torch.tensor([sample.advantage for sample in samples], dtype=torch.float32))
-        started = time.perf_counter()
-        self._model.eval()
-        with torch.no_grad():
-            old_logprobs = self._token_logprobs(input_ids, attention_mask)
-        if self._device.type == "cuda":  # CUDA runs ahead of the host: time the work itself
-            torch.cuda.synchronize(self._device)
-        recompute_s = time.perf_counter() - started
-        started = time.perf_counter()
-        self._model.train()
-        new_logprobs = self._token_logprobs(input_ids, attention_mask)
-        loss, metrics = ppo_clip_loss(
-            new_logprobs, old_logprobs, advantages, loss_mask, clip_eps, kl_coef, behaviour,
-            is_cap,
-        )
-        return PolicyLoss(loss, metrics, num_tokens, recompute_s, started)
+        """The decoupled PPO-clip loss of ``samples`` (see :meth:`PolicyForward.policy_loss`)."""
+        return self._fwd.policy_loss(samples, clip_eps=clip_eps, kl_coef=kl_coef,
+                                     is_cap=is_cap)
 
     def slice_gradient(self, samples: Sequence[TrainSample], scale: float, *,
                        clip_eps: float, kl_coef: float, is_cap: float | None
@@ -391,16 +332,7 @@ class TorchTrainerBackend:
         Raises:
             ValueError: A tensor holds a non-finite value (never publish NaN weights).
         """
-        state_dict = without_tied_aliases(self._model, full_state_dict(self._model))
-        if self._rank != 0:
-            return ""
-        bad = [name for name, tensor in state_dict.items()
-               if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
-        if bad:
-            raise ValueError(f"refusing to publish non-finite weights: {bad[:5]}")
-        save_file({name: tensor.to(self._publish_dtype) if tensor.is_floating_point()
-                   else tensor for name, tensor in state_dict.items()}, path)
-        return sha256_file(Path(path))
+        return weight_files.publish_weights(self._model, self._publish_dtype, self._rank, path)
 
     def load_weights(self, path: str) -> None:
         """Load a file written by :meth:`save_weights` (optimizer kept).
@@ -408,9 +340,7 @@ class TorchTrainerBackend:
         Raises:
             ValueError: A missing, unexpected or mis-shaped key (named); nothing loaded.
         """
-        state = with_tied_aliases(self._model, load_file(path))
-        with torch.no_grad():  # every rank loads the whole file; FSDP2 keeps its shard
-            load_full_state_dict(self._model, state)
+        weight_files.load_weights(self._model, path)
 
     def save_checkpoint(self, directory: str) -> list[str]:
         """Write model, optimizer and RNG state into ``directory``; returns the file names.
@@ -418,11 +348,8 @@ class TorchTrainerBackend:
         See :func:`parallel.write_checkpoint` (whole states, so a checkpoint loads into 1
         rank, DDP or FSDP2 alike; with several ranks every rank must call this).
         """
-        rng = {"torch_rng": torch.get_rng_state(), "python_rng": self._rng.getstate(),
-               "num_steps": self._num_steps}
-        if self._device.type == "cuda":
-            rng["cuda_rng"] = torch.cuda.get_rng_state(self._device)
-        return write_checkpoint(Path(directory), self._model, self._optimizer, rng, self._rank)
+        return weight_files.save_state(directory, self._model, self._optimizer, self._rng,
+                                       self._num_steps, self.device, self._rank)
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote (every rank reads the same files).
@@ -430,34 +357,8 @@ class TorchTrainerBackend:
         Raises:
             ValueError: A file is unreadable or does not fit the model; names the file.
         """
-        rng = read_checkpoint(Path(directory), self._model, self._optimizer)
-        torch.set_rng_state(rng["torch_rng"])
-        if "cuda_rng" in rng and self._device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda_rng"], self._device)
-        self._rng.setstate(rng["python_rng"])
-        self._num_steps = int(rng["num_steps"])
-
-    def _to_device(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(tensor.to(self._device, non_blocking=True) for tensor in tensors)
-
-    @contextlib.contextmanager
-    def _compute_precision(self) -> Iterator[None]:
-        """bfloat16 autocast where chosen (see the module docstring), else nothing."""
-        if not self._autocast_bf16:
-            yield
-            return
-        with torch.autocast(self._device.type, dtype=torch.bfloat16):
-            yield
-
-    def _token_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> torch.Tensor:
-        """``[B, T]`` float32 log-prob of each token given its prefix; column 0 is 0."""
-        with self._compute_precision():
-            # No KV cache while training: nothing reuses it, and it holds activations.
-            logits = self._forward_model(input_ids=input_ids, attention_mask=attention_mask,
-                                         use_cache=False).logits
-        return token_logprobs(logits, input_ids)
+        self._num_steps = weight_files.load_state(directory, self._model, self._optimizer,
+                                                  self._rng, self.device)
 
     def _shard(self, items: Sequence) -> tuple[list, float]:
         """This rank's stride of ``items`` and its weight (0.0: a stand-in, counts nothing).
@@ -507,11 +408,3 @@ def _sft_learning_rate(step: int, num_steps: int, peak_lr: float) -> float:
         return peak_lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, num_steps - warmup_steps)
     return peak_lr * (1.0 - 0.9 * progress)
-
-
-def _floating_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the model's floating-point parameters (float32 when it has none)."""
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.float32

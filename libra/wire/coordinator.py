@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from libra import types as t
 from libra.errors import InvalidArgument
-from libra.limits import MAX_STEP_JSON_BYTES, check_encodable
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 
 _STATE = {t.JobState.PENDING: pb.JOB_STATE_PENDING, t.JobState.RUNNING: pb.JOB_STATE_RUNNING,
@@ -36,18 +32,3 @@ def job_to_proto(job: t.Job) -> pb.Job:
 
 def job_from_proto(msg: pb.Job) -> t.Job:
     return t.Job(state=job_state_from_proto(msg.state), **{f: getattr(msg, f) for f in _FIELDS})
-
-
-def step_record_from_json(text: str) -> dict[str, Any]:
-    """The step record a trainer sent: a JSON object, checked before anything is stored."""
-    if len(text) > MAX_STEP_JSON_BYTES:
-        raise InvalidArgument("step_json", f"{len(text)} characters, at most "
-                              f"{MAX_STEP_JSON_BYTES}")
-    try:
-        record = json.loads(text)
-    except ValueError as exc:  # JSONDecodeError and a lone surrogate's UnicodeError
-        raise InvalidArgument("step_json", f"not valid JSON: {exc}") from exc
-    if not isinstance(record, dict):
-        raise InvalidArgument("step_json", "must be a JSON object")
-    check_encodable(record, "step_json")
-    return record

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import FailedPrecondition, InvalidArgument, LibraError, ResourceExhausted
-from services.coordinator.store import MAX_PRIORITY, MIN_PRIORITY
+from services.coordinator.store_protocol import MAX_PRIORITY, MIN_PRIORITY
 
 if TYPE_CHECKING:
-    from services.coordinator.store import CoordinatorStore
+    from services.coordinator.store_protocol import CoordinatorStore
 
 logger = logging.getLogger(__name__)
 

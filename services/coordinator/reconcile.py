@@ -49,7 +49,7 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import LibraError
 from libra.retry import Sleep
-from services.coordinator.store import CoordinatorStore
+from services.coordinator.store_protocol import CoordinatorStore
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ import json
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from libra.wire.common import lease_to_proto, role_from_proto
-from libra.wire.coordinator import job_state_from_proto, job_to_proto, step_record_from_json
+from libra.wire.coordinator import job_state_from_proto, job_to_proto
+from libra.wire.step_record import step_record_from_json
 from services.coordinator.core import CoordinatorCore
 
 

@@ -1,24 +1,39 @@
-"""Coordinator state: jobs, step history and worker leases.
+"""Coordinator state in Redis: jobs, step history, worker leases, the job queue, events.
 
-``CoordinatorStore`` is the port the pure core talks to. ``RedisCoordinatorStore`` is the
-production adapter (the only module of this service that imports redis);
-``InMemoryCoordinatorStore`` serves unit tests. One contract suite runs against both.
+``RedisCoordinatorStore`` is the production adapter of the port in ``store_protocol.py``
+(the only module of this service that imports redis); ``memory_store.py`` holds the
+in-memory one. One contract suite runs against both. The port's names are re-exported
+here, where the service and its tests have always imported them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import FailedPrecondition, LeaseLost, NotFound, register_unavailable
+from libra.errors import LeaseLost, NotFound, register_unavailable
+from libra.redis_fields import LEASE_EPOCH, lease_from_hash, lease_to_hash
+from services.coordinator.memory_store import InMemoryCoordinatorStore
+from services.coordinator.store_protocol import (
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    QUEUE_SEQ_SPAN,
+    CoordinatorStore,
+    StepAppend,
+    default_step_key,
+    lease_lost_epoch,
+    lease_lost_gone,
+    queue_score,
+    role_refused,
+    step_of,
+)
 from services.coordinator.store_scripts import (
     ACQUIRE_LUA,
     APPEND_STEP_LUA,
@@ -29,6 +44,10 @@ from services.coordinator.store_scripts import (
     RENEW_LUA,
 )
 
+__all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "QUEUE_SEQ_SPAN", "CoordinatorStore",
+           "InMemoryCoordinatorStore", "RedisCoordinatorStore", "StepAppend",
+           "default_step_key", "queue_score", "step_of"]
+
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
@@ -36,118 +55,6 @@ R = TypeVar("R")
 # (1.5 s of waiting in all), so a Redis blip of about a second is ridden out.
 RETRY_ATTEMPTS = 5
 RETRY_FIRST_DELAY_S = 0.1
-
-# Queue scores: (MAX_PRIORITY - priority) * QUEUE_SEQ_SPAN + submit sequence, so a higher
-# priority sorts first and equal ones keep submit order. Both parts stay exact in a
-# double (Redis scores): 2001 * 2**32 < 2**53.
-MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
-QUEUE_SEQ_SPAN = 2**32
-
-
-def queue_score(priority: int, seq: int) -> float:
-    return float((MAX_PRIORITY - priority) * QUEUE_SEQ_SPAN + seq % QUEUE_SEQ_SPAN)
-
-
-class StepAppend(enum.Enum):
-    """What storing a step report did (step reports are keyed by job + step)."""
-
-    STORED = "stored"
-    """The first record of this step."""
-    REPEAT = "repeat"
-    """The same idempotency key again (a retry after a lost reply): nothing written."""
-    REPLACED = "replaced"
-    """Another key for a stored step (redone after a trainer resumed): the new record
-    replaced the old one."""
-
-
-def step_of(record: dict[str, Any]) -> int:
-    """The record's step number; a report without one cannot be keyed."""
-    step = record.get("step")
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise ValueError(f"a step record needs an integer 'step', got {step!r}")
-    return step
-
-
-def default_step_key(job_id: str, step: int) -> str:
-    """The idempotency key of a report that carries none: any repeat is a retry."""
-    return f"{job_id}:{step}"
-
-
-class CoordinatorStore(Protocol):
-    async def put_job(self, job: t.Job) -> None: ...
-
-    async def get_job(self, job_id: str) -> t.Job: ...
-
-    async def list_jobs(self) -> list[t.Job]: ...
-
-    async def delete_job(self, job_id: str) -> None: ...
-
-    async def enqueue_job(self, job: t.Job) -> None:
-        """Store ``job`` (PENDING) and append it to the queue by its priority, at once."""
-        ...
-
-    async def dequeue_job(self, job_id: str) -> bool:
-        """Take a job off the queue; False when it was not queued."""
-        ...
-
-    async def queued_job_ids(self) -> list[str]:
-        """The queue, next job first."""
-        ...
-
-    async def append_step(self, job_id: str, record: dict[str, Any],
-                          idempotency_key: str = "") -> StepAppend:
-        """Store a step record once per key (see ``StepAppend``), atomically."""
-        ...
-
-    async def steps(self, job_id: str) -> list[dict[str, Any]]:
-        """The job's step records in step order (one per step)."""
-        ...
-
-    async def counters(self, job_id: str) -> dict[str, int]: ...
-
-    async def backlog(self, job_id: str) -> dict[str, int]:
-        """What is still in flight, measured from the queues themselves (not counted):
-        ``in_flight_unconsumed`` (published, not yet acknowledged by the trainer),
-        ``in_flight_running`` (assigned to an instance) and
-        ``in_flight_pending_admission`` (admitted, not yet placed). Lets the report check
-        the accounting identity with an independent term."""
-        ...
-
-    async def acquire_lease(self, lease: t.Lease) -> t.Lease: ...
-
-    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease: ...
-
-    async def release_lease(self, worker_id: str, epoch: int) -> None: ...
-
-    async def live_leases(self) -> list[t.Lease]: ...
-
-    async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,
-                          allowed_from: Collection[t.WorkerRole] = ()) -> t.Lease:
-        """Compare-and-set the role on the epoch; a success takes a fresh fence and keeps
-        the lease's remaining TTL. ``allowed_from`` (when not empty) lists the roles the
-        lease may hold now. Raises LeaseLost (gone or epoch moved on) or
-        FailedPrecondition (role not in ``allowed_from``)."""
-        ...
-
-    async def record_event(self, job_id: str, event: dict[str, Any]) -> None: ...
-
-    async def events(self, job_id: str) -> list[dict[str, Any]]: ...
-
-
-def _lease_lost_gone(worker_id: str) -> LeaseLost:
-    return LeaseLost(f"lease of {worker_id} expired; acquire a new one")
-
-
-def _lease_lost_epoch(worker_id: str, current: int, expected: int) -> LeaseLost:
-    return LeaseLost(f"lease of {worker_id} is at epoch {current}, not the expected "
-                     f"epoch {expected}")
-
-
-def _role_refused(worker_id: str, current: str, role: t.WorkerRole,
-                  allowed_from: Collection[t.WorkerRole]) -> FailedPrecondition:
-    allowed = ", ".join(sorted(r.value for r in allowed_from))
-    return FailedPrecondition(f"worker {worker_id} is {current}; {role.value} can only "
-                              f"follow {allowed}")
 
 
 def _event_from_entry(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
@@ -174,16 +81,6 @@ def _job_from_hash(h: dict[str, str]) -> t.Job:
                  step=int(h.get("step", 0)), policy_version=int(h.get("policy_version", 0)),
                  run_dir=h.get("run_dir", ""), priority=int(h.get("priority", 0)),
                  num_resumes=int(h.get("num_resumes", 0)))
-
-
-def _lease_to_hash(lease: t.Lease) -> dict[str, str]:
-    return {"worker_id": lease.worker_id, "role": lease.role.value, "bucket": lease.bucket,
-            "address": lease.address, "epoch": str(lease.epoch), "ttl_ms": str(lease.ttl_ms)}
-
-
-def _lease_from_hash(h: dict[str, str], pttl_ms: int, now_ms: int) -> t.Lease:
-    return t.Lease(t.WorkerId(h["worker_id"]), t.WorkerRole(h["role"]), h["bucket"],
-                   h["address"], int(h["epoch"]), now_ms + max(pttl_ms, 0), int(h["ttl_ms"]))
 
 
 class RedisCoordinatorStore:
@@ -334,8 +231,8 @@ class RedisCoordinatorStore:
                                            args=[group["last-delivered-id"]]))
 
     async def acquire_lease(self, lease: t.Lease) -> t.Lease:
-        fields = _lease_to_hash(lease)
-        fields.pop("epoch")
+        fields = lease_to_hash(lease)
+        fields.pop(LEASE_EPOCH)  # the grant script sets it from the fence
         flat = [x for kv in fields.items() for x in kv]
         epoch = await self._retrying("acquire_lease", lambda: self._acquire(
             keys=[keys.lease(lease.worker_id), keys.FENCE], args=[lease.ttl_ms, *flat]))
@@ -349,11 +246,11 @@ class RedisCoordinatorStore:
         result = await self._retrying("renew_lease", lambda: self._renew(
             keys=[keys.lease(worker_id)], args=[str(epoch)]))
         if result == -1:
-            raise _lease_lost_gone(worker_id)
+            raise lease_lost_gone(worker_id)
         if result == -2:
             raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
         h = await self._retrying("renew_lease", lambda: self._r.hgetall(keys.lease(worker_id)))
-        return _lease_from_hash(h, int(result), now_ms)
+        return lease_from_hash(h, int(result), now_ms)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         await self._retrying("release_lease", lambda: self._release(
@@ -371,7 +268,7 @@ class RedisCoordinatorStore:
                 pipe.pttl(keys.lease(worker_id))
                 h, pttl = await pipe.execute()
             if h:
-                leases.append(_lease_from_hash(h, pttl, now_ms))
+                leases.append(lease_from_hash(h, pttl, now_ms))
             else:  # expired: forget the id, or the set grows with every worker ever seen
                 await self._prune_worker(keys=[keys.lease(worker_id), keys.WORKERS],
                                          args=[worker_id])
@@ -385,14 +282,14 @@ class RedisCoordinatorStore:
             keys=[keys.lease(worker_id), keys.FENCE], args=args))
         code = int(reply[0])
         if code == -1:
-            raise _lease_lost_gone(worker_id)
+            raise lease_lost_gone(worker_id)
         if code == -2:
-            raise _lease_lost_epoch(worker_id, int(reply[1]), expected_epoch)
+            raise lease_lost_epoch(worker_id, int(reply[1]), expected_epoch)
         if code == -3:
-            raise _role_refused(worker_id, str(reply[1]), role, allowed_from)
+            raise role_refused(worker_id, str(reply[1]), role, allowed_from)
         flat = reply[2]
         h = dict(zip(flat[::2], flat[1::2], strict=True))
-        return _lease_from_hash(h, int(reply[1]), self._clock.now_ms())
+        return lease_from_hash(h, int(reply[1]), self._clock.now_ms())
 
     async def record_event(self, job_id: str, event: dict[str, Any]) -> None:
         await self._r.xadd(keys.events(job_id), {"kind": str(event.get("kind", "")),
@@ -402,121 +299,3 @@ class RedisCoordinatorStore:
     async def events(self, job_id: str) -> list[dict[str, Any]]:
         entries = await self._retrying("events", lambda: self._r.xrange(keys.events(job_id)))
         return [_event_from_entry(entry_id, fields) for entry_id, fields in entries]
-
-
-class InMemoryCoordinatorStore:
-    """The same contract in process memory, with a clock for expiry (unit tests)."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._jobs: dict[str, t.Job] = {}
-        self._steps: dict[str, dict[int, tuple[str, dict[str, Any]]]] = {}
-        self._counters: dict[str, dict[str, int]] = {}
-        self._leases: dict[str, t.Lease] = {}
-        self._events: dict[str, list[dict[str, Any]]] = {}
-        self._fence = 0
-        self._queue: dict[str, float] = {}  # job_id -> queue score
-        self._queue_seq = 0
-
-    async def put_job(self, job: t.Job) -> None:
-        self._jobs[job.job_id] = job
-
-    async def get_job(self, job_id: str) -> t.Job:
-        if job_id not in self._jobs:
-            raise NotFound(f"job {job_id!r} not found")
-        return self._jobs[job_id]
-
-    async def list_jobs(self) -> list[t.Job]:
-        return sorted(self._jobs.values(), key=lambda j: j.created_at_ms)
-
-    async def enqueue_job(self, job: t.Job) -> None:
-        self._queue_seq += 1
-        self._jobs[job.job_id] = job
-        self._queue[job.job_id] = queue_score(job.priority, self._queue_seq)
-
-    async def dequeue_job(self, job_id: str) -> bool:
-        return self._queue.pop(job_id, None) is not None
-
-    async def queued_job_ids(self) -> list[str]:
-        return sorted(self._queue, key=self._queue.__getitem__)
-
-    async def delete_job(self, job_id: str) -> None:
-        self._queue.pop(job_id, None)
-        self._jobs.pop(job_id, None)
-        self._steps.pop(job_id, None)
-        self._counters.pop(job_id, None)
-        self._events.pop(job_id, None)
-
-    async def append_step(self, job_id: str, record: dict[str, Any],
-                          idempotency_key: str = "") -> StepAppend:
-        step = step_of(record)
-        key = idempotency_key or default_step_key(job_id, step)
-        held = self._steps.setdefault(job_id, {})
-        if step in held and held[step][0] == key:
-            return StepAppend.REPEAT
-        outcome = StepAppend.REPLACED if step in held else StepAppend.STORED
-        held[step] = (key, dict(record))
-        return outcome
-
-    async def steps(self, job_id: str) -> list[dict[str, Any]]:
-        held = self._steps.get(job_id, {})
-        return [dict(held[step][1]) for step in sorted(held)]
-
-    async def counters(self, job_id: str) -> dict[str, int]:
-        return dict(self._counters.get(job_id, {}))
-
-    async def backlog(self, job_id: str) -> dict[str, int]:
-        return {}  # no queues in memory: the report falls back to the difference
-
-    def _live(self, worker_id: str) -> t.Lease | None:
-        lease = self._leases.get(worker_id)
-        if lease is None or lease.expires_at_ms <= self._clock.now_ms():
-            return None
-        return lease
-
-    async def acquire_lease(self, lease: t.Lease) -> t.Lease:
-        self._fence += 1
-        granted = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
-                          self._fence, self._clock.now_ms() + lease.ttl_ms, lease.ttl_ms)
-        self._leases[lease.worker_id] = granted
-        return granted
-
-    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease:
-        lease = self._live(worker_id)
-        if lease is None:
-            raise _lease_lost_gone(worker_id)
-        if lease.epoch != epoch:
-            raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
-        renewed = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
-                          lease.epoch, now_ms + lease.ttl_ms, lease.ttl_ms)
-        self._leases[worker_id] = renewed
-        return renewed
-
-    async def release_lease(self, worker_id: str, epoch: int) -> None:
-        lease = self._leases.get(worker_id)
-        if lease is not None and lease.epoch == epoch:
-            del self._leases[worker_id]
-
-    async def live_leases(self) -> list[t.Lease]:
-        return [lease for w in sorted(self._leases) if (lease := self._live(w)) is not None]
-
-    async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,
-                          allowed_from: Collection[t.WorkerRole] = ()) -> t.Lease:
-        lease = self._live(worker_id)
-        if lease is None:
-            raise _lease_lost_gone(worker_id)
-        if lease.epoch != expected_epoch:
-            raise _lease_lost_epoch(worker_id, lease.epoch, expected_epoch)
-        if allowed_from and lease.role not in allowed_from:
-            raise _role_refused(worker_id, lease.role.value, role, allowed_from)
-        self._fence += 1
-        changed = t.Lease(lease.worker_id, role, lease.bucket, lease.address, self._fence,
-                          lease.expires_at_ms, lease.ttl_ms)
-        self._leases[worker_id] = changed
-        return changed
-
-    async def record_event(self, job_id: str, event: dict[str, Any]) -> None:
-        self._events.setdefault(job_id, []).append(dict(event))
-
-    async def events(self, job_id: str) -> list[dict[str, Any]]:
-        return [dict(e) for e in self._events.get(job_id, [])]

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from libra import redis_keys as keys
 from libra import types as t
 from libra.evaluation import EVAL_FAILED, EVAL_PRODUCED
+from libra.redis_fields import LEASE_EPOCH_CHECK_LUA
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 
@@ -81,8 +82,7 @@ class RolloutStore(Protocol):
 # Returns 1 when published, 2 when this trajectory id was published before (the entry is
 # acked and the repeat counted, nothing appended), 0 when the lease is gone or held at
 # another epoch.
-_PUBLISH_LUA = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+_PUBLISH_LUA = LEASE_EPOCH_CHECK_LUA + """
 local is_new = redis.call('SADD', KEYS[5], ARGV[6]) == 1
 if is_new then redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5)) end
 redis.pcall('XACK', KEYS[3], ARGV[2], ARGV[3])
@@ -104,8 +104,7 @@ return 1
 # field of the target bucket.
 # Returns 1 when handed off, 0 when the lease is gone or held at another epoch, or the
 # trajectory is no longer assigned here (re-queued): then nothing is written.
-_HANDOFF_LUA = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+_HANDOFF_LUA = LEASE_EPOCH_CHECK_LUA + """
 if redis.call('HGET', KEYS[2], ARGV[2]) ~= ARGV[3] then return 0 end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[8])
 redis.call('XADD', KEYS[7], '*', 'job_id', ARGV[7], 'task', ARGV[8])
@@ -167,7 +166,7 @@ class RedisRolloutStore(JobRecordReader):
                   keys.inbox(instance_id), keys.counters(traj.job_id),
                   keys.published_ids(traj.job_id)],
             args=[str(lease_epoch), keys.ROLLOUT_GROUP, entry_id,
-                  _produced_counter(traj),
+                  produced_counter(traj),
                   "trajectory_id", traj.trajectory_id, "data", encode_trajectory(traj),
                   "total_tokens", str(traj.num_generated_tokens),
                   "status", traj.status.value, "instance_id", instance_id])
@@ -231,7 +230,7 @@ class RedisRolloutStore(JobRecordReader):
         """This instance no longer serves the job: its versions may be pruned."""
         await self._r.hdel(keys.weights_in_use(job_id), instance_id)
 
-def _produced_counter(traj: t.Trajectory) -> str:
+def produced_counter(traj: t.Trajectory) -> str:
     """The counter a published trajectory bumps: eval trajectories have their own, so
     the training accounting identity (libra/report.py) never sees them."""
     failed = traj.status is t.TrajectoryStatus.FAILED

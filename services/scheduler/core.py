@@ -45,113 +45,41 @@ to an instance whose lease is gone or whose role left the rollout roles is re-qu
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from libra import types as t
 from libra.clock import Clock
-from libra.data import DatasetRow, DatasetSplit, open_job_dataset
+from libra.data import open_job_dataset
 from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.evaluation import eval_rows, eval_steps
-from libra.ids import group_id, trajectory_id
-from libra.jobspec import JobSpec, job_spec_from_json
+from libra.jobspec import job_spec_from_json
 from libra.limits import check_id
-from services.scheduler.evaluation import make_eval_round, round_to_admit
-from services.scheduler.policy.base import PlacementPolicy, TrajectoryDescriptor
-from services.scheduler.policy.cmlfq import CmlfqConfig
+from services.scheduler.admission import Admission
+from services.scheduler.job_run import (
+    JobRun,
+    ToolReturnReport,
+    apply_local_load,
+    build_layout,
+    build_policy_config,
+)
+from services.scheduler.placement import assign, check_idle
 from services.scheduler.policy.errors import UnknownTrajectory
-from services.scheduler.policy.layout import BucketLayout
-from services.scheduler.policy.registry import PolicyConfig, make_policy
-from services.scheduler.policy.thresholds import idle_while_queued
+from services.scheduler.policy.registry import make_policy
+from services.scheduler.requeue import ORPHAN_SCAN_S, Requeuer
 from services.scheduler.state import FinishRecord, LeaseSnapshot, TickWrites
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from services.scheduler.store import FlushablePolicyStore, SchedulerStore
+    from services.scheduler.store_protocol import SchedulerStore
+
+# Re-exported: other services, tests and the simulator import these from the core.
+__all__ = ["MAX_FINISHES_PER_TICK", "ORPHAN_SCAN_S", "JobRun", "SchedulerCore",
+           "ToolReturnReport", "build_layout", "build_policy_config"]
 
 logger = logging.getLogger(__name__)
 
-# Period of the full scan for trajectories pinned to instances that are gone.
-ORPHAN_SCAN_S = 2.0
 # Finished trajectories taken from the job's stream per tick (the rest wait a tick).
 MAX_FINISHES_PER_TICK = 1024
-
-
-@dataclass(frozen=True)
-class ToolReturnReport:
-    """One tool return reported by a rollout instance."""
-
-    job_id: str
-    trajectory_id: str
-    state: t.ToolReturnState
-    tokens_so_far: int
-
-
-@dataclass
-class JobRun:
-    """What the scheduler holds for one running job."""
-
-    job_id: str
-    spec: JobSpec
-    policy: PlacementPolicy
-    policy_store: FlushablePolicyStore
-    # The job's training prompts (libra/data): rows by draw, in the seeded epoch order.
-    prompts: DatasetSplit
-    last_step: int = 0
-    # Draws taken from ``prompts`` (admitted groups plus rows skipped as unrenderable).
-    next_group: int = 0
-    num_skipped_rows: int = 0
-    decisions: collections.Counter[str] = field(default_factory=collections.Counter)
-    migrations: int = 0
-    # Live instances and loads as of the last tick: decisions at tool returns route
-    # from this snapshot instead of reading Redis on the request path.
-    instances: list[t.InstanceLoad] = field(default_factory=list)
-    instances_at_s: float = -1.0
-    last_live: set[str] = field(default_factory=set)
-    last_orphan_scan_s: float = float("-inf")
-    # The job's pending queue as Redis holds it, None until read: only this process
-    # writes the queue, so after one read it is kept here and not read again (a failed
-    # write makes it unknown).
-    pending: dict[str, t.Trajectory] | None = None
-    # "0": re-read finishes delivered but not acknowledged (a restart); then ">".
-    finish_cursor: str = "0"
-    # Held-out eval (libra/evaluation.py): the steps rounds run after, and the prompts.
-    eval_steps: list[int] = field(default_factory=list)
-    eval_rows: list[DatasetRow] = field(default_factory=list)
-    # Live instances holding nothing while work waited after the last placement pass.
-    idle_while_queued: tuple[str, ...] = ()
-
-
-def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
-    """The policy's config from the spec (``[layout.cmlfq]``); ``None`` for defaults."""
-    if spec.layout.policy != "cmlfq":
-        return None
-    c = spec.layout.cmlfq
-    return CmlfqConfig(
-        rebuild_interval_steps=c.rebuild_interval_steps,
-        recent_window_trajectories=c.recent_window_trajectories,
-        p90_window_samples=c.p90_window_samples,
-        tree_persist_interval_finishes=c.tree_persist_interval_finishes,
-        min_node_visits=c.min_node_visits,
-        bucket_thresholds_tokens=tuple(c.bucket_thresholds_tokens) or None,
-        live_thresholds=c.live_thresholds,
-        entry=c.entry,
-        disagree_rule=c.disagree_rule,
-        max_queue_length=c.max_queue_length,
-        enable_fallback=c.enable_fallback,
-    )
-
-
-def build_layout(spec: JobSpec) -> BucketLayout:
-    return BucketLayout(
-        [
-            t.Bucket(
-                b.name, b.max_tokens, b.tp_degree, b.max_batch_size, b.max_trajectories_per_instance
-            )
-            for b in spec.layout.buckets
-        ]
-    )
 
 
 class SchedulerCore:
@@ -173,6 +101,9 @@ class SchedulerCore:
         # Lease epoch of every live worker as of the last lease snapshot (fencing).
         self._epochs: dict[str, int] = {}
         self._epochs_at_s = float("-inf")
+        # Collaborators with narrow state: admission needs the clock, re-queueing the store.
+        self._admission = Admission(clock)
+        self._requeuer = Requeuer(store, clock)
 
     async def start_job(self, job_id: str, resume: bool = False) -> None:
         """Schedule a job. ``resume``: the job ended (cancelled, failed) and is resumed;
@@ -204,7 +135,7 @@ class SchedulerCore:
         run = JobRun(job_id, spec, policy, policy_store, dataset.train, last_step=last_step,
                      eval_steps=steps, eval_rows=rows)
         if resume:
-            await self._requeue_all(run)
+            await self._requeuer.requeue_all(run)
         self._jobs[job_id] = run
         logger.info(
             "[job] scheduling job_id=%s policy=%s buckets=%s step=%d",
@@ -260,7 +191,7 @@ class SchedulerCore:
         if status.leases is not None:  # read after the slots were given back
             self._take_snapshot(run, status.leases)
         # 3) Trajectories on instances whose lease expired go back to the queue.
-        await self._requeue_orphans(run)
+        await self._requeuer.requeue_orphans(run)
         writes = TickWrites()
         # 4) Place what is queued (re-queued first, then by policy priority).
         await self._place_pending(run, writes)
@@ -268,9 +199,9 @@ class SchedulerCore:
         #    then groups while the staleness budget allows and the instances take them
         #    (weights must exist first).
         if status.published and run.eval_steps:
-            self._admit_eval(run, status.step, status.counters, writes)
+            self._admission.admit_eval(run, status.step, status.counters, writes)
         if not run.pending and status.published:
-            self._admit(run, status.counters, writes)
+            self._admission.admit(run, status.counters, writes)
         # 6) Write what the tick decided, with what the policy changed.
         try:
             await self._store.commit_tick(run.job_id, writes, run.policy_store)
@@ -285,66 +216,8 @@ class SchedulerCore:
             run.policy.on_step_end(run.last_step)
             logger.debug("[step] on_step_end job_id=%s step=%d", run.job_id, run.last_step)
 
-    def _admit(self, run: JobRun, counters: dict[str, int], writes: TickWrites) -> None:
-        algo = run.spec.algorithm
-        budget_groups = (algo.max_staleness + 1) * algo.prompts_per_step
-        consumed = counters.get("trained_groups", 0) + counters.get("dropped_groups", 0)
-        admitted = counters.get("admitted_groups", 0)
-        num_groups, placed, queued = 0, [], []
-        # Stop once a group does not fit: queue at most one group beyond capacity.
-        while admitted - consumed < budget_groups and not run.pending:
-            group = self._make_group(run, admitted)
-            placed += self._assign(run, group, run.instances)
-            unplaced = [traj for traj in group if not traj.instance_id]
-            queued += unplaced
-            admitted += 1
-            num_groups += 1
-            run.pending = {traj.trajectory_id: traj for traj in unplaced}
-        writes.queued += queued
-        writes.placed += placed
-        writes.num_groups += num_groups
-
-    def _admit_eval(self, run: JobRun, step: int, counters: dict[str, int],
-                    writes: TickWrites) -> None:
-        eval_round = round_to_admit(run.eval_steps, counters, step)
-        if not eval_round or not run.eval_rows or run.pending is None:
-            return
-        trajs = make_eval_round(run.job_id, run.spec, eval_round, run.eval_rows,
-                                self._clock.now_ms())
-        placed = self._assign(run, trajs, run.instances)
-        unplaced = [traj for traj in trajs if not traj.instance_id]
-        writes.placed += placed
-        writes.queued += unplaced
-        run.pending.update((traj.trajectory_id, traj) for traj in unplaced)
-        writes.eval_round, writes.eval_size = eval_round, len(trajs)
-        logger.info("[eval] admitted round job_id=%s round=%d step=%d trajectories=%d",
-                    run.job_id, eval_round, step, len(trajs))
-
     def _make_group(self, run: JobRun, group_index: int) -> list[t.Trajectory]:
-        # The group index is the cumulative admission count, so prompts continue where a
-        # previous scheduler process stopped.
-        run.next_group = max(run.next_group, group_index)
-        row = self._next_row(run)
-        gid = group_id(run.job_id, group_index, row.prompt_id)
-        now_ms = self._clock.now_ms()
-        return [t.Trajectory(
-            trajectory_id=trajectory_id(gid, sample), job_id=t.JobId(run.job_id),
-            group_id=gid, prompt_id=row.prompt_id, prompt_text=row.prompt_text,
-            reference=row.reference, prompt_messages_json=row.prompt_messages_json,
-            metadata_json=row.metadata_json, created_at_ms=now_ms)
-            for sample in range(run.spec.algorithm.samples_per_prompt)]
-
-    def _next_row(self, run: JobRun) -> DatasetRow:
-        # Epoch-wise shuffle so every prompt recurs (the prefix tree learns per prompt).
-        # A row that cannot be rendered (the submit check renders only the first rows) is
-        # skipped and counted instead of stalling the job.
-        drawn = run.prompts.draw_renderable(run.next_group)
-        run.next_group += drawn.num_draws
-        for error in drawn.skipped:
-            run.num_skipped_rows += 1
-            logger.warning("[dataset] skipped a row that cannot be rendered job_id=%s "
-                           "error=%s", run.job_id, error)
-        return drawn.row
+        return self._admission.make_group(run, group_index)
 
     async def _place_pending(self, run: JobRun, writes: TickWrites) -> None:
         if run.pending is None:
@@ -353,41 +226,11 @@ class SchedulerCore:
         if not run.pending:
             run.idle_while_queued = ()
             return
-        placed = self._assign(run, list(run.pending.values()), run.instances)
+        placed = assign(run, list(run.pending.values()), run.instances)
         for traj in placed:
             del run.pending[traj.trajectory_id]
-        self._check_idle(run)
+        check_idle(run)
         writes.placed_from_pending += placed
-
-    def _check_idle(self, run: JobRun) -> None:
-        """Warn (once per change) about live instances holding nothing while work waits:
-        the policy or its caps cannot reach them (e.g. a bucket the layout lacks)."""
-        idle = tuple(idle_while_queued(run.instances, len(run.pending or {})))
-        if idle != run.idle_while_queued and idle:
-            logger.warning("[placement] instances idle while %d trajectories wait job_id=%s "
-                           "instances=%s (bucket unknown to the layout, or a cap of 0?)",
-                           len(run.pending or {}), run.job_id, ",".join(idle))
-        run.idle_while_queued = idle
-
-    def _assign(self, run: JobRun, trajs: list[t.Trajectory],
-                instances: list[t.InstanceLoad]) -> list[t.Trajectory]:
-        """Ask the policy for a place for each (by priority, re-queued first); returns
-        the placed ones with ``instance_id``/``bucket`` set. Loads in ``instances`` are
-        bumped so per-instance caps hold within the pass without re-reading Redis."""
-        order = sorted(trajs, key=lambda tr: (-run.policy.priority(tr.trajectory_id),
-                                              tr.attempt == 0))
-        placed = []
-        for traj in order:
-            placement = run.policy.begin(TrajectoryDescriptor(
-                traj.trajectory_id, traj.prompt_id, traj.group_id, len(traj.prompt_text)),
-                instances)
-            if not placement.is_placed:
-                continue
-            traj.instance_id = placement.instance_id
-            traj.bucket = placement.bucket or ""
-            placed.append(traj)
-            _apply_local_load(instances, ((placement.instance_id, 1),))
-        return placed
 
     async def _refresh_instances(self, run: JobRun) -> None:
         self._take_snapshot(run, await self._store.lease_snapshot(run.job_id))
@@ -396,56 +239,6 @@ class SchedulerCore:
         run.instances = snapshot.instances
         run.instances_at_s = self._epochs_at_s = self._clock.now_s()
         self._epochs = snapshot.epochs
-
-    async def _requeue_orphans(self, run: JobRun) -> None:
-        # Gone: no lease, or a lease whose role is no longer a rollout role (lent to
-        # training: the instance hands back its trajectories' state and they re-queue).
-        live = {inst.instance_id for inst in run.instances}
-        # Scanning every assignment is the costly part of a tick: do it when the set of
-        # live instances changed, and otherwise only every ORPHAN_SCAN_S as a safety net.
-        now_s = self._clock.now_s()
-        if live == run.last_live and now_s - run.last_orphan_scan_s < ORPHAN_SCAN_S:
-            return
-        run.last_live, run.last_orphan_scan_s = live, now_s
-        orphaned: dict[str, list[str]] = {}
-        for traj_id, instance_id in (await self._store.assignments(run.job_id)).items():
-            if instance_id not in live:
-                orphaned.setdefault(instance_id, []).append(traj_id)
-        for instance_id, traj_ids in orphaned.items():
-            await self._store.forget_instance(run.job_id, instance_id)
-            for traj_id in traj_ids:
-                await self._requeue(run, traj_id)
-            logger.warning(
-                "[requeue] instance lost its lease or left the rollout roles instance_id=%s "
-                "trajectories=%d",
-                instance_id,
-                len(traj_ids),
-            )
-
-    async def _requeue_all(self, run: JobRun) -> None:
-        """A resumed job: when it ended, the rollout instances dropped its trajectories
-        (acked, never published), so everything assigned goes back to the queue and its
-        loads restart from zero. A copy still unread in an inbox may run too; the
-        trainer keeps one copy per trajectory id (duplicates are acked, not trained)."""
-        assigned = await self._store.assignments(run.job_id)
-        for traj_id in assigned:
-            await self._requeue(run, traj_id)
-        await self._store.clear_load(run.job_id)
-        logger.info("[job] resumed job_id=%s requeued=%d", run.job_id, len(assigned))
-
-    async def _requeue(self, run: JobRun, traj_id: str) -> None:
-        traj = await self._store.task(run.job_id, traj_id)
-        try:
-            run.policy.abort(t.TrajectoryId(traj_id))
-        except UnknownTrajectory:
-            pass
-        if traj is None:
-            await self._store.finish(run.job_id, traj_id)
-            return
-        traj.attempt += 1
-        await self._store.requeue(run.job_id, traj)
-        if run.pending is not None:
-            run.pending[traj.trajectory_id] = traj
 
     def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
         if not finishes:
@@ -457,7 +250,7 @@ class SchedulerCore:
                 continue  # re-queued meanwhile (its slot is given back), or read twice
             self._learn_finish(run, finish.trajectory_id, finish.total_tokens,
                                finish.status)
-            _apply_local_load(run.instances, ((finish.released_from, -1),))
+            apply_local_load(run.instances, ((finish.released_from, -1),))
 
     # -- RPCs from rollout instances -----------------------------------------------------
 
@@ -516,7 +309,7 @@ class SchedulerCore:
         run.decisions[decision.reason.value] += 1
         action = t.DecisionAction.MOVE if decision.is_move else t.DecisionAction.STAY
         if decision.is_move:
-            _apply_local_load(run.instances, decision.load_deltas)
+            apply_local_load(run.instances, decision.load_deltas)
             run.migrations += 1  # decided; the job's ``migrations`` counter counts handoffs
         return t.PlacementDecision(action, decision.to_bucket, decision.to_instance_id,
                                    decision.reason.value)
@@ -532,7 +325,7 @@ class SchedulerCore:
         if run is None or instance_id is None:
             return  # not scheduled here, or re-queued meanwhile (its slot is given back)
         self._learn_finish(run, traj_id, total_tokens, status)
-        _apply_local_load(run.instances, ((instance_id, -1),))
+        apply_local_load(run.instances, ((instance_id, -1),))
 
     def _learn_finish(self, run: JobRun, traj_id: str, total_tokens: int,
                       status: t.TrajectoryStatus) -> None:
@@ -556,10 +349,3 @@ class SchedulerCore:
             "policy_stats": run.policy.stats(),
         }
 
-
-def _apply_local_load(instances: list[t.InstanceLoad],
-                      deltas: tuple[tuple[str, int], ...]) -> None:
-    for instance_id, delta in deltas:
-        for inst in instances:
-            if inst.instance_id == instance_id:
-                inst.active_trajectories += delta

@@ -55,3 +55,21 @@ class TickWrites:
     def is_empty(self) -> bool:
         return not (self.placed_from_pending or self.queued or self.placed or self.num_groups
                     or self.eval_round)
+
+
+# Lease roles whose instances receive placements; an instance lent to training
+# (hybrid-joining / hybrid-training) keeps its lease but gets nothing new.
+ROLLOUT_ROLES = frozenset({t.WorkerRole.CORE_ROLLOUT.value, t.WorkerRole.HYBRID_ROLLOUT.value})
+
+
+def lease_snapshot(leases: list[t.LeaseSummary | None],
+                   active: dict[str, int]) -> LeaseSnapshot:
+    """A snapshot from the live leases (``None``: expired, skipped) and the job's load
+    per instance."""
+    instances, epochs = [], {}
+    for lease in sorted((x for x in leases if x is not None), key=lambda x: x.worker_id):
+        epochs[lease.worker_id] = lease.epoch
+        if lease.role in ROLLOUT_ROLES:
+            instances.append(t.InstanceLoad(t.InstanceId(lease.worker_id), lease.bucket,
+                                            active.get(lease.worker_id, 0)))
+    return LeaseSnapshot(instances, epochs)

@@ -31,77 +31,27 @@ it), which a Redis Cluster would refuse: Libra keeps its state on one Redis serv
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from libra import redis_keys as keys
 from libra import types as t
 from libra.evaluation import EVAL_ROUNDS_COUNTER, eval_size_counter
+from libra.redis_fields import LEASE_SUMMARY_FIELDS, lease_summary
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
-from services.scheduler.policy.store import PolicyStore
-from services.scheduler.policy_store import RedisPolicyStore
-from services.scheduler.state import FinishRecord, LeaseSnapshot, TickState, TickWrites
+from services.scheduler.redis_policy_store import RedisPolicyStore
+from services.scheduler.state import (
+    ROLLOUT_ROLES,
+    FinishRecord,
+    LeaseSnapshot,
+    TickState,
+    TickWrites,
+    lease_snapshot,
+)
+from services.scheduler.store_protocol import FlushablePolicyStore, SchedulerStore
 
-__all__ = ["RedisPolicyStore", "RedisSchedulerStore", "SchedulerStore"]
-
-# Lease roles whose instances receive placements; an instance lent to training
-# (hybrid-joining / hybrid-training) keeps its lease but gets nothing new.
-ROLLOUT_ROLES = frozenset({t.WorkerRole.CORE_ROLLOUT.value, t.WorkerRole.HYBRID_ROLLOUT.value})
-
-
-class FlushablePolicyStore(PolicyStore, Protocol):
-    """A ``PolicyStore`` whose writes reach durable storage only on ``flush``."""
-
-    async def flush(self, also: Callable[[Any], None] | None = None) -> None:
-        """Write every change made since the last flush; ``also`` adds more commands
-        to the same atomic write (a tick's writes)."""
-        ...
-
-
-class SchedulerStore(Protocol):
-    async def job_spec_json(self, job_id: str) -> str | None: ...
-
-    async def job_state(self, job_id: str) -> str | None: ...
-
-    async def lease_snapshot(self, job_id: str) -> LeaseSnapshot: ...
-
-    async def counters(self, job_id: str) -> dict[str, int]: ...
-
-    async def incr_counters(self, job_id: str, **deltas: int) -> None: ...
-
-    async def running_jobs(self) -> list[str]: ...
-
-    async def commit_tick(self, job_id: str, writes: TickWrites,
-                          policy_store: FlushablePolicyStore) -> None: ...
-
-    async def pending(self, job_id: str) -> list[t.Trajectory]: ...
-
-    async def requeue(self, job_id: str, traj: t.Trajectory) -> None: ...
-
-    async def finish(self, job_id: str, trajectory_id: str) -> str | None: ...
-
-    async def release(self, job_id: str, trajectory_id: str) -> str | None: ...
-
-    async def ensure_finish_group(self, job_id: str) -> None: ...
-
-    async def tick_state(self, job_id: str, finish_cursor: str, max_finishes: int,
-                         with_leases: bool = False) -> TickState: ...
-
-    async def assignments(self, job_id: str) -> dict[str, str]: ...
-
-    async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None: ...
-
-    async def forget_instance(self, job_id: str, instance_id: str) -> None: ...
-
-    async def clear_load(self, job_id: str) -> None:
-        """Forget the job's per-instance loads (nothing of it is assigned any more)."""
-        ...
-
-    async def job_step(self, job_id: str) -> int: ...
-
-    async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
-
+__all__ = ["ROLLOUT_ROLES", "FlushablePolicyStore", "RedisPolicyStore", "RedisSchedulerStore",
+           "SchedulerStore"]
 
 # A finished trajectory gives its slot back: forget its assignment and task and take
 # one from its instance's load. Returns that instance, or false when it was not assigned.
@@ -121,7 +71,8 @@ _RELEASE_LUA = _RELEASE_FN_LUA + "return release(KEYS[1], KEYS[2], KEYS[3], ARGV
 
 # KEYS: 1 job hash, 2 policy pointer, 3 counters, 4 trajectory stream, 5 assignments,
 # 6 tasks, 7 load, 8 workers set. ARGV: 1 consumer group, 2 cursor ('>' or '0'),
-# 3 max finishes, 4 '1' to read the leases, 5 lease key prefix.
+# 3 max finishes, 4 '1' to read the leases, 5 lease key prefix, 6.. the lease fields to
+# read (``LEASE_SUMMARY_FIELDS``).
 # Returns {job {state, step}, published, counters, finishes, leases, load, read error}.
 # Per finish: {entry id, trajectory id, total tokens, status, the instance whose slot it
 # gave back or '', the trajectory's data only when the entry has no total_tokens}; it
@@ -156,7 +107,7 @@ end
 local leases, load = {}, {}
 if ARGV[4] == '1' then
   for _, worker in ipairs(redis.call('SMEMBERS', KEYS[8])) do
-    local lease = redis.call('HMGET', ARGV[5] .. worker, 'role', 'bucket', 'epoch')
+    local lease = redis.call('HMGET', ARGV[5] .. worker, unpack(ARGV, 6))
     leases[#leases + 1] = {worker, lease[1], lease[2], lease[3]}
   end
   load = redis.call('HGETALL', KEYS[7])
@@ -189,7 +140,7 @@ class RedisSchedulerStore(JobRecordReader):
                   keys.trajectories(job_id), keys.assignments(job_id), keys.tasks(job_id),
                   keys.load(job_id), keys.WORKERS],
             args=[keys.SCHEDULER_GROUP, finish_cursor, max_finishes,
-                  "1" if with_leases else "0", keys.lease("")])
+                  "1" if with_leases else "0", keys.lease(""), *LEASE_SUMMARY_FIELDS])
         if read_error:
             if b"NOGROUP" not in read_error:
                 raise RuntimeError(f"reading the finishes of job {job_id}: "
@@ -198,7 +149,8 @@ class RedisSchedulerStore(JobRecordReader):
         state, step = job
         snapshot = None
         if with_leases:
-            snapshot = _lease_snapshot([(_text(row[0]), *row[1:]) for row in leases], load)
+            snapshot = lease_snapshot([lease_summary(_text(row[0]), row[1:]) for row in leases],
+                                      _load(load))
         return TickState(_text(state) if state else None, int(step) if step else 0,
                          bool(published), {_text(k): int(v) for k, v in _pairs(counters)},
                          [_finish_record(entry) for entry in finishes], snapshot)
@@ -219,13 +171,13 @@ class RedisSchedulerStore(JobRecordReader):
         worker_ids = [w.decode() for w in await self._r.smembers(keys.WORKERS)]
         async with self._r.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
-                pipe.hmget(keys.lease(worker_id), "role", "bucket", "epoch")
+                pipe.hmget(keys.lease(worker_id), *LEASE_SUMMARY_FIELDS)
             if job_id:
                 pipe.hgetall(keys.load(job_id))
             replies = await pipe.execute()
         leases, load = (replies[:-1], replies[-1]) if job_id else (replies, {})
-        return _lease_snapshot([(worker_id, *lease) for worker_id, lease
-                                in zip(worker_ids, leases, strict=True)], load)
+        return lease_snapshot([lease_summary(worker_id, lease) for worker_id, lease
+                               in zip(worker_ids, leases, strict=True)], _load(load))
 
     async def counters(self, job_id: str) -> dict[str, int]:
         raw = await self._r.hgetall(keys.counters(job_id))
@@ -355,19 +307,9 @@ def _finish_record(entry: list[bytes]) -> FinishRecord:
                         t.TrajectoryStatus(_text(status)), released)
 
 
-def _lease_snapshot(leases: list[tuple[str, Any, Any, Any]], load: Any) -> LeaseSnapshot:
-    """A snapshot from (worker id, role, bucket, epoch) rows (no role: the lease
-    expired, the worker is gone) and the job's load hash."""
-    active = {_text(k): int(v) for k, v in _pairs(load)}
-    instances, epochs = [], {}
-    for worker_id, role, bucket, epoch in sorted(leases):
-        if not role:
-            continue
-        epochs[worker_id] = int(epoch) if epoch else 0
-        if _text(role) in ROLLOUT_ROLES:
-            instances.append(t.InstanceLoad(t.InstanceId(worker_id), _text(bucket or b""),
-                                            active.get(worker_id, 0)))
-    return LeaseSnapshot(instances, epochs)
+def _load(value: Any) -> dict[str, int]:
+    """The job's load hash: instance id -> trajectories assigned."""
+    return {_text(k): int(v) for k, v in _pairs(value)}
 
 
 def _pairs(value: Any) -> list[tuple[Any, Any]]:

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,16 +43,16 @@ from libra.errors import FailedPrecondition, NotFound
 from libra.jobspec import JobSpec, job_spec_from_json
 from libra.retry import RetryPolicy, Sleep
 from libra.rewardspec import RewardSpec
-from libra.run_dir import prune_weight_versions, resolve_init_from, weights_file
 from libra.training import channel as ch
 from libra.training.samples import TrainSample
-from libra.weight_sync import write_manifest
-from services.trainer import checkpoint
+from services.trainer.batch_collector import Batch, BatchCollector
 from services.trainer.elastic import GradientDomain, HybridSession
 from services.trainer.elastic_step import ElasticTrainer
 from services.trainer.evaluation import EvalRouter
 from services.trainer.failures import JobFailure, RewardFailureBudget, component_means
-from services.trainer.grpo import GroupBuffer, group_advantages, staleness
+from services.trainer.grpo import GroupBuffer, to_samples
+from services.trainer.policy_init import PolicyInitializer
+from services.trainer.publishing import WeightPublisher
 from services.trainer.reports import CoordinatorReporter
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -90,15 +90,6 @@ class BackendFactory(Protocol):
     def create(self, spec: JobSpec, model_dir: str) -> Backend: ...
 
 
-@dataclass
-class _Batch:
-    entries: list[tuple[str, t.Trajectory]]
-    dropped_stale: int
-    dropped_failed: int
-    dropped_groups: int
-    wait_s: float
-
-
 class TrainerCore:
     """Runs one job's training loop."""
 
@@ -113,6 +104,7 @@ class TrainerCore:
         self._consumer = consumer
         self._block_ms = block_ms
         self._reports = CoordinatorReporter(coordinator, clock, report_retry, sleep)
+        self._publisher = WeightPublisher(store, clock)
         self._task: asyncio.Task | None = None
         self._cleaning_up = False  # the job's task is in its final cleanup
         # Set by a stop: the warm start (minutes in a thread that cancellation cannot
@@ -251,12 +243,16 @@ class TrainerCore:
 
     async def _train_with(self, job_id: str, spec: JobSpec, resume: bool, backend: Backend,
                           run_dir: Path, model_dir: str) -> None:
-        version = await self._init_policy(job_id, spec, backend, run_dir, resume)
+        init = PolicyInitializer(self._store, self._reports, self._stop_requested.is_set,
+                                 self._set_step)
+        self.step, version = await init.init(job_id, spec, backend, run_dir, resume)
         await self._store.ensure_group(job_id)
         await self._publish(job_id, backend, run_dir, model_dir, version)
         self.phase = "training"
         evals = self._evals = EvalRouter(job_id, spec, self._store, self._clock,
                                          self._consumer, self._block_ms)
+        collector = BatchCollector(self._store, job_id, spec, self._consumer, self._block_ms,
+                                   self._failures, evals, lambda: self.policy_version)
         buffer = GroupBuffer(spec.algorithm.samples_per_prompt)
         first = True
         placements = await self._store.counters(job_id)
@@ -266,29 +262,40 @@ class TrainerCore:
             if self._elastic is not None:  # join states move at step boundaries only
                 await self._elastic.boundary(self.step, self.policy_version)
             # 1) Complete, fresh groups (re-delivered pending entries first).
-            batch = await self._collect(job_id, spec, buffer, pending=first)
+            batch = await collector.collect(buffer, pending=first)
             first = False
             # 2) Train, ack and count.
-            record = await self._train_on(job_id, spec, backend, batch)
-            placements, placement_record = await self._placement_deltas(job_id, placements)
-            record.update(placement_record)
+            fields = await self._train_on(job_id, spec, backend, batch)
+            placements, placement_fields = await self._placement_deltas(job_id, placements)
+            fields.update(placement_fields)
             # 3) Publish every sync_interval steps, checkpoint every checkpoint_interval.
             if (self.step + 1) % a.sync_interval == 0:
-                record["publish_s"] = await self._publish(job_id, backend, run_dir, model_dir,
+                fields["publish_s"] = await self._publish(job_id, backend, run_dir, model_dir,
                                                           self.policy_version + 1)
-                record["weights_pruned"] = await self._prune_weights(job_id, run_dir,
-                                                                     a.keep_weight_versions)
+                fields["weights_pruned"] = await self._publisher.prune(
+                    job_id, run_dir, a.keep_weight_versions)
             self.step += 1
-            record.update(step=self.step, policy_version=self.policy_version,
-                          wall_s=round(time.perf_counter() - started, 4))
+            record = t.StepRecord(step=self.step, policy_version=self.policy_version,
+                                  wall_s=round(time.perf_counter() - started, 4), **fields)
             if a.checkpoint_interval and self.step % a.checkpoint_interval == 0:
-                record["checkpoint_s"] = await self._checkpoint(job_id, backend, run_dir,
-                                                                record)
+                key = self._reports.step_key(job_id, self.step)
+                record = replace(record, checkpoint_s=await self._publisher.checkpoint(
+                    backend, run_dir, self.policy_version, record, key))
             # 4) Report the step.
             # Retried while the coordinator is away: a restart of it delays, never fails.
             await self._reports.report_step(job_id, record)
         # 5) The job ends once the final eval round is recorded (bounded).
         await evals.wait_final()
+
+    def _set_step(self, step: int) -> None:
+        self.step = step
+
+    async def _publish(self, job_id: str, backend: Backend, run_dir: Path, model_dir: str,
+                       version: int) -> float:
+        """Write and announce a version (now the trainer's); returns the seconds it took."""
+        seconds = await self._publisher.publish(job_id, backend, run_dir, model_dir, version)
+        self.policy_version = version
+        return seconds
 
     def _elastic_trainer(self, job_id: str, spec: JobSpec, backend: Backend,
                          run_dir: Path) -> ElasticTrainer:
@@ -304,158 +311,11 @@ class TrainerCore:
         return ElasticTrainer(spec, spec.to_json(), backend, run_dir, domain,  # type: ignore[arg-type]
                               self._coordinator, record)
 
-    async def _init_policy(self, job_id: str, spec: JobSpec, backend: Backend, run_dir: Path,
-                           resume: bool) -> int:
-        """Warm start (after ``init_from``'s weights), or load the newest checkpoint;
-        returns the version to publish."""
-        ckpt = None
-        if resume:
-            ckpt = await asyncio.to_thread(checkpoint.latest, run_dir / "checkpoints")
-        if ckpt is None:
-            await self._load_init_from(job_id, spec, backend, run_dir)
-            warm = await asyncio.to_thread(backend.warm_start, self._stop_requested.is_set)
-            logger.info("[warmup] done job_id=%s %s", job_id, warm)
-        else:
-            await asyncio.to_thread(backend.load_checkpoint, str(ckpt.path))
-            self.step = ckpt.step
-            logger.info("[resume] from checkpoint job_id=%s step=%d path=%s", job_id,
-                        ckpt.step, ckpt.path)
-            if ckpt.step_report is not None:  # a repeat if it was delivered (same key)
-                await self._reports.report_step(job_id, ckpt.step_report["record"],
-                                                ckpt.step_report["key"])
-        if not resume:
-            return 0
-        # Never reuse a version number: rollout instances load only newer versions.
-        last = await self._store.policy_version(job_id)
-        await self._store.record_event(job_id, "trainer_resumed", step=str(self.step),
-                                       checkpoint=str(ckpt.path) if ckpt else "")
-        return max(last, ckpt.policy_version if ckpt else -1) + 1
-
-    async def _load_init_from(self, job_id: str, spec: JobSpec, backend: Backend,
-                              run_dir: Path) -> None:
-        """``algorithm.init_from``: another job's model weights, nothing else (fresh
-        optimizer, step 0). Resolved now, not at submit: a job id gives that job's
-        newest checkpoint at this start. Job run dirs share the run root."""
-        if not spec.algorithm.init_from:
-            return
-        ckpt = await asyncio.to_thread(resolve_init_from, spec.algorithm.init_from,
-                                       run_dir.parent)
-        await asyncio.to_thread(backend.load_model_weights, str(ckpt.path))
-        logger.info("[init_from] job_id=%s checkpoint=%s step=%d", job_id, ckpt.path, ckpt.step)
-        await self._store.record_event(job_id, "init_from", checkpoint=str(ckpt.path),
-                                       step=str(ckpt.step))
-
-    async def _prune_weights(self, job_id: str, run_dir: Path, keep: int) -> int:
-        """Delete published versions beyond the newest ``keep`` that no live rollout
-        instance holds or fetches; returns how many went."""
-        if keep == 0:
-            return 0
-        in_use = await self._store.weights_in_use(job_id)
-        pruned = await asyncio.to_thread(prune_weight_versions, run_dir, keep, in_use)
-        if pruned:
-            logger.info("[weights] pruned job_id=%s versions=%s kept_in_use=%s", job_id,
-                        pruned, sorted(in_use))
-        return len(pruned)
-
-    async def _checkpoint(self, job_id: str, backend: Backend, run_dir: Path,
-                          record: dict[str, Any]) -> float:
-        """Write the checkpoint of ``self.step`` with the step's report (sent again at a
-        resume: a stop between this write and the report would lose the record)."""
-        started = time.perf_counter()
-        report = {"record": dict(record), "key": self._reports.step_key(job_id, self.step)}
-        ckpt = await asyncio.to_thread(checkpoint.save, run_dir / "checkpoints", self.step,
-                                       self.policy_version, backend.save_checkpoint,
-                                       step_report=report)
-        logger.info("[checkpoint] step=%d path=%s", self.step, ckpt.path)
-        return round(time.perf_counter() - started, 4)
-
-    async def _collect(self, job_id: str, spec: JobSpec, buffer: GroupBuffer,
-                       pending: bool) -> _Batch:
-        """Read the stream until ``prompts_per_step`` complete, fresh groups are in hand."""
-        started = time.perf_counter()
-        batch = _Batch([], 0, 0, 0, 0.0)
-        need = spec.algorithm.prompts_per_step
-        while True:
-            while len(buffer.complete()) < need:
-                entries = await self._store.read(job_id, self._consumer, 64, self._block_ms,
-                                                 pending=pending)
-                pending = False
-                await self._admit(job_id, spec, buffer, entries, batch)
-            # Members admitted under an older policy may have gone stale while their
-            # group filled up: check again right before training.
-            stale = [g for g in buffer.complete() if any(
-                staleness(self.policy_version, tr) > spec.algorithm.max_staleness
-                for _, tr in buffer.groups[g])]
-            if not stale:
-                break
-            for group_id in stale:
-                await self._drop_group(job_id, buffer, group_id, "dropped_stale", batch)
-        batch.entries = buffer.take(sorted(buffer.complete())[:need])
-        batch.wait_s = time.perf_counter() - started
-        return batch
-
-    async def _admit(self, job_id: str, spec: JobSpec, buffer: GroupBuffer,
-                     entries: list[tuple[str, t.Trajectory]], batch: _Batch) -> None:
-        """Sort new entries into the buffer; duplicates, stale and failed ones are acked
-        and counted (a dropped member breaks its whole group), never trained on. Eval
-        trajectories go to their rounds instead (never into a batch)."""
-        if self._evals is not None:
-            entries = await self._evals.take(entries)
-        ids = [tr.trajectory_id for _, tr in entries]
-        seen = await self._store.already_consumed(job_id, ids)
-        # Ids held in the buffer or met earlier in this read are duplicates too: they are
-        # not in the consumed set yet, and their second entry must still be acked.
-        held = {tr.trajectory_id: e for members in buffer.groups.values() for e, tr in members}
-        for (entry_id, traj), is_dup in zip(entries, seen, strict=True):
-            if held.get(traj.trajectory_id) == entry_id:
-                continue  # the same entry again (a re-read after a lost read): keep it held
-            if is_dup or traj.trajectory_id in held:
-                # re-delivered after a crash, or a zombie instance's copy
-                await self._store.consume(job_id, [entry_id], [])
-                continue
-            held[traj.trajectory_id] = entry_id
-            reason = self._drop_reason(spec, traj)
-            if reason is None:
-                dropped = buffer.add(entry_id, traj)
-            else:
-                await self._drop_group(job_id, buffer, traj.group_id, reason, batch)
-                dropped = [(entry_id, traj, reason)]
-            await self._drop(job_id, dropped, batch)
-
-    async def _drop_group(self, job_id: str, buffer: GroupBuffer, group_id: str, reason: str,
-                          batch: _Batch) -> None:
-        """Break a group (counted once) and drop the members held so far."""
-        if group_id not in buffer.broken:
-            batch.dropped_groups += 1
-            await self._store.consume(job_id, [], [], dropped_groups=1)
-        await self._drop(job_id, buffer.break_group(group_id, reason), batch)
-
-    async def _drop(self, job_id: str, dropped: list[tuple[str, t.Trajectory, str]],
-                    batch: _Batch) -> None:
-        for d_entry, d_traj, d_reason in dropped:
-            if d_reason == "dropped_stale":
-                batch.dropped_stale += 1
-            else:
-                batch.dropped_failed += 1
-            await self._store.consume(job_id, [d_entry], [d_traj.trajectory_id],
-                                      **{d_reason: 1})
-
-    def _drop_reason(self, spec: JobSpec, traj: t.Trajectory) -> str | None:
-        problem = traj.check_aligned()
-        if problem is not None:
-            logger.warning("[reject] trajectory_id=%s %s", traj.trajectory_id, problem)
-            return "dropped_failed"
-        if traj.status is not t.TrajectoryStatus.FINISHED:
-            self._failures.observe(traj)  # raises when the failure ends the job
-            return "dropped_failed"
-        if staleness(self.policy_version, traj) > spec.algorithm.max_staleness:
-            return "dropped_stale"
-        return None
-
     async def _train_on(self, job_id: str, spec: JobSpec, backend: Backend,
-                        batch: _Batch) -> dict[str, Any]:
+                        batch: Batch) -> dict[str, Any]:
+        """Train on the batch, ack and count it; returns the step record's fields so far."""
         trajs = [tr for _, tr in batch.entries]
-        samples = _to_samples(trajs)
+        samples = to_samples(trajs)
         started = time.perf_counter()
         hybrids = {"hybrid_workers": 0, "hybrid_joining": 0}
         if self._elastic is None:
@@ -482,7 +342,7 @@ class TrainerCore:
                 "turns_mean": sum(tr.num_turns for tr in trajs) / len(trajs),
                 "tokens_mean": sum(tr.num_generated_tokens for tr in trajs) / len(trajs),
                 **hybrids,
-                **{k: round(float(v), 6) for k, v in metrics.items()}}
+                "metrics": {k: round(float(v), 6) for k, v in metrics.items()}}
 
     async def _placement_deltas(self, job_id: str, before: dict[str, int]
                                 ) -> tuple[dict[str, int], dict[str, Any]]:
@@ -494,32 +354,6 @@ class TrainerCore:
                      for name, value in sorted(now.items()) if name.startswith(_PLACED)}
         return now, {"migrations": now.get("migrations", 0) - before.get("migrations", 0),
                      "bucket_occupancy": occupancy}
-
-    async def _publish(self, job_id: str, backend: Backend, run_dir: Path, model_dir: str,
-                       version: int) -> float:
-        """Write and announce a version; returns the seconds it took."""
-        started = time.perf_counter()
-        path = weights_file(run_dir, version)
-        await asyncio.to_thread(backend.save_weights, str(path))
-        # The pointer names the chunked manifest and carries the manifest's own sha256.
-        manifest, digest = await asyncio.to_thread(write_manifest, path, version)
-        await self._store.publish_policy(job_id, t.PolicyInfo(
-            version, str(manifest), digest, model_dir, self._clock.now_ms()))
-        self.policy_version = version
-        return round(time.perf_counter() - started, 4)
-
-
-def _to_samples(trajs: list[t.Trajectory]) -> list[TrainSample]:
-    by_group: dict[str, list[t.Trajectory]] = {}
-    for tr in trajs:
-        by_group.setdefault(tr.group_id, []).append(tr)
-    samples = []
-    for group in by_group.values():
-        for tr, adv in zip(group, group_advantages([tr.reward for tr in group]), strict=True):
-            samples.append(TrainSample(token_ids=tr.token_ids, loss_mask=tr.loss_mask,
-                                       rollout_logprobs=tr.logprobs, advantage=adv,
-                                       group_id=tr.group_id, trajectory_id=tr.trajectory_id))
-    return samples
 
 
 def _await_chain(coro: Any) -> str:

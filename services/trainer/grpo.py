@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from libra import types as t
+from libra.training.samples import TrainSample
 
 ZERO_STD = 1e-6
 
@@ -67,3 +68,17 @@ class GroupBuffer:
         for gid in group_ids:
             out.extend(self.groups.pop(gid))
         return out
+
+
+def to_samples(trajs: list[t.Trajectory]) -> list[TrainSample]:
+    """Training samples of a batch, each with its advantage within its group."""
+    by_group: dict[str, list[t.Trajectory]] = {}
+    for tr in trajs:
+        by_group.setdefault(tr.group_id, []).append(tr)
+    samples = []
+    for group in by_group.values():
+        for tr, adv in zip(group, group_advantages([tr.reward for tr in group]), strict=True):
+            samples.append(TrainSample(token_ids=tr.token_ids, loss_mask=tr.loss_mask,
+                                       rollout_logprobs=tr.logprobs, advantage=adv,
+                                       group_id=tr.group_id, trajectory_id=tr.trajectory_id))
+    return samples

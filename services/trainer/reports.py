@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from libra import types as t
 from libra.clock import Clock
@@ -47,12 +47,12 @@ class CoordinatorReporter:
     def step_key(self, job_id: str, step: int) -> str:
         return f"{job_id}:{step}:{self._run_token}"
 
-    async def report_step(self, job_id: str, record: dict[str, Any], key: str = "") -> None:
+    async def report_step(self, job_id: str, record: t.StepRecord, key: str = "") -> None:
         """Report a step until the coordinator takes it (raises the last error once the
         policy gives up, or at once for a non-retryable one). ``key`` defaults to this
         run's key of the step; a resume passes the key the step was first sent with."""
-        key = key or self.step_key(job_id, int(record["step"]))
-        await retry_transient(f"report_step job_id={job_id} step={record['step']}",
+        key = key or self.step_key(job_id, record.step)
+        await retry_transient(f"report_step job_id={job_id} step={record.step}",
                               lambda: self._coordinator.report_step(job_id, record, key),
                               self._policy, self._clock, self._sleep)
 

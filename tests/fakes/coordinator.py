@@ -11,7 +11,8 @@ records are keyed by their idempotency key, as the coordinator keys them: a repe
 counted, not stored (a redone step, under a new key, is stored again); job ends are
 all recorded. Given a
 (bytes-mode) ``redis`` client, the lease hash is mirrored there as the real coordinator
-writes it (role, bucket, epoch), so fenced writes (the rollout's publish) see it.
+writes it (role, bucket, epoch), so fenced writes (the rollout's publish) see it; given
+``mirror_lease`` (e.g. ``MemoryRolloutStore.set_lease``), it is called the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from libra import redis_keys as keys
 from libra import types as t
 from libra.errors import LeaseLost, Unavailable
+from libra.wire.step_record import step_record_to_dict
 
 
 @dataclass
@@ -35,6 +37,7 @@ class FakeCoordinator:
     done: list[tuple[str, t.JobState, str]] = field(default_factory=list)
     role_changes: list[tuple[str, t.WorkerRole]] = field(default_factory=list)
     redis: Any = None
+    mirror_lease: Any = None  # (worker_id, lease or None) -> None
     unavailable_times: int = 0
     acquire_unavailable_times: int = 0
     release_error: Exception | None = None
@@ -56,6 +59,8 @@ class FakeCoordinator:
             raise Unavailable("reply lost")
 
     async def _mirror(self, lease: t.Lease | None, worker_id: str) -> None:
+        if self.mirror_lease is not None:
+            self.mirror_lease(worker_id, lease)
         if self.redis is None:
             return
         if lease is None:
@@ -114,9 +119,12 @@ class FakeCoordinator:
     async def list_workers(self) -> list[t.Lease]:
         return []
 
-    async def report_step(self, job_id: str, record: dict[str, Any],
+    async def report_step(self, job_id: str, record: t.StepRecord | dict[str, Any],
                           idempotency_key: str = "") -> None:
+        """Keeps the record as the coordinator would store it (its JSON object)."""
         self._outage()
+        if not isinstance(record, dict):
+            record = step_record_to_dict(record)
         slot = (job_id, int(record["step"]))
         key = idempotency_key or f"{job_id}:{slot[1]}"
         if self.step_keys.get(slot) == key:

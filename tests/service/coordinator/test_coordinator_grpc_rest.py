@@ -268,7 +268,7 @@ async def test_rest_second_job_is_queued(http: httpx.AsyncClient) -> None:
 async def test_rest_get_job_returns_job_with_steps(http: httpx.AsyncClient,
                                                    core: CoordinatorCore) -> None:
     job_id = (await http.post("/v1/jobs", json={"spec": VALID_SPEC})).json()["job_id"]
-    await core.report_step(job_id, {"step": 1, "reward_mean": 0.5})
+    await core.report_step(job_id, t.StepRecord(step=1, reward_mean=0.5))
     resp = await http.get(f"/v1/jobs/{job_id}")
     assert resp.status_code == 200
     assert resp.json()["steps"] == [{"step": 1, "reward_mean": 0.5}]

@@ -25,7 +25,7 @@ from libra.training.backend import JobBackend
 from libra.training.samples import TrainSample
 from libra.types import GroupId, TrajectoryId
 from services.rollout.hybrid_backend import TorchHybridTrainer
-from services.rollout.lending import HybridJoin
+from services.rollout.hybrid_join import HybridJoin
 from services.trainer.elastic import GradientDomain
 from services.trainer.elastic_step import ElasticTrainer
 from services.trainer.servicer import GradientChannelServicer

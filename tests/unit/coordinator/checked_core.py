@@ -14,7 +14,7 @@ import pytest
 from libra.clock import FakeClock
 from libra.errors import InvalidArgument
 from services.coordinator.core import CoordinatorCore
-from services.coordinator.store import InMemoryCoordinatorStore
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from tests.fakes.runner import FakeRunner
 
 

@@ -15,8 +15,10 @@ import pytest
 from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, Unavailable
+from libra.limits import MAX_NUM_STEPS
 from services.coordinator.core import CoordinatorCore
-from services.coordinator.store import InMemoryCoordinatorStore, StepAppend
+from services.coordinator.memory_store import InMemoryCoordinatorStore
+from services.coordinator.store_protocol import StepAppend
 from tests.fakes.runner import FakeRunner
 
 VALID_SPEC = """
@@ -191,8 +193,8 @@ async def test_report_step_updates_step_version_and_history() -> None:
     core, _, _, _, clock = make_core()
     job = await core.create_job(VALID_SPEC, "toml")
     clock.advance(1)
-    await core.report_step(job.job_id, {"step": 1, "policy_version": 1, "reward_mean": 0.5})
-    await core.report_step(job.job_id, {"step": 2, "policy_version": 2, "reward_mean": 0.7})
+    await core.report_step(job.job_id, t.StepRecord(step=1, policy_version=1, reward_mean=0.5))
+    await core.report_step(job.job_id, t.StepRecord(step=2, policy_version=2, reward_mean=0.7))
     got, steps, _counters = await core.get_job(job.job_id)
     assert (got.step, got.policy_version) == (2, 2)
     assert [s["reward_mean"] for s in steps] == [0.5, 0.7]
@@ -203,10 +205,10 @@ async def test_the_same_step_report_twice_keeps_one_record() -> None:
     # The trainer's retry after the coordinator stored the step and died before replying.
     core, store, *_ = make_core()
     job = await core.create_job(VALID_SPEC, "toml")
-    record = {"step": 1, "policy_version": 1, "reward_mean": 0.5}
+    record = t.StepRecord(step=1, policy_version=1, reward_mean=0.5)
     assert await core.report_step(job.job_id, record, "k1") is StepAppend.STORED
     assert await core.report_step(job.job_id, record, "k1") is StepAppend.REPEAT
-    assert await store.steps(job.job_id) == [record]
+    assert await store.steps(job.job_id) == [{"step": 1, "policy_version": 1, "reward_mean": 0.5}]
     assert await store.events(job.job_id) == []
 
 
@@ -215,7 +217,7 @@ async def test_a_repeated_report_still_sets_the_job_step_and_version() -> None:
     core, store, *_ = make_core()
     job = await core.create_job(VALID_SPEC, "toml")
     await store.append_step(job.job_id, {"step": 1, "policy_version": 1}, "k1")
-    await core.report_step(job.job_id, {"step": 1, "policy_version": 1}, "k1")
+    await core.report_step(job.job_id, t.StepRecord(step=1, policy_version=1), "k1")
     got = await store.get_job(job.job_id)
     assert (got.step, got.policy_version) == (1, 1)
     assert len(await store.steps(job.job_id)) == 1
@@ -224,17 +226,22 @@ async def test_a_repeated_report_still_sets_the_job_step_and_version() -> None:
 async def test_a_redone_step_replaces_its_record_and_is_marked_by_an_event() -> None:
     core, store, *_ = make_core()
     job = await core.create_job(VALID_SPEC, "toml")
-    await core.report_step(job.job_id, {"step": 1, "reward_mean": 0.1}, "j:1:run-a")
-    outcome = await core.report_step(job.job_id, {"step": 1, "reward_mean": 0.9}, "j:1:run-b")
+    await core.report_step(job.job_id, t.StepRecord(step=1, reward_mean=0.1), "j:1:run-a")
+    outcome = await core.report_step(job.job_id, t.StepRecord(step=1, reward_mean=0.9),
+                                     "j:1:run-b")
     assert outcome is StepAppend.REPLACED
     assert await store.steps(job.job_id) == [{"step": 1, "reward_mean": 0.9}]
     assert [(e["kind"], e["step"]) for e in await store.events(job.job_id)] == [
         ("step_redone", 1)]
 
 
-@pytest.mark.parametrize("record", [{}, {"step": "1"}, {"step": 1.5}, {"step": True}])
-async def test_a_step_record_without_an_integer_step_is_refused_and_stores_nothing(
-        record: dict) -> None:
+# Malformed JSON (no step, a string step, ...) is the codec's to refuse
+# (tests/unit/libra/test_wire_step_record.py); a typed record built in process out of
+# range is the core's.
+@pytest.mark.parametrize("record", [t.StepRecord(step=-1), t.StepRecord(step=MAX_NUM_STEPS + 1),
+                                    t.StepRecord(step=1, policy_version=-2)])
+async def test_a_step_record_out_of_range_is_refused_and_stores_nothing(
+        record: t.StepRecord) -> None:
     core, store, *_ = make_core()
     job = await core.create_job(VALID_SPEC, "toml")
     with pytest.raises(InvalidArgument) as info:

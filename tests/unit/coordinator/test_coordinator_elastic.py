@@ -14,10 +14,11 @@ import pytest
 from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, NotFound
+from libra.wire.step_record import step_record_from_dict
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.elastic import ElasticWiring
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.planner.live import live_planner
-from services.coordinator.store import InMemoryCoordinatorStore
 from tests.unit.coordinator.test_coordinator_core import FakeRunner
 from tests.unit.coordinator.test_elastic_executor import FakeRollout
 
@@ -54,7 +55,8 @@ class Rig:
         return await self.core.acquire_lease(worker_id, role, "short", worker_id, 60_000)
 
     async def step(self, job_id: str, step: int, **extra: float) -> None:
-        await self.core.report_step(job_id, {"step": step, **TRAIN_BOUND, **extra})
+        await self.core.report_step(job_id, step_record_from_dict({"step": step, **TRAIN_BOUND,
+                                                                    **extra}))
         loop = self.core.elastic_loop(job_id)
         if loop is not None:
             await loop.idle()

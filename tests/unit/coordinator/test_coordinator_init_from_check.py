@@ -16,7 +16,7 @@ import pytest
 from libra.clock import FakeClock
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.init_from_check import check_job_init_from
-from services.coordinator.store import InMemoryCoordinatorStore
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from tests.fakes.runner import FakeRunner
 from tests.fixtures.checkpoints import SMALL, tiny_spec, write_job_checkpoint
 from tests.unit.coordinator.checked_core import Built, refused

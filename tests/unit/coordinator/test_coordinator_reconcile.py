@@ -17,6 +17,7 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, Unavailable
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.reconcile import (
     Action,
     ReconcileSettings,
@@ -24,7 +25,6 @@ from services.coordinator.reconcile import (
     Verdict,
     decide,
 )
-from services.coordinator.store import InMemoryCoordinatorStore
 from tests.fakes.runner import FakeRunner, FakeTrainer
 from tests.fakes.sleep import FakeSleep
 

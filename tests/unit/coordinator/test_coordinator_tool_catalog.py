@@ -18,7 +18,7 @@ from libra.clock import FakeClock
 from libra.errors import InvalidArgument, Unavailable
 from libra.jobspec import job_spec_from_json
 from services.coordinator.core import CoordinatorCore
-from services.coordinator.store import InMemoryCoordinatorStore
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from tests.fakes.runner import FakeRunner
 
 CATALOG = [

@@ -18,14 +18,15 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import DeadlineExceeded, Unavailable
 from libra.jobspec import ElasticSpec
+from libra.wire.step_record import step_record_from_dict
 from services.coordinator.core import ROLE_MOVES
 from services.coordinator.elastic import (
     ElasticExecutor,
     ElasticLoop,
     Signal,
 )
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.planner.live import live_planner
-from services.coordinator.store import InMemoryCoordinatorStore
 
 JOB = "job-e"
 ROLLOUT, HYBRID = t.WorkerRole.CORE_ROLLOUT, t.WorkerRole.HYBRID_ROLLOUT
@@ -324,7 +325,7 @@ async def test_on_step_records_the_plan_and_returns_before_the_lend_finishes() -
                                rpc_deadline_s=30.0)
     loop = ElasticLoop(job_id=JOB, planner=live_planner(rig.spec), executor=executor,
                        events=rig.store, leases=rig.store.live_leases, clock=rig.clock)
-    await loop.on_step(trainer_record(1, train_s=3.0, rollout_s=1.0))
+    await loop.on_step(step_record_from_dict(trainer_record(1, train_s=3.0, rollout_s=1.0)))
     (plan,) = await rig.events("plan")
     # Fitted: w_train = 3 s x 1 trainer, w_rollout = 1 s x 2 rollout workers. Lending h1:
     # max(3 / 2, 2 / 1) = 2 s against max(3 / 1, 2 / 2) = 3 s, gain 1 s, net 0.5 s.

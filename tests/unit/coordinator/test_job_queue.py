@@ -1,10 +1,11 @@
-"""The job queue and resume, through CoordinatorCore, over both coordinator stores.
+"""The job queue and resume, through CoordinatorCore, on ``InMemoryCoordinatorStore``
+(no redis-server: a unit test). ``tests/store/test_coordinator_job_queue_redis.py`` runs
+every test here again on ``RedisCoordinatorStore`` against a real redis-server.
 
-Every test runs twice: on ``InMemoryCoordinatorStore`` and on ``RedisCoordinatorStore``
-against the session's real redis-server. Fakes: ``FakeRunner``/``FakeTrainer`` replace
-the trainer's and scheduler's gRPC clients (they record starts, resume flags and stops,
-and refuse when told to); ``FakeClock`` replaces wall time. Checkpoints are real folders
-in ``tmp_path``, read by the production probe.
+Fakes: ``FakeRunner``/``FakeTrainer`` replace the trainer's and scheduler's gRPC
+clients (they record starts, resume flags and stops, and refuse when told to);
+``FakeClock`` replaces wall time. Checkpoints are real folders in ``tmp_path``, read by
+the production probe.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,12 +26,9 @@ from libra.errors import (
     Unavailable,
 )
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.reconcile import ReconcileSettings, ReconcileWiring
-from services.coordinator.store import (
-    CoordinatorStore,
-    InMemoryCoordinatorStore,
-    RedisCoordinatorStore,
-)
+from services.coordinator.store_protocol import CoordinatorStore
 from tests.fakes.runner import FakeRunner, FakeTrainer
 from tests.fakes.sleep import FakeSleep
 
@@ -66,13 +63,10 @@ class Rig:
                                                       "files": {}}))
 
 
-@pytest.fixture(params=["memory", "redis"])
-def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Rig:
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
     clock = FakeClock()
-    if request.param == "memory":
-        return Rig(InMemoryCoordinatorStore(clock), clock, tmp_path)
-    redis: Any = request.getfixturevalue("redis")
-    return Rig(RedisCoordinatorStore(redis, clock), clock, tmp_path)
+    return Rig(InMemoryCoordinatorStore(clock), clock, tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from libra import types as t
+from libra.errors import InvalidArgument
 from libra.report import SCHEMA_VERSION, build_report
 
 
@@ -32,3 +35,16 @@ def test_events_are_listed_in_recorded_order() -> None:
 
 def test_report_without_events_has_an_empty_list() -> None:
     assert build_report(make_job(), [], {}, 0.0)["events"] == []
+
+
+def test_steps_go_through_the_step_record_codec() -> None:
+    """Typed records and stored JSON objects give the same report entries; a stored step
+    the codec refuses is named, not copied into report.json."""
+    typed = t.StepRecord(step=1, reward_mean=0.5, wall_s=2.0, metrics={"loss": 0.25})
+    stored = {"step": 1, "reward_mean": 0.5, "wall_s": 2.0, "loss": 0.25}
+    for steps in ([typed], [stored]):
+        report = build_report(make_job(), steps, {}, 1.0)
+        assert report["steps"] == [{**stored, "hybrid_workers": 0}]
+    with pytest.raises(InvalidArgument) as err:
+        build_report(make_job(), [{"step": 1, "reward_mean": "high"}], {}, 1.0)
+    assert err.value.field == "step_json.reward_mean"

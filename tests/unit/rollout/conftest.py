@@ -1,4 +1,4 @@
-"""The ``rig`` fixture: a RolloutCore over a real Redis store (see rig.py)."""
+"""The ``rig`` fixtures: a RolloutCore over the in-memory store (see rig.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ from tests.unit.rollout.rig import Rig, started_rig
 
 
 @pytest.fixture
-async def rig(redis_server, tmp_path: Path) -> AsyncIterator[Rig]:
-    async with started_rig(redis_server.url, tmp_path) as rig:
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with started_rig(tmp_path) as rig:
+        yield rig
+
+
+@pytest.fixture
+async def short_lease_rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    """A rig whose lease is renewed every 10 ms (lease-loss and re-registration tests)."""
+    async with started_rig(tmp_path, lease_ttl_ms=30) as rig:
         yield rig

@@ -1,6 +1,6 @@
-"""The rollout core under test: a real Redis store, fakes for engine, tool gateway,
-scheduler and coordinator (tests/fakes). Shared by the rollout unit tests (the ``rig``
-fixture is in conftest.py)."""
+"""The rollout core under test: the in-memory rollout store (or, given a Redis client,
+the Redis one: tests/store), fakes for engine, tool gateway, scheduler and coordinator
+(tests/fakes). Shared by the rollout unit tests (the ``rig`` fixture is in conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import FakeClock
 from libra.jobspec import JobSpec, TaskSpec, ToolsSpec
-from libra.wire.common import decode_trajectory, encode_trajectory
 from services.rollout.core import RolloutCore, RolloutSettings
-from services.rollout.store import RedisRolloutStore
+from services.rollout.memory_store import PublishedEntry
 from tests.fakes.coordinator import FakeCoordinator
 from tests.fakes.engine import FakeEngine, FakeEngineLoader, make_tokenizer
 from tests.fakes.scheduler import FakeScheduler
 from tests.fakes.toolgateway import FakeToolGateway
+from tests.store.rollout_worlds import MemoryWorld, RedisWorld
 from tests.waiting import wait_until
 
 JOB = "job-1"
@@ -41,7 +38,7 @@ def make_task(index: int = 0, prompt: str = "Q:1+2=", reference: str = "3") -> t
 
 @dataclass
 class Rig:
-    r: aioredis.Redis
+    world: MemoryWorld | RedisWorld
     tmp: Path
     core: RolloutCore
     engine: FakeEngine
@@ -55,38 +52,40 @@ class Rig:
         path = self.tmp / f"v{version}.safetensors"
         data = f"weights v{version}".encode()
         path.write_bytes(data)
-        await self.r.hset(keys.policy(JOB), mapping={
-            "version": version, "weights_path": str(path),
-            "sha256": sha256 or hashlib.sha256(data).hexdigest(),
-            "model_dir": str(self.tmp / "model"), "published_at_ms": 0})
+        await self.world.set_policy(JOB, t.PolicyInfo(
+            version, str(path), sha256 or hashlib.sha256(data).hexdigest(),
+            str(self.tmp / "model"), 0))
         return str(path)
 
     async def place(self, traj: t.Trajectory, instance: str = HERE,
                     assign: bool = True) -> None:
         """As the scheduler places: inbox entry, task, and (``assign``) the assignment
         and load a handoff checks and moves."""
-        data = encode_trajectory(traj)
-        await self.r.xadd(keys.inbox(instance), {"job_id": traj.job_id, "task": data})
-        await self.r.hset(keys.tasks(JOB), traj.trajectory_id, data)
-        if assign:
-            await self.r.hset(keys.assignments(JOB), traj.trajectory_id, instance)
-            await self.r.hincrby(keys.load(JOB), instance, 1)
+        await self.world.place(traj, instance, assign)
 
     async def load(self) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in (await self.r.hgetall(keys.load(JOB))).items()}
+        return await self.world.load(JOB)
+
+    async def published_entries(self) -> list[PublishedEntry]:
+        return await self.world.published(JOB)
 
     async def published(self) -> list[t.Trajectory]:
-        return [decode_trajectory(f[b"data"]) for _, f in await self.r.xrange(
-            keys.trajectories(JOB))]
+        return [e.trajectory for e in await self.world.published(JOB)]
 
     async def num_published(self) -> int:
-        return await self.r.xlen(keys.trajectories(JOB))
+        return len(await self.world.published(JOB))
+
+    async def counters(self) -> dict[str, int]:
+        return await self.world.counters(JOB)
+
+    async def inbox_size(self, instance: str = HERE) -> int:
+        return await self.world.inbox_size(instance)
 
     async def inbox_pending(self, instance: str = HERE) -> int:
-        return (await self.r.xpending(keys.inbox(instance), keys.ROLLOUT_GROUP))["pending"]
+        return await self.world.inbox_pending(instance)
 
-    async def events(self, kind: str) -> list[dict[bytes, bytes]]:
-        return [f for _, f in await self.r.xrange(keys.events(JOB)) if f[b"kind"] == kind.encode()]
+    async def events(self, kind: str) -> list[dict[str, str]]:
+        return await self.world.events(JOB, kind)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.core.run())
@@ -112,32 +111,34 @@ class Rig:
 
 
 @asynccontextmanager
-async def started_rig(redis_url: str, tmp_path: Path, *, bucket: str = "short",
+async def started_rig(tmp_path: Path, *, redis: Any = None, bucket: str = "short",
                       role: t.WorkerRole = t.WorkerRole.CORE_ROLLOUT,
                       spec: JobSpec | None = None, tokenizer: Any = None,
-                      **core_extra: Any) -> AsyncIterator[Rig]:
-    """A registered core on a flushed Redis with version-0 weights (not yet running);
+                      lease_ttl_ms: int = 60_000, **core_extra: Any) -> AsyncIterator[Rig]:
+    """A registered core with version-0 weights (not yet running) over the in-memory
+    store, or over the Redis store on ``redis`` (a bytes-mode client; flushed first);
     by default an arith job over the tiny model's tokenizer."""
-    r = aioredis.from_url(redis_url, decode_responses=False)
-    await r.flushdb()
+    if redis is not None:
+        await redis.flushdb()
+    world = MemoryWorld() if redis is None else RedisWorld(redis)
     spec = spec or JobSpec(task=TaskSpec(max_turns=4), tools=ToolsSpec(call_timeout_s=5.0))
-    await r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
-                                          "run_dir": str(tmp_path)})
+    await world.put_job(JOB, spec.to_json(), "running")
     clock = FakeClock()
     engine = FakeEngine(tokenizer or make_tokenizer())
     tools = FakeToolGateway(clock=clock)
     scheduler = FakeScheduler()
-    coordinator = FakeCoordinator(redis=r)  # mirrors the lease: publishing is fenced
-    settings = RolloutSettings(instance_id=HERE, bucket=bucket, lease_ttl_ms=60_000,
+    # Mirrors the lease into the store: publishing is fenced.
+    coordinator = (FakeCoordinator(redis=redis) if redis is not None
+                   else FakeCoordinator(mirror_lease=world.store.set_lease))
+    settings = RolloutSettings(instance_id=HERE, bucket=bucket, lease_ttl_ms=lease_ttl_ms,
                                tool_deadline_s=5.0, idle_block_ms=5, role=role)
-    core = RolloutCore(settings, RedisRolloutStore(r), FakeEngineLoader(engine), tools,
+    core = RolloutCore(settings, world.store, FakeEngineLoader(engine), tools,
                        scheduler, coordinator, clock, **core_extra)
-    rig = Rig(r, tmp_path, core, engine, tools, scheduler, coordinator, clock)
+    rig = Rig(world, tmp_path, core, engine, tools, scheduler, coordinator, clock)
     await rig.write_weights(0)
     await core.register()
-    await r.xgroup_create(keys.inbox(THERE), keys.ROLLOUT_GROUP, id="0", mkstream=True)
+    await world.store.ensure_inbox(THERE)
     try:
         yield rig
     finally:
         await rig.stop()
-        await r.aclose()

@@ -56,8 +56,8 @@ def chat_tokenizer(hf_model_dir) -> HfTokenizer:
 
 
 @pytest.fixture
-async def chat_rig(redis_server, tmp_path: Path, chat_tokenizer) -> AsyncIterator[Rig]:
-    async with started_rig(redis_server.url, tmp_path, spec=chat_spec(),
+async def chat_rig(tmp_path: Path, chat_tokenizer) -> AsyncIterator[Rig]:
+    async with started_rig(tmp_path, spec=chat_spec(),
                            tokenizer=chat_tokenizer) as rig:
         yield rig
 
@@ -146,8 +146,8 @@ async def test_arguments_the_gateway_refuses_become_a_tool_error(chat_rig: Rig) 
 
 
 async def test_the_buckets_max_batch_size_binds_the_engine_batch(
-        redis_server, tmp_path: Path, chat_tokenizer) -> None:
-    async with started_rig(redis_server.url, tmp_path, spec=chat_spec(batch=2),
+        tmp_path: Path, chat_tokenizer) -> None:
+    async with started_rig(tmp_path, spec=chat_spec(batch=2),
                            tokenizer=chat_tokenizer) as rig:
         rig.engine.queue(*["3<|im_end|>"] * 5)
         for index in range(5):

@@ -5,12 +5,11 @@ stream entry, a counter) with a bounded poll."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.errors import Internal
 from libra.jobspec import BucketSpec, JobSpec, LayoutSpec
-from services.rollout.core import RolloutSettings
 from tests.fakes.engine import make_tokenizer
 from tests.fakes.toolgateway import tool_result
 from tests.unit.rollout.rig import HERE, JOB, THERE, Rig, make_task
@@ -41,7 +40,7 @@ async def test_published_trajectory_inbox_entry_is_acked_and_deleted(rig: Rig) -
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
     await rig.run_until_published()
-    assert await rig.r.xlen(keys.inbox(HERE)) == 0
+    assert await rig.inbox_size() == 0
     assert await rig.inbox_pending() == 0
 
 
@@ -49,7 +48,7 @@ async def test_published_trajectory_counts_produced(rig: Rig) -> None:
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
     await rig.run_until_published()
-    assert await rig.r.hgetall(keys.counters(JOB)) == {b"produced": b"1"}
+    assert await rig.counters() == {"produced": 1}
 
 
 async def test_published_eval_trajectory_counts_apart_with_its_round(rig: Rig) -> None:
@@ -60,7 +59,7 @@ async def test_published_eval_trajectory_counts_apart_with_its_round(rig: Rig) -
     await rig.place(task)
     (traj,) = await rig.run_until_published()
     assert traj.eval_round == 2
-    assert await rig.r.hgetall(keys.counters(JOB)) == {b"eval_produced": b"1"}
+    assert await rig.counters() == {"eval_produced": 1}
 
 
 async def test_published_entry_carries_what_the_scheduler_reads_to_free_the_slot(
@@ -68,10 +67,9 @@ async def test_published_entry_carries_what_the_scheduler_reads_to_free_the_slot
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
     (traj,) = await rig.run_until_published()
-    ((_, fields),) = await rig.r.xrange(keys.trajectories(JOB))
-    assert (fields[b"trajectory_id"], fields[b"total_tokens"], fields[b"status"],
-            fields[b"instance_id"]) == (b"tr-0", str(traj.num_generated_tokens).encode(),
-                                        b"finished", HERE.encode())
+    (entry,) = await rig.published_entries()
+    assert (entry.trajectory.trajectory_id, entry.total_tokens, entry.status,
+            entry.instance_id) == ("tr-0", traj.num_generated_tokens, "finished", HERE)
 
 
 async def test_result_of_an_instance_whose_lease_moved_on_is_not_published(
@@ -82,17 +80,17 @@ async def test_result_of_an_instance_whose_lease_moved_on_is_not_published(
     rig.start()
     await wait_until(lambda: rig.tools.calls)
     # A newer grant of this instance's lease (this process is now a zombie).
-    await rig.r.hset(keys.lease(HERE), "epoch", rig.coordinator.epoch + 1)
+    await rig.world.set_lease_epoch(HERE, rig.coordinator.epoch + 1)
     rig.tools.gate.set()
     await wait_until(lambda: rig.core.num_active == 0)
     assert await rig.num_published() == 0
-    assert await rig.r.hgetall(keys.counters(JOB)) == {}
+    assert await rig.counters() == {}
     assert await rig.inbox_pending() == 1  # not acknowledged either: it stays re-placeable
 
 
 async def test_result_of_an_instance_whose_lease_expired_is_not_published(rig: Rig) -> None:
     rig.engine.queue("<ans>3</ans>")
-    await rig.r.delete(keys.lease(HERE))
+    await rig.world.delete_lease(HERE)
     await rig.place(make_task())
     rig.start()
     await wait_until(lambda: rig.engine.requests)
@@ -126,7 +124,7 @@ async def test_task_of_an_unknown_job_is_acked_and_dropped(rig: Rig) -> None:
 
 
 async def _inbox_empty(rig: Rig) -> bool:
-    return await rig.r.xlen(keys.inbox(HERE)) == 0 and await rig.inbox_pending() == 0
+    return await rig.inbox_size() == 0 and await rig.inbox_pending() == 0
 
 
 # -- tool calls ----------------------------------------------------------------------------
@@ -162,7 +160,7 @@ async def test_tool_gateway_down_until_deadline_publishes_failed(rig: Rig) -> No
     (traj,) = await rig.run_until_published()
     assert traj.status is t.TrajectoryStatus.FAILED
     assert traj.failure_reason.startswith("tool gateway")
-    assert await rig.r.hgetall(keys.counters(JOB)) == {b"failed": b"1"}
+    assert await rig.counters() == {"failed": 1}
     assert len({c["call_id"] for c in rig.tools.calls}) == 1  # retries reuse the call id
 
 
@@ -195,7 +193,7 @@ async def _cancel_while_in_tool_call(rig: Rig) -> None:
     await rig.place(make_task())
     rig.start()
     await wait_until(lambda: rig.tools.calls)
-    await rig.r.hset(keys.job(JOB), "state", "cancelled")
+    await rig.world.set_job_state(JOB, "cancelled")
     await wait_until(lambda: rig.core.num_active == 0)
 
 
@@ -210,13 +208,12 @@ async def test_tool_return_after_cancel_is_neither_published_nor_handed_off(rig:
     rig.tools.gate.set()
     await wait_until(lambda: rig.scheduler.tool_returns)
     await asyncio.sleep(0.05)  # let the tool task finish what it would do
-    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+    assert await rig.inbox_size(THERE) == 0
     assert await rig.num_published() == 0
 
 
-async def test_lost_lease_drops_work_and_registers_again(rig: Rig) -> None:
-    rig.core.settings = RolloutSettings(instance_id=HERE, bucket="short", lease_ttl_ms=30,
-                                        idle_block_ms=5)
+async def test_lost_lease_drops_work_and_registers_again(short_lease_rig: Rig) -> None:
+    rig = short_lease_rig
     rig.tools.gate = asyncio.Event()
     rig.engine.queue("<calc>1+2</calc>")
     await rig.place(make_task())
@@ -232,9 +229,8 @@ async def test_lost_lease_drops_work_and_registers_again(rig: Rig) -> None:
 
 
 async def test_a_registration_refused_during_a_coordinator_restart_is_tried_again(
-        rig: Rig) -> None:
-    rig.core.settings = RolloutSettings(instance_id=HERE, bucket="short", lease_ttl_ms=30,
-                                        idle_block_ms=5)
+        short_lease_rig: Rig) -> None:
+    rig = short_lease_rig
     rig.start()
     await wait_until(lambda: rig.coordinator.renewed)
     # The lease expired while the coordinator was down; it is back but the first
@@ -270,7 +266,7 @@ async def test_engine_is_loaded_with_the_tp_degree_of_this_instances_bucket(
                                                          tp_degree=2),
                                               BucketSpec(name="long", max_tokens=256,
                                                          tp_degree=4)]))
-    await rig.r.hset(keys.job(JOB), "spec_json", spec.to_json())
+    await rig.world.put_job(JOB, spec.to_json(), "running")
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
     await rig.run_until_published()
@@ -298,3 +294,12 @@ async def test_prompt_the_agent_cannot_render_fails_that_trajectory_only(rig: Ri
     assert published["tr-0"].status is t.TrajectoryStatus.FAILED
     assert published["tr-0"].failure_reason.startswith("prompt: the arith tag agent")
     assert published["tr-1"].status is t.TrajectoryStatus.FINISHED
+
+
+async def test_settings_replaced_after_construction_reach_the_lease(rig: Rig) -> None:
+    # The entry point learns the server's port only once it serves: the lease it
+    # registers with must carry that address (the elastic executor dials it to lend).
+    rig.core.settings = dataclasses.replace(rig.core.settings, address="10.0.0.7:5051",
+                                            role=t.WorkerRole.HYBRID_ROLLOUT)
+    lease = await rig.core.register()
+    assert (lease.address, lease.role) == ("10.0.0.7:5051", t.WorkerRole.HYBRID_ROLLOUT)

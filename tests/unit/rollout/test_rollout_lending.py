@@ -4,77 +4,25 @@ side is tested in tests/service/trainer/test_gradient_channel.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.errors import FailedPrecondition, InvalidArgument
 from libra.limits import MAX_GENERATION_AHEAD_MS
 from libra.training import channel as ch
-from libra.wire.common import decode_trajectory
 from tests.fakes.engine import BlockUntilAbort
+from tests.unit.rollout.lend_fakes import FakeHybridTrainer, Opener, ScriptedStream
 from tests.unit.rollout.rig import HERE, JOB, Rig, make_task, started_rig
 from tests.waiting import wait_until
 
 
-class ScriptedStream:
-    """The trainer's end of the gradient channel, driven by the test."""
-
-    def __init__(self) -> None:
-        self.sent: list[ch.HybridMessage] = []
-        self.incoming: asyncio.Queue = asyncio.Queue()
-        self.closed = False
-
-    async def send(self, msg: ch.HybridMessage) -> None:
-        self.sent.append(msg)
-
-    async def recv(self) -> ch.CoreMessage | None:
-        return await self.incoming.get()
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-class Opener:
-    def __init__(self) -> None:
-        self.streams: list[ScriptedStream] = []
-        self.addresses: list[str] = []
-
-    async def open(self, address: str, hello: ch.Hello) -> ScriptedStream:
-        stream = ScriptedStream()
-        await stream.send(hello)
-        self.streams.append(stream)
-        self.addresses.append(address)
-        return stream
-
-
-class FakeHybridTrainer:
-    lockstep_check_interval = 1
-
-    def __init__(self, snapshot: ch.Snapshot) -> None:
-        self.snapshot = snapshot
-        self.updates: list[int] = []
-
-    def apply_update(self, data: bytes, lr: float) -> float:
-        self.updates.append(len(data))
-        return 1.0
-
-    def slice_gradient(self, samples, scale):  # noqa: ANN001, ANN201
-        return b"grad", {"loss": 0.5, "num_tokens": 3.0}, True
-
-    def checksum(self) -> str:
-        return f"sum-{len(self.updates)}"
-
-
 @pytest.fixture
-async def lent_rig(redis_server, tmp_path: Path) -> AsyncIterator[tuple[Rig, Opener]]:
+async def lent_rig(tmp_path: Path) -> AsyncIterator[tuple[Rig, Opener]]:
     opener = Opener()
-    async with started_rig(redis_server.url, tmp_path, bucket="long",
+    async with started_rig(tmp_path, bucket="long",
                            role=t.WorkerRole.HYBRID_ROLLOUT, opener=opener,
                            load_trainer=FakeHybridTrainer) as rig:
         yield rig, opener
@@ -93,7 +41,7 @@ async def test_lend_hands_back_a_trajectory_mid_turn_with_its_tokens(lent_rig) -
     await wait_until(lambda: _opened(opener))
     assert new_lease.role is t.WorkerRole.HYBRID_JOINING and new_lease.epoch > lease.epoch
     # The latest state is where the scheduler re-queues from; the inbox entry is done.
-    saved = decode_trajectory(await rig.r.hget(keys.tasks(JOB), "tr-0"))
+    saved = await rig.world.task(JOB, "tr-0")
     assert saved.num_generated_tokens == 2 and saved.check_aligned() is None
     assert saved.partial_turn_tokens == 2  # resumed as the same turn where it lands
     assert await rig.inbox_pending() == 0 and rig.core.num_active == 0
@@ -112,7 +60,7 @@ async def _generating(rig: Rig) -> bool:
     return any(kind == "generate" for kind, _ in rig.engine.calls)
 
 
-async def test_lend_is_refused_for_core_instances_stale_epochs_and_old_generations(
+async def test_lend_is_refused_for_stale_epochs_and_old_generations(
         lent_rig) -> None:  # noqa: ANN001
     rig, _ = lent_rig
     lease = rig.core.lease
@@ -122,9 +70,14 @@ async def test_lend_is_refused_for_core_instances_stale_epochs_and_old_generatio
     await rig.core.lend(JOB, lease.epoch, 5, "trainer:1")
     with pytest.raises(FailedPrecondition, match="generation"):
         await rig.core.lend(JOB, rig.core.lease.epoch, 4, "trainer:1")
-    rig.core.settings = dataclasses.replace(rig.core.settings, role=t.WorkerRole.CORE_ROLLOUT)
-    with pytest.raises(FailedPrecondition, match="only hybrid-rollout"):
-        await rig.core.lend(JOB, rig.core.lease.epoch, 9, "trainer:1")
+
+
+async def test_lend_is_refused_for_core_instances(tmp_path: Path) -> None:
+    async with started_rig(tmp_path, role=t.WorkerRole.CORE_ROLLOUT,
+                           opener=Opener(), load_trainer=FakeHybridTrainer) as rig:
+        assert rig.core.lease is not None
+        with pytest.raises(FailedPrecondition, match="only hybrid-rollout"):
+            await rig.core.lend(JOB, rig.core.lease.epoch, 9, "trainer:1")
 
 
 async def test_join_protocol_then_reclaim_returns_to_rollout(lent_rig) -> None:  # noqa: ANN001
@@ -185,7 +138,7 @@ async def test_inbox_leftovers_are_dropped_on_reclaim(lent_rig) -> None:  # noqa
     await rig.core.lend(JOB, rig.core.lease.epoch, 1, "trainer:1")
     await rig.place(make_task(7))  # placed before the scheduler saw the role change
     await rig.core.reclaim(2, "test")
-    assert await rig.r.xlen(keys.inbox(HERE)) == 0
+    assert await rig.inbox_size() == 0
 
 
 async def test_generations_far_ahead_of_the_clock_or_negative_are_invalid(

@@ -7,18 +7,17 @@ import asyncio
 from libra import redis_keys as keys
 from libra import types as t
 from libra.jobspec import TaskSpec
-from libra.wire.common import decode_trajectory
 from tests.fakes.engine import BlockUntilAbort, make_tokenizer
 from tests.unit.rollout.rig import HERE, JOB, THERE, Rig, make_task
 from tests.waiting import wait_until
 
 # -- placement decisions -------------------------------------------------------------------
 
-async def handed_over(rig: Rig) -> tuple[t.Trajectory, dict[bytes, bytes]]:
-    """The one trajectory handed to THERE (once it is in its inbox), with its entry."""
-    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
-    ((_, fields),) = await rig.r.xrange(keys.inbox(THERE))
-    return decode_trajectory(fields[b"task"]), fields
+async def handed_over(rig: Rig) -> tuple[t.Trajectory, str]:
+    """The one trajectory handed to THERE (once it is in its inbox), with its job id."""
+    await wait_until(lambda: rig.inbox_size(THERE))
+    ((job_id, moved),) = await rig.world.inbox_tasks(THERE)
+    return moved, job_id
 
 async def test_move_decision_hands_the_trajectory_to_the_target_inbox_intact(rig: Rig) -> None:
     tok = make_tokenizer()
@@ -26,14 +25,14 @@ async def test_move_decision_hands_the_trajectory_to_the_target_inbox_intact(rig
     rig.engine.queue("<calc>1+2</calc>")
     await rig.place(make_task())
     rig.start()
-    moved, fields = await handed_over(rig)
+    moved, job_id = await handed_over(rig)
     prompt, calc, res = (tok.encode_prompt("Q:1+2="), tok.encode("<calc>1+2</calc>"),
                          tok.encode("<res>3</res>"))
     assert moved.token_ids == prompt + calc + res
     assert moved.loss_mask == [0] * len(prompt) + [1] * len(calc) + [0] * len(res)
     assert moved.logprobs == [0.0] * len(prompt) + [-0.5] * len(calc) + [0.0] * len(res)
     assert moved.token_versions == [-1] * len(prompt) + [0] * len(calc) + [-1] * len(res)
-    assert (moved.num_migrations, moved.num_turns, fields[b"job_id"]) == (1, 1, JOB.encode())
+    assert (moved.num_migrations, moved.num_turns, job_id) == (1, 1, JOB)
 
 
 async def test_move_decision_acks_the_entry_here_and_frees_the_slot(rig: Rig) -> None:
@@ -41,11 +40,11 @@ async def test_move_decision_acks_the_entry_here_and_frees_the_slot(rig: Rig) ->
     rig.engine.queue("<calc>1+2</calc>")
     await rig.place(make_task())
     rig.start()
-    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
+    await wait_until(lambda: rig.inbox_size(THERE))
     await wait_until(lambda: rig.core.num_active == 0)
-    assert await rig.inbox_pending() == 0 and await rig.r.xlen(keys.inbox(HERE)) == 0
+    assert await rig.inbox_pending() == 0 and await rig.inbox_size() == 0
     assert await rig.num_published() == 0
-    assert await rig.r.hexists(keys.tasks(JOB), "tr-0")
+    assert await rig.world.task(JOB, "tr-0") is not None
 
 
 async def test_move_to_this_instance_keeps_the_trajectory_here(rig: Rig) -> None:
@@ -53,7 +52,7 @@ async def test_move_to_this_instance_keeps_the_trajectory_here(rig: Rig) -> None
     rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
     await rig.place(make_task())
     (traj,) = await rig.run_until_published()
-    assert traj.num_migrations == 0 and await rig.r.xlen(keys.inbox(THERE)) == 0
+    assert traj.num_migrations == 0 and await rig.inbox_size(THERE) == 0
 
 
 async def test_handed_over_trajectory_continues_from_its_tokens(rig: Rig) -> None:
@@ -119,11 +118,10 @@ async def test_handoff_commits_the_move_in_assignment_load_and_counters(rig: Rig
     rig.engine.queue("<calc>1+2</calc>")
     await rig.place(make_task())
     rig.start()
-    await wait_until(lambda: rig.r.xlen(keys.inbox(THERE)))
-    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == THERE.encode()
+    await wait_until(lambda: rig.inbox_size(THERE))
+    assert await rig.world.assignment(JOB, "tr-0") == THERE
     assert await rig.load() == {HERE: 0, THERE: 1}
-    assert await rig.r.hgetall(keys.counters(JOB)) == {b"migrations": b"1",
-                                                       b"placed:long": b"1"}
+    assert await rig.counters() == {"migrations": 1, keys.placed_counter("long"): 1}
     assert rig.core.num_moves_handed_off == 1
 
 
@@ -144,11 +142,11 @@ async def test_move_decided_after_the_trajectory_finished_is_moot(rig: Rig) -> N
     await rig.run_until_published()
     rig.scheduler.gate.set()
     await wait_until(lambda: rig.core.num_moves_moot == 1)
-    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+    assert await rig.inbox_size(THERE) == 0
     # Never committed: the assignment and load still say where it ran.
-    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == HERE.encode()
+    assert await rig.world.assignment(JOB, "tr-0") == HERE
     assert await rig.load() == {HERE: 1}
-    assert await rig.r.hgetall(keys.counters(JOB)) == {b"produced": b"1"}
+    assert await rig.counters() == {"produced": 1}
 
 
 def release_first_decision_at_second_tool_call(rig: Rig) -> None:
@@ -193,7 +191,7 @@ async def test_move_back_here_cancels_a_pending_move(rig: Rig) -> None:
     await rig.place(make_task())
     (traj,) = await rig.run_until_published()
     assert (traj.num_turns, traj.num_migrations) == (3, 0)
-    assert await rig.r.xlen(keys.inbox(THERE)) == 0
+    assert await rig.inbox_size(THERE) == 0
 
 
 async def test_handoff_of_a_trajectory_no_longer_assigned_here_is_refused(rig: Rig) -> None:
@@ -203,18 +201,18 @@ async def test_handoff_of_a_trajectory_no_longer_assigned_here_is_refused(rig: R
     rig.start()
     await wait_until(lambda: rig.scheduler.num_answered == 1)
     await wait_until(lambda: rig.core.num_active == 0)
-    assert await rig.r.xlen(keys.inbox(THERE)) == 0 and await rig.num_published() == 0
+    assert await rig.inbox_size(THERE) == 0 and await rig.num_published() == 0
     assert rig.core.num_moves_handed_off == 0
-    assert await rig.r.hgetall(keys.counters(JOB)) == {}
+    assert await rig.counters() == {}
 
 
 async def test_handoff_from_a_stale_lease_epoch_is_refused(rig: Rig) -> None:
     rig.scheduler.move_to(THERE)
     rig.engine.queue("<calc>1+2</calc>")
-    await rig.r.hset(keys.lease(HERE), "epoch", rig.coordinator.epoch + 1)
+    await rig.world.set_lease_epoch(HERE, rig.coordinator.epoch + 1)
     await rig.place(make_task())
     rig.start()
     await wait_until(lambda: rig.scheduler.num_answered == 1)
     await wait_until(lambda: rig.core.num_active == 0)
-    assert await rig.r.xlen(keys.inbox(THERE)) == 0
-    assert await rig.r.hget(keys.assignments(JOB), "tr-0") == HERE.encode()
+    assert await rig.inbox_size(THERE) == 0
+    assert await rig.world.assignment(JOB, "tr-0") == HERE

@@ -28,10 +28,10 @@ COMPOSITE = RewardSpec(name="composite", timeout_s=7.0, components=[
 
 
 @pytest.fixture
-async def composite_rig(redis_server, tmp_path):
+async def composite_rig(tmp_path):
     spec = JobSpec(task=TaskSpec(max_turns=4), tools=ToolsSpec(call_timeout_s=5.0),
                    reward=COMPOSITE)
-    async with started_rig(redis_server.url, tmp_path, spec=spec) as rig:
+    async with started_rig(tmp_path, spec=spec) as rig:
         yield rig
 
 
@@ -105,11 +105,11 @@ def stop_after_tool(tmp_path, monkeypatch):
     sys.modules.pop("libra_agent_plugin", None)
 
 
-async def test_a_plugin_agent_runs_inside_the_batched_loop(redis_server, tmp_path,
+async def test_a_plugin_agent_runs_inside_the_batched_loop(tmp_path,
                                                           stop_after_tool) -> None:
     spec = JobSpec(task=TaskSpec(max_turns=4, agent="stop_after_tool"),
                    tools=ToolsSpec(call_timeout_s=5.0))
-    async with started_rig(redis_server.url, tmp_path, spec=spec) as rig:
+    async with started_rig(tmp_path, spec=spec) as rig:
         # One scripted turn per row of the first engine call; the loop would ask for more.
         rig.engine.queue("<calc>1+2</calc>", "<calc>2+2</calc>", "<ans>3</ans>", "<ans>4</ans>")
         await rig.place(make_task(0))
@@ -130,12 +130,12 @@ async def test_a_plugin_agent_runs_inside_the_batched_loop(redis_server, tmp_pat
                "libra.agents) failed to load: ImportError: needs gym"),
 ])
 async def test_an_agent_this_rollout_cannot_build_fails_the_jobs_trajectories(
-        redis_server, tmp_path, monkeypatch, agent_name, reason) -> None:
+        tmp_path, monkeypatch, agent_name, reason) -> None:
     install_plugin_dist(tmp_path / "dist", monkeypatch, "libra_broken_agent",
                         "raise ImportError('needs gym')\n",
                         {AGENTS_GROUP: {"broken": "libra_broken_agent:Agent"}})
     spec = JobSpec(task=TaskSpec(agent=agent_name), tools=ToolsSpec(call_timeout_s=5.0))
-    async with started_rig(redis_server.url, tmp_path, spec=spec) as rig:
+    async with started_rig(tmp_path, spec=spec) as rig:
         await rig.place(make_task(0))
         (traj,) = await rig.run_until_published()
         assert rig.core.num_active == 0  # the loop goes on: no crash

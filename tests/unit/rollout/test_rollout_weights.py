@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from libra import redis_keys as keys
 from libra import types as t
 from tests.fakes.engine import BlockUntilAbort
 from tests.unit.rollout.rig import HERE, JOB, Rig, make_task
@@ -33,7 +32,7 @@ async def test_bad_checksum_is_not_loaded_and_reported_once(rig: Rig) -> None:
     await rig.place(make_task(1))
     await rig.run_until_published(2)  # many loop passes later
     (event,) = await rig.events("weights_checksum_mismatch")
-    assert (event[b"version"], event[b"instance"]) == (b"1", HERE.encode())
+    assert (event["version"], event["instance"]) == ("1", HERE)
     assert rig.engine.policy_version == 0 and [v for _, v in rig.engine.loaded] == [0]
 
 
@@ -41,8 +40,8 @@ async def test_missing_weights_file_is_reported_and_the_core_keeps_serving(rig: 
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task(0))
     await rig.run_until_published(1)
-    await rig.r.hset(keys.policy(JOB), mapping={"version": 1, "sha256": "ab" * 32,
-                                                 "weights_path": str(rig.tmp / "gone")})
+    await rig.world.set_policy(JOB, t.PolicyInfo(1, str(rig.tmp / "gone"), "ab" * 32,
+                                                  str(rig.tmp / "model"), 0))
     await wait_until(lambda: rig.events("weights_checksum_mismatch"))
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task(1))
@@ -106,9 +105,8 @@ async def _publish_manifest(rig: Rig, version: int, data: bytes) -> Path:
     weights = rig.tmp / f"v{version:06d}.safetensors"
     weights.write_bytes(data)
     manifest, digest = write_manifest(weights, version, chunk_bytes=4)
-    await rig.r.hset(keys.policy(JOB), mapping={
-        "version": version, "weights_path": str(manifest), "sha256": digest,
-        "model_dir": str(rig.tmp / "model"), "published_at_ms": 0})
+    await rig.world.set_policy(JOB, t.PolicyInfo(version, str(manifest), digest,
+                                                  str(rig.tmp / "model"), 0))
     return weights
 
 
@@ -119,7 +117,7 @@ async def test_manifest_version_is_loaded_whole_and_its_reload_time_recorded(rig
     await rig.run_until_published()
     assert rig.engine.loaded == [("weights v1 bytes", 1)]
     (event,) = await rig.events("weights_loaded")
-    assert event[b"version"] == b"1" and float(event[b"reload_s"]) >= 0.0
+    assert event["version"] == "1" and float(event["reload_s"]) >= 0.0
 
 
 async def test_corrupt_chunk_is_an_error_event_and_the_old_weights_keep_serving(
@@ -135,22 +133,21 @@ async def test_corrupt_chunk_is_an_error_event_and_the_old_weights_keep_serving(
     rig.tools.gate.set()
     (traj,) = await rig.run_until_published()
     (event,) = await rig.events("weights_checksum_mismatch")
-    assert b"chunk 3" in event[b"error"]
+    assert "chunk 3" in event["error"]
     assert rig.engine.policy_version == 0 and set(traj.token_versions) == {-1, 0}
 
 
 async def test_fetch_past_the_deadline_is_an_error_event_not_a_hang(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dataclasses
     import time
 
-    import services.rollout.core as rollout_core
+    import services.rollout.weight_loader as weight_loader
 
-    monkeypatch.setattr(rollout_core, "read_verified", lambda *_: time.sleep(1.0) or b"")
-    rig.core.settings = dataclasses.replace(rig.core.settings, weight_load_deadline_s=0.05)
+    monkeypatch.setattr(weight_loader, "read_verified", lambda *_: time.sleep(1.0) or b"")
+    rig.core.weights.load_deadline_s = 0.05
     await _publish_manifest(rig, 1, b"weights v1 bytes")
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
     await rig.run_until_published()
     (event,) = await rig.events("weights_load_timeout")
-    assert event[b"version"] == b"1"
+    assert event["version"] == "1"

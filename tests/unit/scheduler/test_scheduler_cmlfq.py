@@ -1,26 +1,25 @@
-"""SchedulerCore with C-MLFQ against a real Redis: policy state survives a restart,
+"""SchedulerCore with C-MLFQ on the in-memory store: policy state survives a restart,
 trainer steps reach ``on_step_end``, moves are decided here and committed by the
-handoff, decisions are observable."""
+handoff (tests/store/test_scheduler_core_on_redis.py, with the rollout's store),
+decisions are observable."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-import redis.asyncio as aioredis
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import InvalidArgument
 from libra.jobspec import CmlfqSpec, JobSpec, job_spec_from_dict
 from services.scheduler import metrics
 from services.scheduler.core import SchedulerCore, build_policy_config
+from services.scheduler.memory_store import MemorySchedulerStore
 from services.scheduler.policy.cmlfq import CmlfqConfig, CmlfqPolicy
-from services.scheduler.store import RedisSchedulerStore
 
 JOB = "job-1"
 FAIL = t.ToolReturnState("calculator", t.SizeClass.SMALL, t.ToolStatus.FAILURE)
@@ -43,31 +42,27 @@ def cmlfq_spec(rebuild: int = 50) -> JobSpec:
 
 
 @pytest.fixture
-def r(redis_bytes: aioredis.Redis) -> aioredis.Redis:
-    return redis_bytes
+def store() -> MemorySchedulerStore:
+    return MemorySchedulerStore()
 
 
-async def started(r: aioredis.Redis, spec: JobSpec) -> SchedulerCore:
-    await r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
-                                         "step": 0})
-    await r.zadd(keys.JOBS_INDEX, {JOB: 1})
-    await r.hset(keys.policy(JOB), mapping={"version": 0})
+async def started(store: MemorySchedulerStore, spec: JobSpec) -> SchedulerCore:
+    store.put_job(JOB, spec.to_json())
     for instance, bucket in (("rollout-0", "short"), ("rollout-1", "long")):
-        await r.sadd(keys.WORKERS, instance)
-        await r.hset(keys.lease(instance), mapping={"role": "core-rollout", "bucket": bucket})
-    core = SchedulerCore(RedisSchedulerStore(r), FakeClock())
+        store.grant_lease(instance, t.WorkerRole.CORE_ROLLOUT, bucket, 0)
+    core = SchedulerCore(store, FakeClock())
     await core.start_job(JOB)
     return core
 
 
-async def restarted(r: aioredis.Redis) -> SchedulerCore:
-    core = SchedulerCore(RedisSchedulerStore(r), FakeClock())
+async def restarted(store: MemorySchedulerStore) -> SchedulerCore:
+    core = SchedulerCore(store, FakeClock())
     await core.start_job(JOB)
     return core
 
 
-async def counters(r: aioredis.Redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in (await r.hgetall(keys.counters(JOB))).items()}
+async def counters(store: MemorySchedulerStore) -> dict[str, int]:
+    return await store.counters(JOB)
 
 
 async def teach_one_group(core: SchedulerCore, total_tokens: int) -> list[str]:
@@ -88,12 +83,12 @@ def tree_of(core: SchedulerCore) -> dict:
 
 
 async def test_restarted_scheduler_keeps_the_tree_and_decides_the_same(
-        r: aioredis.Redis) -> None:
-    core = await started(r, cmlfq_spec())
+        store: MemorySchedulerStore) -> None:
+    core = await started(store, cmlfq_spec())
     await teach_one_group(core, 200)  # remaining 190 tokens after the tool return: long
-    await r.hset(keys.job(JOB), "step", 1)
+    store.set_job_step(JOB, 1)
     await core._tick(core._jobs[JOB])  # step end (snapshot) + admit the next group
-    fresh = await restarted(r)
+    fresh = await restarted(store)
     assert tree_of(fresh) == tree_of(core)
     first, second = sorted(await core._store.assignments(JOB))[:2]
     before = await core.report_tool_return(JOB, first, FAIL, 10)
@@ -104,76 +99,62 @@ async def test_restarted_scheduler_keeps_the_tree_and_decides_the_same(
 
 
 async def test_restart_between_step_ends_replays_finishes_from_the_ring(
-        r: aioredis.Redis) -> None:
-    core = await started(r, cmlfq_spec())
+        store: MemorySchedulerStore) -> None:
+    core = await started(store, cmlfq_spec())
     await teach_one_group(core, 200)  # no step end yet: no snapshot, only the ring
     await core._tick(core._jobs[JOB])  # policy state is written behind, once per tick
-    fresh = await restarted(r)
+    fresh = await restarted(store)
     assert tree_of(fresh) == tree_of(core)
     assert tree_of(fresh)["num_insertions"] == 4
 
 
-async def test_trainer_step_advance_calls_on_step_end(r: aioredis.Redis) -> None:
-    core = await started(r, cmlfq_spec(rebuild=1))
+async def test_trainer_step_advance_calls_on_step_end(store: MemorySchedulerStore) -> None:
+    core = await started(store, cmlfq_spec(rebuild=1))
     await teach_one_group(core, 200)
-    assert not await r.exists(keys.sched_tree(JOB))
-    await r.hset(keys.job(JOB), "step", 2)  # two steps ended since the last tick
+    assert store.policy_state(JOB).get("tree") is None
+    store.set_job_step(JOB, 2)  # two steps ended since the last tick
     await core._tick(core._jobs[JOB])
     assert core._jobs[JOB].last_step == 2
     assert core._jobs[JOB].policy.stats()["rebuilds"] == 2
-    assert await r.exists(keys.sched_tree(JOB))
+    assert store.policy_state(JOB).get("tree") is not None
 
 
-async def load(r: aioredis.Redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in (await r.hgetall(keys.load(JOB))).items()}
-
-
-async def decided_move(r: aioredis.Redis) -> tuple[SchedulerCore, str, dict[str, int]]:
+async def decided_move(store: MemorySchedulerStore,
+                       ) -> tuple[SchedulerCore, str, dict[str, int]]:
     """A C-MLFQ MOVE to rollout-1 decided for a trajectory running on rollout-0; returns
     the core, the trajectory and the counters as they were before the decision."""
-    core = await started(r, cmlfq_spec())
+    return await decide_a_move(await started(store, cmlfq_spec()))
+
+
+async def decide_a_move(core: SchedulerCore) -> tuple[SchedulerCore, str, dict[str, int]]:
+    """``decided_move`` on a started core (any store), rollout-0 short, rollout-1 long."""
     await teach_one_group(core, 200)
     await core._tick(core._jobs[JOB])
     traj_id = sorted(await core._store.assignments(JOB))[0]
-    before = await counters(r)
+    before = await core._store.counters(JOB)
     decision = await core.report_tool_return(JOB, traj_id, FAIL, 10)
     assert (decision.action, decision.target_instance) == (t.DecisionAction.MOVE, "rollout-1")
     return core, traj_id, before
 
 
 async def test_move_is_decided_in_memory_and_reserves_the_target_locally(
-        r: aioredis.Redis) -> None:
-    core, traj_id, before = await decided_move(r)
+        store: MemorySchedulerStore) -> None:
+    core, traj_id, before = await decided_move(store)
     # Nothing is written: the rollout instance commits the move when it hands off.
     assert (await core._store.assignments(JOB))[traj_id] == "rollout-0"
-    assert await load(r) == {"rollout-0": 4} and await counters(r) == before
+    assert store.load(JOB) == {"rollout-0": 4} and await counters(store) == before
     local = {i.instance_id: i.active_trajectories for i in core._jobs[JOB].instances}
     assert local == {"rollout-0": 3, "rollout-1": 1}
 
 
-async def test_handoff_commits_the_decided_move(r: aioredis.Redis) -> None:
-    from services.rollout.store import RedisRolloutStore
-
-    core, traj_id, before = await decided_move(r)
-    await r.hset(keys.lease("rollout-0"), "epoch", 1)
-    traj = await core._store.task(JOB, traj_id)
-    assert traj is not None
-    assert await RedisRolloutStore(r).handoff(traj, "rollout-0", "0-1", "rollout-1", "long", 1)
-    assert (await core._store.assignments(JOB))[traj_id] == "rollout-1"
-    assert await load(r) == {"rollout-0": 3, "rollout-1": 1}
-    after = await counters(r)
-    assert {k: after[k] - before.get(k, 0) for k in after} == {
-        **{k: 0 for k in after}, "migrations": 1, "placed:long": 1}
-
-
 async def test_move_that_never_happens_leaves_assignment_and_load_consistent(
-        r: aioredis.Redis) -> None:
-    core, traj_id, before = await decided_move(r)
+        store: MemorySchedulerStore) -> None:
+    core, traj_id, before = await decided_move(store)
     # The trajectory finished on rollout-0 before the decision reached it.
     await core.report_finished(JOB, traj_id, 50, t.TrajectoryStatus.FINISHED)
-    assert await load(r) == {"rollout-0": 3}
+    assert store.load(JOB) == {"rollout-0": 3}
     assert traj_id not in await core._store.assignments(JOB)
-    assert await counters(r) == before
+    assert await counters(store) == before
     await core._refresh_instances(core._jobs[JOB])  # the local reservation is re-read
     local = {i.instance_id: i.active_trajectories for i in core._jobs[JOB].instances}
     assert local == {"rollout-0": 3, "rollout-1": 0}
@@ -222,16 +203,16 @@ def test_layout_cmlfq_rejects_unknown_rules_naming_the_field(key: str, value: ob
 
 
 async def test_an_instance_the_layout_cannot_reach_is_flagged_idle_while_work_waits(
-        r: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+        store: MemorySchedulerStore, caplog: pytest.LogCaptureFixture) -> None:
     spec = job_spec_from_dict({
         "name": "t", "algorithm": {"prompts_per_step": 1, "samples_per_prompt": 4,
                                    "max_staleness": 0},
         "layout": {"policy": "cmlfq", "buckets": [
             {"name": "short", "max_tokens": 96, "max_trajectories_per_instance": 1},
             {"name": "long", "max_tokens": 256, "max_trajectories_per_instance": 1}]}})
-    await r.sadd(keys.WORKERS, "rollout-typo")  # registered under a bucket the spec lacks
-    await r.hset(keys.lease("rollout-typo"), mapping={"role": "core-rollout", "bucket": "lng"})
-    core = await started(r, spec)
+    # Registered under a bucket the spec lacks.
+    store.grant_lease("rollout-typo", t.WorkerRole.CORE_ROLLOUT, "lng", 1)
+    core = await started(store, spec)
     with caplog.at_level("WARNING", logger="services.scheduler.core"):
         await core._tick(core._jobs[JOB])  # 4 trajectories, room for 2
         await core._tick(core._jobs[JOB])  # the pending pass finds rollout-typo idle

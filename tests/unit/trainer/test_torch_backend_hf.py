@@ -64,7 +64,7 @@ def test_published_weights_load_into_the_engine_and_logprobs_agree(
                                                 seed=3)])[0]
     ids = torch.tensor([prompt + result.token_ids])
     with torch.no_grad():
-        trainer = backend._token_logprobs(ids, torch.ones_like(ids))[0, len(prompt):]
+        trainer = backend._fwd.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt):]
     drift = (trainer - torch.tensor(result.logprobs)).abs().max().item()
     assert drift < 2e-5, f"{family}: engine vs trainer log-prob drift {drift:.2e}"
 
@@ -179,7 +179,7 @@ def test_cuda_training_publishes_weights_a_cpu_engine_serves(hf_model_dir, tmp_p
                                                 seed=1)])[0]
     ids = torch.tensor([prompt + result.token_ids], device="cuda")
     with torch.no_grad():
-        trainer = backend._token_logprobs(ids, torch.ones_like(ids))[0, len(prompt):].cpu()
+        trainer = backend._fwd.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt):].cpu()
     assert (trainer - torch.tensor(result.logprobs)).abs().max().item() < 0.05
 
 

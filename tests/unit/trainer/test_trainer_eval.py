@@ -3,7 +3,7 @@ in the stream go to their round, never into a training batch nor into the traini
 accounting; a round is recorded once all its trajectories are in; the job waits,
 bounded by ``task.eval_timeout_s``, for the round after its last step.
 
-Real Redis store, fake backend and coordinator (as tests/unit/trainer/test_trainer_core.py).
+In-memory store, fake backend and coordinator (tests/unit/trainer/trainer_rig.py).
 """
 
 from __future__ import annotations
@@ -13,17 +13,15 @@ from typing import Any
 
 import pytest
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.evaluation import EVAL_PRODUCED, EvalRecord, eval_size_counter
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
 from libra.report import build_report
-from libra.wire.common import encode_trajectory
-from tests.unit.trainer import test_trainer_core as core_tests
-from tests.unit.trainer.test_trainer_core import JOB, Rig, make_group
+from tests.unit.trainer import trainer_rig
+from tests.unit.trainer.trainer_rig import JOB, Rig, make_group
 from tests.waiting import wait_until
 
-rig = core_tests.rig  # the same fixture: real Redis, fake backend and coordinator
+rig = trainer_rig.rig  # the same fixture: in-memory store, fake backend and coordinator
 
 
 async def set_eval_spec(rig: Rig, num_steps: int = 1, **task: Any) -> JobSpec:
@@ -33,9 +31,7 @@ async def set_eval_spec(rig: Rig, num_steps: int = 1, **task: Any) -> JobSpec:
                    algorithm=AlgorithmSpec(num_steps=num_steps, prompts_per_step=1,
                                            samples_per_prompt=2, sft_steps=0,
                                            max_staleness=1, sync_interval=1))
-    await rig.r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
-                                             "run_dir": str(rig.tmp)})
-    return spec
+    return await rig.put_spec(spec)
 
 
 def eval_traj(eval_round: int, prompt: int, sample: int, reward: float,
@@ -52,16 +48,15 @@ def eval_traj(eval_round: int, prompt: int, sample: int, reward: float,
 
 async def admit_round(rig: Rig, eval_round: int, size: int) -> None:
     """What the scheduler writes with an admitted round."""
-    await rig.r.hset(keys.counters(JOB), mapping={"eval_rounds": eval_round,
-                                                  eval_size_counter(eval_round): size})
+    rig.store.set_counters(JOB, **{"eval_rounds": eval_round,
+                                   eval_size_counter(eval_round): size})
 
 
 async def write_eval(rig: Rig, *trajs: t.Trajectory) -> None:
     """As the rollout store publishes an eval trajectory (its own counter)."""
     for traj in trajs:
-        await rig.r.xadd(keys.trajectories(JOB), {"trajectory_id": traj.trajectory_id,
-                                                  "data": encode_trajectory(traj)})
-        await rig.r.hincrby(keys.counters(JOB), EVAL_PRODUCED, 1)
+        await rig.store.append(JOB, traj)
+        rig.store.add_counters(JOB, **{EVAL_PRODUCED: 1})
 
 
 async def consumed(rig: Rig, num: int) -> bool:
@@ -69,9 +64,8 @@ async def consumed(rig: Rig, num: int) -> bool:
 
 
 async def eval_records(rig: Rig) -> list[EvalRecord]:
-    entries = await rig.r.xrange(keys.events(JOB))
-    return [EvalRecord.from_json(f[b"record"].decode()) for _, f in entries
-            if f.get(b"kind") == b"eval"]
+    return [EvalRecord.from_json(e["record"]) for e in rig.store.events(JOB)
+            if e.get("kind") == "eval"]
 
 
 async def test_eval_trajectories_never_reach_a_batch_and_rounds_are_recorded(rig: Rig) -> None:
@@ -114,9 +108,11 @@ async def test_eval_is_counted_apart_and_the_training_identity_holds(rig: Rig) -
     await rig.run_job(core)
     counters = await rig.counters()
     assert counters["eval_consumed"] == 4 and counters["trained"] == 2
-    assert await rig.r.scard(keys.trained_ids(JOB)) == 2  # eval ids are not in the set
-    job = t.Job(t.JobId(JOB), "j", t.JobState.SUCCEEDED, (await rig.r.hget(
-        keys.job(JOB), "spec_json")).decode(), 0, 0)
+    eval_ids = [f"e{r}-0-{s}" for r in (1, 2) for s in (0, 1)]
+    assert await rig.num_consumed(["tr-0-0", "tr-0-1", *eval_ids]) == 2  # eval ids are not
+    spec_json = await rig.store.job_spec_json(JOB)  # in the set
+    assert spec_json is not None
+    job = t.Job(t.JobId(JOB), "j", t.JobState.SUCCEEDED, spec_json, 0, 0)
     events = [{"kind": "eval", "record": r.to_json()} for r in await eval_records(rig)]
     report = build_report(job, [], counters, 0.0, events)
     acc = report["trajectories"]

@@ -29,7 +29,7 @@ def make_reporter(coordinator: FakeCoordinator,
 async def test_a_step_report_is_retried_until_stored_exactly_once() -> None:
     coordinator = FakeCoordinator(unavailable_times=3, lose_reply_times=1)
     reporter, sleep = make_reporter(coordinator)
-    await reporter.report_step("j", {"step": 4, "reward_mean": 0.5})
+    await reporter.report_step("j", t.StepRecord(step=4, reward_mean=0.5))
     assert coordinator.steps == [("j", {"step": 4, "reward_mean": 0.5})]
     assert coordinator.num_repeats == 1
     assert len(sleep.delays_s) == 4
@@ -46,16 +46,16 @@ def test_the_key_names_job_step_and_run_and_a_new_run_changes_it() -> None:
 async def test_a_step_redone_in_a_new_run_is_stored_again() -> None:
     coordinator = FakeCoordinator()
     reporter, _ = make_reporter(coordinator)
-    await reporter.report_step("j", {"step": 1})
+    await reporter.report_step("j", t.StepRecord(step=1))
     reporter.new_run()  # the trainer resumed from a checkpoint before step 1
-    await reporter.report_step("j", {"step": 1})
+    await reporter.report_step("j", t.StepRecord(step=1))
     assert len(coordinator.steps) == 2 and coordinator.num_repeats == 0
 
 
 async def test_a_step_report_past_the_budget_raises_the_last_error() -> None:
     reporter, _ = make_reporter(FakeCoordinator(unavailable_times=10**6), give_up_after_s=5.0)
     with pytest.raises(Unavailable):
-        await reporter.report_step("j", {"step": 1})
+        await reporter.report_step("j", t.StepRecord(step=1))
 
 
 async def test_a_job_done_report_is_retried_and_says_it_was_delivered() -> None:

@@ -2,17 +2,17 @@
 failure budget (``reward.max_failures``) that fails a job whose reward keeps failing, and
 an agent unavailable on a rollout, which fails the job at once.
 
-Same rig as test_trainer_core.py: real Redis store, fake backend and coordinator."""
+Same rig as test_trainer_core.py (trainer_rig.py): in-memory store, fake backend and
+coordinator."""
 # ruff: noqa: F811 - the imported ``rig`` fixture is a parameter of every test
 
 from __future__ import annotations
 
-from libra import redis_keys as keys
 from libra import types as t
 from libra.agents import AGENT_FAILURE_PREFIX
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
 from libra.rewardspec import REWARD_FAILURE_PREFIX, RewardSpec
-from tests.unit.trainer.test_trainer_core import (  # noqa: F401 - the rig fixture
+from tests.unit.trainer.trainer_rig import (  # noqa: F401 - the rig fixture
     JOB,
     Rig,
     make_group,
@@ -24,8 +24,7 @@ from tests.unit.trainer.test_trainer_core import (  # noqa: F401 - the rig fixtu
 async def set_spec(rig: Rig, reward: RewardSpec, num_steps: int = 1) -> None:
     spec = JobSpec(task=TaskSpec(num_prompts=64), reward=reward, algorithm=AlgorithmSpec(
         num_steps=num_steps, prompts_per_step=1, samples_per_prompt=2, sft_steps=0))
-    await rig.r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
-                                              "run_dir": str(rig.tmp)})
+    await rig.put_spec(spec)
 
 
 def reward_failed(group: int, index: int, error: str) -> t.Trajectory:

@@ -1,14 +1,13 @@
 """The trainer prunes published weight versions (``algorithm.keep_weight_versions``):
-it keeps the newest K plus every version a live rollout instance reports, over a real
-Redis and a real file layout (fake backend only)."""
+it keeps the newest K plus every version a live rollout instance reports, over the
+in-memory store and a real file layout (fake backend only)."""
 
 from __future__ import annotations
 
-from libra import redis_keys as keys
 from libra.run_dir import published_versions
 from libra.weight_sync import MANIFEST_SUFFIX
-from tests.unit.trainer.test_trainer_core import JOB, Rig, make_group
-from tests.unit.trainer.test_trainer_core import rig as rig  # noqa: F401 (the fixture)
+from tests.unit.trainer.trainer_rig import JOB, Rig, make_group
+from tests.unit.trainer.trainer_rig import rig as rig  # noqa: F401 (the fixture)
 
 
 async def _train_five_steps(rig: Rig, keep: int) -> None:
@@ -21,9 +20,8 @@ async def _instance_holds(rig: Rig, instance: str, loaded: int, loading: int,
                           is_live: bool = True) -> None:
     """As a rollout instance reports (services/rollout/store.py), with or without a
     live lease (the coordinator's lease hash)."""
-    await rig.r.hset(keys.weights_in_use(JOB), instance, f"{loaded} {loading}")
-    if is_live:
-        await rig.r.hset(keys.lease(instance), mapping={"epoch": 1})
+    rig.store.set_weights_in_use(JOB, instance, loaded, loading)
+    rig.store.set_lease_live(instance, is_live)
 
 
 async def test_keeps_the_newest_versions_and_one_a_live_instance_holds(rig: Rig) -> None:

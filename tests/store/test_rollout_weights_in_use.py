@@ -1,25 +1,37 @@
 """A rollout instance reports the weight versions it holds and fetches, so the trainer's
 pruning (``algorithm.keep_weight_versions``) never deletes them: a slow reload keeps its
-version. Real Redis; the trainer's own store reads what the instance wrote."""
+version. Real Redis (the rollout core over its Redis store): the trainer's own store
+reads what the instance wrote."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
 
 from libra import redis_keys as keys
 from libra.run_dir import prune_weight_versions, published_versions, weights_file
 from services.trainer.store import RedisTrainerStore
-from tests.unit.rollout.rig import HERE, JOB, Rig, make_task
+from tests.unit.rollout.rig import HERE, JOB, Rig, make_task, started_rig
 from tests.waiting import wait_until
 
 
+@pytest.fixture
+async def rig(redis_bytes: aioredis.Redis, tmp_path: Path) -> AsyncIterator[Rig]:
+    async with started_rig(tmp_path, redis=redis_bytes) as rig:
+        yield rig
+
+
 async def in_use(rig: Rig) -> set[int]:
-    return await RedisTrainerStore(rig.r).weights_in_use(JOB)
+    return await RedisTrainerStore(rig.world.r).weights_in_use(JOB)
 
 
 async def reported(rig: Rig) -> str | None:
     """What this instance last reported: "<loaded> <loading>"."""
-    raw = await rig.r.hget(keys.weights_in_use(JOB), HERE)
+    raw = await rig.world.r.hget(keys.weights_in_use(JOB), HERE)
     return None if raw is None else raw.decode()
 
 
@@ -69,7 +81,7 @@ async def test_an_instance_whose_lease_is_gone_protects_nothing(rig: Rig) -> Non
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task(0))
     await rig.run_until_published(1)
-    await rig.r.delete(keys.lease(HERE))  # expired: the instance is dead
+    await rig.world.delete_lease(HERE)  # expired: the instance is dead
     assert await in_use(rig) == set()
 
 
@@ -77,5 +89,5 @@ async def test_an_instance_leaves_the_job_when_it_ends(rig: Rig) -> None:
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task(0))
     await rig.run_until_published(1)
-    await rig.r.hset(keys.job(JOB), "state", "succeeded")
+    await rig.world.set_job_state(JOB, "succeeded")
     await wait_until(lambda: reported_is(rig, None))

@@ -1,6 +1,6 @@
 """The rollout core's side of placement: reports at tool returns and moves.
 
-``RolloutCore`` mixes in :class:`MovesMixin`. A tool return's report goes to the
+``RolloutCore`` composes a :class:`Mover`. A tool return's report goes to the
 scheduler in the background; the decision, when it comes, is noted on the trajectory
 and a MOVE is handed off as soon as it lands (between turns at once, mid-turn by
 stopping the trajectory's engine row, after a tool call at its return). The handoff is
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from libra import types as t
 from libra.errors import LibraError
+from services.rollout.loop_types import ActiveTrajectory, JobContext, LeaseHolder, SchedulerApi
 from services.rollout.profile import LoopProfile
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -26,37 +27,42 @@ if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at ru
 logger = logging.getLogger(__name__)
 
 
-class MovesMixin:
-    """Placement reports and handoffs of the trajectories pinned here."""
+class Mover:
+    """Placement reports and handoffs of the trajectories pinned here.
 
-    # Provided by RolloutCore.
-    settings: Any
-    profile: LoopProfile
-    _scheduler: Any
-    _store: RolloutStore
-    _lease: t.Lease | None
-    _reports: set[asyncio.Task]
-    num_moves_handed_off: int
-    num_moves_moot: int
-    _spawn: Callable[[Any], None]
+    ``spawn`` runs a handoff as one of the core's trajectory tasks (a lend waits for
+    them); reports are kept apart (a lend does not wait for decisions)."""
 
-    def _spawn_report(self, coro: Any) -> None:
-        # Kept apart from self._tasks: a lend does not wait for decisions.
+    def __init__(self, instance_id: str, scheduler: SchedulerApi, store: RolloutStore,
+                 held: LeaseHolder, profile: LoopProfile,
+                 spawn: Callable[[Any], None]) -> None:
+        self._instance_id = instance_id
+        self._scheduler = scheduler
+        self._store = store
+        self._held = held
+        self._profile = profile
+        self._spawn = spawn
+        # Tool-return reports awaiting their decision (nobody waits on them).
+        self._reports: set[asyncio.Task] = set()
+        # Moves handed off, and moves that came back after their trajectory was gone.
+        self.num_moves_handed_off = 0
+        self.num_moves_moot = 0
+
+    def spawn_report(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
 
-    def _report(self, traj: t.Trajectory, state: t.ToolReturnState,
-                needs_answer: bool) -> Awaitable[t.PlacementDecision]:
+    def report(self, traj: t.Trajectory, state: t.ToolReturnState,
+               needs_answer: bool) -> Awaitable[t.PlacementDecision]:
         """The report of a tool return, its arguments (token count, lease epoch) taken
-        now, before the trajectory moves on; awaited by ``_decide``. Only a caller that
+        now, before the trajectory moves on; awaited by ``decide``. Only a caller that
         waits on the decision needs a stay answered (it costs the scheduler a message)."""
-        return self.profile.timed("report", self._scheduler.report_tool_return(
+        return self._profile.timed("report", self._scheduler.report_tool_return(
             traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
-            self.settings.instance_id, self._lease.epoch if self._lease else 0,
-            needs_answer=needs_answer))
+            self._instance_id, self._held.epoch, needs_answer=needs_answer))
 
-    async def _decide(self, report: Awaitable[t.PlacementDecision]) -> t.PlacementDecision:
+    async def decide(self, report: Awaitable[t.PlacementDecision]) -> t.PlacementDecision:
         try:
             return await report
         except LibraError as exc:
@@ -65,36 +71,36 @@ class MovesMixin:
             logger.warning("[decision] no decision, staying error=%s", exc)
             return t.PlacementDecision(t.DecisionAction.STAY, reason="scheduler_unreachable")
 
-    async def _apply_decision_later(self, ctx: Any, act: Any,
-                                    report: Awaitable[t.PlacementDecision]) -> None:
-        decision = await self._decide(report)
+    async def apply_decision_later(self, ctx: JobContext, act: ActiveTrajectory,
+                                   report: Awaitable[t.PlacementDecision]) -> None:
+        decision = await self.decide(report)
         if ctx.active.get(act.traj.trajectory_id) is not act:
             # Finished, handed back or dropped meanwhile: the decision is moot. Nothing
             # was committed for it, so assignment and load still say where it was.
             if decision.action is t.DecisionAction.MOVE:
                 self.num_moves_moot += 1
             return
-        self._note_decision(act, decision)
+        self.note_decision(act, decision)
         if act.move is None:
             return
         if act.ready:  # waiting for its next turn: leave now rather than at the next pass
-            act.ready = not self._hand_off_if_due(ctx, act)
+            act.ready = not self.hand_off_if_due(ctx, act)
         elif act.row is not None:
             # In the engine call: stop just its row; it leaves from ``_after_turn`` with
             # the partial turn. (In a tool call, it leaves at that tool return.)
             ctx.engine.abort_rows([act.row])
 
-    def _note_decision(self, act: Any, decision: t.PlacementDecision) -> None:
+    def note_decision(self, act: ActiveTrajectory, decision: t.PlacementDecision) -> None:
         """The latest decision says where the trajectory belongs: a MOVE elsewhere
         replaces any pending move, one back here cancels it. A STAY names the instance
         the scheduler already has it pinned to, so it leaves a pending move as it is."""
         target = decision.target_instance
-        if target == self.settings.instance_id:
+        if target == self._instance_id:
             act.move = None
         elif target and decision.action is t.DecisionAction.MOVE:
             act.move = decision
 
-    def _hand_off_if_due(self, ctx: Any, act: Any) -> bool:
+    def hand_off_if_due(self, ctx: JobContext, act: ActiveTrajectory) -> bool:
         """Start the handoff of a trajectory with a pending move that is not in an
         engine or tool call (an interrupted turn goes along); True if it is leaving."""
         if act.move is None:
@@ -102,13 +108,13 @@ class MovesMixin:
         self._spawn(self._handoff(ctx, act, act.move))
         return True
 
-    async def _handoff(self, ctx: Any, act: Any,
+    async def _handoff(self, ctx: JobContext, act: ActiveTrajectory,
                        decision: t.PlacementDecision) -> None:
         if ctx.active.pop(act.traj.trajectory_id, None) is None:
             return  # dropped meanwhile (lease lost, job ended): must not be re-injected
         act.traj.num_migrations += 1
-        epoch = self._lease.epoch if self._lease else 0
-        if not await self._store.handoff(act.state_to_hand_over(), self.settings.instance_id,
+        epoch = self._held.epoch
+        if not await self._store.handoff(act.state_to_hand_over(), self._instance_id,
                                          act.entry.entry_id, decision.target_instance,
                                          decision.target_bucket, epoch):
             # Fenced: this lease moved on, or the scheduler re-queued the trajectory.
@@ -118,4 +124,3 @@ class MovesMixin:
         self.num_moves_handed_off += 1
         logger.debug("[move] trajectory_id=%s to=%s reason=%s", act.traj.trajectory_id,
                      decision.target_instance, decision.reason)
-

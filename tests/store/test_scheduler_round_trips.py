@@ -14,12 +14,13 @@ from redis.asyncio.connection import Connection
 
 from libra import redis_keys as keys
 from libra.clock import FakeClock
+from libra.jobspec import JobSpec
 from libra.redis_server import EmbeddedRedis
 from services.scheduler.core import SchedulerCore
 from services.scheduler.state import TickWrites
 from services.scheduler.store import FlushablePolicyStore, RedisSchedulerStore
-from tests.unit.scheduler.test_scheduler_batching import lease, load, publish_finish
-from tests.unit.scheduler.test_scheduler_core import JOB, add_job, counters, make_spec
+from tests.store.test_scheduler_core_on_redis import lease, load, publish_finish
+from tests.unit.scheduler.test_scheduler_core import JOB, make_spec
 
 
 class CountingConnection(Connection):
@@ -40,6 +41,16 @@ async def r(redis_server: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
     await client.flushdb()
     yield client
     await client.aclose()
+
+
+async def add_job(r: aioredis.Redis, spec: JobSpec) -> None:
+    await r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running"})
+    await r.zadd(keys.JOBS_INDEX, {JOB: 1})
+    await r.hset(keys.policy(JOB), mapping={"version": 0})
+
+
+async def counters(r: aioredis.Redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in (await r.hgetall(keys.counters(JOB))).items()}
 
 
 async def round_trips(core: SchedulerCore) -> int:

@@ -1,0 +1,139 @@
+"""The coordinator store in process memory: the same contract as the Redis store (same
+methods, errors and fencing), with leases expiring by an injected clock. Pure (no redis):
+unit tests and the in-process loop use it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from libra import types as t
+from libra.clock import Clock
+from libra.errors import LeaseLost, NotFound
+from services.coordinator.store_protocol import (
+    StepAppend,
+    default_step_key,
+    lease_lost_epoch,
+    lease_lost_gone,
+    queue_score,
+    role_refused,
+    step_of,
+)
+
+
+class InMemoryCoordinatorStore:
+    """The same contract in process memory, with a clock for expiry (unit tests)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._jobs: dict[str, t.Job] = {}
+        self._steps: dict[str, dict[int, tuple[str, dict[str, Any]]]] = {}
+        self._counters: dict[str, dict[str, int]] = {}
+        self._leases: dict[str, t.Lease] = {}
+        self._events: dict[str, list[dict[str, Any]]] = {}
+        self._fence = 0
+        self._queue: dict[str, float] = {}  # job_id -> queue score
+        self._queue_seq = 0
+
+    async def put_job(self, job: t.Job) -> None:
+        self._jobs[job.job_id] = job
+
+    async def get_job(self, job_id: str) -> t.Job:
+        if job_id not in self._jobs:
+            raise NotFound(f"job {job_id!r} not found")
+        return self._jobs[job_id]
+
+    async def list_jobs(self) -> list[t.Job]:
+        return sorted(self._jobs.values(), key=lambda j: j.created_at_ms)
+
+    async def enqueue_job(self, job: t.Job) -> None:
+        self._queue_seq += 1
+        self._jobs[job.job_id] = job
+        self._queue[job.job_id] = queue_score(job.priority, self._queue_seq)
+
+    async def dequeue_job(self, job_id: str) -> bool:
+        return self._queue.pop(job_id, None) is not None
+
+    async def queued_job_ids(self) -> list[str]:
+        return sorted(self._queue, key=self._queue.__getitem__)
+
+    async def delete_job(self, job_id: str) -> None:
+        self._queue.pop(job_id, None)
+        self._jobs.pop(job_id, None)
+        self._steps.pop(job_id, None)
+        self._counters.pop(job_id, None)
+        self._events.pop(job_id, None)
+
+    async def append_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> StepAppend:
+        step = step_of(record)
+        key = idempotency_key or default_step_key(job_id, step)
+        held = self._steps.setdefault(job_id, {})
+        if step in held and held[step][0] == key:
+            return StepAppend.REPEAT
+        outcome = StepAppend.REPLACED if step in held else StepAppend.STORED
+        held[step] = (key, dict(record))
+        return outcome
+
+    async def steps(self, job_id: str) -> list[dict[str, Any]]:
+        held = self._steps.get(job_id, {})
+        return [dict(held[step][1]) for step in sorted(held)]
+
+    async def counters(self, job_id: str) -> dict[str, int]:
+        return dict(self._counters.get(job_id, {}))
+
+    async def backlog(self, job_id: str) -> dict[str, int]:
+        return {}  # no queues in memory: the report falls back to the difference
+
+    def _live(self, worker_id: str) -> t.Lease | None:
+        lease = self._leases.get(worker_id)
+        if lease is None or lease.expires_at_ms <= self._clock.now_ms():
+            return None
+        return lease
+
+    async def acquire_lease(self, lease: t.Lease) -> t.Lease:
+        self._fence += 1
+        granted = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
+                          self._fence, self._clock.now_ms() + lease.ttl_ms, lease.ttl_ms)
+        self._leases[lease.worker_id] = granted
+        return granted
+
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease:
+        lease = self._live(worker_id)
+        if lease is None:
+            raise lease_lost_gone(worker_id)
+        if lease.epoch != epoch:
+            raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
+        renewed = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
+                          lease.epoch, now_ms + lease.ttl_ms, lease.ttl_ms)
+        self._leases[worker_id] = renewed
+        return renewed
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None:
+        lease = self._leases.get(worker_id)
+        if lease is not None and lease.epoch == epoch:
+            del self._leases[worker_id]
+
+    async def live_leases(self) -> list[t.Lease]:
+        return [lease for w in sorted(self._leases) if (lease := self._live(w)) is not None]
+
+    async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,
+                          allowed_from: Collection[t.WorkerRole] = ()) -> t.Lease:
+        lease = self._live(worker_id)
+        if lease is None:
+            raise lease_lost_gone(worker_id)
+        if lease.epoch != expected_epoch:
+            raise lease_lost_epoch(worker_id, lease.epoch, expected_epoch)
+        if allowed_from and lease.role not in allowed_from:
+            raise role_refused(worker_id, lease.role.value, role, allowed_from)
+        self._fence += 1
+        changed = t.Lease(lease.worker_id, role, lease.bucket, lease.address, self._fence,
+                          lease.expires_at_ms, lease.ttl_ms)
+        self._leases[worker_id] = changed
+        return changed
+
+    async def record_event(self, job_id: str, event: dict[str, Any]) -> None:
+        self._events.setdefault(job_id, []).append(dict(event))
+
+    async def events(self, job_id: str) -> list[dict[str, Any]]:
+        return [dict(e) for e in self._events.get(job_id, [])]

@@ -1,0 +1,129 @@
+"""The coordinator store's port: what the pure core needs from its state (jobs, step
+history, worker leases, the job queue, events), and the rules every implementation shares
+(queue order, step keys, the errors of a lost lease or a refused role change).
+
+Implementations: ``store.RedisCoordinatorStore`` (production) and
+``memory_store.InMemoryCoordinatorStore`` (unit tests, the in-process loop); the contract
+suite in ``tests/store/test_coordinator_store_contract.py`` runs against both.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection
+from typing import Any, Protocol
+
+from libra import types as t
+from libra.errors import FailedPrecondition, LeaseLost
+
+# Queue scores: (MAX_PRIORITY - priority) * QUEUE_SEQ_SPAN + submit sequence, so a higher
+# priority sorts first and equal ones keep submit order. Both parts stay exact in a
+# double (Redis scores): 2001 * 2**32 < 2**53.
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+QUEUE_SEQ_SPAN = 2**32
+
+
+def queue_score(priority: int, seq: int) -> float:
+    return float((MAX_PRIORITY - priority) * QUEUE_SEQ_SPAN + seq % QUEUE_SEQ_SPAN)
+
+
+class StepAppend(enum.Enum):
+    """What storing a step report did (step reports are keyed by job + step)."""
+
+    STORED = "stored"
+    """The first record of this step."""
+    REPEAT = "repeat"
+    """The same idempotency key again (a retry after a lost reply): nothing written."""
+    REPLACED = "replaced"
+    """Another key for a stored step (redone after a trainer resumed): the new record
+    replaced the old one."""
+
+
+def step_of(record: dict[str, Any]) -> int:
+    """The record's step number; a report without one cannot be keyed."""
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"a step record needs an integer 'step', got {step!r}")
+    return step
+
+
+def default_step_key(job_id: str, step: int) -> str:
+    """The idempotency key of a report that carries none: any repeat is a retry."""
+    return f"{job_id}:{step}"
+
+
+class CoordinatorStore(Protocol):
+    async def put_job(self, job: t.Job) -> None: ...
+
+    async def get_job(self, job_id: str) -> t.Job: ...
+
+    async def list_jobs(self) -> list[t.Job]: ...
+
+    async def delete_job(self, job_id: str) -> None: ...
+
+    async def enqueue_job(self, job: t.Job) -> None:
+        """Store ``job`` (PENDING) and append it to the queue by its priority, at once."""
+        ...
+
+    async def dequeue_job(self, job_id: str) -> bool:
+        """Take a job off the queue; False when it was not queued."""
+        ...
+
+    async def queued_job_ids(self) -> list[str]:
+        """The queue, next job first."""
+        ...
+
+    async def append_step(self, job_id: str, record: dict[str, Any],
+                          idempotency_key: str = "") -> StepAppend:
+        """Store a step record once per key (see ``StepAppend``), atomically."""
+        ...
+
+    async def steps(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's step records in step order (one per step)."""
+        ...
+
+    async def counters(self, job_id: str) -> dict[str, int]: ...
+
+    async def backlog(self, job_id: str) -> dict[str, int]:
+        """What is still in flight, measured from the queues themselves (not counted):
+        ``in_flight_unconsumed`` (published, not yet acknowledged by the trainer),
+        ``in_flight_running`` (assigned to an instance) and
+        ``in_flight_pending_admission`` (admitted, not yet placed). Lets the report check
+        the accounting identity with an independent term."""
+        ...
+
+    async def acquire_lease(self, lease: t.Lease) -> t.Lease: ...
+
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease: ...
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None: ...
+
+    async def live_leases(self) -> list[t.Lease]: ...
+
+    async def change_role(self, worker_id: str, expected_epoch: int, role: t.WorkerRole,
+                          allowed_from: Collection[t.WorkerRole] = ()) -> t.Lease:
+        """Compare-and-set the role on the epoch; a success takes a fresh fence and keeps
+        the lease's remaining TTL. ``allowed_from`` (when not empty) lists the roles the
+        lease may hold now. Raises LeaseLost (gone or epoch moved on) or
+        FailedPrecondition (role not in ``allowed_from``)."""
+        ...
+
+    async def record_event(self, job_id: str, event: dict[str, Any]) -> None: ...
+
+    async def events(self, job_id: str) -> list[dict[str, Any]]: ...
+
+
+def lease_lost_gone(worker_id: str) -> LeaseLost:
+    return LeaseLost(f"lease of {worker_id} expired; acquire a new one")
+
+
+def lease_lost_epoch(worker_id: str, current: int, expected: int) -> LeaseLost:
+    return LeaseLost(f"lease of {worker_id} is at epoch {current}, not the expected "
+                     f"epoch {expected}")
+
+
+def role_refused(worker_id: str, current: str, role: t.WorkerRole,
+                  allowed_from: Collection[t.WorkerRole]) -> FailedPrecondition:
+    allowed = ", ".join(sorted(r.value for r in allowed_from))
+    return FailedPrecondition(f"worker {worker_id} is {current}; {role.value} can only "
+                              f"follow {allowed}")

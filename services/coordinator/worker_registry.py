@@ -1,0 +1,84 @@
+"""The coordinator's worker registry: leases (acquire, renew, release, list) and the
+elastic hybrid pool's fenced role changes. Pure: the store comes in as the port
+(``store_protocol.CoordinatorStore``); ``CoordinatorCore`` delegates its lease RPCs here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from libra import types as t
+from libra.clock import Clock
+from libra.errors import InvalidArgument
+from libra.limits import check_id
+from services.coordinator.store_protocol import CoordinatorStore
+
+logger = logging.getLogger(__name__)
+
+MIN_LEASE_TTL_MS = 200
+MAX_LEASE_TTL_MS = 600_000
+MAX_ADDRESS_CHARS = 512  # host:port or a unix socket path
+
+# The elastic hybrid pool's role moves: target role -> roles a lease may hold before it.
+# hybrid-rollout -> hybrid-joining (lend), hybrid-joining -> hybrid-training (activate),
+# and back to hybrid-rollout from either (reclaim, failed or cancelled join).
+ROLE_MOVES: dict[t.WorkerRole, tuple[t.WorkerRole, ...]] = {
+    t.WorkerRole.HYBRID_JOINING: (t.WorkerRole.HYBRID_ROLLOUT,),
+    t.WorkerRole.HYBRID_TRAINING: (t.WorkerRole.HYBRID_JOINING,),
+    t.WorkerRole.HYBRID_ROLLOUT: (t.WorkerRole.HYBRID_JOINING, t.WorkerRole.HYBRID_TRAINING),
+}
+
+
+class WorkerRegistry:
+    """Checks lease requests field by field (InvalidArgument naming the field), then
+    lets the store grant, renew, fence and expire them."""
+
+    def __init__(self, store: CoordinatorStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
+                            address: str, ttl_ms: int) -> t.Lease:
+        check_id(worker_id, "worker_id")
+        if bucket:
+            check_id(bucket, "bucket")
+        if len(address) > MAX_ADDRESS_CHARS or not address.isprintable():
+            raise InvalidArgument("address", f"a host:port, at most {MAX_ADDRESS_CHARS} "
+                                  "printable characters")
+        if not MIN_LEASE_TTL_MS <= ttl_ms <= MAX_LEASE_TTL_MS:
+            raise InvalidArgument("ttl_ms", f"must be in [{MIN_LEASE_TTL_MS}, "
+                                  f"{MAX_LEASE_TTL_MS}]")
+        lease = t.Lease(t.WorkerId(worker_id), role, bucket, address, 0, 0, ttl_ms)
+        granted = await self._store.acquire_lease(lease)
+        logger.info("[lease] granted worker_id=%s role=%s bucket=%s epoch=%d", worker_id,
+                    role.value, bucket, granted.epoch)
+        return granted
+
+    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+        check_id(worker_id, "worker_id")
+        return await self._store.renew_lease(worker_id, epoch, self._clock.now_ms())
+
+    async def release_lease(self, worker_id: str, epoch: int) -> None:
+        check_id(worker_id, "worker_id")
+        await self._store.release_lease(worker_id, epoch)
+
+    async def change_worker_role(self, worker_id: str, expected_epoch: int,
+                                 role: t.WorkerRole) -> t.Lease:
+        """Compare-and-set of the role on ``expected_epoch`` (elastic hybrid pool).
+
+        Only the moves in ``ROLE_MOVES`` are allowed; the store checks the current role
+        and the epoch atomically, and a success takes a fresh fence (the new epoch).
+        """
+        check_id(worker_id, "worker_id")
+        allowed_from = ROLE_MOVES.get(role)
+        if allowed_from is None:
+            targets = ", ".join(r.value for r in ROLE_MOVES)
+            raise InvalidArgument("role", f"{role.value} is not a role a lease can change "
+                                  f"to (one of {targets})")
+        lease = await self._store.change_role(worker_id, expected_epoch, role, allowed_from)
+        logger.info("[lease] role changed worker_id=%s role=%s epoch=%d->%d", worker_id,
+                    role.value, expected_epoch, lease.epoch)
+        return lease
+
+    async def list_workers(self) -> list[t.Lease]:
+        return await self._store.live_leases()

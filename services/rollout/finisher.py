@@ -1,0 +1,88 @@
+"""The end of a trajectory on this instance: scored, then published (fenced).
+
+A finished trajectory with a final answer is scored by the tool gateway (its reward
+named in the job spec); a reward failure fails the trajectory with the prefix the
+trainer counts against ``reward.max_failures``. Publishing is one fenced store call:
+refused when this instance's lease expired or was granted anew (the scheduler
+re-placed the trajectory). The scheduler learns the finish from the stream.
+
+Pure, like the core: the tool gateway and the store come in as collaborators.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from libra import types as t
+from libra.clock import Clock
+from libra.errors import LibraError
+from libra.rewardspec import REWARD_FAILURE_PREFIX
+from services.rollout.loop_types import ActiveTrajectory, JobContext, LeaseHolder
+from services.rollout.profile import LoopProfile
+
+if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
+    from libra.clients.toolgateway import ToolGatewayApi
+    from services.rollout.store import RolloutStore
+
+logger = logging.getLogger(__name__)
+
+# Extra wait for a Score RPC beyond the job's reward.timeout_s (the gateway's own).
+SCORE_DEADLINE_MARGIN_S = 5.0
+
+
+class Finisher:
+    """Scores and publishes the trajectories that end here."""
+
+    def __init__(self, instance_id: str, tools: ToolGatewayApi, store: RolloutStore,
+                 held: LeaseHolder, clock: Clock, profile: LoopProfile) -> None:
+        self._instance_id = instance_id
+        self._tools = tools
+        self._store = store
+        self._held = held
+        self._clock = clock
+        self._profile = profile
+
+    async def finish(self, ctx: JobContext, act: ActiveTrajectory,
+                     final_answer: str | None) -> None:
+        traj = act.traj
+        if final_answer is not None:
+            reward = ctx.spec.reward
+            request = t.ScoreInput(
+                traj.trajectory_id, reward.name, final_answer, traj.reference,
+                ctx.agent.transcript(traj), traj.metadata_json, traj.num_turns,
+                reward.options_json())
+            try:
+                # The gateway times the reward out itself; the RPC waits a little longer
+                # so that its answer (naming the reward) arrives first.
+                out = await self._profile.timed("score", self._tools.score(
+                    request, reward.timeout_s + SCORE_DEADLINE_MARGIN_S), traj.trajectory_id)
+            except LibraError as exc:
+                # The trainer counts these against reward.max_failures (by the prefix).
+                await self.fail(ctx, act, f"{REWARD_FAILURE_PREFIX} {reward.name}: {exc}")
+                return
+            traj.reward, traj.reward_components = out.reward, dict(out.components)
+        traj.final_text = final_answer or ""
+        traj.status = t.TrajectoryStatus.FINISHED
+        await self._publish(ctx, act)
+
+    async def fail(self, ctx: JobContext, act: ActiveTrajectory, reason: str) -> None:
+        act.traj.status = t.TrajectoryStatus.FAILED
+        act.traj.failure_reason = reason
+        logger.warning("[trajectory] failed trajectory_id=%s reason=%s",
+                       act.traj.trajectory_id, reason)
+        await self._publish(ctx, act)
+
+    async def _publish(self, ctx: JobContext, act: ActiveTrajectory) -> None:
+        traj = act.traj
+        traj.finished_at_ms = self._clock.now_ms()
+        if ctx.active.pop(traj.trajectory_id, None) is None:
+            return  # dropped meanwhile (lease lost): it was re-placed elsewhere
+        # Fenced: refused when this instance's lease expired or was granted anew (the
+        # scheduler re-placed the trajectory). The scheduler learns the finish from the
+        # stream, so there is no call to make here.
+        epoch = self._held.epoch
+        if not await self._profile.timed("publish", self._store.publish(
+                traj, self._instance_id, act.entry.entry_id, epoch), traj.trajectory_id):
+            logger.warning("[lease] stale epoch=%d: result of trajectory_id=%s not published",
+                           epoch, traj.trajectory_id)

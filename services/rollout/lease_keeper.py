@@ -1,0 +1,90 @@
+"""The rollout instance's lease: registration, renewal every third of its TTL, release.
+
+A lost lease means the scheduler re-placed what this instance held (finishing it here
+would duplicate), so the keeper lets the core drop its work (``on_lost``) and registers
+again. A registration that fails (the coordinator restarting) is tried again at each
+beat: the loop never ends on a coordinator outage. A release that fails leaves the lease
+to expire by its TTL.
+
+Pure, like the core: the coordinator and the store come in as collaborators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from libra import types as t
+from libra.errors import LeaseLost, LibraError
+from services.rollout.loop_types import LeaseHolder, RolloutSettings
+
+if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
+    from libra.clients.coordinator import CoordinatorApi
+    from services.rollout.store import RolloutStore
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Holds this instance's lease (in the shared :class:`LeaseHolder`) for the core."""
+
+    def __init__(self, settings: RolloutSettings, store: RolloutStore,
+                 coordinator: CoordinatorApi, held: LeaseHolder,
+                 on_lost: Callable[[], Awaitable[None]]) -> None:
+        self.settings = settings
+        self._store = store
+        self._coordinator = coordinator
+        self._held = held
+        self._on_lost = on_lost
+
+    async def register(self) -> t.Lease:
+        s = self.settings
+        await self._store.ensure_inbox(s.instance_id)
+        self._held.lease = await self._coordinator.acquire_lease(
+            s.instance_id, s.role, s.bucket, s.address, s.lease_ttl_ms)
+        return self._held.lease
+
+    async def heartbeat(self, stopping: Callable[[], bool]) -> None:
+        """Renew the lease every third of its TTL until ``stopping``; on loss, drop work
+        (``on_lost``) and re-register."""
+        is_registered = True
+        while not stopping():
+            await asyncio.sleep(self.settings.lease_ttl_ms / 3000.0)
+            if self._held.lease is None:
+                continue
+            if not is_registered:
+                is_registered = await self._register_again()
+                continue
+            try:
+                async with self._held.lock:
+                    lease = self._held.lease
+                    self._held.lease = await self._coordinator.renew_lease(lease.worker_id,
+                                                                           lease.epoch)
+            except LeaseLost:
+                # The scheduler re-placed what we held; finishing it here would duplicate.
+                await self._on_lost()
+                is_registered = await self._register_again()
+            except LibraError as exc:
+                logger.warning("[lease] renew failed error=%s", exc)
+
+    async def _register_again(self) -> bool:
+        try:
+            await self.register()
+        except LibraError as exc:
+            logger.warning("[lease] register failed error=%s; trying again next beat", exc)
+            return False
+        return True
+
+    async def release(self) -> None:
+        lease = self._held.lease
+        if lease is None:
+            return
+        try:
+            await self._coordinator.release_lease(lease.worker_id, lease.epoch)
+        except LibraError as exc:
+            # `libra down` stops the coordinator at the same time: the lease then
+            # expires by its TTL instead, and the process still exits cleanly.
+            logger.warning("[lease] release failed error=%s; it expires in %d ms", exc,
+                           self.settings.lease_ttl_ms)

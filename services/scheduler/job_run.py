@@ -1,0 +1,105 @@
+"""What the scheduler holds per running job, and the policy built from its spec (pure)."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from libra import types as t
+from libra.data import DatasetRow, DatasetSplit
+from libra.jobspec import JobSpec
+from services.scheduler.policy.base import PlacementPolicy
+from services.scheduler.policy.cmlfq import CmlfqConfig
+from services.scheduler.policy.layout import BucketLayout
+from services.scheduler.policy.registry import PolicyConfig
+
+if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
+    from services.scheduler.store_protocol import FlushablePolicyStore
+
+
+@dataclass(frozen=True)
+class ToolReturnReport:
+    """One tool return reported by a rollout instance."""
+
+    job_id: str
+    trajectory_id: str
+    state: t.ToolReturnState
+    tokens_so_far: int
+
+
+@dataclass
+class JobRun:
+    """What the scheduler holds for one running job."""
+
+    job_id: str
+    spec: JobSpec
+    policy: PlacementPolicy
+    policy_store: FlushablePolicyStore
+    # The job's training prompts (libra/data): rows by draw, in the seeded epoch order.
+    prompts: DatasetSplit
+    last_step: int = 0
+    # Draws taken from ``prompts`` (admitted groups plus rows skipped as unrenderable).
+    next_group: int = 0
+    num_skipped_rows: int = 0
+    decisions: collections.Counter[str] = field(default_factory=collections.Counter)
+    migrations: int = 0
+    # Live instances and loads as of the last tick: decisions at tool returns route
+    # from this snapshot instead of reading Redis on the request path.
+    instances: list[t.InstanceLoad] = field(default_factory=list)
+    instances_at_s: float = -1.0
+    last_live: set[str] = field(default_factory=set)
+    last_orphan_scan_s: float = float("-inf")
+    # The job's pending queue as Redis holds it, None until read: only this process
+    # writes the queue, so after one read it is kept here and not read again (a failed
+    # write makes it unknown).
+    pending: dict[str, t.Trajectory] | None = None
+    # "0": re-read finishes delivered but not acknowledged (a restart); then ">".
+    finish_cursor: str = "0"
+    # Held-out eval (libra/evaluation.py): the steps rounds run after, and the prompts.
+    eval_steps: list[int] = field(default_factory=list)
+    eval_rows: list[DatasetRow] = field(default_factory=list)
+    # Live instances holding nothing while work waited after the last placement pass.
+    idle_while_queued: tuple[str, ...] = ()
+
+
+def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
+    """The policy's config from the spec (``[layout.cmlfq]``); ``None`` for defaults."""
+    if spec.layout.policy != "cmlfq":
+        return None
+    c = spec.layout.cmlfq
+    return CmlfqConfig(
+        rebuild_interval_steps=c.rebuild_interval_steps,
+        recent_window_trajectories=c.recent_window_trajectories,
+        p90_window_samples=c.p90_window_samples,
+        tree_persist_interval_finishes=c.tree_persist_interval_finishes,
+        min_node_visits=c.min_node_visits,
+        bucket_thresholds_tokens=tuple(c.bucket_thresholds_tokens) or None,
+        live_thresholds=c.live_thresholds,
+        entry=c.entry,
+        disagree_rule=c.disagree_rule,
+        max_queue_length=c.max_queue_length,
+        enable_fallback=c.enable_fallback,
+    )
+
+
+def build_layout(spec: JobSpec) -> BucketLayout:
+    """The bucket layout of the spec (``[[layout.buckets]]``)."""
+    return BucketLayout(
+        [
+            t.Bucket(
+                b.name, b.max_tokens, b.tp_degree, b.max_batch_size, b.max_trajectories_per_instance
+            )
+            for b in spec.layout.buckets
+        ]
+    )
+
+
+def apply_local_load(instances: list[t.InstanceLoad],
+                     deltas: tuple[tuple[str, int], ...]) -> None:
+    """Apply load changes to this process's snapshot of loads (reservations between
+    lease snapshots: caps hold without re-reading Redis)."""
+    for instance_id, delta in deltas:
+        for inst in instances:
+            if inst.instance_id == instance_id:
+                inst.active_trajectories += delta

@@ -1,0 +1,80 @@
+"""Re-queueing of trajectories whose instance is gone, or of a resumed job (pure)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from libra import types as t
+from libra.clock import Clock
+from services.scheduler.job_run import JobRun
+from services.scheduler.policy.errors import UnknownTrajectory
+
+if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
+    from services.scheduler.store_protocol import SchedulerStore
+
+logger = logging.getLogger("services.scheduler.core")
+
+# Period of the full scan for trajectories pinned to instances that are gone.
+ORPHAN_SCAN_S = 2.0
+
+
+class Requeuer:
+    """Puts trajectories back in the job's queue (needs the store and a clock)."""
+
+    def __init__(self, store: SchedulerStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def requeue_orphans(self, run: JobRun) -> None:
+        """Re-queue what is assigned to instances no longer live for placements."""
+        # Gone: no lease, or a lease whose role is no longer a rollout role (lent to
+        # training: the instance hands back its trajectories' state and they re-queue).
+        live = {inst.instance_id for inst in run.instances}
+        # Scanning every assignment is the costly part of a tick: do it when the set of
+        # live instances changed, and otherwise only every ORPHAN_SCAN_S as a safety net.
+        now_s = self._clock.now_s()
+        if live == run.last_live and now_s - run.last_orphan_scan_s < ORPHAN_SCAN_S:
+            return
+        run.last_live, run.last_orphan_scan_s = live, now_s
+        orphaned: dict[str, list[str]] = {}
+        for traj_id, instance_id in (await self._store.assignments(run.job_id)).items():
+            if instance_id not in live:
+                orphaned.setdefault(instance_id, []).append(traj_id)
+        for instance_id, traj_ids in orphaned.items():
+            await self._store.forget_instance(run.job_id, instance_id)
+            for traj_id in traj_ids:
+                await self.requeue(run, traj_id)
+            logger.warning(
+                "[requeue] instance lost its lease or left the rollout roles instance_id=%s "
+                "trajectories=%d",
+                instance_id,
+                len(traj_ids),
+            )
+
+    async def requeue_all(self, run: JobRun) -> None:
+        """A resumed job: when it ended, the rollout instances dropped its trajectories
+        (acked, never published), so everything assigned goes back to the queue and its
+        loads restart from zero. A copy still unread in an inbox may run too; the
+        trainer keeps one copy per trajectory id (duplicates are acked, not trained)."""
+        assigned = await self._store.assignments(run.job_id)
+        for traj_id in assigned:
+            await self.requeue(run, traj_id)
+        await self._store.clear_load(run.job_id)
+        logger.info("[job] resumed job_id=%s requeued=%d", run.job_id, len(assigned))
+
+    async def requeue(self, run: JobRun, traj_id: str) -> None:
+        """One trajectory back to the queue (its attempt counted); forgotten when its
+        task is gone."""
+        traj = await self._store.task(run.job_id, traj_id)
+        try:
+            run.policy.abort(t.TrajectoryId(traj_id))
+        except UnknownTrajectory:
+            pass
+        if traj is None:
+            await self._store.finish(run.job_id, traj_id)
+            return
+        traj.attempt += 1
+        await self._store.requeue(run.job_id, traj)
+        if run.pending is not None:
+            run.pending[traj.trajectory_id] = traj

@@ -1,0 +1,67 @@
+"""What the scheduler core needs of its store (``SchedulerStore``) and of the policy's
+state store (``FlushablePolicyStore``); implemented over Redis (``store.py``) and in
+memory (``memory_store.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from libra import types as t
+from services.scheduler.policy.store import PolicyStore
+from services.scheduler.state import LeaseSnapshot, TickState, TickWrites
+
+
+class FlushablePolicyStore(PolicyStore, Protocol):
+    """A ``PolicyStore`` whose writes reach durable storage only on ``flush``."""
+
+    async def flush(self, also: Callable[[Any], None] | None = None) -> None:
+        """Write every change made since the last flush; ``also`` adds more commands
+        to the same atomic write (a tick's writes)."""
+        ...
+
+
+class SchedulerStore(Protocol):
+    """Jobs, leases, loads, assignments and queues as the scheduler core sees them."""
+
+    async def job_spec_json(self, job_id: str) -> str | None: ...
+
+    async def job_state(self, job_id: str) -> str | None: ...
+
+    async def lease_snapshot(self, job_id: str) -> LeaseSnapshot: ...
+
+    async def counters(self, job_id: str) -> dict[str, int]: ...
+
+    async def incr_counters(self, job_id: str, **deltas: int) -> None: ...
+
+    async def running_jobs(self) -> list[str]: ...
+
+    async def commit_tick(self, job_id: str, writes: TickWrites,
+                          policy_store: FlushablePolicyStore) -> None: ...
+
+    async def pending(self, job_id: str) -> list[t.Trajectory]: ...
+
+    async def requeue(self, job_id: str, traj: t.Trajectory) -> None: ...
+
+    async def finish(self, job_id: str, trajectory_id: str) -> str | None: ...
+
+    async def release(self, job_id: str, trajectory_id: str) -> str | None: ...
+
+    async def ensure_finish_group(self, job_id: str) -> None: ...
+
+    async def tick_state(self, job_id: str, finish_cursor: str, max_finishes: int,
+                         with_leases: bool = False) -> TickState: ...
+
+    async def assignments(self, job_id: str) -> dict[str, str]: ...
+
+    async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None: ...
+
+    async def forget_instance(self, job_id: str, instance_id: str) -> None: ...
+
+    async def clear_load(self, job_id: str) -> None:
+        """Forget the job's per-instance loads (nothing of it is assigned any more)."""
+        ...
+
+    async def job_step(self, job_id: str) -> int: ...
+
+    async def open_policy_store(self, job_id: str) -> FlushablePolicyStore: ...
