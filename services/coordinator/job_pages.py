@@ -7,12 +7,13 @@ spec (GetJob has it), the message cut to ``MAX_SUMMARY_MESSAGE_CHARS``, at most
 message) = ~2.5 MiB, under the limit whatever the specs.
 
 Order: oldest first, by (created_at_ms, job_id). The page token is the last summary's
-sort key, so a job created or expired between two pages neither shifts nor repeats
+sort key (base64), so a job created or expired between two pages neither shifts nor repeats
 another: each page starts strictly after the previous one's last job.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Iterable
 
@@ -23,6 +24,7 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 500
 MAX_SUMMARY_MESSAGE_CHARS = 1024
 _TOKEN_SEPARATOR = "."
+MAX_TOKEN_CHARS = 512
 
 
 def summary_of(job: t.Job) -> t.Job:
@@ -53,17 +55,37 @@ def _key(job: t.Job) -> tuple[int, str]:
 
 
 def _token(job: t.Job) -> str:
-    return f"{job.created_at_ms}{_TOKEN_SEPARATOR}{job.job_id}"
+    """URL-safe base64 of "<created_at_ms>.<job_id>": ASCII (it travels in an HTTP
+    header; a job id may hold any letter of its name) and opaque to callers."""
+    key = f"{job.created_at_ms}{_TOKEN_SEPARATOR}{job.job_id}".encode()
+    return base64.urlsafe_b64encode(key).decode("ascii").rstrip("=")
 
 
 def _after(page_token: str) -> tuple[int, str] | None:
     if not page_token:
         return None
-    created, sep, job_id = page_token.partition(_TOKEN_SEPARATOR)
-    if not sep or not created.isdigit() or not job_id or len(page_token) > 512:
-        raise InvalidArgument("page_token", "not a token from a previous ListJobs answer "
-                              "(next_page_token)")
+    try:
+        if len(page_token) > MAX_TOKEN_CHARS:
+            raise ValueError("too long")
+        padded = page_token + "=" * (-len(page_token) % 4)
+        key = base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8")
+    except (ValueError, UnicodeError) as exc:  # binascii.Error is a ValueError
+        raise _bad_token() from exc
+    created, sep, job_id = key.partition(_TOKEN_SEPARATOR)
+    if not sep or not created.isdigit() or not job_id:
+        raise _bad_token()
     return int(created), job_id
+
+
+def _bad_token() -> InvalidArgument:
+    return InvalidArgument("page_token", "not a token from a previous ListJobs answer "
+                           "(next_page_token)")
+
+
+def check_page_request(page_size: int, page_token: str) -> None:
+    """Both ListJobs inputs, checked before anything is read (InvalidArgument)."""
+    check_page_size(page_size)
+    _after(page_token)
 
 
 def page_of(summaries: Iterable[t.Job], page_size: int,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -25,17 +25,25 @@ from libra.errors import (
     unavailable_types,
 )
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.job_pages import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from services.coordinator.rest_models import (
     HTTP_STATUS,
+    NEXT_PAGE_HEADER,
     CreateJobBody,
     ErrorBody,
     JobDetail,
+    JobSummaryView,
     JobView,
     LeaseView,
     ResumeJobBody,
     error_responses,
+    list_page_response,
 )
 
+_PAGE_SIZE_QUERY = Query(0, description=f"jobs per page: 0 = {DEFAULT_PAGE_SIZE}, at most "
+                         f"{MAX_PAGE_SIZE}")
+_PAGE_TOKEN_QUERY = Query("", description=f"the `{NEXT_PAGE_HEADER}` header of the previous "
+                          "page; empty = the first page")
 _PRIORITY_QUERY = Query(None, description="queue priority in [-1000, 1000] (overrides "
                         "the body's)")
 
@@ -81,6 +89,19 @@ async def _libra_error(_request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, Unavailable):
         headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
     return _error_response(HTTP_STATUS.get(code, 500), body, headers)
+
+
+async def _known_query_only(request: Request) -> None:
+    """A dependency: a query parameter the route does not take is a 400 naming it (a
+    misspelt ``page_sise`` must not silently list the first page)."""
+    route = request.scope.get("route")
+    known = {param.alias for param in getattr(getattr(route, "dependant", None),
+                                              "query_params", [])}
+    for name in request.query_params:
+        if name not in known:
+            takes = ", ".join(sorted(known)) or "none"
+            raise InvalidArgument(name or "query", f"unknown query parameter {name!r} "
+                                  f"(this route takes: {takes})")
 
 
 def _field_of(loc: Sequence[int | str]) -> str:
@@ -171,8 +192,10 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None) 
                   "is an ErrorBody; a bad input is 400 naming the field.")
     tokens = tokens or Tokens()
     enabled = tokens.current().enabled  # fixed at start-up; a rotation changes which tokens
-    v1 = APIRouter(dependencies=[Depends(_require_token(tokens))] if enabled else [],
-                   responses=error_responses(*((401, 500, 503) if enabled else (500, 503))))
+    checks = [Depends(_require_token(tokens))] if enabled else []
+    v1 = APIRouter(dependencies=[*checks, Depends(_known_query_only)],
+                   responses=error_responses(*((400, 401, 500, 503) if enabled
+                                               else (400, 500, 503))))
     app.add_exception_handler(LibraError, _libra_error)
     for outage_type in unavailable_types():  # registered by the store's module (Redis)
         app.add_exception_handler(outage_type, _outage)
@@ -197,9 +220,16 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None) 
             raise InvalidArgument("format", exc.reason) from exc  # the body's name for it
         return JobView.of(job)
 
-    @v1.get("/v1/jobs", response_model=list[JobView], summary="List jobs")
-    async def list_jobs() -> list[JobView]:
-        return [JobView.of(j) for j in await core.list_jobs()]
+    @v1.get("/v1/jobs", response_model=list[JobSummaryView],
+            responses={**list_page_response(), **error_responses(400)},
+            summary="List jobs (summaries, oldest first, one page)")
+    async def list_jobs(response: Response,
+                        page_size: int = _PAGE_SIZE_QUERY,
+                        page_token: str = _PAGE_TOKEN_QUERY) -> list[JobSummaryView]:
+        jobs, next_token = await core.list_jobs_page(page_size, page_token)
+        if next_token:
+            response.headers[NEXT_PAGE_HEADER] = next_token
+        return [JobSummaryView.summary_of(j) for j in jobs]
 
     @v1.get("/v1/jobs/{job_id}", response_model=JobDetail, responses=error_responses(400, 404),
             summary="A job with its step history, counters and events")

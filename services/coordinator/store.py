@@ -74,6 +74,11 @@ def _job_to_hash(job: t.Job) -> dict[str, str]:
             "num_resumes": str(job.num_resumes)}
 
 
+# Every field of a job's hash but its spec: what a ListJobs summary holds.
+_SUMMARY_FIELDS = ("job_id", "name", "state", "created_at_ms", "updated_at_ms", "message",
+                   "step", "policy_version", "run_dir", "priority", "num_resumes")
+
+
 def _job_from_hash(h: dict[str, str]) -> t.Job:
     return t.Job(job_id=t.JobId(h["job_id"]), name=h["name"], state=t.JobState(h["state"]),
                  spec_json=h["spec_json"], created_at_ms=int(h["created_at_ms"]),
@@ -175,6 +180,16 @@ class RedisCoordinatorStore:
             else:  # expired: keep the index tidy
                 await self._r.zrem(keys.JOBS_INDEX, job_id)
         return jobs
+
+    async def list_job_summaries(self) -> list[t.Job]:
+        ids = await self._r.zrange(keys.JOBS_INDEX, 0, -1)
+        async with self._r.pipeline(transaction=False) as pipe:  # one round trip, no specs
+            for job_id in ids:
+                pipe.hmget(keys.job(job_id), _SUMMARY_FIELDS)
+            rows = await pipe.execute()
+        return [_job_from_hash({**dict(zip(_SUMMARY_FIELDS, row, strict=True)),
+                                "spec_json": ""})
+                for row in rows if row[0] is not None]  # an expired job has no job_id
 
     async def delete_job(self, job_id: str) -> None:
         await self._r.delete(*keys.job_keys(job_id))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from libra import types as t
@@ -74,7 +76,21 @@ def test_page_size_zero_is_the_default_and_the_maximum_is_enforced() -> None:
         assert err.value.field == "page_size"
 
 
-@pytest.mark.parametrize("token", ["garbage", "12", ".j-1", "x.j-1", "1.", "1" * 600 + ".j"])
+def b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def test_the_page_token_is_ascii_whatever_the_job_id() -> None:
+    jobs = [t.Job(job_id=t.JobId(f"caf\u00e9-{i:08x}"), name="n", state=t.JobState.PENDING,
+                  spec_json="", created_at_ms=i, updated_at_ms=0) for i in range(3)]
+    page, token = page_of(jobs, 1)
+    assert token.isascii() and token.isprintable()
+    assert [j.job_id for j in page_of(jobs, 5, token)[0]] == ["caf\u00e9-00000001",
+                                                              "caf\u00e9-00000002"]
+
+
+@pytest.mark.parametrize("token", ["garbage!", "%%%", b64("12"), b64(".j-1"), b64("x.j-1"),
+                                   b64("1."), "QUJD" * 200, "/w"])
 def test_a_malformed_page_token_names_the_field(token: str) -> None:
     with pytest.raises(InvalidArgument) as err:
         page_of([job(1)], 10, token)
