@@ -61,13 +61,21 @@ class JobFileReader:
         self._config = config or FileReaderConfig()
         self.drops_privileges = os.geteuid() == 0 and self._config.uid >= 0
 
+    def hint(self, exc: OSError) -> str:
+        """What to do about a refused open, for the tool's error ("" when nothing
+        helps): the file or a folder above it is not readable to the reader's uid."""
+        if exc.errno != errno.EACCES or not self.drops_privileges:
+            return ""
+        return (f" (opened as uid {self._config.uid}, not root: make the file and its "
+                "folders readable to that uid, or set the gateway's file_read_uid)")
+
     def read_texts(self, paths: Sequence[str]) -> list[str]:
         """The UTF-8 text of each file, in order.
 
         Raises:
             OSError: A file cannot be opened by the reader's identity (EACCES, ENOENT,
                 ...), is not a regular file (EINVAL), is too large (EFBIG) or resolved
-                outside the data roots (EACCES); ``filename`` names it.
+                outside the data roots (EPERM); ``filename`` names it.
             UnicodeDecodeError: A file is not UTF-8.
         """
         fds = self._open_all(paths)
@@ -93,7 +101,7 @@ class JobFileReader:
     def _read(self, fd: int, path: str) -> str:
         real = os.readlink(f"/proc/self/fd/{fd}")
         if not any(Path(real).is_relative_to(root) for root in self._roots):
-            raise OSError(errno.EACCES, f"opened {real}, outside the data roots", path)
+            raise OSError(errno.EPERM, f"opened {real}, outside the data roots", path)
         size = os.fstat(fd).st_size
         if size > self._config.max_file_bytes:
             raise OSError(errno.EFBIG, f"{size} bytes > {self._config.max_file_bytes}", path)

@@ -128,7 +128,7 @@ class SearchTool:
             hits = await asyncio.to_thread(self.search, args["query"], top_k, corpus)
         except OSError as exc:  # opened as the unprivileged reader: EACCES for root-only
             return ToolOutput(ok=False, error=f"corpus unreadable: {exc.filename}: "
-                                              f"{exc.strerror}")
+                                              f"{exc.strerror}{self._reader.hint(exc)}")
         if not hits:
             return ToolOutput(ok=True, output="no results")
         lines = [f"[{n}] {text}" for n, (_, text) in enumerate(hits, 1)]

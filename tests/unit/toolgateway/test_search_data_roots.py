@@ -108,7 +108,9 @@ async def test_a_root_only_file_inside_the_root_is_refused(rooted_core, root: Pa
     key.chmod(0o600)  # root may read it; the reader's uid may not
     result = await search(rooted_core, str(key))
     assert result.status is ToolStatus.FAILURE
-    assert result.error == f"corpus unreadable: {key}: Permission denied"
+    assert result.error == (f"corpus unreadable: {key}: Permission denied (opened as uid "
+                            "65534, not root: make the file and its folders readable to "
+                            "that uid, or set the gateway's file_read_uid)")
     assert "hunter2" not in result.output
 
 
