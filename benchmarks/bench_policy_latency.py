@@ -31,7 +31,7 @@ from libra.types import (  # noqa: E402
     ToolStatus,
     TrajectoryId,
 )
-from services.scheduler.policy import (  # noqa: E402
+from scheduling.policy import (  # noqa: E402
     BucketLayout,
     CmlfqConfig,
     CmlfqPolicy,

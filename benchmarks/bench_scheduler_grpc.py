@@ -35,10 +35,10 @@ from libra.clock import SystemClock  # noqa: E402
 from libra.grpcx import Registration, Server  # noqa: E402
 from libra.jobspec import job_spec_from_dict  # noqa: E402
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc  # noqa: E402
-from libra.redis_server import start_redis  # noqa: E402
 from libra.service_config import ServerConfig  # noqa: E402
+from libra_cli.redis_server import start_redis  # noqa: E402
+from scheduling.policy import CmlfqPolicy, TrajectoryDescriptor  # noqa: E402
 from services.scheduler.core import SchedulerCore, build_layout, build_policy_config  # noqa: E402
-from services.scheduler.policy import CmlfqPolicy, TrajectoryDescriptor  # noqa: E402
 from services.scheduler.servicer import SchedulerServicer  # noqa: E402
 from services.scheduler.store import RedisPolicyStore, RedisSchedulerStore  # noqa: E402
 

@@ -55,9 +55,9 @@ from typing import Any
 from procstat import cpu_s, wakeups  # this directory: run as a script
 
 from libra.clients.coordinator import GrpcCoordinatorClient
-from libra.healthcheck import check
-from libra.launcher import DEFAULT_STACK, _plan
-from libra.redis_server import EmbeddedRedis, pid_alive, start_redis
+from libra_cli.healthcheck import check
+from libra_cli.launcher import DEFAULT_STACK, _plan
+from libra_cli.redis_server import EmbeddedRedis, pid_alive, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",

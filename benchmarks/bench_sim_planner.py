@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.coordinator.planner import (  # noqa: E402
+from scheduling.planner import (  # noqa: E402
     ClusterShape,
     GlobalResourcePlanner,
     PlannerConfig,

@@ -4,7 +4,7 @@ Starts a stack in a temporary run root, runs the demo job (12 RL steps after a s
 warm-up, ~1 minute on 2 cores), reads the instances' in-run engine calls and loop
 profiles (pass phases, task start lags, tool and scoring RPCs as the rollout saw them),
 replays the recorded trace and prints predicted, measured and
-their ratio (procedure and definitions: sim/validation.py, docs/simulator.md).
+their ratio (procedure and definitions: libra_cli/sim_validation.py, docs/simulator.md).
 
     python benchmarks/bench_sim_validation.py [--steps 12] [--json]
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.validation import validate  # noqa: E402
+from libra_cli.sim_validation import validate  # noqa: E402
 
 
 def main() -> int:

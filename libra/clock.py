@@ -7,18 +7,27 @@ from typing import Protocol
 
 
 class Clock(Protocol):
-    def now_s(self) -> float: ...
+    """The time a core reads; ``SystemClock`` in services, ``FakeClock`` in tests, so
+    timeouts and TTLs are tested without sleeping."""
 
-    def now_ms(self) -> int: ...
+    def now_s(self) -> float:
+        """Seconds since the epoch."""
+        ...
+
+    def now_ms(self) -> int:
+        """Milliseconds since the epoch (lease expiries and timestamps are in ms)."""
+        ...
 
 
 class SystemClock:
     """Wall-clock time (for timestamps) from ``time.time``."""
 
     def now_s(self) -> float:
+        """Seconds since the epoch, from ``time.time``."""
         return time.time()
 
     def now_ms(self) -> int:
+        """Milliseconds since the epoch, from ``time.time``."""
         return int(time.time() * 1000)
 
 
@@ -29,10 +38,13 @@ class FakeClock:
         self._now_s = start_s
 
     def now_s(self) -> float:
+        """The time the test set (starts at ``start_s``)."""
         return self._now_s
 
     def now_ms(self) -> int:
+        """The time the test set, in ms."""
         return int(self._now_s * 1000)
 
     def advance(self, seconds: float) -> None:
+        """Move the clock forward, as if ``seconds`` had passed."""
         self._now_s += seconds

@@ -29,14 +29,21 @@ class InvalidArgument(LibraError):
 
 
 class NotFound(LibraError):
+    """The named job, worker or resource does not exist."""
+
     grpc_status_name = "NOT_FOUND"
 
 
 class AlreadyExists(LibraError):
+    """Creating something whose id is taken (a job id, a registered name)."""
+
     grpc_status_name = "ALREADY_EXISTS"
 
 
 class FailedPrecondition(LibraError):
+    """The call is valid but the state does not allow it now (a busy trainer, a job
+    that is not running); retrying the same call will not help."""
+
     grpc_status_name = "FAILED_PRECONDITION"
 
 
@@ -78,16 +85,22 @@ class ResourceExhausted(LibraError):
 
 
 class Unavailable(LibraError):
+    """A peer or Redis cannot be reached now; retrying later may succeed."""
+
     grpc_status_name = "UNAVAILABLE"
     retryable = True
 
 
 class DeadlineExceeded(LibraError):
+    """The call ran past its deadline; it may or may not have taken effect."""
+
     grpc_status_name = "DEADLINE_EXCEEDED"
     retryable = True
 
 
 class Internal(LibraError):
+    """A bug or broken invariant on the server side; the message says which."""
+
     grpc_status_name = "INTERNAL"
 
 

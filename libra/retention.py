@@ -1,6 +1,6 @@
 """Run retention: which run folders under the run root may go, and which weight versions.
 
-Used by ``libra gc`` (libra/cli/gc.py) and the coordinator's retention loop
+Used by ``libra gc`` (libra_cli/gc.py) and the coordinator's retention loop
 (services/coordinator/retention.py). Both give the same inputs: the folders found under
 the run root (:func:`scan_run_root`) and the jobs the coordinator knows. The decision
 (:func:`plan_gc`) is pure; :func:`apply_gc` does the deleting (os, shutil only).

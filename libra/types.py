@@ -48,10 +48,12 @@ class ToolReturnState:
 
     @property
     def key(self) -> str:
+        """The prefix tree's key, ``"type:size:status"`` (also a Redis hash field)."""
         return f"{self.tool_type}:{self.size_class.value}:{self.status.value}"
 
     @classmethod
     def from_key(cls, key: str) -> ToolReturnState:
+        """The state ``key`` names (the store reads it back from Redis)."""
         tool_type, size, status = key.rsplit(":", 2)
         return cls(tool_type, SizeClass(size), ToolStatus(status))
 
@@ -75,6 +77,7 @@ class SizeThresholds:
             )
 
     def classify(self, payload_tokens: int) -> SizeClass:
+        """The size class of a payload of ``payload_tokens`` (the boundaries are inclusive)."""
         if payload_tokens <= self.small_max_tokens:
             return SizeClass.SMALL
         if payload_tokens <= self.medium_max_tokens:
@@ -105,6 +108,8 @@ class InstanceLoad:
 
 
 class TrajectoryStatus(enum.Enum):
+    """Where a trajectory is: generating or waiting on tools, ended with an answer, or failed."""
+
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
@@ -156,6 +161,7 @@ class Trajectory:
 
     @property
     def is_eval(self) -> bool:
+        """A held-out evaluation trajectory: never trained on, counted apart."""
         return self.eval_round > 0
 
     @property
@@ -184,6 +190,8 @@ class Trajectory:
 
 
 class WorkerRole(enum.Enum):
+    """What a worker's lease lets it do; a hybrid rollout can be lent to training."""
+
     CORE_ROLLOUT = "core-rollout"
     CORE_TRAINING = "core-training"
     HYBRID_ROLLOUT = "hybrid-rollout"
@@ -218,6 +226,8 @@ class LeaseSummary:
 
 
 class JobState(enum.Enum):
+    """A job's lifecycle: pending in the queue, running, then one terminal state."""
+
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -226,11 +236,15 @@ class JobState(enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
+        """Succeeded, failed or cancelled: nothing runs for the job any more."""
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclass(slots=True)
 class Job:
+    """A job as the coordinator stores and reports it (the spec stays JSON here; it is
+    parsed once where it is used, ``libra.jobspec``)."""
+
     job_id: JobId
     name: str
     state: JobState
@@ -267,6 +281,7 @@ class TrainerStatus:
     """How the job ended there (with phase done or failed)."""
 
     def is_working_on(self, job_id: str) -> bool:
+        """True while the trainer is busy with ``job_id`` (warm start or training)."""
         return self.job_id == job_id and self.phase in TRAINER_WORKING_PHASES
 
 
@@ -305,6 +320,8 @@ class StepRecord:
 
 
 class DecisionAction(enum.Enum):
+    """At a tool return: keep the trajectory on its instance, or move it elsewhere."""
+
     STAY = "stay"
     MOVE = "move"
 
@@ -333,6 +350,7 @@ class ToolResult:
 
     @property
     def ok(self) -> bool:
+        """The tool ran and returned normally (an error or timeout is not ok)."""
         return self.status is ToolStatus.SUCCESS
 
 

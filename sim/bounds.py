@@ -23,7 +23,7 @@ queueing or weight-sync time, so ``lower_bound_s <= makespan_s`` for every syste
 
 from __future__ import annotations
 
-from services.coordinator.planner.costmodel import (
+from scheduling.planner.costmodel import (
     MAX_BATCH_SEQS,
     kv_bytes_per_token,
     kv_capacity_tokens,

@@ -1,7 +1,7 @@
 """Replay a trace recorded from the real CPU stack on simulated CPU rollout instances.
 
 What is modelled, each piece taken from the services' code (read-only) and each cost
-**measured** (``sim/validation.py`` says how):
+**measured** (``libra_cli/sim_validation.py`` says how):
 
 - admission: the scheduler's recorded admission times are the arrivals (the trainer's
   pace, which gates admission, is an input, not a prediction); placement by the job's
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libra.types import Bucket, GroupId, InstanceId, InstanceLoad, PromptId, TrajectoryId
-from services.scheduler.policy import BucketLayout, TrajectoryDescriptor, make_policy
+from scheduling.policy import BucketLayout, TrajectoryDescriptor, make_policy
 from sim.cpu_engine import CpuEngineCosts
 from sim.loop_costs import LoopCosts
 from sim.trace import TraceTrajectory

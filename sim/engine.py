@@ -31,7 +31,7 @@ from libra.types import (
     ToolStatus,
     TrajectoryId,
 )
-from services.coordinator.planner import (
+from scheduling.planner import (
     GlobalResourcePlanner,
     Plan,
     PlannerConfig,
@@ -40,9 +40,9 @@ from services.coordinator.planner import (
     TrainParallelism,
     train_step_s,
 )
-from services.scheduler.policy import BucketLayout, TrajectoryDescriptor, make_policy
-from services.scheduler.policy.base import Reason
-from services.scheduler.policy.thresholds import idle_while_queued
+from scheduling.policy import BucketLayout, TrajectoryDescriptor, make_policy
+from scheduling.policy.base import Reason
+from scheduling.policy.thresholds import idle_while_queued
 from sim.instance import Instance, Seq, SimInfeasible
 from sim.presets import WEIGHT_LOAD_BW_BYTES_PER_S, ClusterSpec
 from sim.systems import SystemConfig

@@ -5,7 +5,7 @@ of ``n`` identical-shape engine steps whose time grows linearly with the KV read
 (every decoding sequence adds one token per step). A segment ends when the first
 sequence finishes its turn or the head prefill finishes; an arrival that can be
 admitted interrupts it after the step in progress. Step times come from the
-planner's roofline (``services.coordinator.planner.costmodel.step_s``).
+planner's roofline (``scheduling.planner.costmodel.step_s``).
 
 KV accounting: admitting a turn reserves its final context (context + this turn's
 output); a full cache leaves turns waiting (no preemption is modelled). A trajectory
@@ -21,13 +21,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.coordinator.planner.costmodel import (
+from scheduling.planner.costmodel import (
     MAX_BATCH_SEQS,
     PREFILL_CHUNK_TOKENS,
     kv_capacity_tokens,
     step_s,
 )
-from services.coordinator.planner.specs import HardwareSpec, ModelSpec
+from scheduling.planner.specs import HardwareSpec, ModelSpec
 
 
 class SimInfeasible(RuntimeError):

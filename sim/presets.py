@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from services.coordinator.planner import HardwareSpec, ModelSpec
+from scheduling.planner import HardwareSpec, ModelSpec
 
 GB = 1e9
 GIB = 1024**3

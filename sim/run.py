@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from services.coordinator.planner import (
+from scheduling.planner import (
     ClusterShape,
     GlobalResourcePlanner,
     Plan,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from libra.errors import InvalidArgument
-from services.coordinator.planner import kv_capacity_tokens
+from scheduling.planner import kv_capacity_tokens
 from sim.presets import ClusterSpec
 from sim.run import run
 from sim.systems import STATIC_PEERS, SystemConfig, system

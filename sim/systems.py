@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libra.types import Bucket
-from services.coordinator.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
-from services.scheduler.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
+from scheduling.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
+from scheduling.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
 
 HOMOGENEOUS = ((2, 2, 2, 2),)
 """8 x TP2 per node: the reference's homogeneous-LB control arm."""

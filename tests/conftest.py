@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # children (see services/toolgateway/__main__.py).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from libra.redis_server import EmbeddedRedis, start_redis  # noqa: E402
+from libra_cli.redis_server import EmbeddedRedis, start_redis  # noqa: E402
 
 
 @pytest.fixture(scope="session")

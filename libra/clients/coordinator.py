@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from libra import types as t
+from libra.clients.api import CoordinatorApi as CoordinatorApi
+from libra.clients.api import CoordinatorJobApi as CoordinatorJobApi
 from libra.clients.base import GrpcClientBase
 from libra.grpc_auth import ClientAuth
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
@@ -13,52 +15,6 @@ from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from libra.wire.common import lease_from_proto, role_to_proto
 from libra.wire.coordinator import job_from_proto, job_state_to_proto
 from libra.wire.step_record import step_record_to_json
-
-
-class CoordinatorApi(Protocol):
-    async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
-                            address: str, ttl_ms: int) -> t.Lease: ...
-
-    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease: ...
-
-    async def release_lease(self, worker_id: str, epoch: int) -> None: ...
-
-    async def change_worker_role(self, worker_id: str, expected_epoch: int,
-                                 role: t.WorkerRole) -> t.Lease: ...
-
-    async def report_step(self, job_id: str, record: t.StepRecord | dict[str, Any],
-                          idempotency_key: str = "") -> None:
-        """Store a step record (a raw dict is sent as it is); a repeat with the same
-        key is recognised, not stored twice (so it is safe to retry)."""
-        ...
-
-    async def report_job_done(self, job_id: str, state: t.JobState, message: str) -> None: ...
-
-
-class CoordinatorJobApi(Protocol):
-    """The public job API (``libra`` CLI, REST's twin): gRPC or in process
-    (``services/coordinator/inprocess.py``)."""
-
-    async def create_job(self, spec: str, spec_format: str = "toml",
-                         priority: int = 0) -> t.Job: ...
-
-    async def resume_job(self, job_id: str, priority: int = 0) -> t.Job: ...
-
-    async def get_job(self, job_id: str) -> tuple[t.Job, list[dict], dict]: ...
-
-    async def get_job_events(self, job_id: str) -> list[dict[str, Any]]: ...
-
-    async def list_jobs(self) -> list[t.Job]:
-        """Every job as a summary: ``spec_json`` empty (``get_job`` has the spec)."""
-        ...
-
-    async def list_jobs_page(self, page_size: int = 0,
-                             page_token: str = "") -> tuple[list[t.Job], str]: ...
-
-    async def cancel_job(self, job_id: str, reason: str = "") -> t.Job: ...
-
-    async def list_workers(self) -> list[t.Lease]: ...
-
 
 # CreateJob validates before storing: the model's config and tokenizer (loading
 # transformers the first time), the dataset's first rows, the tools' schemas, init_from's

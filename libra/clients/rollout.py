@@ -7,49 +7,15 @@ hybrid pool). Both carry a join generation: a newer call makes an older join sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 from libra import types as t
+from libra.clients.api import InstanceStatus as InstanceStatus
+from libra.clients.api import LendResult as LendResult
+from libra.clients.api import RolloutApi as RolloutApi
 from libra.clients.base import GrpcClientBase
 from libra.grpc_auth import ClientAuth
 from libra.proto.rollout.v1 import rollout_pb2 as pb
 from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
 from libra.wire.common import lease_from_proto
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceStatus:
-    """What a rollout instance reports about itself."""
-
-    instance_id: str
-    bucket: str
-    num_active_trajectories: int
-    policy_version: int
-    num_tokens_generated: int
-    job_id: str
-    role: str
-    hybrid_phase: str
-
-
-@dataclass(frozen=True, slots=True)
-class LendResult:
-    """The lease after the role change to hybrid-joining, and what was handed back."""
-
-    lease: t.Lease
-    num_handed_back: int
-
-
-class RolloutApi(Protocol):
-    """What callers need from a rollout instance."""
-
-    async def lend(self, job_id: str, expected_epoch: int, generation: int,
-                   trainer_address: str, *, timeout_s: float | None = None) -> LendResult: ...
-
-    async def reclaim(self, generation: int, reason: str, *,
-                      timeout_s: float | None = None) -> t.Lease: ...
-
-    async def get_instance_status(self) -> InstanceStatus: ...
 
 
 class GrpcRolloutClient(GrpcClientBase):

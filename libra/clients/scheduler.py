@@ -31,11 +31,12 @@ import itertools
 import json
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
 from libra import types as t
+from libra.clients.api import SchedulerClientApi as SchedulerClientApi
 from libra.clients.base import GrpcClientBase
 from libra.errors import Internal, LibraError, Unavailable, error_from_status
 from libra.grpc_auth import ClientAuth
@@ -68,28 +69,6 @@ class _Batch:
     batch_id: int
     items: list[_Queued]
     answered: asyncio.Future[None]
-
-
-class SchedulerClientApi(Protocol):
-    """The scheduler as its callers see it: ``GrpcSchedulerClient`` over gRPC, and
-    ``services.scheduler.inprocess.InProcessSchedulerClient`` in one process."""
-
-    async def start_job(self, job_id: str, resume: bool = False) -> None: ...
-
-    async def stop_job(self, job_id: str) -> None: ...
-
-    async def report_tool_return(self, job_id: str, trajectory_id: str,
-                                 state: t.ToolReturnState, tokens_so_far: int,
-                                 instance_id: str, lease_epoch: int,
-                                 needs_answer: bool = True) -> t.PlacementDecision: ...
-
-    async def report_finished(self, job_id: str, trajectory_id: str, total_tokens: int,
-                              status: t.TrajectoryStatus, instance_id: str,
-                              lease_epoch: int) -> None: ...
-
-    async def stats(self, job_id: str) -> dict[str, Any]: ...
-
-    async def close(self) -> None: ...
 
 
 class GrpcSchedulerClient(GrpcClientBase):

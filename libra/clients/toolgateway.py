@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from libra import types as t
+from libra.clients.api import ToolGatewayApi as ToolGatewayApi
 from libra.clients.base import GrpcClientBase
 from libra.grpc_auth import ClientAuth
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
 from libra.wire.common import tool_state_from_proto, tool_status_from_proto
 from libra.wire.toolgateway import score_input_to_proto, score_output_from_proto
-
-
-class ToolGatewayApi(Protocol):
-    async def execute(self, trajectory_id: str, call_id: str, tool: str, args: dict[str, Any],
-                      deadline_ms: int, options: dict[str, Any] | None = None
-                      ) -> t.ToolResult: ...
-
-    async def score(self, request: t.ScoreInput, timeout_s: float | None = None
-                    ) -> t.ScoreOutput: ...
 
 
 class GrpcToolGatewayClient(GrpcClientBase):

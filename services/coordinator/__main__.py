@@ -27,13 +27,13 @@ from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, serve
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.telemetry import init_logging, init_tracing
+from scheduling.planner.live import live_planner
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore, CorpusCheck
 from services.coordinator.dataset_check import check_dataset
 from services.coordinator.elastic import ElasticWiring
 from services.coordinator.init_from_check import check_job_init_from
 from services.coordinator.model_check import check_job_model
-from services.coordinator.planner.live import live_planner
 from services.coordinator.reconcile import ReconcileSettings, ReconcileWiring
 from services.coordinator.rest import build_app
 from services.coordinator.retention import run_retention

@@ -70,7 +70,9 @@ class JobRunner(Protocol):
         """Start a job; ``resume``: it ran before (newest checkpoint, counters continued)."""
         ...
 
-    async def stop_job(self, job_id: str) -> None: ...
+    async def stop_job(self, job_id: str) -> None:
+        """Stop the job's work on this service (the job was cancelled, failed or ended)."""
+        ...
 
 
 class CoordinatorCore:
@@ -332,12 +334,15 @@ class CoordinatorCore:
 
     async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
                             address: str, ttl_ms: int) -> t.Lease:
+        """Grant a worker its lease; a new epoch fences out older holders (worker_registry.py)."""
         return await self._workers.acquire_lease(worker_id, role, bucket, address, ttl_ms)
 
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+        """Extend the lease held at ``epoch``; fails once it expired or was granted anew."""
         return await self._workers.renew_lease(worker_id, epoch)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
+        """Give the lease up on a clean exit, so peers need not wait for its TTL."""
         await self._workers.release_lease(worker_id, epoch)
 
     async def change_worker_role(self, worker_id: str, expected_epoch: int,
@@ -346,4 +351,5 @@ class CoordinatorCore:
         return await self._workers.change_worker_role(worker_id, expected_epoch, role)
 
     async def list_workers(self) -> list[t.Lease]:
+        """The leases held now: the live workers, their roles and buckets."""
         return await self._workers.list_workers()

@@ -63,9 +63,8 @@ from services.rollout.tool_calls import ToolCaller
 from services.rollout.weight_loader import WeightLoader
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from libra.clients.coordinator import CoordinatorApi
-    from libra.clients.toolgateway import ToolGatewayApi
-    from services.rollout.store import InboxEntry, RolloutStore
+    from libra.clients.api import CoordinatorApi, ToolGatewayApi
+    from services.rollout.store_protocol import InboxEntry, RolloutStore
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +114,8 @@ class RolloutCore:
 
     @property
     def settings(self) -> RolloutSettings:
+        """This instance's identity and limits (replaced once the entry point knows its
+        address)."""
         return self._settings
 
     @settings.setter
@@ -128,14 +129,18 @@ class RolloutCore:
 
     @property
     def num_moves_handed_off(self) -> int:
+        """MOVE decisions carried out: trajectories handed to another instance's inbox."""
         return self._mover.num_moves_handed_off
 
     @property
     def num_moves_moot(self) -> int:
+        """MOVE decisions that came too late: the trajectory had finished or left already."""
         return self._mover.num_moves_moot
 
     @property
     def hybrid_phase(self) -> str:
+        """Where a lent (hybrid) instance is in joining or leaving training; empty when
+        not lent."""
         return self._lender.hybrid_phase
 
     async def lend(self, job_id: str, expected_epoch: int, generation: int,
@@ -150,6 +155,7 @@ class RolloutCore:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def register(self) -> t.Lease:
+        """Take this instance's lease from the coordinator (at start and after losing it)."""
         return await self._keeper.register()
 
     async def heartbeat(self) -> None:
@@ -164,14 +170,17 @@ class RolloutCore:
 
     @property
     def num_active(self) -> int:
+        """Trajectories this instance holds now (its load, as reported in status)."""
         return len(self._job[1].active) if self._job else 0
 
     @property
     def job_id(self) -> str:
+        """The job this instance works on; empty between jobs."""
         return self._job[0] if self._job else ""
 
     @property
     def policy_version(self) -> int:
+        """The policy version loaded in the engine; -1 before any job."""
         return self._job[1].engine.policy_version if self._job else -1
 
     async def drain(self, grace_s: float) -> None:
@@ -208,6 +217,7 @@ class RolloutCore:
 
     @property
     def lease(self) -> t.Lease | None:
+        """The lease held now; None before registering or after losing it."""
         return self._held.lease
 
     # -- loop steps -----------------------------------------------------------------------

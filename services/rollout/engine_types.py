@@ -103,7 +103,7 @@ class EngineCallLog:
 
     The rollout service reports it in ``GetInstanceStatus.engine_profile_json`` so that a
     measurement of the instance's speed is taken in the run itself, under its real
-    contention (``sim/validation.py`` fits its step-cost model to it).
+    contention (``libra_cli/sim_validation.py`` fits its step-cost model to it).
     """
 
     def __init__(self, maxlen: int = 2048) -> None:

@@ -22,8 +22,8 @@ from services.rollout.loop_types import ActiveTrajectory, JobContext, LeaseHolde
 from services.rollout.profile import LoopProfile
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from libra.clients.toolgateway import ToolGatewayApi
-    from services.rollout.store import RolloutStore
+    from libra.clients.api import ToolGatewayApi
+    from services.rollout.store_protocol import RolloutStore
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The rollout instance's client surface without sockets, for a one-process loop.
 
-:class:`InProcessRolloutClient` implements :class:`libra.clients.rollout.RolloutApi`
+:class:`InProcessRolloutClient` implements :class:`libra.clients.api.RolloutApi`
 (the same methods as :class:`libra.clients.rollout.GrpcRolloutClient`) by calling a
 :class:`services.rollout.core.RolloutCore` in the same event loop. What crosses the call
 is what crosses the wire: the lease goes through its wire codec (the caller gets its own
@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from libra import types as t
-from libra.clients.rollout import InstanceStatus, LendResult
+from libra.clients.api import InstanceStatus, LendResult
 from libra.errors import DeadlineExceeded, error_from_status
 from libra.wire.common import lease_from_proto, lease_to_proto
 from services.rollout.core import RolloutCore

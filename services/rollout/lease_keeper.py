@@ -21,8 +21,8 @@ from libra.errors import LeaseLost, LibraError
 from services.rollout.loop_types import LeaseHolder, RolloutSettings
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from libra.clients.coordinator import CoordinatorApi
-    from services.rollout.store import RolloutStore
+    from libra.clients.api import CoordinatorApi
+    from services.rollout.store_protocol import RolloutStore
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from services.rollout.hybrid_join import ChannelOpener, HybridJoin, TrainerLoade
 from services.rollout.loop_types import JobContext, LeaseHolder, RolloutSettings
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from libra.clients.coordinator import CoordinatorApi
-    from services.rollout.store import RolloutStore
+    from libra.clients.api import CoordinatorApi
+    from services.rollout.store_protocol import RolloutStore
 
 logger = logging.getLogger(__name__)
 

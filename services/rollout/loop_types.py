@@ -20,7 +20,7 @@ from services.rollout import agent
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from services.rollout.store import InboxEntry
+    from services.rollout.store_protocol import InboxEntry
 
 
 class Engine(Protocol):

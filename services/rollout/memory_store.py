@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from libra import redis_keys as keys
 from libra import types as t
 from libra.wire.common import decode_trajectory, encode_trajectory
-from services.rollout.store import InboxEntry, produced_counter
+from services.rollout.store import produced_counter
+from services.rollout.store_protocol import InboxEntry
 
 
 @dataclass

@@ -22,7 +22,7 @@ from services.rollout.loop_types import ActiveTrajectory, JobContext, LeaseHolde
 from services.rollout.profile import LoopProfile
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from services.rollout.store import RolloutStore
+    from services.rollout.store_protocol import RolloutStore
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,7 @@ first).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from libra import redis_keys as keys
 from libra import types as t
@@ -31,47 +30,10 @@ from libra.evaluation import EVAL_FAILED, EVAL_PRODUCED
 from libra.redis_fields import LEASE_EPOCH_CHECK_LUA
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
+from services.rollout.store_protocol import InboxEntry as InboxEntry
+from services.rollout.store_protocol import RolloutStore as RolloutStore
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class InboxEntry:
-    entry_id: str
-    job_id: str
-    trajectory: t.Trajectory
-
-
-class RolloutStore(Protocol):
-    async def ensure_inbox(self, instance_id: str) -> None: ...
-
-    async def read_inbox(self, instance_id: str, count: int,
-                         block_ms: int) -> list[InboxEntry]: ...
-
-    async def job_spec_json(self, job_id: str) -> str | None: ...
-
-    async def job_state(self, job_id: str) -> str | None: ...
-
-    async def policy(self, job_id: str) -> t.PolicyInfo | None: ...
-
-    async def publish(self, traj: t.Trajectory, instance_id: str, entry_id: str,
-                      lease_epoch: int) -> bool: ...
-
-    async def handoff(self, traj: t.Trajectory, instance_id: str, entry_id: str,
-                      target_instance: str, target_bucket: str, lease_epoch: int) -> bool: ...
-
-    async def ack(self, instance_id: str, entry_id: str) -> None: ...
-
-    async def hand_back(self, traj: t.Trajectory, instance_id: str, entry_id: str) -> None: ...
-
-    async def clear_inbox(self, instance_id: str) -> None: ...
-
-    async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
-
-    async def report_weights(self, job_id: str, instance_id: str, loaded: int,
-                             loading: int) -> None: ...
-
-    async def leave_weights(self, job_id: str, instance_id: str) -> None: ...
 
 
 # KEYS[1] = lease hash, KEYS[2] = trajectory stream, KEYS[3] = inbox, KEYS[4] = counters,
@@ -232,7 +194,7 @@ class RedisRolloutStore(JobRecordReader):
 
 def produced_counter(traj: t.Trajectory) -> str:
     """The counter a published trajectory bumps: eval trajectories have their own, so
-    the training accounting identity (libra/report.py) never sees them."""
+    the training accounting identity (libra_cli/report.py) never sees them."""
     failed = traj.status is t.TrajectoryStatus.FAILED
     if traj.is_eval:
         return EVAL_FAILED if failed else EVAL_PRODUCED

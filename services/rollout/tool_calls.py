@@ -21,7 +21,7 @@ from libra.jobspec import JobSpec
 from services.rollout import agent
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc at run time
-    from libra.clients.toolgateway import ToolGatewayApi
+    from libra.clients.api import ToolGatewayApi
 
 
 class ToolCaller:

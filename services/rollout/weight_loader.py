@@ -23,7 +23,7 @@ from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, s
 from services.rollout.loop_types import Engine
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from services.rollout.store import RolloutStore
+    from services.rollout.store_protocol import RolloutStore
 
 logger = logging.getLogger(__name__)
 

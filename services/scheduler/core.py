@@ -55,6 +55,8 @@ from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.evaluation import eval_rows, eval_steps
 from libra.jobspec import job_spec_from_json
 from libra.limits import check_id
+from scheduling.policy.errors import UnknownTrajectory
+from scheduling.policy.registry import make_policy
 from services.scheduler.admission import Admission
 from services.scheduler.job_run import (
     JobRun,
@@ -64,8 +66,6 @@ from services.scheduler.job_run import (
     build_policy_config,
 )
 from services.scheduler.placement import assign, check_idle
-from services.scheduler.policy.errors import UnknownTrajectory
-from services.scheduler.policy.registry import make_policy
 from services.scheduler.requeue import ORPHAN_SCAN_S, Requeuer
 from services.scheduler.state import FinishRecord, LeaseSnapshot, TickWrites
 
@@ -146,6 +146,8 @@ class SchedulerCore:
         )
 
     async def stop_job(self, job_id: str) -> None:
+        """Forget the job here (cancel, failure or end); the store keeps its state for a
+        resume."""
         if self._jobs.pop(job_id, None) is not None:
             logger.info("[job] stopped scheduling job_id=%s", job_id)
 
@@ -171,6 +173,8 @@ class SchedulerCore:
             await asyncio.sleep(self._tick_s)
 
     async def drain(self, _grace_s: float) -> None:
+        """Stop the loop after the current pass (SIGTERM); the state is in the store, so
+        a restarted scheduler picks the jobs up."""
         self._stopping = True
 
     async def _tick(self, run: JobRun) -> None:
@@ -338,6 +342,8 @@ class SchedulerCore:
             pass  # placed by a previous scheduler process whose policy state was lost
 
     async def stats(self, job_id: str) -> dict[str, Any]:
+        """The job's placement figures for ``libra status``: policy, pending work,
+        decisions, migrations."""
         run = self._run(job_id)
         return {
             "policy": run.spec.layout.policy,

@@ -1,5 +1,5 @@
 """``InProcessSchedulerClient``: the scheduler client's surface
-(``libra.clients.scheduler.SchedulerClientApi``) served by a ``SchedulerCore`` in this
+(``libra.clients.api.SchedulerClientApi``) served by a ``SchedulerCore`` in this
 process, without sockets: for a one-process debugging loop.
 
 It does what the servicer does between the wire and the core - fence a report by the

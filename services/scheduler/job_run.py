@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from libra import types as t
 from libra.data import DatasetRow, DatasetSplit
 from libra.jobspec import JobSpec
-from services.scheduler.policy.base import PlacementPolicy
-from services.scheduler.policy.cmlfq import CmlfqConfig
-from services.scheduler.policy.layout import BucketLayout
-from services.scheduler.policy.registry import PolicyConfig
+from scheduling.policy.base import PlacementPolicy
+from scheduling.policy.cmlfq import CmlfqConfig
+from scheduling.policy.layout import BucketLayout
+from scheduling.policy.registry import PolicyConfig
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store_protocol import FlushablePolicyStore

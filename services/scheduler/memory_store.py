@@ -25,7 +25,7 @@ from typing import Any
 from libra import redis_keys as keys
 from libra import types as t
 from libra.evaluation import EVAL_ROUNDS_COUNTER, eval_size_counter
-from services.scheduler.policy.store import InMemoryPolicyStore
+from scheduling.policy.store import InMemoryPolicyStore
 from services.scheduler.state import (
     FinishRecord,
     LeaseSnapshot,

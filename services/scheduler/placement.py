@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 from libra import types as t
+from scheduling.policy.base import TrajectoryDescriptor
+from scheduling.policy.thresholds import idle_while_queued
 from services.scheduler.job_run import JobRun, apply_local_load
-from services.scheduler.policy.base import TrajectoryDescriptor
-from services.scheduler.policy.thresholds import idle_while_queued
 
 logger = logging.getLogger("services.scheduler.core")
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from libra import types as t
 from libra.clock import Clock
+from scheduling.policy.errors import UnknownTrajectory
 from services.scheduler.job_run import JobRun
-from services.scheduler.policy.errors import UnknownTrajectory
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store_protocol import SchedulerStore

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from libra import types as t
-from services.scheduler.policy.store import PolicyStore
+from scheduling.policy.store import PolicyStore
 from services.scheduler.state import LeaseSnapshot, TickState, TickWrites
 
 

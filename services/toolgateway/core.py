@@ -33,14 +33,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from libra.types import SizeClass, SizeThresholds, ToolReturnState, ToolStatus, TranscriptMessage
+from libra.types import SizeClass, SizeThresholds, ToolReturnState, ToolStatus
 from services.toolgateway.errors import (
     DeadlineExceeded,
     Internal,
     ResourceExhausted,
     ToolGatewayError,
 )
-from services.toolgateway.rewards.base import RewardContractError, check_output
+from services.toolgateway.rewards.base import RewardContractError, ScoreRequest, check_output
 from services.toolgateway.rewards.composite import composite_weights
 from services.toolgateway.rewards.registry import RewardRegistry
 from services.toolgateway.tools.base import Tool, ToolContext, ToolOutput
@@ -132,25 +132,6 @@ class ToolResult:
     state: ToolReturnState
     num_attempts: int = 1
     is_truncated: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ScoreRequest:
-    """A finished trajectory to score (the whole of it: see rewards/base.py)."""
-
-    trajectory_id: str
-    reward: str
-    final_text: str
-    reference: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-    messages: tuple[TranscriptMessage, ...] = ()
-    """The prompt, each assistant turn (with its parsed calls), each tool return."""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    """The dataset row's metadata (task.metadata_field)."""
-    num_turns: int = 0
-    options: dict[str, Any] = field(default_factory=dict)
-    """The job's reward settings (``RewardSpec.options()``: components, llm_judge,
-    timeout_s)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from services.trainer.failures import RewardFailureBudget
 from services.trainer.grpo import GroupBuffer, staleness
 
 if TYPE_CHECKING:  # the store's type only: no redis at run time
-    from services.trainer.store import TrainerStore
+    from services.trainer.store_protocol import TrainerStore
 
 logger = logging.getLogger(__name__)
 

@@ -56,8 +56,8 @@ from services.trainer.publishing import WeightPublisher
 from services.trainer.reports import CoordinatorReporter
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
-    from libra.clients.coordinator import CoordinatorApi
-    from services.trainer.store import TrainerStore
+    from libra.clients.api import CoordinatorApi
+    from services.trainer.store_protocol import TrainerStore
 
 logger = logging.getLogger(__name__)
 
@@ -73,21 +73,40 @@ _PLACED = "placed:"
 
 
 class Backend(Protocol):
-    def warm_start(self, should_stop: Callable[[], bool] = ...) -> dict[str, float]: ...
+    """The training engine of one job (torch: ``libra.training``); the core drives it
+    without importing torch, so tests can pass a small fake."""
 
-    def train_step(self, samples: list[TrainSample]) -> dict[str, float]: ...
+    def warm_start(self, should_stop: Callable[[], bool] = ...) -> dict[str, float]:
+        """Supervised steps on the demonstrations before GRPO; ``should_stop`` ends it early."""
+        ...
 
-    def save_weights(self, path: str) -> str: ...
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One GRPO step on a complete batch of groups; returns the step's metrics."""
+        ...
 
-    def save_checkpoint(self, directory: str) -> list[str]: ...
+    def save_weights(self, path: str) -> str:
+        """Write the policy weights to ``path`` (what rollouts load); returns their sha256."""
+        ...
 
-    def load_checkpoint(self, directory: str) -> None: ...
+    def save_checkpoint(self, directory: str) -> list[str]:
+        """Write model, optimizer and RNG state (what a resume needs); returns the files."""
+        ...
 
-    def load_model_weights(self, checkpoint_dir: str) -> None: ...
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore the state ``save_checkpoint`` wrote (a resumed job)."""
+        ...
+
+    def load_model_weights(self, checkpoint_dir: str) -> None:
+        """``init_from``: only a checkpoint's model weights (optimizer, RNG, step fresh)."""
+        ...
 
 
 class BackendFactory(Protocol):
-    def create(self, spec: JobSpec, model_dir: str) -> Backend: ...
+    """Builds the backend for one job, so a job's model and settings choose it."""
+
+    def create(self, spec: JobSpec, model_dir: str) -> Backend:
+        """The backend for ``spec``, its model loaded from ``model_dir``."""
+        ...
 
 
 class TrainerCore:
@@ -122,6 +141,7 @@ class TrainerCore:
         self._failures = RewardFailureBudget(RewardSpec())
 
     def status(self) -> t.TrainerStatus:
+        """What ``libra status`` shows of the trainer: job, phase, step, policy version."""
         return t.TrainerStatus(job_id=self.job_id, phase=self.phase, step=self.step,
                                policy_version=self.policy_version, message=self.message)
 
@@ -155,11 +175,13 @@ class TrainerCore:
         return running[:1]
 
     async def stop_job(self, job_id: str) -> None:
+        """Cancel the job's training task if it runs here (cancel, failure, another job)."""
         if self.job_id == job_id and self._task is not None and not self._task.done():
             await self._cancel_task()
             self.phase = "idle"
 
     async def drain(self, _grace_s: float) -> None:
+        """Cancel the running job on SIGTERM; its newest checkpoint is what a resume uses."""
         if self._task is not None:
             await self._cancel_task()
 
@@ -196,14 +218,17 @@ class TrainerCore:
             raise FailedPrecondition(str(exc)) from exc
 
     def elastic_message(self, session: HybridSession, msg: ch.HybridMessage) -> None:
+        """A lent worker's message on the gradient channel (applied, activated, gradients)."""
         if self._elastic is not None:
             self._elastic.elastic_message(session, msg)
 
     def disconnect_hybrid(self, session: HybridSession, reason: str) -> None:
+        """A lent worker left the gradient channel; the elastic step goes on without it."""
         if self._elastic is not None:
             self._elastic.disconnect_hybrid(session, reason)
 
     async def wait(self) -> None:
+        """Wait until the job's task ends (tests and the in-process loop)."""
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 

@@ -25,7 +25,7 @@ from libra.evaluation import (
 from libra.jobspec import JobSpec
 
 if TYPE_CHECKING:  # the store's type only: no redis at run time
-    from services.trainer.store import TrainerStore
+    from services.trainer.store_protocol import TrainerStore
 
 logger = logging.getLogger(__name__)
 Entries = list[tuple[str, t.Trajectory]]

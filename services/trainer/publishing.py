@@ -17,7 +17,7 @@ from libra.wire.step_record import step_record_to_dict
 from services.trainer import checkpoint
 
 if TYPE_CHECKING:  # the store's type only: no redis at run time
-    from services.trainer.store import TrainerStore
+    from services.trainer.store_protocol import TrainerStore
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from libra.ids import new_run_token
 from libra.retry import RetryPolicy, Sleep, retry_transient
 
 if TYPE_CHECKING:  # the client's type only: no grpc at run time
-    from libra.clients.coordinator import CoordinatorApi
+    from libra.clients.api import CoordinatorApi
 
 logger = logging.getLogger(__name__)
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from libra import redis_keys as keys
 from libra import types as t
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory
+from services.trainer.store_protocol import TrainerStore as TrainerStore
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -40,34 +41,6 @@ while i < #ARGV do
 end
 return 1
 """
-
-
-class TrainerStore(Protocol):
-    async def job_spec_json(self, job_id: str) -> str | None: ...
-
-    async def job_run_dir(self, job_id: str) -> str: ...
-
-    async def ensure_group(self, job_id: str) -> None: ...
-
-    async def read(self, job_id: str, consumer: str, count: int, block_ms: int,
-                   pending: bool = False) -> list[tuple[str, t.Trajectory]]: ...
-
-    async def already_consumed(self, job_id: str, traj_ids: list[str]) -> list[bool]: ...
-
-    async def consume(self, job_id: str, entry_ids: list[str], traj_ids: list[str],
-                      **counters: int) -> None: ...
-
-    async def publish_policy(self, job_id: str, info: t.PolicyInfo) -> None: ...
-
-    async def counters(self, job_id: str) -> dict[str, int]: ...
-
-    async def running_jobs(self) -> list[str]: ...
-
-    async def policy_version(self, job_id: str) -> int: ...
-
-    async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
-
-    async def weights_in_use(self, job_id: str) -> set[int]: ...
 
 
 class RedisTrainerStore(JobRecordReader):

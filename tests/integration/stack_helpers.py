@@ -14,10 +14,10 @@ import redis as redis_sync
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.cli import stack
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import DeadlineExceeded, Unavailable
-from libra.report import build_report
+from libra_cli import stack
+from libra_cli.report import build_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

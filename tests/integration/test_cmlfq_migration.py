@@ -19,8 +19,8 @@ import redis as redis_sync
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.cli import stack
 from libra.wire.common import decode_trajectory
+from libra_cli import stack
 from tests.integration.stack_helpers import small_job, stack_up, wait_for_job
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from libra import types as t
-from libra.cli import stack
+from libra_cli import stack
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
     event_kinds,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from libra import types as t
-from libra.cli import stack
-from libra.report import build_report, write_report
+from libra_cli import stack
+from libra_cli.report import build_report, write_report
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
     small_job,

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from libra import types as t
-from libra.cli import stack
-from libra.cli.main import load_spec
 from libra.jobspec import job_spec_from_json
-from libra.report import build_report
+from libra_cli import stack
+from libra_cli.main import load_spec
+from libra_cli.report import build_report
 from tests.fixtures.hf_models import make_model_dir
 from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
 

@@ -15,9 +15,9 @@ import pytest
 import redis as redis_sync
 
 from libra import redis_keys as keys
-from libra.cli import stack
 from libra.errors import LibraError
-from libra.redis_server import pid_alive, start_redis
+from libra_cli import stack
+from libra_cli.redis_server import pid_alive, start_redis
 from tests.integration.stack_helpers import ROOT, small_job
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ async def test_an_interrupted_libra_run_cancels_its_job_and_stops_its_stack(
     job_file.write_text(small_job(num_steps=10_000))  # still running when interrupted
     stderr_path = tmp_path / "stderr.txt"
     with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "libra.cli.main", "--run-root",
+        proc = subprocess.Popen([sys.executable, "-m", "libra_cli.main", "--run-root",
                                  str(run_root), "run", str(job_file), "--json"], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=stderr)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.validation import TOLERANCE, validate
+from libra_cli.sim_validation import TOLERANCE, validate
 from tests.integration.stack_helpers import ROOT
 
 pytestmark = pytest.mark.integration

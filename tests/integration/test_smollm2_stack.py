@@ -18,10 +18,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.cli import stack
-from libra.cli.main import load_spec
 from libra.jobspec import job_spec_from_json
 from libra.wire.common import decode_trajectory
+from libra_cli import stack
+from libra_cli.main import load_spec
 from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
 
 pytestmark = pytest.mark.integration
@@ -59,7 +59,7 @@ async def test_smollm2_calc_trains_two_steps_and_exports(running_stack: dict, sm
         assert '"name": "calculator"' in prompt and "<|im_start|>assistant\n" in prompt
         assert sum(traj.loss_mask) > 0
     out = tmp_path / "exported"
-    subprocess.run([sys.executable, "-m", "libra.cli.main", "export", job.job_id,
+    subprocess.run([sys.executable, "-m", "libra_cli.main", "export", job.job_id,
                     "--run-dir", job.run_dir, "--out", str(out)], cwd=ROOT, check=True,
                    capture_output=True, text=True)
     model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)

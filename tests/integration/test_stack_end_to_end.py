@@ -18,9 +18,9 @@ import redis as redis_sync
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.cli import stack
 from libra.errors import InvalidArgument
-from libra.redis_server import pid_alive
+from libra_cli import stack
+from libra_cli.redis_server import pid_alive
 from tests.integration.stack_helpers import ROOT, small_job, stack_up, wait_for_job
 
 pytestmark = pytest.mark.integration
@@ -81,7 +81,7 @@ async def test_a_composite_reward_job_records_its_components_per_step(
 
 
 def test_status_json_lists_every_service_healthy(running_stack: dict) -> None:
-    out = subprocess.run([sys.executable, "-m", "libra.cli.main", "--run-root",
+    out = subprocess.run([sys.executable, "-m", "libra_cli.main", "--run-root",
                           running_stack["run_root"], "status", "--json"], cwd=ROOT,
                          capture_output=True, text=True, check=True)
     rows = {row["name"]: row for row in json.loads(out.stdout)}
@@ -122,7 +122,7 @@ async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
     from libra.clients.toolgateway import GrpcToolGatewayClient
     from libra.errors import PermissionDenied, Unauthenticated
     from libra.grpc_auth import ClientAuth
-    from libra.stack_secrets import secrets_dir
+    from libra_cli.stack_secrets import secrets_dir
 
     run_root = Path(running_stack["run_root"])
     secret_files = sorted(secrets_dir(run_root).iterdir())
@@ -156,7 +156,7 @@ async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
     with redis_sync.Redis(port=redis_port) as no_password:
         with pytest.raises(redis_sync.AuthenticationError):
             no_password.ping()
-    cli = subprocess.run([sys.executable, "-m", "libra.cli.main", "--run-root", str(run_root),
+    cli = subprocess.run([sys.executable, "-m", "libra_cli.main", "--run-root", str(run_root),
                           "jobs", "--json"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert cli.returncode == 0, cli.stderr

@@ -14,7 +14,7 @@ import redis as redis_sync
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.cli import stack
+from libra_cli import stack
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
     small_job,

@@ -35,8 +35,8 @@ from libra.proto.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from libra.proto.toolgateway.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from libra.redis_server import free_port
 from libra.service_config import AuthConfig, ServerConfig
+from libra_cli.redis_server import free_port
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest import build_app
 from services.coordinator.store import RedisCoordinatorStore

@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from libra.clients.base import GrpcClientBase
 from libra.errors import Unavailable
-from libra.redis_server import free_ports
+from libra_cli.redis_server import free_ports
 
 DOWN_S = 4.0  # long enough for the channel's reconnect backoff to reach its 2 s cap
 

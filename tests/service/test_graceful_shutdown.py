@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from libra.cli.stack import health
-from libra.redis_server import EmbeddedRedis, free_ports
+from libra_cli.redis_server import EmbeddedRedis, free_ports
+from libra_cli.stack import health
 
 ROOT = Path(__file__).resolve().parents[2]
 

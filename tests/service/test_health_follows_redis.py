@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from libra.cli.stack import health
-from libra.redis_server import free_ports, start_redis
+from libra_cli.redis_server import free_ports, start_redis
+from libra_cli.stack import health
 from tests.service.test_graceful_shutdown import _start, _wait_serving
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from libra.launcher import ServiceProc, Supervisor
-from libra.redis_server import start_redis
-from libra.stack_secrets import ensure_stack_secrets
+from libra_cli.launcher import ServiceProc, Supervisor
+from libra_cli.redis_server import start_redis
+from libra_cli.stack_secrets import ensure_stack_secrets
 
 STABLE_S = 300.0
 

@@ -34,9 +34,9 @@ from libra.jobspec import JobSpec
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from libra.redis_server import EmbeddedRedis
 from libra.service_config import ServerConfig, TelemetryConfig
 from libra.wire.coordinator import job_to_proto
+from libra_cli.redis_server import EmbeddedRedis
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import InMemoryCoordinatorStore

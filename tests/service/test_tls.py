@@ -1,6 +1,6 @@
 """TLS for gRPC and HTTPS for REST, from the files ``libra certs`` writes.
 
-Real: certificates made by ``libra.certs`` (cryptography), the coordinator's servicer and
+Real: certificates made by ``libra_cli.tls_certs`` (cryptography), the coordinator's servicer and
 core on the session's redis-server behind a ``libra.grpcx.Server`` with TLS and tokens,
 the typed client, the health probe, and the REST app served by uvicorn over HTTPS.
 Fakes: ``FakeRunner`` replaces the trainer and scheduler clients.
@@ -21,17 +21,17 @@ import uvicorn
 
 from libra import types as t
 from libra.access import load_tokens
-from libra.certs import CertPaths, make_certs
-from libra.cli.main import main as cli_main
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.errors import PermissionDenied, Unauthenticated, Unavailable
 from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, Server
-from libra.healthcheck import check
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-from libra.redis_server import free_port
 from libra.service_config import AuthConfig, ServerConfig
+from libra_cli.healthcheck import check
+from libra_cli.main import main as cli_main
+from libra_cli.redis_server import free_port
+from libra_cli.tls_certs import CertPaths, make_certs
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer

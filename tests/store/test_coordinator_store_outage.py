@@ -24,7 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import SystemClock
-from libra.redis_server import EmbeddedRedis
+from libra_cli.redis_server import EmbeddedRedis
 from services.coordinator.store import RedisCoordinatorStore
 
 PAUSE_S = 1.0

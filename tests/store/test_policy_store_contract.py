@@ -16,10 +16,10 @@ import pytest
 
 from libra import redis_keys as keys
 from libra import types as t
-from services.scheduler.policy.base import TrajectoryDescriptor
-from services.scheduler.policy.cmlfq import CmlfqConfig, CmlfqPolicy
-from services.scheduler.policy.layout import BucketLayout
-from services.scheduler.policy.store import InMemoryPolicyStore, PolicyStore
+from scheduling.policy.base import TrajectoryDescriptor
+from scheduling.policy.cmlfq import CmlfqConfig, CmlfqPolicy
+from scheduling.policy.layout import BucketLayout
+from scheduling.policy.store import InMemoryPolicyStore, PolicyStore
 from services.scheduler.store import RedisPolicyStore
 
 JOB = "job-1"

@@ -15,7 +15,7 @@ from redis.asyncio.connection import Connection
 from libra import redis_keys as keys
 from libra.clock import FakeClock
 from libra.jobspec import JobSpec
-from libra.redis_server import EmbeddedRedis
+from libra_cli.redis_server import EmbeddedRedis
 from services.scheduler.core import SchedulerCore
 from services.scheduler.state import TickWrites
 from services.scheduler.store import FlushablePolicyStore, RedisSchedulerStore

@@ -21,8 +21,8 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.redis_server import EmbeddedRedis
 from libra.wire.common import encode_trajectory
+from libra_cli.redis_server import EmbeddedRedis
 from services.trainer.store import RedisTrainerStore
 from tests.store.test_coordinator_store_outage import PAUSE_S, frozen
 

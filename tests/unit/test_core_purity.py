@@ -17,8 +17,8 @@ HEAVY = ("grpc", "redis", "torch", "transformers", "vllm", "libra.proto", "datas
 
 @pytest.mark.parametrize("module", [
     "services.coordinator.core", "services.scheduler.core", "services.rollout.core",
-    "services.trainer.core", "services.toolgateway.core", "services.scheduler.policy",
-    "services.coordinator.planner", "sim",
+    "services.trainer.core", "services.toolgateway.core", "scheduling.policy",
+    "scheduling.planner", "sim",
 ])
 def test_core_imports_no_heavy_dependency(module: str) -> None:
     code = (f"import sys, {module}; "

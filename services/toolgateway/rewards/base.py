@@ -1,7 +1,8 @@
 """The reward plugin contract.
 
 A reward is any object with ``name``, ``description`` and
-``async score(request) -> RewardOutput``. The request (``core.ScoreRequest``) carries the
+``async score(request) -> RewardOutput``. The request (:class:`ScoreRequest`, here
+so rewards need not import the core that runs them) carries the
 whole trajectory: ``final_text``, ``reference``, ``messages`` (the prompt, every
 assistant turn with its parsed tool calls, every tool return, in order: ``libra.types.
 TranscriptMessage``), the row's ``metadata``, ``num_turns``, and the job's reward
@@ -17,10 +18,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from services.toolgateway.core import ScoreRequest
+from libra.types import TranscriptMessage
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRequest:
+    """A finished trajectory to score (the whole of it: see rewards/base.py)."""
+
+    trajectory_id: str
+    reward: str
+    final_text: str
+    reference: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[TranscriptMessage, ...] = ()
+    """The prompt, each assistant turn (with its parsed calls), each tool return."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The dataset row's metadata (task.metadata_field)."""
+    num_turns: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    """The job's reward settings (``RewardSpec.options()``: components, llm_judge,
+    timeout_s)."""
 
 
 @dataclass(frozen=True, slots=True)

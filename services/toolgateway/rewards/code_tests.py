@@ -18,7 +18,7 @@ from services.toolgateway.rewards.base import RewardOutput
 from services.toolgateway.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from services.toolgateway.core import ScoreRequest
+    from services.toolgateway.rewards.base import ScoreRequest
 
 _HARNESS = """
 def __libra_run_tests(tests, marker):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from services.toolgateway.rewards.base import RewardContractError, RewardOutput, check_output
 
 if TYPE_CHECKING:
-    from services.toolgateway.core import ScoreRequest
+    from services.toolgateway.rewards.base import ScoreRequest
     from services.toolgateway.rewards.registry import RewardRegistry
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from services.toolgateway.rewards.base import RewardOutput
 
 if TYPE_CHECKING:
-    from services.toolgateway.core import ScoreRequest
+    from services.toolgateway.rewards.base import ScoreRequest
 
 # The tool name of a return for a call that never reached a tool (the rollout's
 # services/rollout/agent.py INVALID_TOOL_TYPE; the gateway cannot import the rollout).

@@ -30,7 +30,7 @@ from services.toolgateway.errors import Unavailable
 from services.toolgateway.rewards.base import RewardContractError, RewardOutput
 
 if TYPE_CHECKING:
-    from services.toolgateway.core import ScoreRequest
+    from services.toolgateway.rewards.base import ScoreRequest
 
 _SCORE_RE = re.compile(r"(?<![\d.])(?:0(?:\.\d+)?|1(?:\.0+)?)(?![\d.])")
 _PROMPT = (

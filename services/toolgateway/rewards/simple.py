@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from services.toolgateway.rewards.base import RewardOutput
 
 if TYPE_CHECKING:
-    from services.toolgateway.core import ScoreRequest
+    from services.toolgateway.rewards.base import ScoreRequest
 
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*-?\d+(?:\.\d+)?)?")
 

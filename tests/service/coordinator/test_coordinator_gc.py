@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from libra import redis_keys as keys
-from libra.cli.main import main
 from libra.clock import SystemClock
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.retention import RetentionPolicy
 from libra.run_dir import published_versions, weights_file
+from libra_cli.main import main
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.retention import retention_pass
 from services.coordinator.servicer import CoordinatorServicer

@@ -24,13 +24,13 @@ import pytest
 import uvicorn
 
 from libra import types as t
-from libra.cli.main import main as cli_main
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.errors import InvalidArgument
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
-from libra.redis_server import free_port
+from libra_cli.main import main as cli_main
+from libra_cli.redis_server import free_port
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer

@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from libra.cli.main import main as cli_main
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.errors import InvalidArgument
 from libra.grpcx import Registration, Server
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.service_config import ServerConfig
+from libra_cli.main import main as cli_main
 from services.coordinator.__main__ import build_core
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from libra.cli.main import main
 from libra.clock import SystemClock
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from libra_cli.main import main
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore

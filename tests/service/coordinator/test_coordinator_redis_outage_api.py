@@ -23,7 +23,7 @@ from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.errors import Unavailable
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-from libra.redis_server import free_port
+from libra_cli.redis_server import free_port
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer

@@ -35,7 +35,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from libra import errors
 from libra.access import Tokens
 from libra.clock import SystemClock
-from libra.redis_server import EmbeddedRedis, free_port
+from libra_cli.redis_server import EmbeddedRedis, free_port
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest import build_app
 from services.coordinator.rest_models import ErrorBody

@@ -7,7 +7,7 @@ import redis.asyncio as aioredis
 from libra.clock import FakeClock
 from libra.grpcx import insecure_channel
 from libra.proto.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from libra.redis_server import EmbeddedRedis
+from libra_cli.redis_server import EmbeddedRedis
 from services.rollout.core import RolloutCore, RolloutSettings
 from services.rollout.servicer import RolloutServicer
 from services.rollout.store import RedisRolloutStore

@@ -17,7 +17,7 @@ from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from libra.jobspec import JobSpec
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from libra.redis_server import EmbeddedRedis
+from libra_cli.redis_server import EmbeddedRedis
 from services.scheduler.core import SchedulerCore
 from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.store import RedisSchedulerStore

@@ -15,11 +15,11 @@ import grpc
 import pytest
 
 from libra import types as t
-from libra.cli.main import main as cli_main
 from libra.errors import InvalidArgument, ResourceExhausted, error_from_status
 from libra.grpcx import insecure_channel
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
+from libra_cli.main import main as cli_main
 
 S, F, T = t.ToolStatus.SUCCESS, t.ToolStatus.FAILURE, t.ToolStatus.TIMEOUT
 

@@ -31,7 +31,7 @@ import pytest
 from libra import types as t
 from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.errors import LibraError, ResourceExhausted
-from libra.redis_server import free_ports
+from libra_cli.redis_server import free_ports
 
 ROOT = Path(__file__).resolve().parents[3]
 NUM_CALLS, LIMIT, QUEUE = 200, 8, 64

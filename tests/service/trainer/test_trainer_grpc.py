@@ -11,7 +11,7 @@ from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, NotFound
 from libra.jobspec import JobSpec
 from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from libra.redis_server import EmbeddedRedis
+from libra_cli.redis_server import EmbeddedRedis
 from services.trainer.core import TrainerCore
 from services.trainer.servicer import TrainerServicer
 from services.trainer.store import RedisTrainerStore

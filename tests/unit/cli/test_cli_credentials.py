@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from libra.cli.credentials import cli_auth
 from libra.errors import InvalidArgument
 from libra.grpc_auth import ClientAuth
-from libra.stack_secrets import ensure_stack_secrets
+from libra_cli.credentials import cli_auth
+from libra_cli.stack_secrets import ensure_stack_secrets
 
 
 def _args(run_root: Path, **kw: object) -> argparse.Namespace:

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from libra import types as t
-from libra.cli import run as cli
 from libra.errors import DeadlineExceeded, NotFound
+from libra_cli import run as cli
 
 
 def job(state: t.JobState, step: int = 0) -> t.Job:

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from libra.cli.main import main
 from libra.weight_sync import write_manifest
+from libra_cli.main import main
 from tests.fixtures.gguf_files import gguf_from_hf_llama
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from libra import types as t
-from libra.cli import run, stack
-from libra.cli.run import LEFTOVER_REASON, Interrupted, Interrupts, RunSession
+from libra_cli import run, stack
+from libra_cli.run import LEFTOVER_REASON, Interrupted, Interrupts, RunSession
 
 STATE = {"services": [{"name": "coordinator", "port": 1}]}
 

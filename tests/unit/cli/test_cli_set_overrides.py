@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from libra.cli.main import load_spec, main
+from libra_cli.main import load_spec, main
 
 SPEC = 'name = "cli"\n[algorithm]\nnum_steps = 3\n'
 NOBODY = "127.0.0.1:9"  # the discard port: nothing answers gRPC there

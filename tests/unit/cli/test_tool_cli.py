@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from libra.cli.main import main
+from libra_cli.main import main
 
 ROW_KEYS = {"tool", "call_id", "status", "output", "error", "payload_tokens", "size_class",
             "latency_ms", "state", "truncated"}
@@ -96,7 +96,7 @@ def test_no_gateway_is_a_clear_error(capsys, tmp_path):
 
 
 def test_cli_does_not_import_services_at_import_time():
-    code = ("import sys, libra.cli.main\n"
+    code = ("import sys, libra_cli.main\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'services')\n"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -15,10 +15,10 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, NotFound
 from libra.wire.step_record import step_record_from_dict
+from scheduling.planner.live import live_planner
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.elastic import ElasticWiring
 from services.coordinator.memory_store import InMemoryCoordinatorStore
-from services.coordinator.planner.live import live_planner
 from tests.unit.coordinator.test_coordinator_core import FakeRunner
 from tests.unit.coordinator.test_elastic_executor import FakeRollout
 

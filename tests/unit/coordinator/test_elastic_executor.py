@@ -19,6 +19,7 @@ from libra.clock import FakeClock
 from libra.errors import DeadlineExceeded, Unavailable
 from libra.jobspec import ElasticSpec
 from libra.wire.step_record import step_record_from_dict
+from scheduling.planner.live import live_planner
 from services.coordinator.core import ROLE_MOVES
 from services.coordinator.elastic import (
     ElasticExecutor,
@@ -26,7 +27,6 @@ from services.coordinator.elastic import (
     Signal,
 )
 from services.coordinator.memory_store import InMemoryCoordinatorStore
-from services.coordinator.planner.live import live_planner
 
 JOB = "job-e"
 ROLLOUT, HYBRID = t.WorkerRole.CORE_ROLLOUT, t.WorkerRole.HYBRID_ROLLOUT

@@ -25,8 +25,8 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from libra import healthcheck
 from libra.config import ENV_PREFIX, load_config, option_names
+from libra_cli import healthcheck
 from services.coordinator.config import CoordinatorConfig
 from services.rollout.config import RolloutConfig
 from services.scheduler.config import SchedulerConfig
@@ -188,7 +188,7 @@ def test_health_checks_call_grpc_health_on_the_bound_port() -> None:
         assert cfg.server.port > 0, f"{name}: needs a fixed gRPC port"
         test = _as_list(svc["healthcheck"]["test"])
         assert test[:1] in (["CMD"], ["CMD-SHELL"]), name
-        assert test[1:] == ["python", "-m", "libra.healthcheck",
+        assert test[1:] == ["python", "-m", "libra_cli.healthcheck",
                             f"127.0.0.1:{cfg.server.port}"], name
 
 
@@ -271,7 +271,7 @@ def test_rollout_instances_match_the_demo_layout_and_the_bare_metal_stack() -> N
     assert {r.instance_id for r in rollouts} == set(stack)
 
 
-# -- libra.healthcheck ----------------------------------------------------------------------
+# -- libra_cli.healthcheck ----------------------------------------------------------------------
 
 def _free_port() -> int:
     with socket.socket() as sock:

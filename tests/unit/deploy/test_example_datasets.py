@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from libra.cli.main import load_spec
 from libra.data import check_job_dataset, open_job_dataset
 from libra.tasks import TASK_SYSTEM_PROMPTS, load_problems
+from libra_cli.main import load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "deploy" / "configs"

@@ -21,7 +21,7 @@ from libra.access import (
     method_access,
 )
 from libra.service_config import AuthConfig, ServerConfig
-from libra.stack_secrets import ensure_stack_secrets
+from libra_cli.stack_secrets import ensure_stack_secrets
 
 
 def test_every_public_method_in_the_table_exists_in_the_protos() -> None:

@@ -1,5 +1,5 @@
 """libra/evaluation.py: the round schedule, pass@k, a round's aggregate and its record in
-report.json (libra/report.py), drawn on the reward plot."""
+report.json (libra_cli/report.py), drawn on the reward plot."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from libra.evaluation import (
     pass_at_k_values,
 )
 from libra.jobspec import JobSpec, parse_job_spec
-from libra.report import build_report, write_report
+from libra_cli.report import build_report, write_report
 
 OK, FAIL, TIMEOUT = t.ToolStatus.SUCCESS, t.ToolStatus.FAILURE, t.ToolStatus.TIMEOUT
 
@@ -182,7 +182,7 @@ def test_reward_plot_is_written_with_eval_points(tmp_path: Path) -> None:
 
 
 def test_libra_run_summary_shows_the_first_and_last_eval_accuracy() -> None:
-    from libra.cli.run import _summary
+    from libra_cli.run import _summary
 
     rounds = [aggregate_round(r, 2 * r, [traj(0, 0, float(r == 2))], num_expected=1,
                               correct_reward=1.0) for r in (1, 2)]

@@ -54,7 +54,7 @@ def test_import_sets_the_default_unless_the_user_chose(given: str | None,
 @pytest.mark.parametrize("entry_point", [
     "services.coordinator.__main__", "services.scheduler.__main__",
     "services.rollout.__main__", "services.trainer.__main__",
-    "services.toolgateway.__main__", "libra.cli.main",
+    "services.toolgateway.__main__", "libra_cli.main", "libra_cli.healthcheck",
 ])
 def test_default_is_in_place_before_grpc_is_imported(entry_point: str) -> None:
     assert _run(PROBE, entry_point) == GRPC_EXPERIMENTS_DEFAULT

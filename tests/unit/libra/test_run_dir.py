@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from libra import types as t
-from libra.report import SCHEMA_VERSION, build_report
 from libra.run_dir import (
     prune_weight_versions,
     published_versions,
@@ -15,6 +14,7 @@ from libra.run_dir import (
     weights_file,
 )
 from libra.weight_sync import MANIFEST_SUFFIX, write_manifest
+from libra_cli.report import SCHEMA_VERSION, build_report
 
 
 def publish(run_dir: Path, version: int, size_bytes: int = 100) -> Path:

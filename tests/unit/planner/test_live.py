@@ -9,8 +9,8 @@ import pytest
 
 from libra.jobspec import ElasticSpec
 from libra.types import Lease, WorkerId, WorkerRole
-from services.coordinator.planner import PlanError
-from services.coordinator.planner.live import (
+from scheduling.planner import PlanError
+from scheduling.planner.live import (
     LiveConfig,
     LiveCostModel,
     LivePlanner,

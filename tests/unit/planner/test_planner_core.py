@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.coordinator.planner import (
+from scheduling.planner import (
     ClusterShape,
     GlobalResourcePlanner,
     HardwareSpec,
@@ -24,7 +24,7 @@ from services.coordinator.planner import (
     kv_capacity_tokens,
     step_s,
 )
-from services.coordinator.planner.costmodel import WORKSPACE_BYTES
+from scheduling.planner.costmodel import WORKSPACE_BYTES
 
 HW = HardwareSpec(
     name="hw",
@@ -241,7 +241,7 @@ def test_elastic_respects_rollout_reserve() -> None:
 
 
 def test_real_search_finds_feasible_plan_and_infinite_when_too_long() -> None:
-    from services.coordinator.planner import PlanSearch, RolloutCostModel, SearchSpace, Workload
+    from scheduling.planner import PlanSearch, RolloutCostModel, SearchSpace, Workload
 
     search = PlanSearch(HW, MODEL, SHAPE, SearchSpace())
     best = search.search(Workload(32, tuple([RequestStats(500, 4000, 5.0)] * 32), 2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.coordinator.planner import (
+from scheduling.planner import (
     GlobalResourcePlanner,
     Plan,
     PlanError,

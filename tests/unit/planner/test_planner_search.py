@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from services.coordinator.planner import (
+from scheduling.planner import (
     ClusterShape,
     PlanError,
     PlanSearch,
@@ -17,7 +17,7 @@ from services.coordinator.planner import (
     SearchSpace,
     Workload,
 )
-from services.coordinator.planner.search import REFINE_TOP_K
+from scheduling.planner.search import REFINE_TOP_K
 from tests.unit.planner.test_planner_core import HW, MODEL
 
 HISTORY = tuple(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from libra import types as t
-from libra.clients.rollout import RolloutApi
+from libra.clients.api import RolloutApi
 from libra.errors import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument
 from libra.limits import MAX_GENERATION_AHEAD_MS
 from services.rollout.inprocess import InProcessRolloutClient

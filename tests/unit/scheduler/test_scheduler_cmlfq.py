@@ -16,10 +16,10 @@ from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import InvalidArgument
 from libra.jobspec import CmlfqSpec, JobSpec, job_spec_from_dict
+from scheduling.policy.cmlfq import CmlfqConfig, CmlfqPolicy
 from services.scheduler import metrics
 from services.scheduler.core import SchedulerCore, build_policy_config
 from services.scheduler.memory_store import MemorySchedulerStore
-from services.scheduler.policy.cmlfq import CmlfqConfig, CmlfqPolicy
 
 JOB = "job-1"
 FAIL = t.ToolReturnState("calculator", t.SizeClass.SMALL, t.ToolStatus.FAILURE)

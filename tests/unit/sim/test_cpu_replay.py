@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from libra.types import Bucket
+from libra_cli.sim_validation import compare, reload_schedule
 from sim.cpu_engine import CpuEngineCosts, fit, fit_report
 from sim.cpu_replay import CpuReplay, CpuStack, RecordedTrajectory
 from sim.loop_costs import LoopCosts, loop_costs, op_latencies
 from sim.trace import ToolCall, TraceTrajectory, Turn
-from sim.validation import compare, reload_schedule
 
 COSTS = CpuEngineCosts(1e-3, 2e-6, 5e-4, 3e-5, 1e-7)
 

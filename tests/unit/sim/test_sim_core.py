@@ -130,7 +130,7 @@ def test_systems_differ_only_in_configuration() -> None:
     for name, conf in SYSTEMS.items():
         assert {f.name for f in fields(conf)} == names and conf.name == name
     # Every system is driven by the project's real policies.
-    from services.scheduler.policy import POLICY_NAMES
+    from scheduling.policy import POLICY_NAMES
 
     assert {c.policy for c in SYSTEMS.values()} <= set(POLICY_NAMES)
 

@@ -111,8 +111,8 @@ def test_bench_rejects_unknown_systems_before_running() -> None:
 def _two_node_run(rules: dict) -> dict:
     from dataclasses import replace
 
-    from services.coordinator.planner import Plan, TrainParallelism
-    from services.scheduler.policy import CmlfqConfig
+    from scheduling.planner import Plan, TrainParallelism
+    from scheduling.policy import CmlfqConfig
     from sim.engine import Simulator
 
     spec = presets.cluster("a800x24")
@@ -147,7 +147,7 @@ def test_a_tp8_bucket_above_the_workload_gets_work_under_libra_rules_only() -> N
 
 
 def test_bench_cli_exits_2_on_bad_input(tmp_path, capsys) -> None:
-    from libra.cli.main import main
+    from libra_cli.main import main
 
     assert main(["bench", "paper", "--seeds", "0", "--out-dir", str(tmp_path)]) == 2
     assert "--seeds must be positive" in capsys.readouterr().err

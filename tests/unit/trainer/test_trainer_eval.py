@@ -16,7 +16,7 @@ import pytest
 from libra import types as t
 from libra.evaluation import EVAL_PRODUCED, EvalRecord, eval_size_counter
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
-from libra.report import build_report
+from libra_cli.report import build_report
 from tests.unit.trainer import trainer_rig
 from tests.unit.trainer.trainer_rig import JOB, Rig, make_group
 from tests.waiting import wait_until

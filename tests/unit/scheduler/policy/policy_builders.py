@@ -17,7 +17,7 @@ from libra.types import (
     ToolStatus,
     TrajectoryId,
 )
-from services.scheduler.policy import (
+from scheduling.policy import (
     BucketLayout,
     CmlfqConfig,
     CmlfqPolicy,

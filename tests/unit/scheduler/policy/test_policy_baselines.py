@@ -4,7 +4,7 @@ import pytest
 from policy_builders import FAIL, OK, inst, make_layout, make_traj, one_per_bucket
 
 from libra.types import TrajectoryId
-from services.scheduler.policy import (
+from scheduling.policy import (
     Action,
     InMemoryPolicyStore,
     LeastLoadedPolicy,

@@ -14,7 +14,7 @@ from policy_builders import (
 )
 
 from libra.types import TrajectoryId
-from services.scheduler.policy import (
+from scheduling.policy import (
     Action,
     CmlfqConfig,
     CmlfqPolicy,

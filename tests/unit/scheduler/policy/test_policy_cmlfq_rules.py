@@ -16,10 +16,10 @@ from policy_builders import (
 )
 
 from libra.types import TrajectoryId
-from services.scheduler.policy import Action, CmlfqConfig, Reason, RouteKind
-from services.scheduler.policy.layout import bucket_index_for_length
-from services.scheduler.policy.routing import route_by_load, route_with_queue_length
-from services.scheduler.policy.thresholds import (
+from scheduling.policy import Action, CmlfqConfig, Reason, RouteKind
+from scheduling.policy.layout import bucket_index_for_length
+from scheduling.policy.routing import route_by_load, route_with_queue_length
+from scheduling.policy.thresholds import (
     idle_while_queued,
     live_gpu_shares,
     live_thresholds,
@@ -60,7 +60,7 @@ def test_evidence_splits_tokens_by_gpu_share_hand_computed() -> None:
 def test_every_live_bucket_is_reachable_even_above_the_workload() -> None:
     # The sim's case: a TP8 bucket whose layout range starts above every length.
     from libra.types import Bucket
-    from services.scheduler.policy import BucketLayout
+    from scheduling.policy import BucketLayout
 
     layout = BucketLayout(
         [

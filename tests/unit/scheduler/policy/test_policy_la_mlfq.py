@@ -4,7 +4,7 @@ from policy_builders import FAIL, make_layout, make_traj, one_per_bucket
 
 from libra.clock import FakeClock
 from libra.types import TrajectoryId
-from services.scheduler.policy import (
+from scheduling.policy import (
     Action,
     InMemoryPolicyStore,
     LaMlfqConfig,

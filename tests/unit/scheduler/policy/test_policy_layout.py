@@ -4,7 +4,7 @@ import pytest
 from policy_builders import make_layout
 
 from libra.types import Bucket
-from services.scheduler.policy import BucketLayout, UnknownBucket
+from scheduling.policy import BucketLayout, UnknownBucket
 
 
 def test_empty_layout_raises_naming_buckets() -> None:

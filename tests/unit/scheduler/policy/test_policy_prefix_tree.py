@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from services.scheduler.policy import CausalPrefixTree, RecentTrajectory
-from services.scheduler.policy.prefix_tree import quantile
+from scheduling.policy import CausalPrefixTree, RecentTrajectory
+from scheduling.policy.prefix_tree import quantile
 
 A, B, C = "search:small:success", "search:large:failure", "code:small:timeout"
 

@@ -3,7 +3,7 @@
 import pytest
 from policy_builders import FAIL, make_layout, teach
 
-from services.scheduler.policy import (
+from scheduling.policy import (
     POLICY_NAMES,
     CmlfqConfig,
     CmlfqPolicy,

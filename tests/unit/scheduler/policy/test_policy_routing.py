@@ -3,7 +3,7 @@
 import pytest
 from policy_builders import inst, make_layout
 
-from services.scheduler.policy import RoundRobinCursor, RouteKind, UnknownBucket, route, route_any
+from scheduling.policy import RoundRobinCursor, RouteKind, UnknownBucket, route, route_any
 
 
 def test_route_picks_least_loaded_instance_of_preferred_bucket() -> None:

@@ -1,0 +1,409 @@
+"""The Global Resource Planner's decision loop (design digest 5.4-5.5), pure.
+
+Each training step the caller reports ``StepMetrics``; ``decide(step)`` then
+
+1. checks the gates (enabled, cool-down, warm-up, history size) and the triggers
+   (interval; queue / active pressure, rejected growth, rollout/train ratio);
+2. if fired, searches for a candidate and applies it only when it differs from the
+   current plan, ``gain - transition_cost > 0`` and ``gain / current >= min_gain_ratio``;
+3. derives the elastic signal (join / release / hold, with hysteresis, a rollout
+   reserve and a TTL).
+
+Every call returns a ``PlanEvent`` (applied or not) carrying its inputs and the
+predicted gain, so the coordinator can log it and the simulator can count moves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scheduling.planner.calibration import CalibratorConfig, RatioCalibrator
+from scheduling.planner.costmodel import RequestStats
+from scheduling.planner.plan import Plan, PlanError
+from scheduling.planner.search import PlanSearch, Scored, Workload
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlannerConfig:
+    """Planner knobs; defaults are the reference's (digest 5.4 table)."""
+
+    enable_online: bool = True
+    plan_interval_steps: int = 10
+    warmup_steps: int = 1
+    min_history_size: int = 8
+    max_history_size: int = 4096
+    cooldown_steps: int = 1
+    queue_pressure_threshold: float = 0.75
+    active_pressure_threshold: float = 0.85
+    rejected_growth_threshold: int = 8
+    rollout_train_ratio_threshold: float = 1.25
+    min_gain_ratio: float = 0.05
+    transition_cost_s: float = 15.0
+    # Elastic hybrid pool (digest 5.5).
+    enable_elastic: bool = True
+    elastic_reserve_gpus: int = 8
+    """Rollout devices never lent to training (reference: one node)."""
+    elastic_pressure_threshold: float = 0.80
+    elastic_borrow_ratio: float = 1.15
+    """Join when train / rollout time reaches this."""
+    elastic_release_ratio: float = 0.90
+    """Release when train / rollout time falls to this; in between: hold (hysteresis)."""
+    elastic_ttl_steps: int = 20
+    pipeline_depth: int = 1
+    """Rollout steps in flight at once (async jobs: staleness bound + 1)."""
+    calibrator: CalibratorConfig = field(default_factory=CalibratorConfig)
+    calibrate: bool = True
+    """Scale predictions by measured / predicted (off when the cost model is itself fitted
+    to the job's measurements, as in ``live``)."""
+    core_replan: bool = True
+    """True: an approved candidate replaces the core plan (the simulator re-creates
+    nodes). False: the deployment cannot move core roles; ``current`` is the effective
+    split the caller maintains (core plus lent replicas) and an approved candidate is
+    carried out by the elastic pool (desired = current + the candidate's extra training
+    replicas, which may be negative)."""
+
+    def __post_init__(self) -> None:
+        if self.plan_interval_steps <= 0:
+            raise ValueError(
+                f"plan_interval_steps must be positive, got {self.plan_interval_steps}"
+            )
+        if self.elastic_release_ratio >= self.elastic_borrow_ratio:
+            raise ValueError(
+                "elastic_release_ratio must be below elastic_borrow_ratio (hysteresis band), got "
+                f"{self.elastic_release_ratio} >= {self.elastic_borrow_ratio}"
+            )
+        for name in (
+            "cooldown_steps", "warmup_steps", "min_history_size", "elastic_ttl_steps",
+            "elastic_reserve_gpus", "transition_cost_s", "min_gain_ratio",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.pipeline_depth < 1:
+            raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepMetrics:
+    """What the job measured in one step."""
+
+    step: int
+    rollout_s: float
+    train_s: float
+    queue_pressure: float = 0.0
+    active_pressure: float = 0.0
+    rejected_total: int = 0
+    hybrid_active: int = 0
+    hybrid_joining: int = 0
+    requests: tuple[RequestStats, ...] = ()
+    """Trajectories finished this step (appended to the length history)."""
+    requests_per_step: int = 0
+    elastic_capacity_replicas: int | None = None
+    """Replicas the deployment can lend at most, reserve already deducted (``live``: the
+    hybrid-capable workers); ``None``: ``(plan rollout devices - reserve) // replica``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticSignal:
+    """Desired number of hybrid replicas lent to training, valid until ``expires_step``."""
+
+    step: int
+    action: str
+    """``join``, ``release`` or ``hold``."""
+    desired_replicas: int
+    current_replicas: int
+    reason: str
+    expires_step: int
+
+
+@dataclass(slots=True)
+class PlanEvent:
+    """One planner decision, applied or not."""
+
+    step: int
+    fired: bool
+    trigger: str
+    applied: bool
+    reason: str
+    current: dict[str, Any] | None = None
+    candidate: dict[str, Any] | None = None
+    current_objective_s: float | None = None
+    candidate_objective_s: float | None = None
+    raw_gain_s: float = 0.0
+    net_gain_s: float = 0.0
+    gain_ratio: float = 0.0
+    inputs: dict[str, Any] = field(default_factory=dict)
+    elastic: ElasticSignal | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able record (infinite times become ``None``)."""
+        out = asdict(self)
+        for key in ("current_objective_s", "candidate_objective_s"):
+            if out[key] is not None and math.isinf(out[key]):
+                out[key] = None
+        return out
+
+
+class GlobalResourcePlanner:
+    """Triggers, net-gain rule, calibration and elastic signals around ``PlanSearch``.
+
+    Args:
+        search: Plan scorer/searcher for the cluster.
+        config: Knobs.
+        current: Plan in force (``None`` until ``preflight``).
+    """
+
+    def __init__(
+        self, search: PlanSearch, config: PlannerConfig, current: Plan | None = None
+    ) -> None:
+        self._search = search
+        self._config = config
+        self.current = current
+        if current is not None:
+            current.validate(search.cluster)
+        self._history: deque[RequestStats] = deque(maxlen=config.max_history_size)
+        self._rollout_cal = RatioCalibrator(config.calibrator)
+        self._train_cal = RatioCalibrator(config.calibrator)
+        self._last: StepMetrics | None = None
+        self._last_applied_step: int | None = None
+        self._last_rejected = 0
+        self._requests_per_step = 1
+        self._signal: ElasticSignal | None = None
+        self._work: Workload | None = None
+
+    @property
+    def history_size(self) -> int:
+        """Length-history records held."""
+        return len(self._history)
+
+    @property
+    def factors(self) -> tuple[float, float]:
+        """Calibration factors (train, rollout)."""
+        return self._train_cal.factor, self._rollout_cal.factor
+
+    def add_history(self, requests: list[RequestStats] | tuple[RequestStats, ...]) -> None:
+        """Append records to the sliding length history."""
+        if requests:
+            self._history.extend(requests)
+            self._work = None
+
+    def preflight(self, requests_per_step: int) -> PlanEvent:
+        """Adopt the best plan with gates open, zero transition cost and zero threshold."""
+        self._requests_per_step = max(1, requests_per_step)
+        best = self._search_best()
+        if best is None:
+            return PlanEvent(-1, True, "preflight", False, "infeasible", inputs=self._inputs())
+        best.plan.validate(self._search.cluster)
+        self.current = best.plan
+        self._last_applied_step = -1
+        return PlanEvent(
+            -1,
+            True,
+            "preflight",
+            True,
+            "adopted",
+            candidate=best.plan.to_dict(),
+            candidate_objective_s=best.objective_s,
+            inputs=self._inputs(),
+        )
+
+    def rebase(self, plan: Plan) -> None:
+        """Replace the plan in force without a decision (``core_replan=False`` callers
+        report the effective split each step). Raises ``PlanError`` for an invalid plan."""
+        plan.validate(self._search.cluster)
+        self.current = plan
+
+    def observe(self, metrics: StepMetrics) -> None:
+        """Fold one step's measurements in: history, calibration, pressure counters."""
+        self.add_history(metrics.requests)
+        if metrics.requests_per_step:
+            self._requests_per_step = metrics.requests_per_step
+        if self._config.calibrate and self.current is not None and len(self._history) >= 1:
+            predicted = self._search.score(self.current, self._workload(), greedy=False)
+            self._rollout_cal.observe(predicted.rollout_s, metrics.rollout_s)
+            extra = metrics.hybrid_active * self.current.train.tp * self.current.train.pp
+            self._train_cal.observe(
+                self._search.train_s(self.current.train, self._workload(), extra), metrics.train_s
+            )
+        self._last = metrics
+
+    def decide(self, step: int) -> PlanEvent:
+        """Gate, trigger, search, apply-or-not, elastic signal; always returns an event."""
+        trigger, gate_reason = self._trigger(step)
+        if trigger is None:
+            event = PlanEvent(step, False, "none", False, gate_reason, inputs=self._inputs())
+        else:
+            event = self._evaluate(step, trigger)
+        event.elastic = self._elastic(step, event)
+        if self._last is not None:
+            self._last_rejected = self._last.rejected_total
+        return event
+
+    def signal_at(self, step: int) -> ElasticSignal | None:
+        """The signal in force at ``step``; past its TTL, a release of everything."""
+        sig = self._signal
+        if sig is None or step <= sig.expires_step:
+            return sig
+        return ElasticSignal(step, "release", 0, sig.desired_replicas, "ttl_expired", step)
+
+    # Gates and triggers.
+
+    def _trigger(self, step: int) -> tuple[str | None, str]:
+        cfg, m = self._config, self._last
+        if not cfg.enable_online:
+            return None, "online_disabled"
+        if self.current is None:
+            return None, "no_current_plan"
+        if (
+            self._last_applied_step is not None
+            and step - self._last_applied_step <= cfg.cooldown_steps
+        ):
+            return None, "cooldown"
+        if step < cfg.warmup_steps:
+            return None, "warmup"
+        if len(self._history) < cfg.min_history_size:
+            return None, "history_too_small"
+        if step % cfg.plan_interval_steps == 0:
+            return "interval", ""
+        if m is None:
+            return None, "no_metrics"
+        if m.queue_pressure >= cfg.queue_pressure_threshold:
+            return "queue_pressure", ""
+        if m.active_pressure >= cfg.active_pressure_threshold:
+            return "active_pressure", ""
+        if m.rejected_total - self._last_rejected >= cfg.rejected_growth_threshold:
+            return "rejected_growth", ""
+        if m.train_s > 0 and m.rollout_s / m.train_s >= cfg.rollout_train_ratio_threshold:
+            return "rollout_train_ratio", ""
+        return None, "no_trigger"
+
+    def _evaluate(self, step: int, trigger: str) -> PlanEvent:
+        assert self.current is not None
+        cfg = self._config
+        tf, rf = self.factors
+        work = self._workload()
+        current = self._search.score(self.current, work, tf, rf)
+        best = self._search_best()
+        event = PlanEvent(
+            step,
+            True,
+            trigger,
+            False,
+            "",
+            current=self.current.to_dict(),
+            current_objective_s=current.objective_s,
+            inputs=self._inputs(),
+        )
+        if best is None:
+            event.reason = "no_feasible_candidate"
+            return event
+        event.candidate = best.plan.to_dict()
+        event.candidate_objective_s = best.objective_s
+        raw = current.objective_s - best.objective_s
+        if math.isinf(current.objective_s):
+            raw = math.inf if not math.isinf(best.objective_s) else 0.0
+        event.raw_gain_s = raw if not math.isinf(raw) else 1e18
+        event.net_gain_s = event.raw_gain_s - cfg.transition_cost_s
+        event.gain_ratio = (
+            1.0 if math.isinf(current.objective_s) else raw / max(current.objective_s, 1e-12)
+        )
+        event.reason = self._refusal(best.plan, event)
+        if not event.reason:
+            self._apply(best.plan, step)
+            event.applied = True
+            event.reason = "applied" if cfg.core_replan else "applied_via_elastic"
+        return event
+
+    def _refusal(self, candidate: Plan, event: PlanEvent) -> str:
+        """Why ``candidate`` is not applied ("" when it is): same plan, invalid plan,
+        net gain not positive, or relative gain under the threshold."""
+        assert self.current is not None
+        if candidate.key() == self.current.key():
+            return "same_plan"
+        try:
+            candidate.validate(self._search.cluster)
+        except PlanError as err:
+            return f"invalid_candidate: {err}"
+        if event.net_gain_s <= 0:
+            return "net_gain_not_positive"
+        if event.gain_ratio < self._config.min_gain_ratio:
+            return "gain_ratio_below_threshold"
+        return ""
+
+    def _apply(self, plan: Plan, step: int) -> None:
+        if self._config.core_replan:
+            self.current = plan
+        self._last_applied_step = step
+
+    def _search_best(self) -> Scored | None:
+        if not self._history:
+            return None
+        tf, rf = self.factors
+        return self._search.search(self._workload(), tf, rf)
+
+    def _workload(self) -> Workload:
+        """The current workload; one object until the history or batch size changes, so the
+        search reuses its cost model within a step."""
+        work = self._work
+        if work is None or work.requests_per_step != self._requests_per_step:
+            work = self._work = Workload(
+                self._requests_per_step, tuple(self._history), self._config.pipeline_depth
+            )
+        return work
+
+    # Elastic hybrid pool.
+
+    def _elastic(self, step: int, event: PlanEvent) -> ElasticSignal | None:
+        cfg, m, plan = self._config, self._last, self.current
+        if not cfg.enable_elastic or plan is None or m is None:
+            return None
+        current = m.hybrid_active + m.hybrid_joining
+        desired, reason = self._desired_replicas(event, current)
+        action = "join" if desired > current else "release" if desired < current else "hold"
+        self._signal = ElasticSignal(
+            step, action, desired, current, reason, step + cfg.elastic_ttl_steps
+        )
+        return self._signal
+
+    def _desired_replicas(self, event: PlanEvent, current: int) -> tuple[int, str]:
+        """Digest 5.5, in order: capacity, rollout pressure, candidate, borrow, release, hold."""
+        cfg, m, plan = self._config, self._last, self.current
+        assert m is not None and plan is not None
+        replica = plan.train.tp * plan.train.pp
+        capacity = max(0, (plan.rollout_gpus - cfg.elastic_reserve_gpus) // replica)
+        if m.elastic_capacity_replicas is not None:
+            capacity = max(0, m.elastic_capacity_replicas)
+        ratio = m.train_s / m.rollout_s if m.rollout_s > 0 else math.inf
+        extra = 0
+        if event.candidate:
+            extra = (event.candidate["train_gpus"] - plan.train_gpus) // replica
+        if capacity == 0:
+            return 0, "no_capacity"
+        if max(m.queue_pressure, m.active_pressure) >= cfg.elastic_pressure_threshold:
+            return 0, "rollout_pressure"
+        if cfg.core_replan and extra > 0 and not event.applied:
+            return min(capacity, extra), "candidate_wants_training"
+        if not cfg.core_replan and event.applied:
+            return max(0, min(capacity, current + extra)), "approved_plan"
+        if ratio >= cfg.elastic_borrow_ratio:
+            return capacity, "borrow"
+        if ratio <= cfg.elastic_release_ratio:
+            return 0, "release"
+        return current, "hold"
+
+    def _inputs(self) -> dict[str, Any]:
+        m = self._last
+        tf, rf = self.factors
+        return {
+            "history_size": len(self._history),
+            "requests_per_step": self._requests_per_step,
+            "train_factor": round(tf, 4),
+            "rollout_factor": round(rf, 4),
+            "rollout_s": m.rollout_s if m else None,
+            "train_s": m.train_s if m else None,
+            "queue_pressure": m.queue_pressure if m else None,
+            "active_pressure": m.active_pressure if m else None,
+            "rejected_total": m.rejected_total if m else None,
+        }

@@ -1,0 +1,303 @@
+"""Search over train/rollout splits and rollout layouts (design digest 5.3).
+
+Two levels: for every whole-node split, the best rollout layout for the remaining
+nodes is chosen among uniform node patterns and two-pattern mixes (quarters), with
+the closed-form makespan; the few best plans overall are then re-scored with the
+greedy longest-first assignment. Objective: ``max(T_train, T_rollout)`` with both
+times multiplied by their calibration factors.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scheduling.planner.costmodel import (
+    LayoutCounts,
+    RequestStats,
+    RolloutCostModel,
+    TrainParallelism,
+    train_memory_fits,
+    train_step_s,
+)
+from scheduling.planner.plan import ClusterShape, NodePattern, Plan, PlanError
+from scheduling.planner.specs import HardwareSpec, ModelSpec
+
+MIX_FRACTIONS = (0.25, 0.5, 0.75)
+REFINE_TOP_K = 3
+MAX_REFINE_REQUESTS = 2048
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpace:
+    """What the search may choose."""
+
+    node_patterns: tuple[NodePattern, ...] = ((1, 1, 2, 4), (2, 2, 2, 2), (4, 4), (8,), (2, 2, 4))
+    train_tp: int = 8
+    train_pp: int = 1
+    min_train_nodes: int = 1
+    min_rollout_nodes: int = 1
+    require_heterogeneous: bool = False
+    """Keep only layouts with at least two distinct TP degrees (reference 48-GPU arms)."""
+    fixed_train_nodes: int | None = None
+    """Pin the split (static systems search only the layout)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Per-step demand the plan must serve."""
+
+    requests_per_step: int
+    history: tuple[RequestStats, ...]
+    pipeline_depth: int = 1
+    """Rollout steps in flight at once (async: staleness bound + 1; sync: 1)."""
+
+    @functools.cached_property
+    def tokens_per_step(self) -> float:
+        """Prompt plus post-prompt tokens of one step's batch."""
+        mean = sum(r.prompt_tokens + r.gen_tokens for r in self.history) / len(self.history)
+        return mean * self.requests_per_step
+
+    @functools.cached_property
+    def mean_seq_tokens(self) -> float:
+        """Mean sequence length."""
+        return sum(r.prompt_tokens + r.gen_tokens for r in self.history) / len(self.history)
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A plan with its (calibrated) predicted stage times."""
+
+    plan: Plan
+    train_s: float
+    rollout_s: float
+
+    @property
+    def objective_s(self) -> float:
+        """``max(T_train, T_rollout)``."""
+        return max(self.train_s, self.rollout_s)
+
+
+class PlanSearch:
+    """Scores and searches plans for one cluster.
+
+    Args:
+        hw: Device.
+        model: Model.
+        cluster: Node count and devices per node.
+        space: Search space.
+    """
+
+    def __init__(
+        self, hw: HardwareSpec, model: ModelSpec, cluster: ClusterShape, space: SearchSpace
+    ) -> None:
+        self.hw, self.model, self.cluster, self.space = hw, model, cluster, space
+        _check_space(space, cluster)
+        if not self._train_node_options():
+            raise PlanError(
+                f"train_tp*train_pp: no allowed training node count holds whole "
+                f"{space.train_tp * space.train_pp}-device replicas on {cluster.num_nodes} nodes"
+            )
+        self._layouts: dict[int, list[tuple[tuple[NodePattern, int], ...]]] = {}
+        self._layout_counts: dict[int, list[LayoutCounts]] = {}
+        self._cost_model: RolloutCostModel | None = None
+
+    def train_parallelism(self, train_nodes: int) -> TrainParallelism:
+        """TP x PP per replica, DP over the rest of the training nodes."""
+        replica = self.space.train_tp * self.space.train_pp
+        return TrainParallelism(
+            self.space.train_tp,
+            self.space.train_pp,
+            max(0, train_nodes * self.cluster.gpus_per_node // replica),
+        )
+
+    def train_s(self, par: TrainParallelism, work: Workload, extra_gpus: int = 0) -> float:
+        """Predicted step time (``extra_gpus``: hybrid replicas adding DP width)."""
+        replica = par.tp * par.pp
+        widened = TrainParallelism(par.tp, par.pp, par.dp + extra_gpus // replica, par.micro_batch)
+        if not train_memory_fits(self.hw, self.model, widened, int(work.mean_seq_tokens)):
+            return math.inf
+        return train_step_s(
+            self.hw, self.model, widened, work.tokens_per_step, work.mean_seq_tokens
+        )
+
+    def rollout_s(self, model: RolloutCostModel, plan: Plan, work: Workload, greedy: bool) -> float:
+        """Predicted rollout makespan of one step on ``plan``."""
+        if greedy:
+            reqs = _scaled(work.history, min(work.requests_per_step, MAX_REFINE_REQUESTS))
+            scale = work.requests_per_step / len(reqs)
+            # Greedy runs on at most MAX_REFINE_REQUESTS; past that, work grows linearly
+            # (an over-estimate of the critical-path part, which does not grow).
+            return model.makespan_s(plan.rollout_tps, reqs, work.pipeline_depth) * max(1.0, scale)
+        counts = Counter(plan.rollout_tps)
+        return model.fast_makespan_s(
+            dict(counts), work.requests_per_step / len(work.history), work.pipeline_depth
+        )
+
+    def score(
+        self,
+        plan: Plan,
+        work: Workload,
+        train_factor: float = 1.0,
+        rollout_factor: float = 1.0,
+        greedy: bool = True,
+    ) -> Scored:
+        """Calibrated times of ``plan``."""
+        model = self.cost_model(work)
+        return Scored(
+            plan,
+            self.train_s(plan.train, work) * train_factor,
+            self.rollout_s(model, plan, work, greedy) * rollout_factor,
+        )
+
+    def cost_model(self, work: Workload) -> RolloutCostModel:
+        """Rollout cost model of ``work``'s history (reused while the history is the same)."""
+        cached = self._cost_model
+        if cached is None or cached.history is not work.history:
+            cached = self._cost_model = RolloutCostModel(self.hw, self.model, work.history)
+        return cached
+
+    def layouts(self, num_nodes: int) -> list[tuple[tuple[NodePattern, int], ...]]:
+        """Uniform layouts and two-pattern mixes in quarters, as (pattern, node count) pairs."""
+        if num_nodes not in self._layouts:
+            self._layouts[num_nodes] = self._enumerate_layouts(num_nodes)
+        return self._layouts[num_nodes]
+
+    def _enumerate_layouts(self, num_nodes: int) -> list[tuple[tuple[NodePattern, int], ...]]:
+        pats = self.space.node_patterns
+        out: set[tuple[tuple[NodePattern, int], ...]] = {((p, num_nodes),) for p in pats}
+        for a, b in itertools.combinations(pats, 2):
+            for frac in MIX_FRACTIONS:
+                na = int(round(num_nodes * frac))
+                if 0 < na < num_nodes:
+                    out.add(((a, na), (b, num_nodes - na)))
+        if self.space.require_heterogeneous:
+            out = {lay for lay in out if len({tp for p, _ in lay for tp in p}) >= 2}
+        return sorted(out)
+
+    def search(
+        self, work: Workload, train_factor: float = 1.0, rollout_factor: float = 1.0
+    ) -> Scored | None:
+        """Best plan, or ``None`` when nothing is feasible.
+
+        Closed-form scores for every split pick the ``REFINE_TOP_K`` best, which are
+        re-scored with the greedy assignment. Splits are visited by rising training
+        time; once a split's training time alone exceeds the K-th best objective so far,
+        it and every later one cannot enter the top K and are skipped (exact pruning:
+        the result equals the unpruned enumeration's).
+        """
+        model = self.cost_model(work)
+        candidates = self._closed_form_top_k(model, work, train_factor, rollout_factor)
+        refined = [
+            Scored(
+                s.plan, s.train_s, self.rollout_s(model, s.plan, work, greedy=True) * rollout_factor
+            )
+            for s in candidates
+        ]
+        refined = [s for s in refined if not math.isinf(s.objective_s)]
+        return min(refined, key=lambda s: s.objective_s, default=None)
+
+    def _closed_form_top_k(
+        self, model: RolloutCostModel, work: Workload, train_factor: float, rollout_factor: float
+    ) -> list[Scored]:
+        """The ``REFINE_TOP_K`` best splits by closed-form objective (ties: fewer train nodes)."""
+        scale = work.requests_per_step / len(work.history)
+        options = []
+        for train_nodes in self._train_node_options():
+            par = self.train_parallelism(train_nodes)
+            t_train = self.train_s(par, work) * train_factor
+            if not math.isinf(t_train):
+                options.append((t_train, train_nodes, par))
+        options.sort(key=lambda o: (o[0], o[1]))
+        top: list[tuple[float, int, Scored]] = []
+        for t_train, train_nodes, par in options:
+            if len(top) >= REFINE_TOP_K and t_train > top[-1][0]:
+                break
+            t_roll, layout = self._best_layout(
+                model, self.cluster.num_nodes - train_nodes, scale, work.pipeline_depth
+            )
+            if not layout:
+                continue
+            nodes = tuple(p for p, n in layout for _ in range(n))
+            scored = Scored(Plan(par, nodes), t_train, t_roll * rollout_factor)
+            top.append((scored.objective_s, train_nodes, scored))
+            top.sort(key=lambda e: (e[0], e[1]))
+            del top[REFINE_TOP_K:]
+        return [s for _, _, s in top]
+
+    def _train_node_options(self) -> list[int]:
+        """Training node counts the space allows whose devices hold whole replicas."""
+        sp = self.space
+        if sp.fixed_train_nodes is not None:
+            nodes = [sp.fixed_train_nodes]
+        else:
+            last = self.cluster.num_nodes - sp.min_rollout_nodes
+            nodes = list(range(sp.min_train_nodes, last + 1))
+        replica = sp.train_tp * sp.train_pp
+        return [n for n in nodes if (n * self.cluster.gpus_per_node) % replica == 0]
+
+    def _best_layout(
+        self, model: RolloutCostModel, num_nodes: int, scale: float, depth: int
+    ) -> tuple[float, tuple]:
+        """Layout of ``num_nodes`` with the smallest closed-form makespan (first on ties)."""
+        index, t = model.best_fast_layout(self._counts(num_nodes), scale, depth)
+        if index < 0:
+            return math.inf, ()
+        return t, self.layouts(num_nodes)[index]
+
+    def _counts(self, num_nodes: int) -> list[LayoutCounts]:
+        """Instances per TP degree of each layout of ``num_nodes`` (cached per node count)."""
+        if num_nodes not in self._layout_counts:
+            rows: list[LayoutCounts] = []
+            for layout in self.layouts(num_nodes):
+                counts: dict[int, int] = {}
+                for pattern, n in layout:
+                    for tp in pattern:
+                        counts[tp] = counts.get(tp, 0) + n
+                rows.append((tuple(counts.items()), sum(counts.values()), max(counts)))
+            self._layout_counts[num_nodes] = rows
+        return self._layout_counts[num_nodes]
+
+
+def _check_space(space: SearchSpace, cluster: ClusterShape) -> None:
+    """Raise ``PlanError`` for a search space no plan of ``cluster`` can satisfy."""
+    if cluster.num_nodes <= 0 or cluster.gpus_per_node <= 0:
+        raise PlanError(
+            f"cluster: needs at least one node and one device per node, got "
+            f"{cluster.num_nodes} x {cluster.gpus_per_node}"
+        )
+    for pattern in space.node_patterns:
+        if sum(pattern) != cluster.gpus_per_node or any(tp <= 0 for tp in pattern):
+            raise PlanError(
+                f"node_patterns: {list(pattern)} does not fill {cluster.gpus_per_node} devices"
+            )
+    if space.min_train_nodes < 1 or space.min_rollout_nodes < 1:
+        raise PlanError(
+            "min_train_nodes/min_rollout_nodes: both stages need at least one node, got "
+            f"{space.min_train_nodes}/{space.min_rollout_nodes}"
+        )
+    replica = space.train_tp * space.train_pp
+    if replica <= 0 or (cluster.gpus_per_node % replica and replica % cluster.gpus_per_node):
+        raise PlanError(
+            f"train_tp*train_pp: replica size {replica} does not divide the "
+            f"{cluster.gpus_per_node}-device node nor is a multiple of it"
+        )
+    fixed = space.fixed_train_nodes
+    if fixed is not None and not 1 <= fixed <= cluster.num_nodes - space.min_rollout_nodes:
+        raise PlanError(
+            f"fixed_train_nodes: {fixed} leaves a stage with no node on a "
+            f"{cluster.num_nodes}-node cluster (min rollout nodes {space.min_rollout_nodes})"
+        )
+
+
+def _scaled(history: Sequence[RequestStats], n: int) -> list[RequestStats]:
+    """``n`` requests drawn evenly (deterministically) from the history."""
+    if n >= len(history):
+        reps = -(-n // len(history))
+        return (list(history) * reps)[:n]
+    stride = len(history) / n
+    return [history[int(i * stride)] for i in range(n)]

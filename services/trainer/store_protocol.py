@@ -1,0 +1,39 @@
+"""What the trainer core needs of its store (``TrainerStore``); implemented over Redis
+(``store.py``) and in memory (``memory_store.py``).
+
+Apart from ``store.py`` so the core types its store without importing the Redis adapter
+and the protobuf codecs it uses (the purity contract in pyproject.toml)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from libra import types as t
+
+
+class TrainerStore(Protocol):
+    async def job_spec_json(self, job_id: str) -> str | None: ...
+
+    async def job_run_dir(self, job_id: str) -> str: ...
+
+    async def ensure_group(self, job_id: str) -> None: ...
+
+    async def read(self, job_id: str, consumer: str, count: int, block_ms: int,
+                   pending: bool = False) -> list[tuple[str, t.Trajectory]]: ...
+
+    async def already_consumed(self, job_id: str, traj_ids: list[str]) -> list[bool]: ...
+
+    async def consume(self, job_id: str, entry_ids: list[str], traj_ids: list[str],
+                      **counters: int) -> None: ...
+
+    async def publish_policy(self, job_id: str, info: t.PolicyInfo) -> None: ...
+
+    async def counters(self, job_id: str) -> dict[str, int]: ...
+
+    async def running_jobs(self) -> list[str]: ...
+
+    async def policy_version(self, job_id: str) -> int: ...
+
+    async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
+
+    async def weights_in_use(self, job_id: str) -> set[int]: ...
