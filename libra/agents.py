@@ -15,11 +15,14 @@ from libra.plugins import AGENTS_GROUP, entry_point_names
 AUTO = "auto"
 ARITH = "arith"
 CHAT = "chat"
+# The agent is a program outside Libra calling the OpenAI-compatible endpoint: each
+# trajectory is an episode (libra/episodes.py, docs/agent-endpoint.md).
+EXTERNAL = "external"
 # Starts ``failure_reason`` of a trajectory whose agent could not be built on its rollout
 # (the rollout sets it; the trainer then fails the job with that reason).
 AGENT_FAILURE_PREFIX = "agent unavailable:"
 # ``auto`` picks by the job's tool-call format: arith -> the tag agent, else the chat agent.
-BUILTIN_AGENTS = (AUTO, ARITH, CHAT)
+BUILTIN_AGENTS = (AUTO, ARITH, CHAT, EXTERNAL)
 
 
 def agent_names() -> list[str]:
@@ -38,9 +41,9 @@ def check_builtin_agent(agent: str, tool_call_format: str) -> None:
     if agent == ARITH and tool_call_format != "arith":
         raise InvalidArgument("task.agent", "the arith agent speaks tool_call_format = "
                                             "'arith' only")
-    if agent == CHAT and tool_call_format == "arith":
-        raise InvalidArgument("task.agent", "the chat agent needs a chat tool_call_format "
-                                            "(hermes)")
+    if agent in (CHAT, EXTERNAL) and tool_call_format == "arith":
+        raise InvalidArgument("task.agent", f"the {agent} agent needs a chat "
+                                            "tool_call_format (hermes)")
 
 
 def check_agent_name(agent: str) -> None:

@@ -173,10 +173,52 @@ def sched_tree(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:sched:tree"
 
 
+# Agent episodes (libra/episodes.py). An episode lives while its agent program calls:
+# every key below lives EPISODE_TTL_MARGIN_MS past the episode's idle timeout at each call and
+# is deleted when the episode closes, so a program that vanishes leaves nothing behind.
+EPISODE_TTL_MARGIN_MS = 60_000
+
+
+def episode_offers(job_id: str) -> str:
+    """List of EpisodeOffer JSON: admitted external-agent trajectories waiting for an
+    agent program (RPUSH by the rollout, BLPOP by ``POST /v1/episodes``). An offer
+    nobody takes times out on the rollout (its trajectory fails, counted); the list
+    lives as long as the job."""
+    return f"{PREFIX}:job:{job_id}:episode_offers"
+
+
+def episode(episode_id: str) -> str:
+    """String: the endpoint's EpisodeState JSON (PX: idle timeout + margin)."""
+    return f"{PREFIX}:episode:{episode_id}"
+
+
+def episode_key(key_sha256: str) -> str:
+    """String: episode id of an API key, by the key's sha256 (the key itself is never
+    stored). Same TTL as the episode: the key expires with it."""
+    return f"{PREFIX}:episode_key:{key_sha256}"
+
+
+def episode_calls(episode_id: str) -> str:
+    """List of EpisodeCall JSON (endpoint -> rollout; BLPOP by the rollout holding the
+    episode's trajectory, whichever instance that is after a move)."""
+    return f"{PREFIX}:episode:{episode_id}:calls"
+
+
+def episode_replies(episode_id: str) -> str:
+    """List of EpisodeReply JSON (rollout -> endpoint; BLPOP by the waiting call)."""
+    return f"{PREFIX}:episode:{episode_id}:replies"
+
+
+def episode_keys(episode_id: str) -> list[str]:
+    """The keys of one episode (its API key's entry is deleted by hash separately)."""
+    return [episode(episode_id), episode_calls(episode_id), episode_replies(episode_id)]
+
+
 def job_keys(job_id: str) -> list[str]:
     """Keys that belong to one job (expired together when the job ends)."""
     return [job(job_id), trajectories(job_id), policy(job_id), counters(job_id),
             load(job_id), assignments(job_id), tasks(job_id), pending(job_id),
             trained_ids(job_id), published_ids(job_id), weights_in_use(job_id),
             history(job_id), step_index(job_id), events(job_id), sched_trajectories(job_id),
-            sched_records(job_id), sched_recent(job_id), sched_tree(job_id)]
+            sched_records(job_id), sched_recent(job_id), sched_tree(job_id),
+            episode_offers(job_id)]

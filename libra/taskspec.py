@@ -68,7 +68,11 @@ class TaskSpec:
     """``hermes``: the system message (empty: the task's default)."""
     agent: str = "auto"
     """The agent loop: ``auto`` (by tool_call_format), ``arith``, ``chat``, or a
-    ``libra.agents`` entry point installed on the rollout (libra/agents.py)."""
+    ``libra.agents`` entry point installed on the rollout (libra/agents.py), or
+    ``external``: agent programs call the OpenAI-compatible endpoint (docs/agent-endpoint.md)."""
+    episode_idle_timeout_s: float = 120.0
+    """``external``: how long an episode may wait for its program's next call (or its
+    first, after the offer) before its trajectory is dropped and counted."""
     eval_interval: int = 0
     """Held-out eval every this many training steps, plus before the first and after the
     last (0: off; needs ``eval_path`` or ``eval_fraction``). See libra/evaluation.py."""
@@ -141,6 +145,8 @@ def validate_task_source(task: TaskSpec, *, prompts_per_step: int, sft_steps: in
     else:
         _validate_builtin_task(task, prompts_per_step)
     _validate_eval(task)
+    _require(math.isfinite(task.episode_idle_timeout_s) and task.episode_idle_timeout_s > 0,
+             "task.episode_idle_timeout_s", "must be > 0 seconds")
 
 
 MAX_EVAL_SAMPLES, MAX_EVAL_PROMPTS = 64, 10_000

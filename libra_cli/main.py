@@ -15,6 +15,8 @@ Examples:
   libra model import --smollm2           a GGUF -> Hugging Face directory (docs/models.md)
   libra export JOB --out DIR             a job's policy version -> Hugging Face directory
   libra tool run python --args '{"code": "print(1)"}' --local    try a tool
+  libra agent run --job JOB --command "python examples/agents/calc_agent.py"
+                                         an agent program per episode (docs/agent-endpoint.md)
   libra gc --dry-run                     what run folders / weight versions would go
 """
 
@@ -33,7 +35,7 @@ from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import ClientAuth
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.run_dir import is_dir_reference
-from libra_cli import certs, credentials, gc, model, run, sim, stack, tool
+from libra_cli import agent, certs, credentials, gc, model, run, sim, stack, tool
 from libra_cli.report import build_report, write_report
 from libra_cli.spec_overrides import apply_overrides
 
@@ -262,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs.register(sub)
     sim.register(sub)
     model.register(sub)
+    agent.register(sub)
     gc.register(sub, _client)
     return parser
 

@@ -43,6 +43,10 @@ from libra.wire.step_record import step_record_from_dict, step_record_to_dict
 SCHEMA_VERSION = 3
 
 
+# The agent endpoint's counters (in the job's counters hash).
+EPISODE_COUNTERS = ("episode_splits", "episodes_timed_out", "episode_calls_aborted")
+
+
 def reward_windows(steps: list[dict[str, Any]]) -> tuple[float, float]:
     """Mean reward of the first and of the last 10% of steps (at least one step each)."""
     if not steps:
@@ -93,6 +97,8 @@ def build_report(job: t.Job, steps: Sequence[t.StepRecord | dict[str, Any]],
             Path(job.run_dir) if job.run_dir else None),
         "eval": evals,
         "eval_trajectories": eval_accounting(counters),
+        # External-agent jobs (docs/agent-endpoint.md); zeros for the built-in agents.
+        "episodes": {name: counters.get(name, 0) for name in EPISODE_COUNTERS},
     }
 
 

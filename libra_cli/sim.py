@@ -34,8 +34,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
             workload = trace.load(args.trace)
         else:
             workload = generators.generate(
-                generators.GeneratorConfig(
-                    shape=args.generate,
+                generators.workload_config(
+                    args.generate,
                     num_steps=args.steps,
                     prompts_per_step=args.prompts,
                     seed=args.seed,
@@ -52,11 +52,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     from sim import generators, trace
 
-    workload = generators.generate(
-        generators.GeneratorConfig(
-            shape=args.shape, num_steps=args.steps, prompts_per_step=args.prompts, seed=args.seed
+    try:
+        workload = generators.generate(
+            generators.workload_config(
+                args.shape, num_steps=args.steps, prompts_per_step=args.prompts, seed=args.seed
+            )
         )
-    )
+    except ValueError as exc:
+        print(f"libra sim trace: {exc}", file=sys.stderr)
+        return 2
     trace.dump(workload, args.out)
     print(json.dumps({"path": str(args.out), "trajectories": len(workload)}))
     return 0
@@ -66,7 +70,9 @@ def cmd_paper(args: argparse.Namespace) -> int:
     from sim import paper
 
     try:
-        result = paper.run_paper(args.gpus, args.seeds, oracle=args.oracle, held_out=args.held_out)
+        result = paper.run_paper(
+            args.gpus, args.seeds, oracle=args.oracle, held_out=args.held_out, jobs=args.jobs
+        )
     except (ValueError, InvalidArgument) as exc:
         print(f"libra bench paper: {exc}", file=sys.stderr)
         return 2
@@ -127,7 +133,10 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="indented JSON")
     p.add_argument("--trace", type=Path, help="trace JSONL file (docs/simulator.md)")
     p.add_argument(
-        "--generate", default="r2e", help="shape to generate when no --trace (r2e|search|math)"
+        "--generate",
+        default="r2e",
+        help="workload to generate when no --trace: r2e|search|math or a drift variant "
+        "r2e-drift|search-drift|math-drift (lengths grow 2-3x over the run)",
     )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prompts", type=int, default=16, help="prompts per step (x4 samples)")
@@ -143,7 +152,7 @@ def register(sub: Any) -> None:
     p.add_argument("--system", default="libra", help="compared system: " + "|".join(SYSTEM_NAMES))
     tsub = p.add_subparsers(dest="sim_command")
     t = tsub.add_parser("trace", help="write a generated trace as JSONL")
-    t.add_argument("--shape", default="r2e")
+    t.add_argument("--shape", default="r2e", help="r2e|search|math or a *-drift variant")
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--prompts", type=int, default=16)
     t.add_argument("--seed", type=int, default=0)
@@ -174,7 +183,12 @@ def register(sub: Any) -> None:
     pp.add_argument(
         "--held-out",
         action="store_true",
-        help="run seeds 10, 11, ... (never used for tuning) instead of 0, 1, ...",
+        help="run seeds 10, 11, ... (never used for tuning) instead of 0, 1, ..., and the "
+        "drift variants (r2e-drift, search-drift, math-drift) beside the three shapes",
+    )
+    pp.add_argument(
+        "--jobs", type=int, default=2,
+        help="processes running the (workload, seed) cells (default 2; results identical)",
     )
     pp.add_argument("--out-dir", default="runs/bench", help="where the PNG and JSON go")
     pp.add_argument("--json", action="store_true")

@@ -120,12 +120,15 @@ def step_chain_bound_s(
 
 
 def lower_bound_s(
-    cluster: ClusterSpec, trace: list[TraceTrajectory], staleness: int = 0
+    cluster: ClusterSpec, trace: list[TraceTrajectory], staleness: int = 0,
+    stream: bool = False,
 ) -> dict[str, float]:
     """The bound, its two bounds and the longest-trajectory term.
 
     ``staleness`` is the compared system's bound (0 for the synchronous loop); a larger
     one only loosens the chain, so each system is measured against its own constraint.
+    ``stream``: a step trains on whichever trajectories finish first, so its chain term
+    is the shortest trajectory's critical path, not its step's longest.
     """
     work = sum(rollout_work_gpu_s(cluster, t) for t in trace) + train_work_gpu_s(cluster, trace)
     work_s = work / cluster.num_gpus
@@ -137,7 +140,11 @@ def lower_bound_s(
         train_work_gpu_s(cluster, [t for t in trace if t.step == s]) / cluster.num_gpus
         for s in steps
     ]
-    chain_s = step_chain_bound_s([longest_by_step[s] for s in steps], train_by_step, staleness)
+    per_step = [longest_by_step[s] for s in steps]
+    if stream:
+        shortest = min(critical_path_s(cluster, t) for t in trace)
+        per_step = [shortest] * len(steps)
+    chain_s = step_chain_bound_s(per_step, train_by_step, staleness)
     return {
         "lower_bound_s": max(work_s, chain_s),
         "work_bound_s": work_s,

@@ -18,13 +18,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from libra.types import (
     GroupId,
-    InstanceId,
-    InstanceLoad,
     PromptId,
     SizeThresholds,
     ToolReturnState,
@@ -35,18 +32,20 @@ from scheduling.planner import (
     GlobalResourcePlanner,
     Plan,
     PlannerConfig,
-    RequestStats,
-    StepMetrics,
-    TrainParallelism,
-    train_step_s,
 )
 from scheduling.policy import BucketLayout, TrajectoryDescriptor, make_policy
 from scheduling.policy.base import Reason
 from scheduling.policy.thresholds import idle_while_queued
 from sim.instance import Instance, Seq, SimInfeasible
+from sim.nodes import NodeRegistry
+from sim.planner_step import step_metrics
+from sim.pool import HybridPool
 from sim.presets import WEIGHT_LOAD_BW_BYTES_PER_S, ClusterSpec
+from sim.results import raw_result
+from sim.state import SimClock, TrajState
 from sim.systems import SystemConfig
 from sim.trace import TraceTrajectory
+from sim.trainer import BatchSource, SimTrainer
 
 WAKE, TOOL, TRAIN_DONE, RETRY, NODE_UP, JOIN_ACTIVE = range(6)
 STATUS = {
@@ -54,39 +53,6 @@ STATUS = {
     "failure": ToolStatus.FAILURE,
     "timeout": ToolStatus.TIMEOUT,
 }
-
-
-class SimClock:
-    """Simulated time for policies that read a clock (``la_mlfq`` scouts)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def now_s(self) -> float:
-        return self.t
-
-    def now_ms(self) -> int:
-        return int(self.t * 1000)
-
-
-@dataclass(slots=True)
-class TrajState:
-    """Runtime state of one trace trajectory."""
-
-    rec: TraceTrajectory
-    index: int
-    turn: int = 0
-    post_tokens: int = 0
-    instance: str = ""
-    released_s: float = -1.0
-    finished_s: float = -1.0
-    placed: bool = False
-    needs_full_prefill: bool = True
-    in_tool: bool = False
-
-    @property
-    def ctx(self) -> int:
-        return self.rec.prompt_tokens + self.post_tokens
 
 
 class Simulator:
@@ -98,6 +64,7 @@ class Simulator:
         system: Which policy, layout, RL mode and planner to use.
         initial_plan: Split and layout at time 0.
         planner: Planner (only for systems with online replanning / elastic pool).
+        twin: The planner's twin (``sim.twin.TwinRefiner``), fed each finished step.
     """
 
     def __init__(
@@ -107,8 +74,10 @@ class Simulator:
         system: SystemConfig,
         initial_plan: Plan,
         planner: GlobalResourcePlanner | None = None,
+        twin: Any = None,
     ) -> None:
         self.cluster, self.system, self.planner = cluster, system, planner
+        self.twin = twin
         self.hw, self.model = cluster.hardware, cluster.model
         self.clock = SimClock()
         self.layout = BucketLayout(system.buckets(self.hw, self.model))
@@ -126,68 +95,52 @@ class Simulator:
     def _init_state(self, plan: Plan) -> None:
         self.events: list[tuple] = []
         self.seq = 0
-        self.instances: dict[str, Instance] = {}
-        self.loads: dict[str, InstanceLoad] = {}
-        self.load_list: list[InstanceLoad] = []
+        self.nodes = NodeRegistry(self.hw, self.model, self.system.bucket_for_tp)
+        # The registry's containers, shared (the loop reads them on every event).
+        self.instances, self.loads = self.nodes.instances, self.nodes.loads
+        self.load_list, self.node_patterns = self.nodes.load_list, self.nodes.node_patterns
         self.plan = plan
-        self.node_patterns: dict[int, tuple[int, ...]] = {}
         self.train_nodes = plan.train_gpus // self.cluster.gpus_per_node
         self.pending: list[tuple[int, int, TrajState]] = []
-        self.version = 0
+        self.trainer = SimTrainer(
+            self.hw, self.model, self.cluster.num_gpus, self.cluster.gpus_per_node,
+            colocated=self.system.mode == "sync",
+        )
         self.released_steps = 0
-        self.step_done_count: Counter[int] = Counter()
+        self.batches = BatchSource(self.system.consumption, self.by_step)
         self.step_complete_s: dict[int, float] = {}
-        self.trainer_busy = False
-        self.train_busy_gpu_s = 0.0
-        self.train_log: list[dict[str, Any]] = []
+        self.consumed: dict[int, list[TrajState]] = {}
+        self.batch_span_s: dict[int, float] = {}
         self.migrations = 0
         self.rejected = 0
         self.idle_while_queued: Counter[str] = Counter()
-        self.created_s: dict[str, float] = {}
-        # Per bucket: [busy GPU-s, held GPU-s] of instances already torn down.
-        self.retired_by_bucket: dict[str, list[float]] = {}
         self.planner_moves = 0
         self.plan_events: list[dict[str, Any]] = []
-        self.hybrid_nodes: list[int] = []
-        self.hybrid_patterns: dict[int, tuple[int, ...]] = {}
-        self.retired_busy_gpu_s = 0.0
-        self.hybrid_active: set[int] = set()
+        self.pool = HybridPool(
+            teardown=self._teardown_node,
+            bring_up=self._bring_up,
+            join_at=lambda when, node: self._push(when, JOIN_ACTIVE, node),
+            fetch_s=self.model.num_params * self.model.dtype_bytes / 8
+            / self.hw.inter_node_bw_bytes_per_s,
+            reserve_nodes=-(
+                -self.system.planner_config.elastic_reserve_gpus // self.cluster.gpus_per_node
+            ),
+            node_patterns=self.node_patterns,
+        )
         self.sync_pause_s = 0.0
         self.finished = 0
         self.last_done_s = 0.0
-        self.last_complete_s = 0.0
         for node, pattern in enumerate(plan.rollout_nodes):
             self._build_node(self.train_nodes + node, pattern, alive=True, now=0.0)
 
     # Nodes and instances.
 
     def _build_node(self, node: int, pattern: tuple[int, ...], alive: bool, now: float) -> None:
-        self.node_patterns[node] = pattern
-        for j, tp in enumerate(pattern):
-            iid = f"n{node:04d}-i{j}-tp{tp}"
-            bucket = self.system.bucket_for_tp(tp)
-            inst = Instance.create(iid, tp, bucket, node, self.hw, self.model)
-            inst.alive = alive
-            self.instances[iid] = inst
-            self.created_s[iid] = now
-            load = InstanceLoad(InstanceId(iid), bucket, 0, is_live=alive)
-            self.loads[iid] = load
-            self.load_list.append(load)
+        self.nodes.build(node, pattern, alive, now)
 
     def _teardown_node(self, node: int, now: float) -> list[TrajState]:
         """Remove a node's instances; hand their trajectories back (abort + re-queue)."""
-        handed: list[TrajState] = []
-        for iid in [i for i, inst in self.instances.items() if inst.node == node]:
-            inst = self.instances.pop(iid)
-            self.retired_busy_gpu_s += inst.busy_s * inst.tp
-            pair = self.retired_by_bucket.setdefault(inst.bucket, [0.0, 0.0])
-            pair[0] += inst.busy_s * inst.tp
-            pair[1] += (now - self.created_s.pop(iid)) * inst.tp
-            self.load_list.remove(self.loads.pop(iid))
-            for t in self.trajs_on(iid):
-                handed.append(t)
-            inst.evict_all()
-        self.node_patterns.pop(node, None)
+        handed = [t for iid in self.nodes.teardown(node, now) for t in self.trajs_on(iid)]
         for t in handed:
             # The turn in progress restarts elsewhere (no KV transfer is modelled); one
             # waiting on its tool is re-queued when the tool returns.
@@ -214,6 +167,7 @@ class Simulator:
 
     def _release_step(self, step_index: int, now: float) -> None:
         step = self.steps[step_index]
+        self.batches.on_release(step, self.version)
         for t in self.by_step[step]:
             t.released_s = now
             self._queue(t)
@@ -322,52 +276,39 @@ class Simulator:
         t.placed, t.finished_s = False, now
         self.finished += 1
         self.last_done_s = now
-        self.step_done_count[t.rec.step] += 1
-        if self.step_done_count[t.rec.step] == len(self.by_step[t.rec.step]):
+        complete = self.batches.on_finish(t)
+        if complete:
             self.step_complete_s[t.rec.step] = now
+        if complete or self.system.consumption == "stream":
             self._maybe_train(now)
         self._admit_pending(now)
 
     # RL loop.
 
     def _maybe_train(self, now: float) -> None:
-        trained = self.version
-        if self.trainer_busy or trained >= len(self.steps):
+        trained = self.trainer.version
+        if self.trainer.busy or trained >= len(self.steps):
             return
         step = self.steps[trained]
-        if step not in self.step_complete_s:
+        batch = self.batches.take(step, step in self.step_complete_s, trained)
+        if batch is None:
             return
-        self.trainer_busy = True
-        tokens = sum(t.rec.total_tokens for t in self.by_step[step])
-        mean_seq = tokens / len(self.by_step[step])
-        gpus, par = self._train_group()
-        train_s = train_step_s(self.hw, self.model, par, tokens, mean_seq)
-        self.train_busy_gpu_s += train_s * gpus
-        rollout_s = now - self.last_complete_s
-        self.last_complete_s = now
-        self.train_log.append(
-            {
-                "step": step,
-                "start_s": now,
-                "train_s": train_s,
-                "rollout_s": rollout_s,
-                "train_gpus": gpus,
-            }
-        )
+        self.consumed[step] = batch
+        # Release to completion: the step's own completion under a barrier, the batch
+        # becoming ready when streaming.
+        end = self.step_complete_s[step] if self.system.consumption == "barrier" else now
+        self.batch_span_s[step] = end - min(t.released_s for t in batch)
+        tokens = [t.rec.total_tokens for t in batch]
+        train_s = self.trainer.start(step, tokens, self.plan.train, len(self.pool.active), now)
         self._push(now + train_s, TRAIN_DONE, step)
 
-    def _train_group(self) -> tuple[int, TrainParallelism]:
-        if self.system.mode == "sync":
-            par = TrainParallelism(8, 1, self.cluster.num_gpus // 8)
-            return par.num_gpus, par
-        base = self.plan.train
-        extra = len(self.hybrid_active) * self.cluster.gpus_per_node // (base.tp * base.pp)
-        par = TrainParallelism(base.tp, base.pp, base.dp + extra, base.micro_batch)
-        return par.num_gpus, par
+    @property
+    def version(self) -> int:
+        """Steps trained."""
+        return self.trainer.version
 
     def _on_train_done(self, step: int, now: float) -> None:
-        self.trainer_busy = False
-        self.version += 1
+        self.trainer.done()
         self._sync_weights(now)
         if self.planner is not None:
             self._run_planner(step, now)
@@ -404,31 +345,24 @@ class Simulator:
     # Planner and elastic pool.
 
     def _run_planner(self, step: int, now: float) -> None:
-        log = self.train_log[-1]
-        reqs = tuple(
-            RequestStats(t.rec.prompt_tokens, t.rec.post_prompt_tokens, t.rec.tool_s)
-            for t in self.by_step[step]
-        )
-        cap = (
-            sum(
+        batch = [t.rec for t in self.consumed[step]]
+        if self.twin is not None:
+            self.twin.observe_step(batch)
+        metrics = step_metrics(
+            version=self.version,
+            log=self.trainer.log[-1],
+            trajectories=batch,
+            pinned_caps=(
                 self.layout.get(inst.bucket).max_trajectories_per_instance
                 for inst in self.instances.values()
                 if inst.alive
-            )
-            or 1
-        )
-        pinned = sum(load.active_trajectories for load in self.load_list)
-        metrics = StepMetrics(
-            step=self.version,
-            rollout_s=log["rollout_s"],
-            train_s=log["train_s"],
-            queue_pressure=len(self.pending) / cap,
-            active_pressure=pinned / cap,
-            rejected_total=self.rejected,
-            hybrid_active=len(self.hybrid_active),
-            hybrid_joining=len(self.hybrid_nodes) - len(self.hybrid_active),
-            requests=reqs,
-            requests_per_step=len(reqs),
+            ),
+            loads=self.load_list,
+            pending=len(self.pending),
+            rejected=self.rejected,
+            hybrid_active=len(self.pool.active),
+            hybrid_joining=self.pool.joining,
+            span_s=self.batch_span_s[step],
         )
         self.planner.observe(metrics)
         event = self.planner.decide(self.version)
@@ -436,14 +370,15 @@ class Simulator:
         if event.applied and self.system.enable_replan:
             self._apply_plan(self.planner.current, now)
         if event.elastic is not None and self.system.enable_elastic:
-            self._apply_elastic(event.elastic.desired_replicas, now)
+            self.pool.resize(event.elastic.desired_replicas, sorted(self.node_patterns), now)
+            self._admit_pending(now)
 
     def _apply_plan(self, plan: Plan, now: float) -> None:
         """Re-create rollout nodes whose pattern changed; training nodes change at the next step."""
         self.planner_moves += 1
         old_train = self.train_nodes
         new_train = plan.train_gpus // self.cluster.gpus_per_node
-        self._release_hybrids(now)
+        self.pool.release_all(now)
         wanted = {new_train + i: p for i, p in enumerate(plan.rollout_nodes)}
         for node in range(min(old_train, new_train), self.cluster.num_nodes):
             if self.node_patterns.get(node) != wanted.get(node):
@@ -465,44 +400,8 @@ class Simulator:
         self._push(now + load_s, NODE_UP, node)
 
     def _on_node_up(self, node: int, now: float) -> None:
-        for inst in self.instances.values():
-            if inst.node == node:
-                inst.alive = True
-                self.loads[inst.iid].is_live = True
+        self.nodes.mark_up(node)
         self._admit_pending(now)
-
-    def _apply_elastic(self, desired: int, now: float) -> None:
-        current = len(self.hybrid_nodes)
-        rollout_nodes = sorted(self.node_patterns)
-        reserve = -(-self.planner_config().elastic_reserve_gpus // self.cluster.gpus_per_node)
-        while desired > current and len(rollout_nodes) > reserve:
-            node = rollout_nodes.pop()
-            self.hybrid_patterns[node] = self.node_patterns[node]
-            self._teardown_node(node, now)
-            self.hybrid_nodes.append(node)
-            fetch = (
-                self.model.num_params
-                * self.model.dtype_bytes
-                / 8
-                / self.hw.inter_node_bw_bytes_per_s
-            )
-            self._push(now + fetch, JOIN_ACTIVE, node)
-            self.planner_moves += 1
-            current += 1
-        while desired < current:
-            self._release_one(self.hybrid_nodes[-1], now)
-            current -= 1
-        self._admit_pending(now)
-
-    def _release_hybrids(self, now: float) -> None:
-        for node in list(self.hybrid_nodes):
-            self._release_one(node, now)
-
-    def _release_one(self, node: int, now: float) -> None:
-        self.hybrid_nodes.remove(node)
-        self.hybrid_active.discard(node)
-        self.planner_moves += 1
-        self._bring_up(node, self.hybrid_patterns.pop(node), now)
 
     def planner_config(self) -> PlannerConfig:
         return self.system.planner_config
@@ -517,9 +416,7 @@ class Simulator:
             TRAIN_DONE: self._on_train_done,
             NODE_UP: self._on_node_up,
             RETRY: lambda _p, now: self._admit_pending(now),
-            JOIN_ACTIVE: lambda node, now: (
-                self.hybrid_active.add(node) if node in self.hybrid_nodes else None
-            ),
+            JOIN_ACTIVE: lambda node, _now: self.pool.on_join_active(node),
         }
         scout_timeout = getattr(self.system.policy_config, "scout_timeout_s", None)
         last_retry = -math.inf
@@ -546,36 +443,17 @@ class Simulator:
                 f"simulation stalled after {self.version} of {len(self.steps)} steps "
                 f"({self.finished} trajectories finished, {len(self.pending)} queued)"
             )
-        return self._raw()
-
-    def _raw(self) -> dict[str, Any]:
-        end = (
-            self.train_log[-1]["start_s"] + self.train_log[-1]["train_s"] if self.train_log else 0.0
-        )
-        rollout_gpu_s = sum(inst.busy_s * inst.tp for inst in self.instances.values())
-        # Busy over held GPU-seconds per bucket, torn-down instances included.
-        bucket_busy = {b: list(pair) for b, pair in self.retired_by_bucket.items()}
-        for iid, inst in self.instances.items():
-            pair = bucket_busy.setdefault(inst.bucket, [0.0, 0.0])
-            pair[0] += inst.busy_s * inst.tp
-            pair[1] += max(0.0, end - self.created_s[iid]) * inst.tp
-        return {
-            "bucket_busy_fraction": {
-                b: busy / held if held else 0.0 for b, (busy, held) in sorted(bucket_busy.items())
+        return raw_result(
+            self.instances, self.nodes.created_s, self.nodes.retired_by_bucket, self.trainer.log,
+            self.trajs, counters={
+                "idle_while_queued": dict(self.idle_while_queued),
+                "retired_busy_gpu_s": self.nodes.retired_busy_gpu_s,
+                "train_busy_gpu_s": self.trainer.busy_gpu_s,
+                "migrations": self.migrations,
+                "planner_moves": self.planner_moves + self.pool.moves,
+                "consumed_staleness": self.batches.staleness,
+                "rejected": self.rejected,
+                "plan_events": self.plan_events,
+                "policy_stats": self.policy.stats(),
             },
-            "idle_while_queued": dict(self.idle_while_queued),
-            "makespan_s": end,
-            "rollout_busy_gpu_s": rollout_gpu_s + self.retired_busy_gpu_s,
-            "train_busy_gpu_s": self.train_busy_gpu_s,
-            "migrations": self.migrations,
-            "planner_moves": self.planner_moves,
-            "rejected": self.rejected,
-            "latencies_s": [t.finished_s - t.released_s for t in self.trajs],
-            "train_log": self.train_log,
-            "plan_events": self.plan_events,
-            "max_kv_fraction": max(
-                (i.max_kv_reserved / max(1, i.kv_capacity) for i in self.instances.values()),
-                default=0.0,
-            ),
-            "policy_stats": self.policy.stats(),
-        }
+        )

@@ -14,7 +14,10 @@ its tool-return path (what C-MLFQ learns) but not from its prompt length.
   then a short final turn on success or a long retry on failure.
 
 Drift: lengths and turn counts grow with the step (the policy learns to think longer
-and to call tools more), controlled by ``drift_per_step``.
+and to call tools more), controlled by ``drift_per_step``, or by ``length_growth`` (the
+drift multiplier at the last step; the drift variants ``*-drift`` grow 2-3x over the
+run, as response lengths do in real RL: DAPO, Yu et al. 2025, and DeepSeek-R1 report
+mean response lengths rising several-fold during training).
 
 The numbers are synthetic shapes, not measurements; they are chosen to be in the range
 the reference configs imply (32K context, 12 / 5 / 2 turns, 30K new tokens).
@@ -29,6 +32,18 @@ import numpy as np
 from sim.trace import ToolCall, TraceTrajectory, Turn
 
 SHAPES = ("r2e", "search", "math")
+DRIFT_VARIANTS: dict[str, tuple[str, float]] = {
+    "r2e-drift": ("r2e", 3.5),
+    "search-drift": ("search", 2.5),
+    "math-drift": ("math", 3.5),
+}
+"""Workload variant -> (shape, drift multiplier at the last step). Per-turn lengths are
+capped (r2e: 12K-token turns, 30K budget; math: 16K), so the mean post-prompt tokens of
+the last two steps over the first two grow less: 2.0x (r2e), 2.0x (search), 2.3x
+(math) at 20 steps, seed 0 (``tests/unit/sim/test_drift.py``)."""
+MAX_LENGTH_GROWTH = 8.0
+"""Past 8x the median r2e turn (700 tokens) reaches its 12K cap and a 30K episode
+budget holds two turns: the shape stops being the workload it names."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,6 +58,9 @@ class GeneratorConfig:
     """Prompts to draw from (R2E-Gym V1 has 8,101 rows)."""
     drift_per_step: float = 0.02
     seed: int = 0
+    length_growth: float | None = None
+    """Drift multiplier at the last step (1 at step 0, linear in between); replaces
+    ``drift_per_step``. ``None``: ``1 + drift_per_step x step``."""
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -50,6 +68,46 @@ class GeneratorConfig:
         for name in ("num_steps", "prompts_per_step", "samples_per_prompt", "dataset_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        growth = self.length_growth
+        if growth is None:
+            return
+        if isinstance(growth, bool) or not isinstance(growth, int | float) or not (
+            1.0 <= growth <= MAX_LENGTH_GROWTH
+        ):
+            raise ValueError(
+                f"length_growth must be a number in [1, {MAX_LENGTH_GROWTH:g}] (lengths "
+                f"grow over the run, at most {MAX_LENGTH_GROWTH:g}x), got {growth!r}"
+            )
+        if growth > 1.0 and self.num_steps < 2:
+            raise ValueError(
+                f"length_growth {growth:g} needs num_steps >= 2 to grow over, got "
+                f"{self.num_steps}"
+            )
+
+    def drift(self, step: int) -> float:
+        """The drift multiplier of ``step``."""
+        if self.length_growth is None:
+            return 1.0 + self.drift_per_step * step
+        if self.num_steps < 2:
+            return 1.0
+        return 1.0 + (self.length_growth - 1.0) * step / (self.num_steps - 1)
+
+
+def workload_config(name: str, **fields: object) -> GeneratorConfig:
+    """Config of a workload name: a shape (``r2e``) or a drift variant (``r2e-drift``).
+
+    Raises:
+        ValueError: Unknown name (the message lists shapes and variants) or bad fields.
+    """
+    if name in DRIFT_VARIANTS:
+        shape, growth = DRIFT_VARIANTS[name]
+        return GeneratorConfig(shape=shape, length_growth=growth, **fields)  # type: ignore[arg-type]
+    if name in SHAPES:
+        return GeneratorConfig(shape=name, **fields)  # type: ignore[arg-type]
+    raise ValueError(
+        f"unknown workload {name!r}; shapes: {', '.join(SHAPES)}; drift variants: "
+        f"{', '.join(DRIFT_VARIANTS)}"
+    )
 
 
 def generate(config: GeneratorConfig) -> list[TraceTrajectory]:
@@ -58,7 +116,7 @@ def generate(config: GeneratorConfig) -> list[TraceTrajectory]:
     make = {"r2e": _r2e, "search": _search, "math": _math}[config.shape]
     out: list[TraceTrajectory] = []
     for step in range(config.num_steps):
-        drift = 1.0 + config.drift_per_step * step
+        drift = config.drift(step)
         prompts = rng.choice(config.dataset_size, size=config.prompts_per_step, replace=False)
         for p in prompts:
             prompt_rng = np.random.default_rng([config.seed, int(p)])

@@ -9,13 +9,14 @@ sees more than one trajectory), 20 steps. ``--gpus 1000``: 125 nodes of H100,
 from __future__ import annotations
 
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sim.generators import SHAPES, GeneratorConfig, generate
-from sim.presets import cluster
+from sim.generators import DRIFT_VARIANTS, SHAPES, generate, workload_config
+from sim.presets import ClusterSpec, cluster
 from sim.run import run
 from sim.sweep import best_static
 from sim.systems import (
@@ -38,9 +39,10 @@ ORACLE_SUFFIX = "@oracle"
 
 
 def _trace(scale: dict[str, Any], shape: str, seed: int) -> list[Any]:
+    """A workload's trace: a shape or a drift variant (``workload_config``)."""
     return generate(
-        GeneratorConfig(
-            shape=shape,
+        workload_config(
+            shape,
             num_steps=scale["num_steps"],
             prompts_per_step=scale["prompts_per_step"],
             seed=seed,
@@ -74,38 +76,51 @@ def _arms(
 def run_paper(
     gpus: int = 48,
     seeds: int = 3,
-    shapes: tuple[str, ...] = SHAPES,
+    shapes: tuple[str, ...] | None = None,
     systems: tuple[str, ...] = SYSTEM_NAMES,
     *,
     oracle: bool = False,
     held_out: bool = False,
+    cluster_spec: ClusterSpec | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Run the grid; return per-cell results and mean/spread summaries.
 
     Static peers run at the reference's split (32 of 48 GPUs training, scaled by node
     count); with ``oracle`` also at their own best split and layout (``sim.sweep``, tuned
     on ``TUNING_SEEDS``). ``held_out`` runs seeds ``HELD_OUT_FIRST_SEED`` onwards.
+    ``cluster_spec`` replaces the scale's preset (the sensitivity table perturbs it).
+    ``shapes`` defaults to the three shapes, plus the drift variants when ``held_out``.
+    ``jobs`` > 1 runs the (workload, seed) cells in that many processes (results are
+    the same: every run is deterministic).
     """
     if gpus not in SCALES:
         raise ValueError(f"--gpus must be one of {sorted(SCALES)}, got {gpus}")
     if seeds <= 0:
         raise ValueError(f"--seeds must be positive, got {seeds}")
+    if jobs <= 0:
+        raise ValueError(f"--jobs must be positive, got {jobs}")
     for name in systems:
         system(name)  # unknown names fail before any run
+    if shapes is None:
+        shapes = SHAPES + (tuple(DRIFT_VARIANTS) if held_out else ())
+    for shape in shapes:
+        workload_config(shape)  # unknown workloads fail before any run
     scale = SCALES[gpus]
-    spec = cluster(scale["cluster"])
+    spec = cluster_spec or cluster(scale["cluster"])
     first_seed = HELD_OUT_FIRST_SEED if held_out else 0
     seed_list = list(range(first_seed, first_seed + seeds))
     started = time.perf_counter()
     cells: dict[str, dict[str, list[dict[str, Any]]]] = {}
     oracle_choices: dict[str, Any] = {}
+    tasks = []
     for shape in shapes:
         arms, oracle_choices[shape] = _arms(spec, scale, shape, systems, oracle)
         cells[shape] = {n: [] for n in arms}
-        for seed in seed_list:
-            trace = _trace(scale, shape, seed)
-            for name, conf in arms.items():
-                cells[shape][name].append(run(spec, trace, conf))
+        tasks += [(spec, scale, shape, seed, arms) for seed in seed_list]
+    for shape, by_name in _run_cells(tasks, jobs):
+        for name, result in by_name.items():
+            cells[shape][name].append(result)
     return {
         "gpus": gpus,
         "cluster": spec.to_dict(),
@@ -116,6 +131,21 @@ def run_paper(
         "summary": summarise(cells),
         "wall_s": time.perf_counter() - started,
     }
+
+
+def _run_cell(task: tuple) -> tuple[str, dict[str, dict[str, Any]]]:
+    """Every arm on one (workload, seed) trace."""
+    spec, scale, shape, seed, arms = task
+    trace = _trace(scale, shape, seed)
+    return shape, {name: run(spec, trace, conf) for name, conf in arms.items()}
+
+
+def _run_cells(tasks: list[tuple], jobs: int) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """Cells in task order, in ``jobs`` processes (inline for one)."""
+    if jobs == 1 or len(tasks) <= 1:
+        return [_run_cell(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        return list(pool.map(_run_cell, tasks))
 
 
 def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
@@ -141,6 +171,7 @@ def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
                 "gpu_busy": float(np.mean([r["gpu_busy_fraction"] for r in ok])),
                 "migrations": float(np.mean([r["migrations"] for r in ok])),
                 "planner_moves": float(np.mean([r["planner_moves"] for r in ok])),
+                "plans_applied": float(np.mean([r.get("plans_applied", 0) for r in ok])),
                 "split": _split_label(ok[0]),
             }
         if "libra" in rows and rows["libra"].get("throughput_mean"):
@@ -185,7 +216,8 @@ def table(result: dict[str, Any]) -> str:
         f"split = train:rollout GPUs at start; {ORACLE_SUFFIX} = the peer's own best static "
         f"split and layout (oracle, tuned on seed(s) {list(TUNING_SEEDS)})",
         f"{'workload':8} {'system':19} {'split':>7} {'traj/s':>8} {'spread':>7} {'steady':>7} "
-        f"{'mk/LB':>6} {'mk/chn':>6} {'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5}",
+        f"{'mk/LB':>6} {'mk/chn':>6} {'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5} "
+        f"{'appl':>4}",
     ]
     for shape, rows in result["summary"].items():
         for name, row in rows.items():
@@ -199,7 +231,8 @@ def table(result: dict[str, Any]) -> str:
                 f"{row['throughput_spread']:7.1%} {_fmt(row['steady_mean'])} "
                 f"{row['makespan_over_bound']:6.2f} {row['makespan_over_chain']:6.2f} "
                 f"{row['p99_latency_s']:8.1f} "
-                f"{row['gpu_busy']:5.2f} {row['migrations']:6.0f} {row['planner_moves']:5.1f}"
+                f"{row['gpu_busy']:5.2f} {row['migrations']:6.0f} {row['planner_moves']:5.1f} "
+                f"{row['plans_applied']:4.1f}"
             )
         ratios = rows.get("_ratios")
         if ratios:

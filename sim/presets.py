@@ -5,6 +5,12 @@ Hardware figures are vendor datasheet peaks (dense BF16, no sparsity); efficienc
 training MFU 0.40 is our assumption in the range Megatron-LM reports (Narayanan et al.,
 SC'21: 44-52% of peak on A100 for large GPT models; long RL sequences and log-prob
 recompute lower it). Model numbers are from each model's Hugging Face ``config.json``.
+
+Engine physics (issue 20 item 1: TP scaling, per-step overhead, all-reduce latency,
+prefill/decode interference) come from published measurements, each cited beside its
+constant below; ``UNCERTAIN`` lists the low / high value of every constant we could not
+pin down, for ``benchmarks/bench_sensitivity.py``. The calibration points the roofline
+is checked against are in ``tests/unit/sim/test_physics_calibration.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,47 @@ from scheduling.planner import HardwareSpec, ModelSpec
 GB = 1e9
 GIB = 1024**3
 
+ENGINE_STEP_OVERHEAD_S = 1.2e-3
+"""Per engine step, not hidden by the GPU. johnmusgrave.com, "vLLM throughput-latency
+sweep on NVIDIA A100" (Llama-3.1-8B BF16, A100 40GB, one request): 75 tok/s = 13.3 ms
+per token against a 10.3 ms weight-read roofline (16.06 GB / 1,555 GB/s); at the 0.85
+HBM efficiency used here 12.1 ms, leaving ~1.2 ms per step. Low 0.4 ms (CUDA graphs,
+async output processing), high 3 ms (vLLM blog 2024-09-05, "vLLM v0.6.0": before v0.6,
+Llama-3-8B on one H100 spent 62% of the time outside the GPU: API server 33%, scheduling
+29%)."""
+
+ALLREDUCE_LATENCY_S = 8e-6
+"""Fixed cost of one TP all-reduce inside an NVLink node. sgl-project/sglang PR #2904
+(H100, TP 2/4/8, 512 B-32 KB messages): vLLM's custom all-reduce 8.5-11.8 us without
+CUDA graphs, the TRT-LLM-derived kernel 3.7-7.8 us. Low 4 us, high 12 us."""
+
+H100_ALLREDUCE_BUS_BW = 60 * GB
+"""Bus bandwidth of a decode-sized all-reduce on H100 (NVLink 4). Same PR #2904 table:
+from 32 KB to 1 MB the fast kernel's latency grows by 15.4 / 26.3 / 26.0 us at TP
+2 / 4 / 8, i.e. ``2 (tp-1)/tp x 1 MB`` over 57-67 GB/s (vLLM's kernel: 48-56 GB/s), not
+the 450 GB/s link peak. Low x0.5, high x2."""
+
+NVLINK_BIDIR_GB_S = {"a800": 400, "h100": 900, "h200": 900}
+"""Link peaks (datasheets) used to scale the H100 all-reduce figure to other parts
+(no published decode-sized all-reduce measurement found for A800: DERIVED)."""
+
+
+def _allreduce_bw(key: str) -> float:
+    return H100_ALLREDUCE_BUS_BW * NVLINK_BIDIR_GB_S[key] / NVLINK_BIDIR_GB_S["h100"]
+
+
+MIXED_BATCH_INTERFERENCE = 0.1
+"""Agrawal et al., "SARATHI: Efficient LLM Inference by Piggybacking Decodes with
+Chunked Prefills" (arXiv:2308.16369): decodes riding on a prefill chunk cost up to an
+order of magnitude less per token than in a decode-only batch, so a mixed step costs
+about ``max(mem, flops) + 0.1 x min(...)``. Low 0 (perfect overlap), high 0.3."""
+
+_ENGINE = {
+    "allreduce_latency_s": ALLREDUCE_LATENCY_S,
+    "engine_step_overhead_s": ENGINE_STEP_OVERHEAD_S,
+    "mixed_batch_interference": MIXED_BATCH_INTERFERENCE,
+}
+
 HARDWARE: dict[str, HardwareSpec] = {
     # NVIDIA A800 80GB SXM: same die and HBM2e as A100 80GB SXM (A100 datasheet:
     # 312 TFLOPS BF16 dense, 2,039 GB/s, 80 GB); NVLink capped at 400 GB/s bidirectional
@@ -27,6 +74,8 @@ HARDWARE: dict[str, HardwareSpec] = {
     # shared by 8 GPUs (typical DGX-A100-class node) -> 12.5 GB/s per GPU.
     "a800": HardwareSpec(
         name="A800-80G",
+        allreduce_bus_bw_bytes_per_s=_allreduce_bw("a800"),
+        **_ENGINE,
         hbm_bytes=80 * GIB,
         hbm_bw_bytes_per_s=2039 * GB,
         peak_flops=312e12,
@@ -37,6 +86,8 @@ HARDWARE: dict[str, HardwareSpec] = {
     # 900 GB/s bidirectional (450 per direction); ConnectX-7 400 Gb/s per GPU = 50 GB/s.
     "h100": HardwareSpec(
         name="H100-80G",
+        allreduce_bus_bw_bytes_per_s=_allreduce_bw("h100"),
+        **_ENGINE,
         hbm_bytes=80 * GIB,
         hbm_bw_bytes_per_s=3350 * GB,
         peak_flops=989e12,
@@ -47,6 +98,8 @@ HARDWARE: dict[str, HardwareSpec] = {
     # 900 GB/s bidirectional; 400 Gb/s per GPU network.
     "h200": HardwareSpec(
         name="H200-141G",
+        allreduce_bus_bw_bytes_per_s=_allreduce_bw("h200"),
+        **_ENGINE,
         hbm_bytes=141 * GB,
         hbm_bw_bytes_per_s=4800 * GB,
         peak_flops=989e12,
@@ -64,6 +117,11 @@ HARDWARE: dict[str, HardwareSpec] = {
         peak_flops=313e12,
         intra_node_bw_bytes_per_s=196 * GB,
         inter_node_bw_bytes_per_s=25 * GB,
+        # HCCS link peak 196 GB/s per direction vs NVLink 4's 450: the H100 figure
+        # scaled (DERIVED, lower confidence); Ascend's all-reduce latency ~20 us.
+        allreduce_bus_bw_bytes_per_s=H100_ALLREDUCE_BUS_BW * 196 / 450,
+        engine_step_overhead_s=ENGINE_STEP_OVERHEAD_S,
+        mixed_batch_interference=MIXED_BATCH_INTERFERENCE,
         allreduce_latency_s=20e-6,
     ),
 }
@@ -230,3 +288,47 @@ def _cluster_from_file(path: Path, model_name: str | None) -> ClusterSpec:
     return ClusterSpec(
         data.get("name", path.stem), hw, mdl, data["num_nodes"], data["gpus_per_node"]
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Uncertain:
+    """An engine constant we could not pin down: its low and high value as multiples of
+    the preset's central one (the source of each range is beside the constant)."""
+
+    field: str
+    low_scale: float
+    high_scale: float
+
+
+UNCERTAIN: dict[str, Uncertain] = {
+    "engine_step_overhead": Uncertain("engine_step_overhead_s", 0.4 / 1.2, 3.0 / 1.2),
+    "allreduce_latency": Uncertain("allreduce_latency_s", 0.5, 1.5),
+    "allreduce_bus_bw": Uncertain("allreduce_bus_bw_bytes_per_s", 0.5, 2.0),
+    "mixed_batch_interference": Uncertain("mixed_batch_interference", 0.0, 3.0),
+    # Reference cost model's 0.85; measured 0.77 including per-step overhead
+    # (johnmusgrave.com, above), 0.92 for a well-tuned kernel.
+    "hbm_efficiency": Uncertain("hbm_efficiency", 0.75 / 0.85, 0.92 / 0.85),
+    # Reference 0.55; 0.45-0.65 brackets prefill MFU of 8-70B models in vLLM/SGLang.
+    "prefill_mfu": Uncertain("prefill_mfu", 0.45 / 0.55, 0.65 / 0.55),
+    # Megatron-LM 44-52% on A100 (Narayanan et al.); RL recompute lowers it.
+    "train_mfu": Uncertain("train_mfu", 0.30 / 0.40, 0.50 / 0.40),
+}
+"""Every uncertain constant, keyed by the name the sensitivity table prints."""
+
+
+def perturbed(spec: ClusterSpec, name: str, level: str) -> ClusterSpec:
+    """``spec`` with the uncertain constant ``name`` at ``level`` (low|central|high).
+
+    Raises:
+        ValueError: Unknown constant or level (the message lists the valid ones).
+    """
+    if name not in UNCERTAIN:
+        raise ValueError(f"unknown constant {name!r}; known: {', '.join(UNCERTAIN)}")
+    if level not in ("low", "central", "high"):
+        raise ValueError(f"level must be low, central or high, got {level!r}")
+    if level == "central":
+        return spec
+    u = UNCERTAIN[name]
+    scale = u.low_scale if level == "low" else u.high_scale
+    value = getattr(spec.hardware, u.field) * scale
+    return replace(spec, hardware=replace(spec.hardware, **{u.field: value}))

@@ -17,6 +17,7 @@ from scheduling.planner import (
     RequestStats,
     SearchSpace,
     TrainParallelism,
+    pipeline_depth,
 )
 from sim.bounds import lower_bound_s
 from sim.engine import Simulator
@@ -24,6 +25,7 @@ from sim.instance import SimInfeasible
 from sim.presets import ClusterSpec
 from sim.systems import SystemConfig, reference_train_gpus
 from sim.trace import TraceTrajectory
+from sim.twin import TwinRefiner
 
 STARTUP_PROFILE_SIZE = 64
 """Trajectories of the first step the preflight sees (reference: 64-prompt startup profile)."""
@@ -31,8 +33,9 @@ STARTUP_PROFILE_SIZE = 64
 
 def initial_plan(
     cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
-) -> tuple[Plan, GlobalResourcePlanner | None, dict[str, Any] | None]:
-    """Split and layout at time 0, the planner (for online systems) and the preflight event.
+) -> tuple[Plan, GlobalResourcePlanner | None, dict[str, Any] | None, TwinRefiner | None]:
+    """Split and layout at time 0, the planner (for online systems), the preflight event
+    and the planner's twin (systems with ``planner_twin``).
 
     Raises:
         SimInfeasible: If no instance type holds the longest trajectory.
@@ -41,15 +44,17 @@ def initial_plan(
     step0 = [t for t in trace if t.step == first]
     if system.mode == "sync":
         pattern = system.node_patterns[0]
-        return Plan(TrainParallelism(8, 1, 0), tuple([pattern] * cluster.num_nodes)), None, None
+        return (
+            Plan(TrainParallelism(8, 1, 0), tuple([pattern] * cluster.num_nodes)), None, None, None
+        )
     if system.train_gpus is not None:
-        return static_plan(cluster, system), None, None
+        return static_plan(cluster, system), None, None, None
     if not (system.enable_replan or system.enable_elastic):
         # A static peer without a split runs at the reference's: a preflight would make
         # its split depend on the seed's first step (issue 20).
         split = reference_train_gpus(cluster.num_nodes, cluster.gpus_per_node)
         fixed = system.with_split(split, system.node_patterns[0], "reference")
-        return static_plan(cluster, fixed), None, None
+        return static_plan(cluster, fixed), None, None, None
     history = [
         RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
         for t in step0[:STARTUP_PROFILE_SIZE]
@@ -61,16 +66,20 @@ def initial_plan(
         min_train_nodes=1,
         min_rollout_nodes=1,
     )
-    config = replace(system.planner_config, pipeline_depth=system.staleness + 1)
+    config = replace(system.planner_config, pipeline_depth=pipeline_depth(system.staleness))
+    twin = None
+    if system.planner_twin:
+        twin = TwinRefiner(cluster, system)
+        twin.observe_step(step0[:STARTUP_PROFILE_SIZE])
     planner = GlobalResourcePlanner(
-        PlanSearch(cluster.hardware, cluster.model, shape, space), config
+        PlanSearch(cluster.hardware, cluster.model, shape, space, refiner=twin), config
     )
     planner.add_history(history)
     event = planner.preflight(len(step0))
     if planner.current is None:
         raise SimInfeasible("planner preflight found no feasible plan (model or KV does not fit)")
     online = system.enable_replan or system.enable_elastic
-    return planner.current, planner if online else None, event.to_dict()
+    return planner.current, planner if online else None, event.to_dict(), twin
 
 
 def static_plan(cluster: ClusterSpec, system: SystemConfig) -> Plan:
@@ -128,12 +137,13 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
             f"layouts (TP {system.tps()}) holds it on {cluster.hardware.name}",
         }
     try:
-        plan, planner, preflight = initial_plan(cluster, trace, fitted)
-        raw = Simulator(cluster, trace, fitted, plan, planner).run()
+        plan, planner, preflight, twin = initial_plan(cluster, trace, fitted)
+        raw = Simulator(cluster, trace, fitted, plan, planner, twin=twin).run()
     except SimInfeasible as exc:
         return {**base, "feasible": False, "reason": str(exc)}
     staleness = 0 if fitted.mode == "sync" else fitted.staleness
-    bound = lower_bound_s(cluster, trace, staleness)
+    twin_runs = twin.runs if twin is not None else 0
+    bound = lower_bound_s(cluster, trace, staleness, stream=fitted.consumption == "stream")
     makespan = raw["makespan_s"]
     lat = np.array(raw["latencies_s"])
     tokens = sum(t.total_tokens for t in trace)
@@ -143,7 +153,7 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         **base,
         "feasible": True,
         "throughput_traj_per_s": len(trace) / makespan,
-        "steady_throughput_traj_per_s": steady_throughput(log, trace, staleness + 1),
+        "steady_throughput_traj_per_s": steady_throughput(log, trace, pipeline_depth(staleness)),
         "tokens_per_s": tokens / makespan,
         "makespan_s": makespan,
         "lower_bound_s": bound["lower_bound_s"],
@@ -164,5 +174,9 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         "mean_rollout_interval_s": float(np.mean([r["rollout_s"] for r in log])),
         "num_plan_events": len(raw["plan_events"]),
         "plans_applied": sum(1 for e in raw["plan_events"] if e["applied"]),
+        "twin_runs": twin_runs,
+        "consumption": fitted.consumption,
+        "max_consumed_staleness": max(raw["consumed_staleness"], default=0),
+        "mean_consumed_staleness": float(np.mean(raw["consumed_staleness"] or [0])),
         "sim_wall_s": time.perf_counter() - started,
     }

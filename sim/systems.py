@@ -7,6 +7,11 @@ run at a fixed split (``train_gpus``) and one node pattern: the reference's spli
 default (``sim.run.initial_plan``), or their own best split and layout from
 ``sim.sweep`` (an oracle). Only libra's planner chooses its split.
 
+``stream-lb`` is the AReaL / verl-fully-async-like peer: least-loaded on homogeneous TP2
+instances, streaming consumption (a step trains on the first trajectories to finish,
+the staleness bound gating releases); partial rollout (interrupting generations at a
+weight update and continuing them) is not modelled.
+
 ``toolcount`` is not compared: its priority orders two queues. In the scheduler's
 pending queue (where the service applies it) no trajectory has begun, so every
 priority is 0; in an instance's waiting queue (where the simulator applied it) the
@@ -17,12 +22,14 @@ comparison; the policy stays available to jobs (``policy: toolcount``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libra.types import Bucket
 from scheduling.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
 from scheduling.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
+from sim.trainer import CONSUMPTION_MODES
 
 HOMOGENEOUS = ((2, 2, 2, 2),)
 """8 x TP2 per node: the reference's homogeneous-LB control arm."""
@@ -75,6 +82,22 @@ class SystemConfig:
     planner's preflight for one that replans."""
     split_label: str = ""
     """Where a static split came from (``reference``, ``oracle``), for reports."""
+    planner_twin: bool = False
+    """Score the planner's top candidates with the twin simulation (``sim/twin.py``)
+    instead of the greedy closed form."""
+    consumption: str = "barrier"
+    """``barrier``: step s trains on step s's trajectories once all finished (the
+    reference, verl, slime); ``stream``: on the first trajectories to finish, whatever
+    their step (AReaL, verl fully-async). See ``sim.trainer.BatchSource``."""
+
+    def __post_init__(self) -> None:
+        if self.consumption not in CONSUMPTION_MODES:
+            raise ValueError(
+                f"system {self.name!r}: consumption must be one of "
+                f"{', '.join(CONSUMPTION_MODES)}, got {self.consumption!r}"
+            )
+        if self.consumption == "stream" and self.mode == "sync":
+            raise ValueError(f"system {self.name!r}: a synchronous loop cannot stream")
 
     def with_split(self, train_gpus: int, pattern: tuple[int, ...], label: str) -> SystemConfig:
         """This system at a fixed split and one node pattern (static systems only)."""
@@ -115,6 +138,15 @@ _LIBRA_PLANNER = PlannerConfig(
     min_history_size=20,
     transition_cost_s=30.0,
     cooldown_steps=1,
+    # The twin scores what it simulates; a ratio fitted to the closed form would
+    # distort it. The twin costs ~0.1-1 s per plan, so libra replans on the interval
+    # and on pressure, not on the rollout/train ratio that fires almost every step.
+    calibrate=False,
+    rollout_train_ratio_threshold=math.inf,
+    # The pool follows a smoothed rollout-span estimate and holds each change 3 steps
+    # (issue 20: the trigger on inter-completion gaps flapped one node every step).
+    elastic_span_alpha=0.3,
+    elastic_dwell_steps=3,
 )
 _STATIC_PLANNER = PlannerConfig(enable_online=False, enable_elastic=False)
 
@@ -140,6 +172,13 @@ SYSTEMS: dict[str, SystemConfig] = {
         node_patterns=REFERENCE_HETEROGENEOUS,
         planner_config=_STATIC_PLANNER,
     ),
+    "stream-lb": SystemConfig(
+        name="stream-lb",
+        policy="least_loaded",
+        node_patterns=HOMOGENEOUS,
+        planner_config=_STATIC_PLANNER,
+        consumption="stream",
+    ),
     "la-mlfq": SystemConfig(
         name="la-mlfq",
         policy="la_mlfq",
@@ -155,6 +194,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         enable_replan=True,
         enable_elastic=True,
         planner_config=_LIBRA_PLANNER,
+        planner_twin=True,
     ),
 }
 SYSTEM_NAMES = tuple(SYSTEMS)

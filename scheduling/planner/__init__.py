@@ -24,7 +24,13 @@ from scheduling.planner.costmodel import (
     weights_read_per_gpu,
 )
 from scheduling.planner.live import LiveConfig, LivePlanner
-from scheduling.planner.plan import ClusterShape, NodePattern, Plan, PlanError
+from scheduling.planner.plan import (
+    ClusterShape,
+    NodePattern,
+    Plan,
+    PlanError,
+    pipeline_depth,
+)
 from scheduling.planner.planner import (
     ElasticSignal,
     GlobalResourcePlanner,
@@ -32,7 +38,13 @@ from scheduling.planner.planner import (
     PlannerConfig,
     StepMetrics,
 )
-from scheduling.planner.search import PlanSearch, Scored, SearchSpace, Workload
+from scheduling.planner.search import (
+    PlanSearch,
+    RolloutRefiner,
+    Scored,
+    SearchSpace,
+    Workload,
+)
 from scheduling.planner.specs import HardwareSpec, ModelSpec
 
 __all__ = [
@@ -53,6 +65,7 @@ __all__ = [
     "PlannerConfig",
     "RatioCalibrator",
     "RequestStats",
+    "RolloutRefiner",
     "RolloutCostModel",
     "Scored",
     "SearchSpace",
@@ -62,6 +75,7 @@ __all__ = [
     "instance_profile",
     "kv_bytes_per_token",
     "kv_capacity_tokens",
+    "pipeline_depth",
     "prefill_s",
     "step_s",
     "train_memory_fits",

@@ -1,10 +1,7 @@
 """Analytic cost model of the planner: rollout makespan per layout, training step time.
 
-Roofline per device (design digest 5.2, issue 6): a decode step reads the weights
-shard and the batch's KV cache from HBM, a prefill chunk is FLOP-bound; a step takes
-the larger of the two plus a TP all-reduce term. One difference from the reference
-code: it divides the weight bytes by TP twice (``(W/TP + KV) / (TP * bw)``); here
-every quantity is per device, so weights are divided once.
+Step times come from ``roofline`` (one engine step per device) and training times
+from ``training_cost``; both are re-exported here for existing callers.
 
 The same functions drive the cluster simulator's instances, so a planner prediction
 and a simulated run disagree only through dynamics (batch occupancy, tool waits,
@@ -18,17 +15,35 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scheduling.planner.roofline import (
+    KV_FRAGMENTATION,
+    MAX_BATCH_SEQS,
+    PREFILL_CHUNK_TOKENS,
+    WORKSPACE_BYTES,
+    kv_bytes_per_token,
+    kv_capacity_tokens,
+    prefill_s,
+    step_s,
+    tp_comm_s,
+    weight_bytes_per_gpu,
+    weights_read_per_gpu,
+)
 from scheduling.planner.specs import HardwareSpec, ModelSpec
+from scheduling.planner.training_cost import (
+    DP_EXPOSED_FRACTION,
+    TrainParallelism,
+    train_memory_fits,
+    train_step_s,
+)
 
-PREFILL_CHUNK_TOKENS = 1024
-"""Chunked-prefill budget per step (reference cost model)."""
-MAX_BATCH_SEQS = 256
-"""Sequences per engine step (vLLM ``max_num_seqs`` default, reference cap on b-bar)."""
-KV_FRAGMENTATION = 0.04
-"""KV capacity lost to block fragmentation (reference cost model 4%)."""
-WORKSPACE_BYTES = 2 * 1024**3
-"""Activation workspace per device kept out of the KV pool (our assumption: the vLLM
-profile run of a 1,024-token chunk on 4B-30B models peaks at ~1-2 GiB)."""
+__all__ = [
+    "DP_EXPOSED_FRACTION", "KV_FRAGMENTATION", "MAX_BATCH_SEQS", "PREFILL_CHUNK_TOKENS",
+    "WORKSPACE_BYTES", "InstanceProfile", "LayoutCounts", "RequestStats", "RolloutCostModel",
+    "TrainParallelism", "instance_profile", "kv_bytes_per_token", "kv_capacity_tokens",
+    "prefill_s", "step_s", "tp_comm_s", "train_memory_fits", "train_step_s",
+    "weight_bytes_per_gpu", "weights_read_per_gpu",
+]
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,96 +55,6 @@ class RequestStats:
     """Post-prompt tokens (model output plus tool payloads)."""
     tool_s: float = 0.0
     """Total tool latency (the GPU serves others meanwhile; only the critical path pays)."""
-
-
-def kv_bytes_per_token(model: ModelSpec, tp: int) -> float:
-    """KV bytes one token occupies on each device of a TP group (heads replicate past TP)."""
-    heads_per_gpu = max(1.0, model.num_kv_heads / tp)
-    return 2.0 * model.num_layers * heads_per_gpu * model.head_dim * model.dtype_bytes
-
-
-def weight_bytes_per_gpu(model: ModelSpec, tp: int) -> float:
-    """Resident weight bytes per device."""
-    return model.num_params * model.dtype_bytes / tp
-
-
-def weights_read_per_gpu(model: ModelSpec, tp: int, num_tokens: int) -> float:
-    """Weight bytes one engine step reads per device.
-
-    Dense: all weights. MoE: non-expert weights plus the experts the step's tokens
-    touch, in expectation ``1 - (1 - k/E)^n`` of them (uniform routing).
-    """
-    if not model.is_moe:
-        return weight_bytes_per_gpu(model, tp)
-    touched = 1.0 - (1.0 - model.num_active_experts / model.num_experts) ** max(1, num_tokens)
-    dense = model.num_params - model.expert_params
-    return (dense + model.expert_params * touched) * model.dtype_bytes / tp
-
-
-def kv_capacity_tokens(hw: HardwareSpec, model: ModelSpec, tp: int) -> int:
-    """Tokens of KV cache an instance of ``tp`` devices can hold (0 if weights do not fit)."""
-    free = hw.hbm_bytes * hw.memory_utilization - weight_bytes_per_gpu(model, tp) - WORKSPACE_BYTES
-    if free <= 0:
-        return 0
-    return int(free / kv_bytes_per_token(model, tp) * (1.0 - KV_FRAGMENTATION))
-
-
-def tp_comm_s(hw: HardwareSpec, model: ModelSpec, tp: int, num_tokens: int) -> float:
-    """Two ring all-reduces of the activations per layer (attention and MLP outputs)."""
-    if tp <= 1:
-        return 0.0
-    payload = num_tokens * model.hidden_size * model.dtype_bytes
-    per_allreduce = (
-        hw.allreduce_latency_s + 2.0 * (tp - 1) / tp * payload / hw.intra_node_bw_bytes_per_s
-    )
-    return 2.0 * model.num_layers * per_allreduce
-
-
-def step_s(
-    hw: HardwareSpec,
-    model: ModelSpec,
-    tp: int,
-    num_decode: int,
-    kv_tokens: float,
-    prefill_tokens: int = 0,
-    prefill_ctx_tokens: float = 0.0,
-) -> float:
-    """Time of one engine step: ``num_decode`` decode tokens plus one prefill chunk.
-
-    Args:
-        hw: Device.
-        model: Model.
-        tp: Tensor-parallel degree of the instance.
-        num_decode: Sequences decoding one token each.
-        kv_tokens: Context tokens of those sequences (KV read this step).
-        prefill_tokens: Prompt tokens prefilled in this step (a chunk, 0 for none).
-        prefill_ctx_tokens: Context already cached before the chunk (attention span).
-    """
-    num_tokens = num_decode + prefill_tokens
-    if num_tokens <= 0:
-        return 0.0
-    bytes_read = weights_read_per_gpu(model, tp, num_tokens) + kv_tokens * kv_bytes_per_token(
-        model, tp
-    )
-    attn_unit = 4.0 * model.num_layers * model.num_heads * model.head_dim
-    flops = 2.0 * model.num_active_params * num_tokens + attn_unit * kv_tokens
-    if prefill_tokens:
-        flops += attn_unit * prefill_tokens * (prefill_ctx_tokens + prefill_tokens / 2.0)
-    t_mem = bytes_read / (hw.hbm_bw_bytes_per_s * hw.hbm_efficiency)
-    t_flop = flops / tp / (hw.peak_flops * hw.prefill_mfu)
-    return max(t_mem, t_flop) + tp_comm_s(hw, model, tp, num_tokens)
-
-
-def prefill_s(
-    hw: HardwareSpec, model: ModelSpec, tp: int, tokens: int, ctx_tokens: float = 0.0
-) -> float:
-    """Time to prefill ``tokens`` alone, in ``PREFILL_CHUNK_TOKENS`` chunks."""
-    total, done = 0.0, 0
-    while done < tokens:
-        chunk = min(PREFILL_CHUNK_TOKENS, tokens - done)
-        total += step_s(hw, model, tp, 0, 0.0, chunk, ctx_tokens + done)
-        done += chunk
-    return total
 
 
 LayoutCounts = tuple[tuple[tuple[int, int], ...], int, int]
@@ -255,10 +180,15 @@ class RolloutCostModel:
     ) -> float:
         """Closed-form estimate: fluid work split plus the longest request's critical path.
 
-        ``T = max(1 / sum_t(n_t / W_t), min_t latency_t(longest))`` where ``W_t`` is the
-        history's work on one instance of TP ``t``, times ``scale`` (requests per step
-        over history size). ``pipeline_depth`` steps of rollout overlap in an async job
-        (staleness bound + 1), so one step's critical path is spread over that many steps.
+        ``T = max(1 / sum_t(n_t / W_t), L / depth)`` where ``W_t`` is the history's work
+        on one instance of TP ``t``, times ``scale`` (requests per step over history size),
+        and ``L`` the longest request's critical path on the instance it can be expected
+        to run on: the device-weighted mean over the layout, ``sum_t(n_t t L_t) /
+        sum_t(n_t t)``. (It was the fastest instance's; a policy that learns a length from
+        tool returns places the longest request by load first, and the simulator ran
+        such layouts 1.7-3.3x slower than that predicted: issue 20, bench_planner_twin.)
+        ``pipeline_depth`` steps of rollout overlap in an async job (staleness bound + 1),
+        so one step's critical path is spread over that many steps.
         """
         tps = [tp for tp, n in counts_by_tp.items() if n > 0]
         if not self.fits(tps):
@@ -266,14 +196,13 @@ class RolloutCostModel:
         conc = len(self.history) * scale * max(1, pipeline_depth) / sum(counts_by_tp.values())
         key = _concurrency_key(conc)
         fast = self._fast
-        rate = 0.0
-        floor = math.inf
+        rate, path, devices = 0.0, 0.0, 0
         for tp in tps:
             terms = fast.get((tp, key)) or self._fast_terms(tp, conc)
             rate += counts_by_tp[tp] / (terms[0] * scale)
-            if terms[1] < floor:
-                floor = terms[1]
-        return max(1.0 / rate, floor / max(1, pipeline_depth))
+            path += counts_by_tp[tp] * tp * terms[1]
+            devices += counts_by_tp[tp] * tp
+        return max(1.0 / rate, path / devices / max(1, pipeline_depth))
 
     def best_fast_layout(
         self, rows: Sequence[LayoutCounts], scale: float = 1.0, pipeline_depth: int = 1
@@ -293,13 +222,13 @@ class RolloutCostModel:
                 continue
             conc = base / total
             key = _concurrency_key(conc)
-            rate, floor = 0.0, math.inf
+            rate, path, devices = 0.0, 0.0, 0
             for tp, n in items:
                 terms = fast.get((tp, key)) or self._fast_terms(tp, conc)
                 rate += n / (terms[0] * scale)
-                if terms[1] < floor:
-                    floor = terms[1]
-            t = max(1.0 / rate, floor / depth)
+                path += n * tp * terms[1]
+                devices += n * tp
+            t = max(1.0 / rate, path / devices / depth)
             if t < best_t:
                 best_i, best_t = i, t
         return best_i, best_t
@@ -368,75 +297,3 @@ def _best_instance(
         if best is None or finish < best[0]:
             best = (finish, tp, work, latency)
     return best
-
-
-@dataclass(frozen=True, slots=True)
-class TrainParallelism:
-    """Training parallelism of the core group (one replica is ``tp * pp`` devices)."""
-
-    tp: int
-    pp: int
-    dp: int
-    micro_batch: int = 1
-
-    @property
-    def num_gpus(self) -> int:
-        """Devices of the training group."""
-        return self.tp * self.pp * self.dp
-
-
-DP_EXPOSED_FRACTION = {True: 0.70, False: 0.50}
-"""Fraction of the DP gradient all-reduce not hidden behind backward (reference: 70% for
-pp = 1, 50% for pp > 1)."""
-
-
-def train_step_s(
-    hw: HardwareSpec,
-    model: ModelSpec,
-    par: TrainParallelism,
-    tokens_per_step: float,
-    mean_seq_tokens: float,
-) -> float:
-    """One GRPO training step: log-prob recompute forward plus forward/backward.
-
-    FLOPs = (2 recompute + 6 train) x active params x tokens, plus causal attention;
-    divided over the group at ``train_mfu``; plus the exposed DP all-reduce of bf16
-    gradients over the inter-node network and the 1F1B pipeline bubble.
-    """
-    if par.num_gpus <= 0:
-        return math.inf
-    attn = 4.0 * model.num_layers * model.num_heads * model.head_dim * mean_seq_tokens / 2.0
-    flops = (8.0 * model.num_active_params + 4.0 * attn) * tokens_per_step
-    compute = flops / (par.num_gpus * hw.peak_flops * hw.train_mfu)
-    micro_batches = max(
-        1.0, tokens_per_step / max(1.0, mean_seq_tokens) / (par.dp * par.micro_batch)
-    )
-    compute *= 1.0 + (par.pp - 1) / micro_batches
-    grad_bytes = model.num_params * 2.0 / (par.tp * par.pp)
-    allreduce = 0.0
-    if par.dp > 1:
-        allreduce = 2.0 * (par.dp - 1) / par.dp * grad_bytes / hw.inter_node_bw_bytes_per_s
-    return compute + DP_EXPOSED_FRACTION[par.pp == 1] * allreduce
-
-
-def train_memory_fits(
-    hw: HardwareSpec, model: ModelSpec, par: TrainParallelism, seq_tokens: int
-) -> bool:
-    """Weights + grads (bf16) + distributed Adam state (12 B/param over DP) + activations.
-
-    Activations: 34 x seq x hidden bytes per layer over TP (Korthikanti et al. 2022,
-    selective recompute with sequence parallelism), layers split over PP; plus the
-    log-prob logits temporary (seq x vocab/TP x 4 B x 1.5).
-    """
-    shard = model.num_params / (par.tp * par.pp)
-    states = 4.0 * shard + 12.0 * shard / par.dp
-    act = (
-        34.0
-        * seq_tokens
-        * par.micro_batch
-        * model.hidden_size
-        * model.num_layers
-        / (par.tp * par.pp)
-    )
-    logits = seq_tokens * par.micro_batch * model.vocab_size / par.tp * 4.0 * 1.5
-    return states + act + logits <= hw.hbm_bytes * 0.92

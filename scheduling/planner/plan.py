@@ -19,6 +19,21 @@ class PlanError(ValueError):
     """A plan the cluster cannot run; the message names the offending field."""
 
 
+def pipeline_depth(max_staleness: int) -> int:
+    """Rollout steps in flight at once: the one being consumed plus ``max_staleness``
+    ahead of it (a synchronous loop, staleness 0, has depth 1).
+
+    The one place both the live planner (``live_planner``: the job's
+    ``algorithm.max_staleness``) and the simulator (``SystemConfig.staleness``) read it.
+
+    Raises:
+        PlanError: Negative staleness.
+    """
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+        raise PlanError(f"max_staleness: must be an integer >= 0, got {max_staleness!r}")
+    return max_staleness + 1
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterShape:
     """Devices the planner divides."""

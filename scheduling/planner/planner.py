@@ -17,133 +17,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scheduling.planner.calibration import CalibratorConfig, RatioCalibrator
+from scheduling.planner.calibration import RatioCalibrator
 from scheduling.planner.costmodel import RequestStats
+from scheduling.planner.elastic_trigger import ElasticTrigger
 from scheduling.planner.plan import Plan, PlanError
+from scheduling.planner.planner_types import ElasticSignal, PlanEvent, PlannerConfig, StepMetrics
 from scheduling.planner.search import PlanSearch, Scored, Workload
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PlannerConfig:
-    """Planner knobs; defaults are the reference's (digest 5.4 table)."""
-
-    enable_online: bool = True
-    plan_interval_steps: int = 10
-    warmup_steps: int = 1
-    min_history_size: int = 8
-    max_history_size: int = 4096
-    cooldown_steps: int = 1
-    queue_pressure_threshold: float = 0.75
-    active_pressure_threshold: float = 0.85
-    rejected_growth_threshold: int = 8
-    rollout_train_ratio_threshold: float = 1.25
-    min_gain_ratio: float = 0.05
-    transition_cost_s: float = 15.0
-    # Elastic hybrid pool (digest 5.5).
-    enable_elastic: bool = True
-    elastic_reserve_gpus: int = 8
-    """Rollout devices never lent to training (reference: one node)."""
-    elastic_pressure_threshold: float = 0.80
-    elastic_borrow_ratio: float = 1.15
-    """Join when train / rollout time reaches this."""
-    elastic_release_ratio: float = 0.90
-    """Release when train / rollout time falls to this; in between: hold (hysteresis)."""
-    elastic_ttl_steps: int = 20
-    pipeline_depth: int = 1
-    """Rollout steps in flight at once (async jobs: staleness bound + 1)."""
-    calibrator: CalibratorConfig = field(default_factory=CalibratorConfig)
-    calibrate: bool = True
-    """Scale predictions by measured / predicted (off when the cost model is itself fitted
-    to the job's measurements, as in ``live``)."""
-    core_replan: bool = True
-    """True: an approved candidate replaces the core plan (the simulator re-creates
-    nodes). False: the deployment cannot move core roles; ``current`` is the effective
-    split the caller maintains (core plus lent replicas) and an approved candidate is
-    carried out by the elastic pool (desired = current + the candidate's extra training
-    replicas, which may be negative)."""
-
-    def __post_init__(self) -> None:
-        if self.plan_interval_steps <= 0:
-            raise ValueError(
-                f"plan_interval_steps must be positive, got {self.plan_interval_steps}"
-            )
-        if self.elastic_release_ratio >= self.elastic_borrow_ratio:
-            raise ValueError(
-                "elastic_release_ratio must be below elastic_borrow_ratio (hysteresis band), got "
-                f"{self.elastic_release_ratio} >= {self.elastic_borrow_ratio}"
-            )
-        for name in (
-            "cooldown_steps", "warmup_steps", "min_history_size", "elastic_ttl_steps",
-            "elastic_reserve_gpus", "transition_cost_s", "min_gain_ratio",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.pipeline_depth < 1:
-            raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StepMetrics:
-    """What the job measured in one step."""
-
-    step: int
-    rollout_s: float
-    train_s: float
-    queue_pressure: float = 0.0
-    active_pressure: float = 0.0
-    rejected_total: int = 0
-    hybrid_active: int = 0
-    hybrid_joining: int = 0
-    requests: tuple[RequestStats, ...] = ()
-    """Trajectories finished this step (appended to the length history)."""
-    requests_per_step: int = 0
-    elastic_capacity_replicas: int | None = None
-    """Replicas the deployment can lend at most, reserve already deducted (``live``: the
-    hybrid-capable workers); ``None``: ``(plan rollout devices - reserve) // replica``."""
-
-
-@dataclass(frozen=True, slots=True)
-class ElasticSignal:
-    """Desired number of hybrid replicas lent to training, valid until ``expires_step``."""
-
-    step: int
-    action: str
-    """``join``, ``release`` or ``hold``."""
-    desired_replicas: int
-    current_replicas: int
-    reason: str
-    expires_step: int
-
-
-@dataclass(slots=True)
-class PlanEvent:
-    """One planner decision, applied or not."""
-
-    step: int
-    fired: bool
-    trigger: str
-    applied: bool
-    reason: str
-    current: dict[str, Any] | None = None
-    candidate: dict[str, Any] | None = None
-    current_objective_s: float | None = None
-    candidate_objective_s: float | None = None
-    raw_gain_s: float = 0.0
-    net_gain_s: float = 0.0
-    gain_ratio: float = 0.0
-    inputs: dict[str, Any] = field(default_factory=dict)
-    elastic: ElasticSignal | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able record (infinite times become ``None``)."""
-        out = asdict(self)
-        for key in ("current_objective_s", "candidate_objective_s"):
-            if out[key] is not None and math.isinf(out[key]):
-                out[key] = None
-        return out
 
 
 class GlobalResourcePlanner:
@@ -170,7 +51,7 @@ class GlobalResourcePlanner:
         self._last_applied_step: int | None = None
         self._last_rejected = 0
         self._requests_per_step = 1
-        self._signal: ElasticSignal | None = None
+        self._trigger_pool = ElasticTrigger(config)
         self._work: Workload | None = None
 
     @property
@@ -218,6 +99,7 @@ class GlobalResourcePlanner:
     def observe(self, metrics: StepMetrics) -> None:
         """Fold one step's measurements in: history, calibration, pressure counters."""
         self.add_history(metrics.requests)
+        self._trigger_pool.observe(metrics)
         if metrics.requests_per_step:
             self._requests_per_step = metrics.requests_per_step
         if self._config.calibrate and self.current is not None and len(self._history) >= 1:
@@ -243,7 +125,7 @@ class GlobalResourcePlanner:
 
     def signal_at(self, step: int) -> ElasticSignal | None:
         """The signal in force at ``step``; past its TTL, a release of everything."""
-        sig = self._signal
+        sig = self._trigger_pool.signal
         if sig is None or step <= sig.expires_step:
             return sig
         return ElasticSignal(step, "release", 0, sig.desired_replicas, "ttl_expired", step)
@@ -356,42 +238,9 @@ class GlobalResourcePlanner:
     # Elastic hybrid pool.
 
     def _elastic(self, step: int, event: PlanEvent) -> ElasticSignal | None:
-        cfg, m, plan = self._config, self._last, self.current
-        if not cfg.enable_elastic or plan is None or m is None:
+        if self.current is None or self._last is None:
             return None
-        current = m.hybrid_active + m.hybrid_joining
-        desired, reason = self._desired_replicas(event, current)
-        action = "join" if desired > current else "release" if desired < current else "hold"
-        self._signal = ElasticSignal(
-            step, action, desired, current, reason, step + cfg.elastic_ttl_steps
-        )
-        return self._signal
-
-    def _desired_replicas(self, event: PlanEvent, current: int) -> tuple[int, str]:
-        """Digest 5.5, in order: capacity, rollout pressure, candidate, borrow, release, hold."""
-        cfg, m, plan = self._config, self._last, self.current
-        assert m is not None and plan is not None
-        replica = plan.train.tp * plan.train.pp
-        capacity = max(0, (plan.rollout_gpus - cfg.elastic_reserve_gpus) // replica)
-        if m.elastic_capacity_replicas is not None:
-            capacity = max(0, m.elastic_capacity_replicas)
-        ratio = m.train_s / m.rollout_s if m.rollout_s > 0 else math.inf
-        extra = 0
-        if event.candidate:
-            extra = (event.candidate["train_gpus"] - plan.train_gpus) // replica
-        if capacity == 0:
-            return 0, "no_capacity"
-        if max(m.queue_pressure, m.active_pressure) >= cfg.elastic_pressure_threshold:
-            return 0, "rollout_pressure"
-        if cfg.core_replan and extra > 0 and not event.applied:
-            return min(capacity, extra), "candidate_wants_training"
-        if not cfg.core_replan and event.applied:
-            return max(0, min(capacity, current + extra)), "approved_plan"
-        if ratio >= cfg.elastic_borrow_ratio:
-            return capacity, "borrow"
-        if ratio <= cfg.elastic_release_ratio:
-            return 0, "release"
-        return current, "hold"
+        return self._trigger_pool.decide(step, event, self.current, self._last)
 
     def _inputs(self) -> dict[str, Any]:
         m = self._last

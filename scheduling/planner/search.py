@@ -15,6 +15,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from scheduling.planner.costmodel import (
     LayoutCounts,
@@ -68,6 +69,15 @@ class Workload:
         return sum(r.prompt_tokens + r.gen_tokens for r in self.history) / len(self.history)
 
 
+class RolloutRefiner(Protocol):
+    """A slower, truer rollout score for the few plans the closed form ranks best (the
+    simulator's twin, ``sim/twin.py``): the step time ``plan`` would run at."""
+
+    def rollout_s(self, plan: Plan, work: Workload) -> float:
+        """Seconds of rollout per step that ``plan`` would take on ``work``."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Scored:
     """A plan with its (calibrated) predicted stage times."""
@@ -90,12 +100,20 @@ class PlanSearch:
         model: Model.
         cluster: Node count and devices per node.
         space: Search space.
+        refiner: Replaces the greedy re-score of the top candidates and of scored plans
+            (``None``: the greedy longest-first assignment).
     """
 
     def __init__(
-        self, hw: HardwareSpec, model: ModelSpec, cluster: ClusterShape, space: SearchSpace
+        self,
+        hw: HardwareSpec,
+        model: ModelSpec,
+        cluster: ClusterShape,
+        space: SearchSpace,
+        refiner: RolloutRefiner | None = None,
     ) -> None:
         self.hw, self.model, self.cluster, self.space = hw, model, cluster, space
+        self.refiner = refiner
         _check_space(space, cluster)
         if not self._train_node_options():
             raise PlanError(
@@ -127,6 +145,8 @@ class PlanSearch:
 
     def rollout_s(self, model: RolloutCostModel, plan: Plan, work: Workload, greedy: bool) -> float:
         """Predicted rollout makespan of one step on ``plan``."""
+        if greedy and self.refiner is not None:
+            return self.refiner.rollout_s(plan, work)
         if greedy:
             reqs = _scaled(work.history, min(work.requests_per_step, MAX_REFINE_REQUESTS))
             scale = work.requests_per_step / len(reqs)
@@ -192,6 +212,8 @@ class PlanSearch:
         """
         model = self.cost_model(work)
         candidates = self._closed_form_top_k(model, work, train_factor, rollout_factor)
+        if self.refiner is not None:
+            candidates += self._best_uniform(model, work, candidates)
         refined = [
             Scored(
                 s.plan, s.train_s, self.rollout_s(model, s.plan, work, greedy=True) * rollout_factor
@@ -228,6 +250,36 @@ class PlanSearch:
             top.sort(key=lambda e: (e[0], e[1]))
             del top[REFINE_TOP_K:]
         return [s for _, _, s in top]
+
+    def _best_uniform(
+        self, model: RolloutCostModel, work: Workload, taken: list[Scored]
+    ) -> list[Scored]:
+        """The closed form's best single-pattern plan, unless already a candidate.
+
+        The closed form favours mixes of small instances plus one large one (its floor is
+        the longest request alone on the fastest instance); a placement policy that
+        learns a trajectory's length only from its tool returns does not realise that
+        (issue 20). One uniform plan in the refined set lets the twin judge it.
+        """
+        scale = work.requests_per_step / len(work.history)
+        best: Scored | None = None
+        for train_nodes in self._train_node_options():
+            par = self.train_parallelism(train_nodes)
+            t_train = self.train_s(par, work)
+            nodes_left = self.cluster.num_nodes - train_nodes
+            for pattern in self.space.node_patterns:
+                counts: dict[int, int] = {}
+                for tp in pattern:
+                    counts[tp] = counts.get(tp, 0) + nodes_left
+                row = (tuple(counts.items()), sum(counts.values()), max(counts))
+                index, t_roll = model.best_fast_layout([row], scale, work.pipeline_depth)
+                if index < 0:
+                    continue
+                scored = Scored(Plan(par, (pattern,) * nodes_left), t_train, t_roll)
+                if best is None or scored.objective_s < best.objective_s:
+                    best = scored
+        keys = {s.plan.key() for s in taken}
+        return [best] if best is not None and best.plan.key() not in keys else []
 
     def _train_node_options(self) -> list[int]:
         """Training node counts the space allows whose devices hold whole replicas."""

@@ -27,6 +27,16 @@ class HardwareSpec:
     gpus_per_node: int = 8
     allreduce_latency_s: float = 10e-6
     """Fixed cost of one small all-reduce inside a node."""
+    allreduce_bus_bw_bytes_per_s: float = 0.0
+    """Bus bandwidth an engine's TP all-reduce achieves on decode-sized messages (tens
+    of KB to ~1 MB), far below the link peak; 0 falls back to
+    ``intra_node_bw_bytes_per_s`` (the link peak)."""
+    engine_step_overhead_s: float = 0.0
+    """Fixed time of every engine step the GPU does not hide (scheduling, sampling,
+    launches, output processing)."""
+    mixed_batch_interference: float = 0.0
+    """Fraction of the shorter of a step's memory and FLOP times added to the longer
+    (0: a mixed prefill/decode step costs ``max`` of the two; 1: their sum)."""
     hbm_efficiency: float = 0.85
     """Achieved fraction of peak HBM bandwidth in decode (reference cost model 0.85)."""
     prefill_mfu: float = 0.55

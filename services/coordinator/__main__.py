@@ -32,6 +32,8 @@ from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore, CorpusCheck
 from services.coordinator.dataset_check import check_dataset
 from services.coordinator.elastic import ElasticWiring
+from services.coordinator.episode_endpoint import EpisodeEndpoint
+from services.coordinator.episode_store import RedisEpisodeStore
 from services.coordinator.init_from_check import check_job_init_from
 from services.coordinator.model_check import check_job_model
 from services.coordinator.reconcile import ReconcileSettings, ReconcileWiring
@@ -104,7 +106,8 @@ async def main(cfg: CoordinatorConfig) -> None:
                                 CoordinatorServicer(core), name)
     http: uvicorn.Server | None = None
     if cfg.http_port >= 0:
-        app = build_app(core, TokenStore(cfg.auth))  # follows token file rotation
+        episodes = EpisodeEndpoint(RedisEpisodeStore(redis, SystemClock()), SystemClock())
+        app = build_app(core, TokenStore(cfg.auth), episodes)  # follows token file rotation
         FastAPIInstrumentor.instrument_app(app)  # REST requests join the same traces
         # HTTPS with the gRPC server's certificate when one is configured.
         http = uvicorn.Server(uvicorn.Config(

@@ -54,21 +54,24 @@ class ElasticJobs:
     def _loop_of(self, job: t.Job) -> ElasticLoop | None:
         if job.job_id in self._loops:
             return self._loops[job.job_id]
-        spec = job_spec_from_json(job.spec_json).elastic
+        job_spec = job_spec_from_json(job.spec_json)
+        spec = job_spec.elastic
         loop = None
         if spec.enabled and self._wiring is None:
             logger.warning("[elastic] job_id=%s asks for the elastic pool but this "
                            "coordinator has no planner wired; running without", job.job_id)
         elif spec.enabled and self._wiring is not None:
-            loop = self._new_loop(job.job_id, spec, self._wiring)
+            loop = self._new_loop(job.job_id, spec, job_spec.algorithm.max_staleness,
+                                  self._wiring)
         self._loops[job.job_id] = loop
         return loop
 
-    def _new_loop(self, job_id: str, spec: ElasticSpec, wiring: ElasticWiring) -> ElasticLoop:
+    def _new_loop(self, job_id: str, spec: ElasticSpec, max_staleness: int,
+                  wiring: ElasticWiring) -> ElasticLoop:
         executor = ElasticExecutor(job_id=job_id, spec=spec, rollouts=wiring.rollouts,
                                    events=self._store, clock=self._clock,
                                    trainer_address=wiring.trainer_address,
                                    rpc_deadline_s=wiring.rpc_deadline_s)
-        return ElasticLoop(job_id=job_id, planner=wiring.planner_factory(spec),
+        return ElasticLoop(job_id=job_id, planner=wiring.planner_factory(spec, max_staleness),
                            executor=executor, events=self._store,
                            leases=self._store.live_leases, clock=self._clock)

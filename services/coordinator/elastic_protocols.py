@@ -91,7 +91,9 @@ async def record_quietly(sink: EventSink, job_id: str, event: dict[str, Any]) ->
 class ElasticWiring:
     """What the coordinator needs to run elastic jobs (built in ``__main__``)."""
 
-    planner_factory: Callable[[ElasticSpec], ElasticPlanner]
+    planner_factory: Callable[[ElasticSpec, int], ElasticPlanner]
+    """Builds a job's planner from its ``[elastic]`` section and ``algorithm.max_staleness``
+    (the pipeline depth the planner plans with, as the simulator does)."""
     rollouts: Callable[[str], RolloutLending]  # rollout address -> client
     trainer_address: str  # where lent instances reach the trainer's gradient channel
     rpc_deadline_s: float = 5.0

@@ -24,7 +24,9 @@ from libra.errors import (
     as_unavailable,
     unavailable_types,
 )
+from services.coordinator.agent_rest import agent_router
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.episode_endpoint import EpisodeEndpoint
 from services.coordinator.job_pages import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from services.coordinator.rest_models import (
     HTTP_STATUS,
@@ -179,7 +181,8 @@ def _drop_422(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None) -> FastAPI:
+def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None,
+              episodes: EpisodeEndpoint | None = None) -> FastAPI:
     """The REST API: /v1/jobs (create, list, get, cancel, resume, events) and /v1/workers.
 
     With ``tokens`` enabled every /v1 route needs ``Authorization: Bearer <token>``
@@ -192,8 +195,8 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None) 
                   "is an ErrorBody; a bad input is 400 naming the field.")
     tokens = tokens or Tokens()
     enabled = tokens.current().enabled  # fixed at start-up; a rotation changes which tokens
-    checks = [Depends(_require_token(tokens))] if enabled else []
-    v1 = APIRouter(dependencies=[*checks, Depends(_known_query_only)],
+    job_api = [Depends(_require_token(tokens))] if enabled else []
+    v1 = APIRouter(dependencies=[*job_api, Depends(_known_query_only)],
                    responses=error_responses(*((400, 401, 500, 503) if enabled
                                                else (400, 500, 503))))
     app.add_exception_handler(LibraError, _libra_error)
@@ -264,6 +267,8 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None) 
         return [LeaseView.of(lease) for lease in await core.list_workers()]
 
     app.include_router(v1)
+    if episodes is not None:  # the OpenAI-compatible agent endpoint (docs/agent-endpoint.md)
+        app.include_router(agent_router(episodes, job_api))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

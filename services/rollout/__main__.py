@@ -29,6 +29,7 @@ from services.rollout.backend import TorchEngineLoader
 from services.rollout.config import RolloutConfig
 from services.rollout.core import EngineLoader, RolloutCore, RolloutSettings
 from services.rollout.engine_types import EngineCallLog
+from services.rollout.episode_channel import RedisEpisodeChannel
 from services.rollout.hybrid_backend import TorchHybridTrainer
 from services.rollout.servicer import RolloutServicer
 from services.rollout.store import RedisRolloutStore
@@ -96,7 +97,8 @@ async def main(cfg: RolloutConfig) -> None:
                             max_unanswered=cfg.report_max_unanswered, auth=auth),
         GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s, auth=auth), SystemClock(),
         opener=GrpcGradientChannel(auth),
-        load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads))
+        load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads),
+        episodes=RedisEpisodeChannel(redis, SystemClock()))
 
     async def register(server: Server) -> None:
         core.settings = dataclasses.replace(settings,

@@ -1,7 +1,8 @@
 """The rollout's agent registry: ``task.agent`` -> a factory ``(spec, tokenizer) -> Agent``.
 
-Built-ins (``arith``, ``chat``; ``auto`` picks one by ``task.tool_call_format``) plus the
-``libra.agents`` entry points of installed distributions. The names' one list is
+Built-ins (``arith``, ``chat``, ``external``: services/rollout/external_agent.py;
+``auto`` picks one by ``task.tool_call_format``) plus the ``libra.agents`` entry points
+of installed distributions. The names' one list is
 libra/agents.py (the coordinator checks a spec against it without importing plugins);
 this module maps them to code. An entry point names a factory: a class whose
 constructor takes ``(spec, tokenizer)`` (e.g. a subclass of ``ChatAgent``'s parent
@@ -19,6 +20,7 @@ from libra.chat.job import chat_format
 from libra.jobspec import JobSpec
 from libra.plugins import AGENTS_GROUP, PluginError, load_entry_point
 from services.rollout.agent import Agent, ArithAgent, ChatAgent, Tokenizer
+from services.rollout.external_agent import ExternalAgent
 
 logger = logging.getLogger(__name__)
 AgentFactory = Callable[[JobSpec, Tokenizer], Agent]
@@ -29,8 +31,12 @@ def _chat_agent(spec: JobSpec, tokenizer: Tokenizer) -> Agent:
     return ChatAgent(spec, tokenizer, chat_format(spec, tokenizer.tokenizer))
 
 
+def _external_agent(spec: JobSpec, tokenizer: Tokenizer) -> Agent:
+    return ExternalAgent(spec, tokenizer, chat_format(spec, tokenizer.tokenizer))
+
+
 def _builtin_factories() -> dict[str, AgentFactory]:
-    return {names.ARITH: ArithAgent, names.CHAT: _chat_agent}
+    return {names.ARITH: ArithAgent, names.CHAT: _chat_agent, names.EXTERNAL: _external_agent}
 
 
 def resolve_agent_name(spec: JobSpec) -> str:

@@ -44,6 +44,7 @@ from libra.jobspec import job_spec_from_json
 from services.rollout import agent
 from services.rollout.agent_registry import AgentUnavailable, build_agent_or_stand_in
 from services.rollout.engine_types import GenerationRequest, GenerationResult
+from services.rollout.external_agent import EpisodeChannel, EpisodeEnded, ExternalAgent
 from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
 from services.rollout.hybrid_join import ChannelOpener, TrainerLoader
 from services.rollout.lease_keeper import LeaseKeeper
@@ -79,13 +80,15 @@ class RolloutCore:
     def __init__(self, settings: RolloutSettings, store: RolloutStore, loader: EngineLoader,
                  tools: ToolGatewayApi, scheduler: SchedulerApi, coordinator: CoordinatorApi,
                  clock: Clock, opener: ChannelOpener | None = None,
-                 load_trainer: TrainerLoader | None = None) -> None:
+                 load_trainer: TrainerLoader | None = None,
+                 episodes: EpisodeChannel | None = None) -> None:
         self._settings = settings
         self._store = store
         self._loader = loader
         self._tool_calls = ToolCaller(tools, clock, settings.tool_deadline_s)
         self._coordinator = coordinator
         self._clock = clock
+        self._episodes = episodes  # the external agent's Redis lists (external_agent.py)
         self._job: tuple[str, JobContext] | None = None
         self._held = LeaseHolder()
         self._stopping = False
@@ -262,6 +265,9 @@ class RolloutCore:
             act.turn_prefix = traj.token_ids[-traj.partial_turn_tokens:]
             traj.partial_turn_tokens = 0
         ctx.active[traj.trajectory_id] = act
+        if getattr(ctx.agent, "awaits_first_call", False) and not traj.token_ids:
+            act.ready = False  # an episode: its program's first call is its prompt
+            self._spawn(self._call_tool(ctx, act, agent.TurnOutcome()))
 
     async def _context(self, job_id: str) -> JobContext | None:
         if self._job is not None and self._job[0] == job_id:
@@ -281,6 +287,8 @@ class RolloutCore:
         engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy,
                                                     tp_degree, spec.model)
         job_agent = await asyncio.to_thread(build_agent_or_stand_in, spec, tokenizer)
+        if isinstance(job_agent, ExternalAgent) and self._episodes is not None:
+            job_agent.attach(self._episodes)
         await self.weights.load_verified(job_id, engine, policy)
         self._job = (job_id, JobContext(spec, engine, job_agent, max_batch))
         logger.info("[job] serving job_id=%s policy_version=%d max_batch_size=%d", job_id,
@@ -314,8 +322,9 @@ class RolloutCore:
                 self._after_turn(ctx, act, GenerationResult(
                     token_ids=[], logprobs=[], finish_reason="length",
                     policy_version=ctx.engine.policy_version))
-            elif request is None:
-                self._spawn(self._finisher.finish(ctx, act, final_answer=None))
+            elif request is None:  # an external agent's close may still want scoring
+                answer = getattr(ctx.agent, "final_answer", lambda _traj: None)(act.traj)
+                self._spawn(self._finisher.finish(ctx, act, final_answer=answer))
             else:
                 requests.append(request)
                 batch.append(act)
@@ -375,11 +384,14 @@ class RolloutCore:
     async def _call_tool(self, ctx: JobContext, act: ActiveTrajectory,
                          outcome: agent.TurnOutcome) -> None:
         traj = act.traj
+        # An external agent's "tool" is its program's next call (external_agent.py).
+        run_turn = getattr(ctx.agent, "run_turn", None) or self._tool_calls.run_turn
         try:
             results = await self.profile.timed(
-                "tool", self._tool_calls.run_turn(ctx.spec, traj, outcome), traj.trajectory_id)
+                "tool", run_turn(ctx.spec, traj, outcome), traj.trajectory_id)
         except LibraError as exc:
-            await self._finisher.fail(ctx, act, f"tool gateway: {exc}")
+            await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
+                                      else f"tool gateway: {exc}")
             return
         ctx.agent.apply_tool_results(traj, results)
         # Every return extends the trajectory's causal path; the decision that counts is

@@ -41,6 +41,15 @@ class BlockUntilAbort:
     keep: int
 
 
+@dataclass(frozen=True)
+class HoldUntil:
+    """Script item: ``generate`` blocks until ``release`` is set (or 30 s), then returns
+    ``text`` as a finished turn (a generation still running while a test acts)."""
+
+    text: str
+    release: threading.Event
+
+
 @dataclass
 class FakeEngine:
     """Returns scripted turn texts, one per request, in order; records every call.
@@ -86,7 +95,10 @@ class FakeEngine:
             if isinstance(item, GenerationResult):
                 out.append(item)
                 continue
-            if isinstance(item, BlockUntilAbort):
+            if isinstance(item, HoldUntil):
+                item.release.wait(30.0)
+                item = item.text
+            elif isinstance(item, BlockUntilAbort):
                 self._block_until_aborted(row)
                 ids = self.tokenizer.encode(item.text)[: item.keep]
                 out.append(GenerationResult(token_ids=ids, logprobs=[self.logprob] * len(ids),

@@ -19,6 +19,9 @@ HEAVY = ("grpc", "redis", "torch", "transformers", "vllm", "libra.proto", "datas
     "services.coordinator.core", "services.scheduler.core", "services.rollout.core",
     "services.trainer.core", "services.toolgateway.core", "scheduling.policy",
     "scheduling.planner", "sim",
+    # The agent endpoint's pure parts (docs/agent-endpoint.md).
+    "services.coordinator.episode_core", "services.coordinator.episode_endpoint",
+    "services.rollout.external_agent",
 ])
 def test_core_imports_no_heavy_dependency(module: str) -> None:
     code = (f"import sys, {module}; "

@@ -8,6 +8,7 @@ store (``InMemoryCoordinatorStore``), job spec parser, executor and live planner
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,12 +40,12 @@ TRAIN_BOUND = {"train_s": 3.0, "rollout_s": 1.0, "reward_mean": 0.5, "num_trajec
 
 
 class Rig:
-    def __init__(self, *, wired: bool = True,
-                 run_root: Path = Path("/tmp/libra-test-runs")) -> None:
+    def __init__(self, *, wired: bool = True, run_root: Path = Path("/tmp/libra-test-runs"),
+                 planner_factory: Any = live_planner) -> None:
         self.clock = FakeClock()
         self.store = InMemoryCoordinatorStore(self.clock)
         self.rollouts: dict[str, FakeRollout] = {}
-        wiring = ElasticWiring(planner_factory=live_planner,
+        wiring = ElasticWiring(planner_factory=planner_factory,
                                rollouts=lambda address: self.rollouts[address],
                                trainer_address="trainer:1", rpc_deadline_s=0.05)
         self.core = CoordinatorCore(self.store, FakeRunner(), FakeRunner(), self.clock,
@@ -177,3 +178,20 @@ async def test_a_resumed_job_plans_with_a_fresh_elastic_loop(tmp_path: Path) -> 
     await rig.step(job.job_id, 2)
     second = rig.core.elastic_loop(job.job_id)
     assert second is not None and second is not first
+
+
+async def test_the_job_planner_plans_with_the_jobs_max_staleness() -> None:
+    """The live planner's pipeline depth comes from the job's ``algorithm.max_staleness``
+    (the simulator reads the same knob), not the spec default."""
+    built: list[Any] = []
+
+    def factory(spec: Any, max_staleness: int) -> Any:
+        built.append(live_planner(spec, max_staleness))
+        return built[-1]
+
+    rig = Rig(planner_factory=factory)
+    await rig.lease("r0", t.WorkerRole.CORE_ROLLOUT)
+    spec = ELASTIC_SPEC.replace("num_steps = 50", "num_steps = 50\nmax_staleness = 3")
+    job = await rig.core.create_job(spec, "toml")
+    await rig.step(job.job_id, 1)
+    assert [planner.config.max_staleness for planner in built] == [3]

@@ -125,7 +125,7 @@ async def test_a_plugin_agent_runs_inside_the_batched_loop(tmp_path,
 
 @pytest.mark.parametrize("agent_name, reason", [
     ("not_installed", "agent unavailable: unknown agent 'not_installed' (available: arith, "
-                      "chat, broken)"),
+                      "chat, external, broken)"),
     ("broken", "agent unavailable: entry point 'broken' = 'libra_broken_agent:Agent' (group "
                "libra.agents) failed to load: ImportError: needs gym"),
 ])

@@ -8,7 +8,8 @@ from dataclasses import fields
 import pytest
 
 from libra import types as t
-from sim import bounds, presets, record, trace
+from libra_cli import sim_record as record
+from sim import bounds, presets, trace
 from sim.engine import Simulator
 from sim.generators import GeneratorConfig, generate
 from sim.instance import Instance, Seq
@@ -137,7 +138,7 @@ def test_systems_differ_only_in_configuration() -> None:
 
 def test_events_are_processed_in_time_order() -> None:
     tr = _trace(steps=2)
-    plan, planner, _ = initial_plan(CLUSTER, tr, system("async-lb"))
+    plan, planner, _, _ = initial_plan(CLUSTER, tr, system("async-lb"))
     sim = Simulator(CLUSTER, tr, system("async-lb"), plan, planner)
     seen: list[float] = []
     original = sim._on_tool

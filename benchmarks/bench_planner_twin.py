@@ -1,0 +1,105 @@
+"""Planner twin vs simulation: predicted and simulated step time of the candidates the
+planner ranks, and the decision time (issue 20 item 5).
+
+For each workload and seed: the twin is fed steps 0-4, the search ranks its candidates
+(closed-form top 3 plus the best uniform plan), each is scored by the twin and by the
+closed form, and simulated statically over the whole 20-step trace (mean step interval
+after the fill). Decision time = one ``PlanSearch.search`` with an empty twin cache.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_planner_twin.py [--seeds 0,1,2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from typing import Any
+
+from scheduling.planner import (
+    ClusterShape,
+    PlanSearch,
+    RequestStats,
+    SearchSpace,
+    Workload,
+    pipeline_depth,
+)
+from sim.engine import Simulator
+from sim.generators import SHAPES, GeneratorConfig, generate
+from sim.presets import cluster
+from sim.systems import system
+from sim.twin import TwinRefiner
+
+HISTORY_STEPS = 5
+
+
+def measure(shape: str, seed: int) -> dict[str, Any]:
+    """Per candidate: twin, closed form and simulated step time; and the decision time."""
+    spec = cluster("a800x48")
+    trace = generate(GeneratorConfig(shape=shape, num_steps=20, prompts_per_step=16, seed=seed))
+    libra = system("libra")
+    twin = TwinRefiner(spec, libra)
+    history: list[RequestStats] = []
+    for step in range(HISTORY_STEPS):
+        batch = [t for t in trace if t.step == step]
+        twin.observe_step(batch)
+        history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s) for t in batch]
+    search = PlanSearch(
+        spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
+        SearchSpace(node_patterns=libra.node_patterns, train_tp=8), refiner=twin,
+    )
+    work = Workload(64, tuple(history), pipeline_depth(libra.staleness))
+    started = time.perf_counter()
+    search.search(work)
+    decision_s = time.perf_counter() - started
+    model = search.cost_model(work)
+    candidates = search._closed_form_top_k(model, work, 1.0, 1.0)
+    candidates += search._best_uniform(model, work, candidates)
+    static = replace(libra, enable_replan=False, enable_elastic=False)
+    rows = []
+    for cand in candidates:
+        raw = Simulator(spec, trace, static, cand.plan, None).run()
+        ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]
+        simulated = (ends[-1] - ends[HISTORY_STEPS - 1]) / (len(ends) - HISTORY_STEPS)
+        twin_s = max(cand.train_s, twin.rollout_s(cand.plan, work))
+        rows.append({
+            "train_gpus": cand.plan.train_gpus,
+            "rollout_tps": cand.plan.to_dict()["rollout_tps"],
+            "twin_s": twin_s, "closed_form_s": cand.objective_s, "simulated_s": simulated,
+        })
+    return {"shape": shape, "seed": seed, "decision_s": decision_s, "twin_runs": twin.runs,
+            "candidates": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = [measure(s, int(seed)) for s in SHAPES for seed in args.seeds.split(",")]
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    print(f"{'workload':8} {'seed':>4} {'split':>6} {'layout':28} {'twin':>7} {'closed':>7} "
+          f"{'sim':>7} {'twin/sim':>8} {'closed/sim':>10}")
+    ratios: dict[str, list[float]] = {}
+    for res in results:
+        for c in res["candidates"]:
+            r = c["twin_s"] / c["simulated_s"]
+            ratios.setdefault(res["shape"], []).append(r)
+            print(f"{res['shape']:8} {res['seed']:4d} {c['train_gpus']:6d} "
+                  f"{str(c['rollout_tps']):28} {c['twin_s']:7.1f} {c['closed_form_s']:7.1f} "
+                  f"{c['simulated_s']:7.1f} {r:8.2f} {c['closed_form_s'] / c['simulated_s']:10.2f}")
+    for shape, rs in ratios.items():
+        within = sum(1 for r in rs if abs(r - 1) <= 0.15)
+        print(f"{shape}: twin within +-15% on {within}/{len(rs)} candidates, median twin/sim "
+              f"{statistics.median(rs):.2f}")
+    times = [r["decision_s"] for r in results]
+    print(f"decision time (search with the twin, 48 GPUs): median {statistics.median(times):.2f} s,"
+          f" max {max(times):.2f} s, twin runs per decision {results[0]['twin_runs']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The agent endpoint's operations: open an episode, complete a call, close it (pure:
+the Redis side is an :class:`EpisodeStore`, the HTTP side services/coordinator/agent_rest.py).
+
+Auth: an episode's API key is a random secret returned once by ``open_episode``; only
+its sha256 is stored, with the episode's TTL (idle timeout + margin, renewed at every
+call), and it is deleted at close, so a key expires with its episode. An unknown or
+expired key is ``Unauthenticated`` (401); a valid key naming another episode is
+``NotFound`` (404), never a hint that the episode exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from libra import agents
+from libra import episodes as ep
+from libra.clock import Clock
+from libra.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+)
+from libra.jobspec import job_spec_from_json
+from services.coordinator.episode_core import (
+    ChatRequest,
+    after_call,
+    model_id,
+    parse_request,
+    plan_call,
+    reply_error,
+)
+
+logger = logging.getLogger(__name__)
+
+# How long one wait for a reply blocks before the client's connection is checked again.
+DISCONNECT_POLL_S = 0.2
+# A reply may take this long (a long turn in a full batch, a weight reload, a rollout
+# loading the job's model for its first episode) before the call answers 504.
+REPLY_DEADLINE_MIN_S = 120.0
+MAX_OPEN_WAIT_S = 60.0
+
+
+class EpisodeStore(Protocol):
+    async def job_spec_json(self, job_id: str) -> str | None: ...
+
+    async def take_offer(self, job_id: str, wait_s: float) -> ep.EpisodeOffer | None: ...
+
+    async def save(self, state: ep.EpisodeState) -> None: ...
+
+    async def load(self, episode_id: str) -> ep.EpisodeState | None: ...
+
+    async def episode_of_key(self, key_sha256: str) -> str | None: ...
+
+    async def push_call(self, state: ep.EpisodeState, call: ep.EpisodeCall) -> None: ...
+
+    async def pop_reply(self, episode_id: str, timeout_s: float) -> ep.EpisodeReply | None: ...
+
+    async def forget(self, state: ep.EpisodeState) -> None: ...
+
+    async def count(self, job_id: str, name: str) -> None: ...
+
+
+class ClientGone(Exception):
+    """The caller disconnected before its reply: the call was aborted."""
+
+
+def key_digest(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+class EpisodeEndpoint:
+    """Open, call and close episodes of jobs whose ``task.agent`` is ``external``."""
+
+    def __init__(self, store: EpisodeStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        # Episodes with a call in flight here (one coordinator serves the endpoint).
+        self._busy: set[str] = set()
+
+    async def open_episode(self, job_id: str, wait_s: float) -> ep.EpisodeGrant:
+        """The next episode the scheduler admitted for ``job_id`` (waits up to ``wait_s``).
+
+        Raises:
+            NotFound: No such job.
+            FailedPrecondition: The job's agent is not ``external``.
+            InvalidArgument: ``wait_s`` out of (0, 60].
+            Unavailable: Nothing admitted within ``wait_s`` (admission follows the job's
+                staleness budget: ask again).
+        """
+        if not 0 < wait_s <= MAX_OPEN_WAIT_S:
+            raise InvalidArgument("wait_s", f"must be in (0, {MAX_OPEN_WAIT_S:g}] seconds")
+        spec_json = await self._store.job_spec_json(job_id)
+        if spec_json is None:
+            raise NotFound(f"job {job_id!r} not found")
+        spec = job_spec_from_json(spec_json)
+        if spec.task.agent != agents.EXTERNAL:
+            raise FailedPrecondition(f"job {job_id!r} runs task.agent = {spec.task.agent!r}; "
+                                     "episodes are for task.agent = 'external'")
+        offer = await self._store.take_offer(job_id, wait_s)
+        if offer is None:
+            raise Unavailable(f"no episode admitted for job {job_id!r} within {wait_s:g} s "
+                              "(admission follows the staleness budget): ask again")
+        api_key = f"ep-{secrets.token_urlsafe(24)}"
+        timeout_s = spec.task.episode_idle_timeout_s
+        state = ep.EpisodeState(
+            episode_id=offer.episode_id, job_id=job_id, model=model_id(spec),
+            key_sha256=key_digest(api_key), idle_timeout_s=timeout_s,
+            prompt_text=offer.prompt_text, created_at_ms=self._clock.now_ms())
+        await self._store.save(state)
+        logger.info("[episode] opened episode_id=%s job_id=%s", offer.episode_id, job_id)
+        return ep.EpisodeGrant(offer.episode_id, job_id, api_key, state.model,
+                               offer.prompt_text, offer.prompt_messages_json, timeout_s)
+
+    async def authenticate(self, api_key: str) -> ep.EpisodeState:
+        """The episode of a key.
+
+        Raises:
+            Unauthenticated: No key, an unknown one, or one whose episode expired/closed.
+        """
+        episode_id = await self._store.episode_of_key(key_digest(api_key)) if api_key else None
+        state = await self._store.load(episode_id) if episode_id else None
+        if state is None or state.is_closed:
+            raise Unauthenticated("unknown or expired episode API key")
+        return state
+
+    async def complete(self, api_key: str, body: object,
+                       is_disconnected: Callable[[], Awaitable[bool]]
+                       ) -> tuple[ChatRequest, ep.EpisodeState, ep.EpisodeReply]:
+        """One chat completion of an episode: its sampled reply.
+
+        Raises:
+            Unauthenticated, InvalidArgument, ModelNotFound: See the module and
+                episode_core.parse_request; ``ContextTooLong`` when the rollout refuses
+                the conversation.
+            ClientGone: The caller disconnected first (the call is aborted).
+            FailedPrecondition: Another call of the episode is in flight (409: the
+                ``openai`` client retries it after a backoff).
+            DeadlineExceeded: No reply within ``REPLY_DEADLINE_MIN_S`` (or the idle timeout).
+        """
+        episode_id = (await self.authenticate(api_key)).episode_id
+        if episode_id in self._busy:
+            raise FailedPrecondition("a call of this episode is in flight: one at a time")
+        self._busy.add(episode_id)
+        try:
+            state = await self.authenticate(api_key)  # as the previous call left it
+            request = parse_request(body, state.model)
+            return await self._complete(state, request, is_disconnected)
+        finally:
+            self._busy.discard(episode_id)
+
+    async def _complete(self, state: ep.EpisodeState, request: ChatRequest,
+                        is_disconnected: Callable[[], Awaitable[bool]]
+                        ) -> tuple[ChatRequest, ep.EpisodeState, ep.EpisodeReply]:
+        call = plan_call(state, request)
+        await self._store.push_call(state, call)
+        try:
+            reply = await self._wait_reply(state, call, is_disconnected)
+        except ClientGone:
+            await self._store.push_call(state, ep.EpisodeCall(ep.ABORT, call.call_index))
+            await self._store.save(after_call(state, request, call, None))
+            await self._store.count(state.job_id, "episode_calls_aborted")
+            raise
+        if reply.error_code:
+            await self._store.save(after_call(state, request, call, None))
+            raise reply_error(reply)
+        state = after_call(state, request, call, reply)
+        await self._store.save(state)
+        return request, state, reply
+
+    async def _wait_reply(self, state: ep.EpisodeState, call: ep.EpisodeCall,
+                          is_disconnected: Callable[[], Awaitable[bool]]) -> ep.EpisodeReply:
+        wait_s = max(REPLY_DEADLINE_MIN_S, state.idle_timeout_s)
+        deadline_s = self._clock.now_s() + wait_s
+        while self._clock.now_s() < deadline_s:
+            reply = await self._store.pop_reply(state.episode_id, DISCONNECT_POLL_S)
+            # Index 0: sampled on an instance the episode moved to after the call arrived.
+            if reply is not None and reply.call_index in (call.call_index, 0):
+                return reply
+            # An older call's reply (its client went away): never shown to this one.
+            if reply is None and await is_disconnected():
+                raise ClientGone(state.episode_id)
+        raise DeadlineExceeded(f"no reply from the rollout within {wait_s:g} s")
+
+    async def close(self, episode_id: str, api_key: str, reward: float | None) -> None:
+        """End the episode: with the program's reward, or (None) scored by the job's
+        reward on the last reply. The key expires at once.
+
+        Raises:
+            Unauthenticated: Unknown or expired key.
+            NotFound: The key belongs to another episode.
+        """
+        state = await self.authenticate(api_key)
+        if state.episode_id != episode_id:
+            raise NotFound(f"episode {episode_id!r} not found")
+        await self._store.push_call(state, ep.EpisodeCall(
+            ep.CLOSE, state.num_calls + 1, has_reward=reward is not None,
+            reward=0.0 if reward is None else float(reward)))
+        await self._store.forget(state)
+        logger.info("[episode] closed episode_id=%s reward=%s", episode_id, reward)

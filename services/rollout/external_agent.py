@@ -1,0 +1,334 @@
+"""The ``external`` agent: an agent program outside Libra drives the trajectory through
+the OpenAI-compatible endpoint (pure; the Redis side is an :class:`EpisodeChannel`).
+
+The trajectory is an episode (libra/episodes.py). Nothing about the batched loop
+changes; only what a "tool call" is:
+
+- a fresh trajectory starts by offering itself to agent programs and waiting for the
+  episode's first call (the rollout core runs that wait like a tool call, see
+  ``awaits_first_call``); the call's messages and tools, rendered by the model's chat
+  template, are the prompt (mask 0);
+- every sampled turn goes out as the call's reply, and the program's next call is the
+  turn's "tool return": its new messages (tool results, user follow-ups) are appended
+  exactly as the template renders them after a closed assistant turn (mask 0, version
+  -1); the sampled tokens keep their log-probs and versions. The scheduler decides at
+  each of these returns as for any tool (tool type: the tool message's name);
+- a call whose messages do not extend the previous call's conversation (the endpoint
+  compares message by message: the program rewrote history) starts a new sequence from
+  the full render; the earlier segment is dropped and counted (``episode_splits``);
+- the close (``POST /v1/episodes/{id}/reward``) ends the trajectory with the given
+  reward, or, without one, scores the last reply with the job's reward;
+- no call within ``task.episode_idle_timeout_s``: the trajectory fails ("episode timed
+  out"), the trainer drops it, and it is counted (``episodes_timed_out``);
+- an aborted call (its client went away): the sampled turn is taken back out of the
+  trajectory (never trained on, never seen by another episode) and the episode waits
+  for the program's next call.
+
+State that must survive a move lives in the trajectory; the rest (the reply being
+assembled, what a call asked for) lives here only between a turn and its tool return,
+which happen on the same instance.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from libra import episodes as ep
+from libra import types as t
+from libra.chat.protocol import ChatFormat
+from libra.errors import LibraError
+from libra.jobspec import JobSpec
+from services.rollout.agent import (
+    ChatAgent,
+    ToolTurnResult,
+    TurnOutcome,
+    append_context,
+    apply_partial,
+)
+from services.rollout.engine_types import GenerationRequest, GenerationResult
+
+logger = logging.getLogger(__name__)
+
+# The outcome of every turn of an external agent: its reply goes out, the program's next
+# call comes back (a turn is never final here: only the program ends an episode).
+_REPLY = "reply to the agent program"
+# The causal signal of the first call and of a close (not a tool the program ran).
+EPISODE_START, EPISODE_CLOSE, USER_TURN = "episode_start", "episode_close", "user"
+# reward_components key of a reward the program gave at close (no scoring then).
+AGENT_REWARD = "agent"
+
+
+class EpisodeChannel(Protocol):
+    """The rollout's side of the Redis lists between endpoint and rollout."""
+
+    async def offer(self, offer: ep.EpisodeOffer) -> None: ...
+
+    async def next_call(self, episode_id: str, timeout_s: float) -> ep.EpisodeCall | None: ...
+
+    async def reply(self, episode_id: str, reply: ep.EpisodeReply, ttl_s: float) -> None: ...
+
+    async def count(self, job_id: str, name: str) -> None: ...
+
+
+class EpisodeEnded(LibraError):
+    """The episode ended without a close (timed out, unreadable call): the trajectory
+    fails with this message as its reason."""
+
+
+@dataclass
+class _Pending:
+    """What the last call asked for, applied by ``apply_tool_results``."""
+
+    ids: list[int] = field(default_factory=list)
+    is_whole: bool = False
+    is_split: bool = False
+    close: ep.EpisodeCall | None = None
+
+
+@dataclass
+class _Turn:
+    """One episode between its turn and its next call (this instance only)."""
+
+    turn_start: int = 0
+    call_index: int = 0
+    """The call this turn answers (its reply echoes it); 0 on an instance the episode
+    moved to between the call and its reply (the endpoint then takes the reply as the
+    answer to the call it waits for)."""
+    reply: ep.EpisodeReply | None = None
+    max_tokens: int = 0
+    pending: _Pending | None = None
+    call_start: tuple[int, int] | None = None
+    """Tokens and tool states before the last call's new messages were appended: an
+    aborted call takes them back too (the program sends them again)."""
+
+
+class ExternalAgent(ChatAgent):
+    """The agent loop of an episode (``channel``: its Redis side, set by ``attach``).
+
+    A chat agent whose prompt and tool turns come from the program's calls (the
+    template, parser, turn text and transcript are the chat agent's)."""
+
+    awaits_first_call = True
+
+    def __init__(self, spec: JobSpec, tokenizer: Any, chat: ChatFormat) -> None:
+        super().__init__(spec, tokenizer, chat)
+        self._channel: EpisodeChannel | None = None
+        self._turns: dict[str, _Turn] = {}
+        self._formats: dict[str, ChatFormat] = {}
+
+    def attach(self, channel: EpisodeChannel) -> None:
+        """The rollout's episode channel (Redis), given once the agent is built."""
+        self._channel = channel
+
+    # -- the Agent contract ------------------------------------------------------------
+
+    def start(self, traj: t.Trajectory) -> None:
+        """Nothing to render yet: the program's first call brings the prompt."""
+
+    def next_request(self, traj: t.Trajectory, seed: int | None,
+                     num_turn_tokens: int = 0) -> GenerationRequest | None:
+        """The next turn, or None once the program closed the episode."""
+        if traj.status is t.TrajectoryStatus.FINISHED:  # closed (see apply_tool_results)
+            return None
+        request = super().next_request(traj, seed, num_turn_tokens)
+        asked = self._turn(traj).max_tokens
+        if request is not None and asked:
+            request.max_new_tokens = min(request.max_new_tokens, max(asked - num_turn_tokens, 1))
+        return request
+
+    def apply_generation(self, traj: t.Trajectory, result: GenerationResult,
+                         turn_prefix: Sequence[int] = ()) -> TurnOutcome:
+        """Append the sampled turn (mask 1) and keep its reply for the program."""
+        state = self._turn(traj)
+        state.turn_start = len(traj.token_ids) - len(turn_prefix)
+        apply_partial(traj, result)
+        traj.num_turns += 1
+        ids = list(turn_prefix) + result.token_ids
+        parsed = self._parser.parse(self._turn_text(ids))
+        calls = tuple(ep.ToolCallOut(f"call_{traj.trajectory_id[-8:]}_{traj.num_turns}_{i}",
+                                     c.name, json.dumps(c.arguments))
+                      for i, c in enumerate(parsed.calls))
+        # A malformed call is the model's words: the program reads them as content.
+        content = parsed.content if not parsed.errors else self._turn_text(ids).strip()
+        reason = ("tool_calls" if calls else "length" if result.finish_reason == "length"
+                  else "stop")
+        state.reply = ep.EpisodeReply(
+            call_index=state.call_index, content=content, tool_calls=calls,
+            finish_reason=reason, prompt_tokens=state.turn_start, completion_tokens=len(ids),
+            policy_version=result.policy_version)
+        return TurnOutcome(errors=[_REPLY])
+
+    def apply_tool_results(self, traj: t.Trajectory,
+                           results: Sequence[ToolTurnResult]) -> None:
+        """Apply what the program's call asked for (prompt, new messages, or close)."""
+        pending = self._turn(traj).pending
+        self._turn(traj).pending = None
+        if pending is None:
+            return
+        if pending.close is not None:
+            self._close(traj, pending.close)
+            return
+        if pending.is_whole:  # the first call, a rewritten history, a retried first call
+            self._turn(traj).call_start = None
+            self._start_with(traj, pending.ids)
+            traj.tool_states.clear()
+            traj.tool_return_positions.clear()
+            return
+        self._turn(traj).call_start = (len(traj.token_ids), len(traj.tool_states))
+        append_context(traj, pending.ids)
+        for item in results:
+            traj.tool_states.append(item.result.state)
+            traj.tool_return_positions.append(traj.num_generated_tokens)
+
+    def final_answer(self, traj: t.Trajectory) -> str | None:
+        """What the job's reward scores after a close without a reward (None: the
+        program gave the reward, or the episode ended otherwise)."""
+        if AGENT_REWARD in traj.reward_components or not traj.final_text:
+            return None
+        return traj.final_text
+
+    # -- the "tool call": hand the turn to the program, wait for its next call ------------
+
+    async def run_turn(self, spec: JobSpec, traj: t.Trajectory,
+                       outcome: TurnOutcome) -> list[ToolTurnResult]:
+        """Send the turn's reply (or, first, the offer) and wait for the next call.
+
+        Raises:
+            EpisodeEnded: No call within ``task.episode_idle_timeout_s``.
+        """
+        assert self._channel is not None, "attach() the episode channel first"
+        state = self._turn(traj)
+        timeout_s = spec.task.episode_idle_timeout_s
+        if not traj.token_ids:
+            await self._channel.offer(self._offer(traj))
+        elif state.reply is not None:
+            await self._channel.reply(traj.trajectory_id, state.reply, timeout_s)
+        while True:
+            call = await self._channel.next_call(traj.trajectory_id, timeout_s)
+            if call is None:
+                await self._channel.count(traj.job_id, "episodes_timed_out")
+                self._turns.pop(traj.trajectory_id, None)
+                raise EpisodeEnded(f"episode timed out: no call within "
+                                   f"task.episode_idle_timeout_s = {timeout_s:g} s")
+            results = await self._take(spec, traj, state, call)
+            if results is not None:
+                return results
+
+    async def _take(self, spec: JobSpec, traj: t.Trajectory, state: _Turn,
+                    call: ep.EpisodeCall) -> list[ToolTurnResult] | None:
+        """Apply one call; None: keep waiting (an aborted call, a refused one)."""
+        if call.kind == ep.ABORT:
+            self._take_back(traj, state, call)
+            return None
+        if call.kind == ep.CLOSE:
+            state.pending = _Pending(close=call)
+            return [_result(EPISODE_CLOSE, 0)]
+        if traj.num_turns >= spec.task.max_turns:
+            await self._refuse(traj, call, ep.INVALID_REQUEST, (
+                f"the episode used its task.max_turns = {spec.task.max_turns} turns: close "
+                "it (POST /v1/episodes/{id}/reward)"))
+            return None
+        try:
+            pending, messages = self._render(traj, call)
+        except ValueError as exc:
+            await self._refuse(traj, call, ep.INVALID_REQUEST, str(exc))
+            return None
+        room = self.max_context_tokens - (0 if pending.is_whole else len(traj.token_ids))
+        if len(pending.ids) >= room:
+            await self._refuse(traj, call, ep.CONTEXT_LENGTH_EXCEEDED, (
+                f"this conversation needs more than the model's maximum context length "
+                f"(max_context_tokens = {self.max_context_tokens}; the prompt would take "
+                f"{self.max_context_tokens - room + len(pending.ids)} tokens)"))
+            return None
+        if pending.is_split:
+            await self._channel.count(traj.job_id, "episode_splits")  # type: ignore[union-attr]
+        state.pending, state.max_tokens = pending, call.max_tokens
+        state.call_index = call.call_index
+        if pending.is_whole:
+            return [_result(EPISODE_START, len(pending.ids))]
+        return [_result(_tool_type(m), len(pending.ids)) for m in messages]
+
+    def _render(self, traj: t.Trajectory,
+                call: ep.EpisodeCall) -> tuple[_Pending, list[dict[str, Any]]]:
+        messages = json.loads(call.messages_json)
+        chat = self._format(call.tools_json)
+        if call.is_whole or not traj.token_ids:
+            return _Pending(ids=chat.prompt_ids(messages), is_whole=True,
+                            is_split=call.is_split), messages
+        closed = traj.token_ids[-1] in chat.stop_token_ids
+        return _Pending(ids=chat.tool_turn_ids(messages, turn_closed=closed)), messages
+
+    def _take_back(self, traj: t.Trajectory, state: _Turn, call: ep.EpisodeCall) -> None:
+        """Remove the last call's messages and its sampled turn (its client went away
+        before reading the reply; the program sends the call again or another one)."""
+        known = state.reply is not None and state.reply.call_index != 0
+        if state.reply is None or (known and call.call_index != state.reply.call_index):
+            return
+        cut, num_states = state.call_start or (state.turn_start, len(traj.tool_states))
+        for name in ("token_ids", "loss_mask", "logprobs", "token_versions"):
+            del getattr(traj, name)[cut:]
+        del traj.tool_states[num_states:]
+        del traj.tool_return_positions[num_states:]
+        state.call_start = None
+        traj.num_turns -= 1
+        state.reply = None
+        logger.info("[episode] call aborted by its client; turn discarded episode_id=%s",
+                    traj.trajectory_id)
+
+    async def _refuse(self, traj: t.Trajectory, call: ep.EpisodeCall, code: str,
+                      message: str) -> None:
+        assert self._channel is not None
+        await self._channel.reply(traj.trajectory_id, ep.EpisodeReply(
+            call_index=call.call_index, error_code=code, error_message=message),
+            self._spec.task.episode_idle_timeout_s)
+
+    def _close(self, traj: t.Trajectory, call: ep.EpisodeCall) -> None:
+        """Mark the trajectory closed (its next_request is then None, on any instance)."""
+        state = self._turns.pop(traj.trajectory_id, _Turn())
+        traj.status = t.TrajectoryStatus.FINISHED
+        traj.final_text = state.reply.content if state.reply is not None else ""
+        if call.has_reward:
+            traj.reward = call.reward
+            traj.reward_components = {AGENT_REWARD: call.reward}
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _turn(self, traj: t.Trajectory) -> _Turn:
+        return self._turns.setdefault(traj.trajectory_id, _Turn())
+
+    def _format(self, tools_json: str) -> ChatFormat:
+        """The model's template with the call's tools (one per tool set: building one
+        probes the template)."""
+        chat = self._formats.get(tools_json)
+        if chat is None:
+            base = self._chat
+            chat = ChatFormat(base.tokenizer, tools=json.loads(tools_json),
+                              tool_template=self._spec.model.tool_template,
+                              system_prompt="", parser=base.parser)
+            self._formats[tools_json] = chat
+        return chat
+
+    def _offer(self, traj: t.Trajectory) -> ep.EpisodeOffer:
+        return ep.EpisodeOffer(
+            episode_id=traj.trajectory_id, job_id=traj.job_id, prompt_id=traj.prompt_id,
+            group_id=traj.group_id, prompt_text=traj.prompt_text,
+            prompt_messages_json=traj.prompt_messages_json, metadata_json=traj.metadata_json,
+            max_context_tokens=self.max_context_tokens)
+
+
+def _tool_type(message: dict[str, Any]) -> str:
+    """The causal signal of a new message: the tool's name, or ``user``."""
+    if message.get("role") == "tool":
+        return str(message.get("name") or "tool")
+    return USER_TURN
+
+
+def _result(tool_type: str, num_tokens: int) -> ToolTurnResult:
+    state = t.ToolReturnState(tool_type, t.SizeThresholds().classify(num_tokens),
+                              t.ToolStatus.SUCCESS)
+    return ToolTurnResult(tool_type, t.ToolResult(t.ToolStatus.SUCCESS, "", "", num_tokens, 0,
+                                                  state))

@@ -1,0 +1,40 @@
+"""Runtime state the event loop keeps per run: the simulated clock and each trajectory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.trace import TraceTrajectory
+
+
+class SimClock:
+    """Simulated time for policies that read a clock (``la_mlfq`` scouts)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now_s(self) -> float:
+        return self.t
+
+    def now_ms(self) -> int:
+        return int(self.t * 1000)
+
+
+@dataclass(slots=True)
+class TrajState:
+    """Runtime state of one trace trajectory."""
+
+    rec: TraceTrajectory
+    index: int
+    turn: int = 0
+    post_tokens: int = 0
+    instance: str = ""
+    released_s: float = -1.0
+    finished_s: float = -1.0
+    placed: bool = False
+    needs_full_prefill: bool = True
+    in_tool: bool = False
+
+    @property
+    def ctx(self) -> int:
+        return self.rec.prompt_tokens + self.post_tokens

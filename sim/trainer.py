@@ -1,0 +1,124 @@
+"""The training side of the simulated RL loop: one step at a time, timed by the cost model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduling.planner import HardwareSpec, ModelSpec, TrainParallelism, train_step_s
+
+
+class SimTrainer:
+    """Trains steps in order on the core group plus the replicas lent by the pool.
+
+    Args:
+        hw: Device.
+        model: Model.
+        num_gpus: All devices (a synchronous loop trains on all of them).
+        gpus_per_node: Devices per node (a lent node adds this many to data parallelism).
+        colocated: Synchronous colocated loop (TP8 replicas over every device).
+    """
+
+    def __init__(
+        self, hw: HardwareSpec, model: ModelSpec, num_gpus: int, gpus_per_node: int,
+        colocated: bool,
+    ) -> None:
+        self._hw, self._model = hw, model
+        self._num_gpus, self._gpus_per_node, self._colocated = num_gpus, gpus_per_node, colocated
+        self.version = 0
+        """Steps trained (the policy version rollouts are generated with)."""
+        self.busy = False
+        self.busy_gpu_s = 0.0
+        self.log: list[dict[str, Any]] = []
+        self._last_complete_s = 0.0
+
+    def group(self, base: TrainParallelism, lent_nodes: int) -> TrainParallelism:
+        """Parallelism of the next step: the core plan widened by the lent nodes."""
+        if self._colocated:
+            return TrainParallelism(8, 1, self._num_gpus // 8)
+        extra = lent_nodes * self._gpus_per_node // (base.tp * base.pp)
+        return TrainParallelism(base.tp, base.pp, base.dp + extra, base.micro_batch)
+
+    def start(
+        self, step: int, tokens: list[int], base: TrainParallelism, lent_nodes: int, now: float
+    ) -> float:
+        """Begin training ``step`` (its trajectories' token counts); return its duration.
+
+        ``rollout_s`` in the log is the gap since the previous step's rollouts completed.
+        """
+        self.busy = True
+        par = self.group(base, lent_nodes)
+        total = sum(tokens)
+        train_s = train_step_s(self._hw, self._model, par, total, total / len(tokens))
+        self.busy_gpu_s += train_s * par.num_gpus
+        self.log.append({
+            "step": step, "start_s": now, "train_s": train_s,
+            "rollout_s": now - self._last_complete_s, "train_gpus": par.num_gpus,
+        })
+        self._last_complete_s = now
+        return train_s
+
+    def done(self) -> None:
+        """The step in progress ended: the version advances."""
+        self.busy = False
+        self.version += 1
+
+
+CONSUMPTION_MODES = ("barrier", "stream")
+
+
+class BatchSource:
+    """Which finished trajectories the next training step consumes (issue 20 item 3).
+
+    ``barrier`` (the reference, verl, slime): step s trains on step s's trajectories
+    once all of them have finished. ``stream`` (AReaL, verl fully-async): a step trains
+    on the first ``len(step s)`` trajectories to finish, whichever step released them;
+    a straggler is consumed by a later step, its staleness (trainer version at
+    consumption minus the version its step was released at) recorded.
+
+    Args:
+        mode: ``barrier`` or ``stream``.
+        by_step: Trajectories of each step (their count is the batch size).
+
+    Raises:
+        ValueError: Unknown mode.
+    """
+
+    def __init__(self, mode: str, by_step: dict[int, list[Any]]) -> None:
+        if mode not in CONSUMPTION_MODES:
+            raise ValueError(
+                f"consumption must be one of {', '.join(CONSUMPTION_MODES)}, got {mode!r}"
+            )
+        self._mode, self._by_step = mode, by_step
+        self._done: dict[int, int] = {}
+        self._ready: list[Any] = []
+        self.released_version: dict[int, int] = {}
+        self.staleness: list[int] = []
+        """Per consumed trajectory: versions between its step's release and its use."""
+
+    def on_release(self, step: int, version: int) -> None:
+        """Step ``step`` was released at trainer ``version``."""
+        self.released_version[step] = version
+
+    def on_finish(self, traj: Any) -> bool:
+        """A trajectory finished; True when its step is now complete."""
+        step = traj.rec.step
+        self._done[step] = self._done.get(step, 0) + 1
+        self._ready.append(traj)
+        return self._done[step] == len(self._by_step[step])
+
+    def take(self, step: int, complete: bool, version: int) -> list[Any] | None:
+        """The batch of training step ``step`` if it can start (``complete``: all of
+        step ``step``'s trajectories finished), else ``None``."""
+        if self._mode == "barrier":
+            if not complete:
+                return None
+            batch = self._by_step[step]
+            ids = {id(t) for t in batch}
+            self._ready = [t for t in self._ready if id(t) not in ids]
+        else:
+            size = len(self._by_step[step])
+            if len(self._ready) < size:
+                return None
+            batch, self._ready = self._ready[:size], self._ready[size:]
+        self.staleness += [version - self.released_version[t.rec.step] for t in batch]
+        return batch
