@@ -19,10 +19,16 @@ from __future__ import annotations
 import enum
 import hmac
 import ipaddress
+import logging
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from libra.service_config import AuthConfig
+
+logger = logging.getLogger(__name__)
 
 
 class Access(enum.Enum):
@@ -81,23 +87,42 @@ def read_secret(value: str, path: str, name: str) -> str:
     Raises ValueError naming the option when the file is missing or empty: a typo in a
     path must not silently turn authentication off.
     """
+    return read_secrets(value, path, name)[0] if path else value.strip()
+
+
+def read_secrets(value: str, path: str, name: str) -> tuple[str, ...]:
+    """Every token of a token file (one per line; blank lines and ``#`` comments
+    skipped), the first being the one a client sends; ``(value,)`` without a file.
+
+    Several lines let a token be rotated without a restart (docs/operations.md,
+    "Rotating tokens"). Raises ValueError naming the option when the file is missing or
+    holds no token.
+    """
     if not path:
-        return value.strip()
+        return (value.strip(),) if value.strip() else ()
     file = Path(path).expanduser()
     if not file.is_file():
         raise ValueError(f"config auth.{name}_file: {path} is not a file")
-    text = file.read_text().strip()
-    if not text:
+    lines = [line.strip() for line in file.read_text().splitlines()]
+    found = tuple(line for line in lines if line and not line.startswith("#"))
+    if not found:
         raise ValueError(f"config auth.{name}_file: {path} is empty")
-    return text.splitlines()[0].strip()
+    return found
 
 
 @dataclass(frozen=True)
 class Tokens:
-    """The resolved tokens of one process (empty string: not set)."""
+    """The resolved tokens of one process (empty string: not set).
+
+    ``api``/``service`` are the first token of each kind (what this process sends);
+    ``more_api``/``more_service`` are further tokens accepted too (the old or the next
+    one while a token is rotated).
+    """
 
     api: str = ""
     service: str = ""
+    more_api: tuple[str, ...] = ()
+    more_service: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -105,12 +130,17 @@ class Tokens:
         stack)."""
         return bool(self.api or self.service)
 
+    def current(self) -> Tokens:
+        """Itself (a fixed set; :class:`TokenStore` gives the newest of a changing one)."""
+        return self
+
     def classify(self, presented: str) -> Access | None:
-        """What ``presented`` may call: INTERNAL (service token: everything), PUBLIC
-        (api token), or None (no valid token). Constant-time comparisons."""
-        if self.service and _equal(presented, self.service):
+        """What ``presented`` may call: INTERNAL (a service token: everything), PUBLIC
+        (an api token), or None (no valid token). Constant-time comparisons, every
+        token compared (no early exit that would tell which one matched)."""
+        if _matches(presented, (self.service, *self.more_service)):
             return Access.INTERNAL
-        if self.api and _equal(presented, self.api):
+        if _matches(presented, (self.api, *self.more_api)):
             return Access.PUBLIC
         return None
 
@@ -131,11 +161,75 @@ def _equal(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
 
 
+def _matches(presented: str, tokens: tuple[str, ...]) -> bool:
+    hits = [_equal(presented, token) for token in tokens if token]
+    return any(hits)
+
+
 def load_tokens(cfg: AuthConfig) -> Tokens:
     """The tokens of ``cfg`` (files read now). Raises ValueError naming the option."""
-    return Tokens(api=read_secret(cfg.api_token, cfg.api_token_file, "api_token"),
-                  service=read_secret(cfg.service_token, cfg.service_token_file,
-                                      "service_token"))
+    api = read_secrets(cfg.api_token, cfg.api_token_file, "api_token")
+    service = read_secrets(cfg.service_token, cfg.service_token_file, "service_token")
+    return Tokens(api=api[0] if api else "", service=service[0] if service else "",
+                  more_api=api[1:], more_service=service[1:])
+
+
+# How often a TokenStore looks at its files' mtimes (one stat per file per interval).
+TOKEN_CHECK_INTERVAL_S = 1.0
+
+
+class TokenStore:
+    """The tokens of ``cfg``, re-read when a token file changes (no restart needed).
+
+    Each :meth:`current` looks at the files' (mtime, size, inode) at most once per
+    ``TOKEN_CHECK_INTERVAL_S``. A changed file that cannot be used (missing, empty,
+    half-written by an editor) keeps the previous tokens and logs a warning: a
+    rotation mistake must not turn authentication off or lock every caller out.
+    Whether auth is on at all is fixed at start-up.
+    """
+
+    def __init__(self, cfg: AuthConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cfg = cfg
+        self._clock = clock
+        self._files = [f for f in (cfg.api_token_file, cfg.service_token_file) if f]
+        self._tokens = load_tokens(cfg)
+        self._stamp = self._stamps()
+        self._checked_at_s = clock()
+
+    def current(self) -> Tokens:
+        """The tokens in force, re-reading the files when they changed (at most once per
+        ``TOKEN_CHECK_INTERVAL_S``; a broken file keeps the previous tokens)."""
+        now_s = self._clock()
+        if self._files and now_s - self._checked_at_s >= TOKEN_CHECK_INTERVAL_S:
+            self._checked_at_s = now_s
+            stamp = self._stamps()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                self._reload()
+        return self._tokens
+
+    def _reload(self) -> None:
+        try:
+            tokens = load_tokens(self._cfg)
+        except (OSError, ValueError) as exc:
+            logger.warning("[auth] token file changed but cannot be used (%s); keeping "
+                           "the previous tokens", exc)
+            return
+        if tokens != self._tokens:
+            self._tokens = tokens
+            logger.info("[auth] token files reloaded: api tokens=%d service tokens=%d",
+                        int(bool(tokens.api)) + len(tokens.more_api),
+                        int(bool(tokens.service)) + len(tokens.more_service))
+
+    def _stamps(self) -> tuple[tuple[int, int, int] | None, ...]:
+        out = []
+        for path in self._files:
+            try:
+                st = os.stat(Path(path).expanduser())
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
 
 
 def bearer(header: str) -> str:

@@ -104,6 +104,35 @@ class Internal(LibraError):
     grpc_status_name = "INTERNAL"
 
 
+# Errors of a backing service (Redis) that mean "unreachable right now", named by the
+# adapter that owns that dependency (register_unavailable), so edges need not import it.
+_UNAVAILABLE_TYPES: tuple[type[BaseException], ...] = ()
+
+
+def register_unavailable(*types: type[BaseException]) -> None:
+    """Name an adapter's errors that mean its backing service is unreachable (Redis
+    connection and timeout errors). The service edges - the gRPC error interceptor and
+    the REST app - then answer UNAVAILABLE / HTTP 503 for them (retryable) instead of an
+    internal error. Code inside a service still sees the original exception."""
+    global _UNAVAILABLE_TYPES
+    _UNAVAILABLE_TYPES = tuple(dict.fromkeys((*_UNAVAILABLE_TYPES, *types)))
+
+
+def unavailable_types() -> tuple[type[BaseException], ...]:
+    """The registered outage error types (see :func:`register_unavailable`)."""
+    return _UNAVAILABLE_TYPES
+
+
+def as_unavailable(exc: BaseException) -> Unavailable | None:
+    """``exc`` as an Unavailable when a registered type, else None."""
+    if isinstance(exc, Unavailable):
+        return exc
+    if _UNAVAILABLE_TYPES and isinstance(exc, _UNAVAILABLE_TYPES):
+        return Unavailable(f"a backing service is unreachable ({type(exc).__name__}: {exc}); "
+                           "retry later")
+    return None
+
+
 _RETRY_AFTER = re.compile(r"retry after (\d+) ms")
 _BY_STATUS: dict[str, type[LibraError]] = {
     cls.grpc_status_name: cls

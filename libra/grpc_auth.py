@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 from prometheus_client import Counter
 
-from libra.access import Access, Tokens, bearer, load_tokens, method_access
+from libra.access import Access, Tokens, TokenStore, bearer, method_access
 from libra.errors import PermissionDenied
 from libra.service_config import AuthConfig
 
@@ -31,10 +32,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     No valid token -> UNAUTHENTICATED; the api token on an internal method ->
     PERMISSION_DENIED. The refusal happens before the handler runs (and before the
-    request is read), so an unauthenticated caller reaches no service code.
+    request is read), so an unauthenticated caller reaches no service code. With a
+    :class:`TokenStore` the accepted tokens follow the token files (rotation).
     """
 
-    def __init__(self, tokens: Tokens) -> None:
+    def __init__(self, tokens: Tokens | TokenStore) -> None:
         self._tokens = tokens
         self._logged_at_s: dict[tuple[str, str], float] = {}
 
@@ -48,7 +50,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
                 presented = bearer(value if isinstance(value, str) else value.decode())
-        refusal = self._tokens.allows(presented, needed)
+        refusal = self._tokens.current().allows(presented, needed)
         if refusal is None:
             return handler
         if refusal is Access.OPEN:
@@ -116,13 +118,22 @@ class ClientAuth:
     tls_ca_file: str = ""
     tls_client_cert_file: str = ""  # with the key: mutual TLS
     tls_client_key_file: str = ""
+    token_source: Callable[[], str] | None = field(default=None, compare=False)
+    """Gives the token per call instead of ``token`` (a token file that may change)."""
 
     @classmethod
     def for_service(cls, cfg: AuthConfig) -> ClientAuth:
-        """A service calling its peers: the service token, the CA, its client cert."""
-        return cls(token=load_tokens(cfg).service, tls_ca_file=cfg.tls_ca_file,
+        """A service calling its peers: the service token (the first line of its file,
+        followed when the file changes), the CA, its client cert."""
+        store = TokenStore(cfg)
+        source = (lambda: store.current().service) if cfg.service_token_file else None
+        return cls(token=store.current().service, tls_ca_file=cfg.tls_ca_file,
                    tls_client_cert_file=cfg.tls_client_cert_file,
-                   tls_client_key_file=cfg.tls_client_key_file)
+                   tls_client_key_file=cfg.tls_client_key_file, token_source=source)
+
+    def current_token(self) -> str:
+        """The token to send now (a rotated file's first token once it changed)."""
+        return self.token_source() if self.token_source is not None else self.token
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """TLS credentials: the CA, and the client certificate when one is set."""
@@ -136,13 +147,15 @@ class ClientAuth:
 
 
 class _Token:
-    """Adds ``authorization: Bearer <token>`` to a call's metadata."""
+    """Adds ``authorization: Bearer <token>`` to a call's metadata (the token asked for
+    per call, so a rotated token file takes effect without a new channel)."""
 
-    def __init__(self, token: str) -> None:
-        self._header = ("authorization", f"Bearer {token}")
+    def __init__(self, token: Callable[[], str]) -> None:
+        self._token = token
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._header)
+        header = ("authorization", f"Bearer {self._token()}")
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), header)
         return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
                                           details.credentials, details.wait_for_ready)
 
@@ -169,7 +182,7 @@ class _StreamStream(_Token, grpc.aio.StreamStreamClientInterceptor):
         return await continuation(self._details(details), requests)
 
 
-def _token_interceptors(token: str) -> list[Any]:
+def _token_interceptors(token: Callable[[], str]) -> list[Any]:
     return [shape(token) for shape in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
 
 
@@ -177,7 +190,8 @@ def open_channel(address: str, options: list[tuple[str, Any]],
                  auth: ClientAuth | None) -> grpc.aio.Channel:
     """A channel to ``address``: TLS when ``auth.tls_ca_file`` is set, the token on
     every call when ``auth.token`` is set, plaintext without either."""
-    interceptors = _token_interceptors(auth.token) if auth and auth.token else None
+    interceptors = (_token_interceptors(auth.current_token) if auth and auth.current_token()
+                    else None)
     if auth and auth.tls_ca_file:
         return grpc.aio.secure_channel(address, auth.channel_credentials(), options=options,
                                        interceptors=interceptors)

@@ -21,8 +21,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram, start_http_server
 
-from libra.access import check_exposure, is_loopback, load_tokens
-from libra.errors import InvalidArgument, LibraError
+from libra.access import TokenStore, check_exposure, is_loopback
+from libra.errors import InvalidArgument, LibraError, as_unavailable
 from libra.grpc_auth import AuthInterceptor, ClientAuth, open_channel, server_credentials
 from libra.service_config import AuthConfig, ServerConfig
 
@@ -111,10 +111,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 raise
             except Exception as exc:
                 # Domain errors (libra.errors, the one hierarchy every service raises)
-                # declare their status by name; anything else is a bug: INTERNAL.
-                if isinstance(exc, LibraError):
-                    code = exc.grpc_status_name
-                    await context.abort(grpc.StatusCode[code], status_details(exc))
+                # declare their status by name; a registered outage is UNAVAILABLE.
+                domain = as_unavailable(exc) or exc
+                if isinstance(domain, LibraError):
+                    code = domain.grpc_status_name
+                    await context.abort(grpc.StatusCode[code], status_details(domain))
                 if context.code() is None:  # not an abort raised by the handler itself
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
@@ -139,12 +140,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 code = "CANCELLED"
                 raise
             except Exception as exc:
-                if not isinstance(exc, LibraError):
+                domain = as_unavailable(exc) or exc  # a registered outage: UNAVAILABLE
+                if not isinstance(domain, LibraError):
                     code = "INTERNAL"
                     logger.exception("[rpc] unhandled error method=%s", method)
                     raise
-                code = exc.grpc_status_name
-                await context.abort(grpc.StatusCode[code], status_details(exc))
+                code = domain.grpc_status_name
+                await context.abort(grpc.StatusCode[code], status_details(domain))
             finally:
                 RPC_TOTAL.labels(service, method, code).inc()
 
@@ -171,14 +173,14 @@ class Server:
         self._cfg = cfg
         self._registrations = list(registrations)
         self._auth = auth or AuthConfig()
-        tokens = load_tokens(self._auth)
+        tokens = TokenStore(self._auth)  # follows the token files (rotation)
         # Before binding anything: a server reachable from other hosts needs credentials.
-        check_exposure(cfg.host, tokens, f"{service.upper()}_")
+        check_exposure(cfg.host, tokens.current(), f"{service.upper()}_")
         if not is_loopback(cfg.host) and not self._auth.tls_cert_file:
             logger.warning("[startup] service=%s binds %s without TLS: tokens travel in "
                            "plaintext (set auth.tls_cert_file/tls_key_file)", service, cfg.host)
         interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(service)]
-        if tokens.enabled:  # first, so a refused call reaches no other interceptor
+        if tokens.current().enabled:  # first, so a refused call reaches no other interceptor
             interceptors.insert(0, AuthInterceptor(tokens))
         self.server = grpc.aio.server(interceptors=interceptors, options=server_options())
         self.health = health.aio.HealthServicer()

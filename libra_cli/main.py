@@ -18,6 +18,7 @@ Examples:
   libra tool run python --args '{"code": "print(1)"}' --local    try a tool
   libra agent run --job JOB --command "python examples/agents/calc_agent.py"
                                          an agent program per episode (docs/agent-endpoint.md)
+  libra gc --dry-run                     what run folders / weight versions would go
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import ClientAuth
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.run_dir import is_dir_reference
-from libra_cli import agent, certs, credentials, model, run, sim, stack, tool
+from libra_cli import agent, certs, credentials, gc, model, run, sim, stack, tool
 from libra_cli.report import build_report, write_report
 from libra_cli.spec_overrides import apply_overrides
 from scheduling.policy.registry import check_layout
@@ -276,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.register(sub)
     model.register(sub)
     agent.register(sub)
+    gc.register(sub, _client)
     return parser
 
 

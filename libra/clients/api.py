@@ -74,7 +74,14 @@ class CoordinatorJobApi(Protocol):
         ...
 
     async def list_jobs(self) -> list[t.Job]:
-        """Every job the coordinator still holds, whatever its state."""
+        """Every job the coordinator still holds, whatever its state, as a summary:
+        ``spec_json`` empty (``get_job`` has the spec)."""
+        ...
+
+    async def list_jobs_page(self, page_size: int = 0,
+                             page_token: str = "") -> tuple[list[t.Job], str]:
+        """One page of job summaries, oldest first, and the next page's token ("" after
+        the last); ``page_size`` 0 = 100, at most 500."""
         ...
 
     async def cancel_job(self, job_id: str, reason: str = "") -> t.Job:

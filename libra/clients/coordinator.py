@@ -58,9 +58,24 @@ class GrpcCoordinatorClient(GrpcClientBase):
         return [json.loads(e) for e in resp.events_json]
 
     async def list_jobs(self) -> list[t.Job]:
-        """Every job the coordinator still holds, whatever its state."""
-        resp = await self._call(self._stub.ListJobs, pb.ListJobsRequest(), idempotent=True)
-        return [job_from_proto(j) for j in resp.jobs]
+        """Every job as a summary (``spec_json`` empty; ``get_job`` has the spec), oldest
+        first, page after page."""
+        jobs: list[t.Job] = []
+        page, token = await self.list_jobs_page()
+        jobs.extend(page)
+        while token:
+            page, next_token = await self.list_jobs_page(page_token=token)
+            jobs.extend(page)
+            token = next_token if next_token != token else ""  # a server bug must not loop
+        return jobs
+
+    async def list_jobs_page(self, page_size: int = 0,
+                             page_token: str = "") -> tuple[list[t.Job], str]:
+        """One page of job summaries and the next page's token ("" after the last);
+        ``page_size`` 0 = the server's default (100), at most 500."""
+        resp = await self._call(self._stub.ListJobs, pb.ListJobsRequest(
+            page_size=page_size, page_token=page_token), idempotent=True)
+        return [job_from_proto(j) for j in resp.jobs], resp.next_page_token
 
     async def cancel_job(self, job_id: str, reason: str = "") -> t.Job:
         """Cancel a job; ``reason`` becomes its message (default "cancelled by user")."""

@@ -16,7 +16,7 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from libra.access import load_tokens
+from libra.access import TokenStore
 from libra.clients.rollout import GrpcRolloutClient
 from libra.clients.runner import GrpcSchedulerClient, GrpcTrainerClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
@@ -39,6 +39,7 @@ from services.coordinator.init_from_check import check_job_init_from
 from services.coordinator.model_check import check_job_model
 from services.coordinator.reconcile import ReconcileSettings, ReconcileWiring
 from services.coordinator.rest import build_app
+from services.coordinator.retention import run_retention
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
 
@@ -107,7 +108,7 @@ async def main(cfg: CoordinatorConfig) -> None:
     http: uvicorn.Server | None = None
     if cfg.http_port >= 0:
         episodes = EpisodeEndpoint(RedisEpisodeStore(redis, SystemClock()), SystemClock())
-        app = build_app(core, load_tokens(cfg.auth), episodes)
+        app = build_app(core, TokenStore(cfg.auth), episodes)  # follows token file rotation
         FastAPIInstrumentor.instrument_app(app)  # REST requests join the same traces
         # HTTPS with the gRPC server's certificate when one is configured.
         http = uvicorn.Server(uvicorn.Config(
@@ -120,8 +121,10 @@ async def main(cfg: CoordinatorConfig) -> None:
     http_done = asyncio.Event()
 
     async def run_http() -> None:
-        # Reconciliation runs beside the HTTP server for the life of the process.
+        # Reconciliation and retention run beside the HTTP server for the process's life.
         reconciler = asyncio.create_task(core.run_reconciler())
+        retention = asyncio.create_task(run_retention(
+            core.list_jobs, Path(cfg.run_root).resolve(), cfg.retention))
         try:
             if http is not None:
                 await http.serve()
@@ -129,6 +132,7 @@ async def main(cfg: CoordinatorConfig) -> None:
                 await asyncio.Event().wait()
         finally:
             reconciler.cancel()
+            retention.cancel()
             http_done.set()
 
     async def drain(_grace_s: float) -> None:

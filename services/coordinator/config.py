@@ -10,11 +10,33 @@ from libra.service_config import AuthConfig, PeersConfig, ServerConfig, Telemetr
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RetentionConfig:
+    """Disk retention of ended jobs' run folders (libra/retention.py has the rules;
+    ``libra gc`` applies the same ones by hand)."""
+
+    interval_s: float = knob(3600.0, "how often run folders under run_root are checked "
+                             "(also once a minute after start-up)")
+    max_age_days: float = knob(0.0, "delete the run folder of a job that ended longer ago "
+                               "than this; 0 keeps run folders forever")
+    keep_last_runs: int = knob(5, "the most recently ended runs are kept whatever their age")
+    ended_weight_versions: int = knob(1, "weight versions kept in an ended job's run "
+                                      "folder (newest first; its checkpoints stay); 0 keeps all")
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError(f"retention.interval_s must be > 0, got {self.interval_s}")
+        for name in ("max_age_days", "keep_last_runs", "ended_weight_versions"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"retention.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CoordinatorConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=50051))
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding jobs, leases, queues")
     run_root: str = knob("runs", "folder under which each job gets its run folder")
     http_port: int = knob(8080, "REST API port (OpenAPI at /docs); -1 disables")

@@ -36,6 +36,7 @@ from libra.wire.step_record import step_record_to_dict
 from services.coordinator.checkpoints import CheckpointProbe, newest_checkpoint_step
 from services.coordinator.elastic import ElasticLoop, ElasticWiring
 from services.coordinator.elastic_jobs import ElasticJobs
+from services.coordinator.job_pages import check_page_request, page_of, summary_of
 from services.coordinator.jobqueue import DEFAULT_MAX_QUEUED_JOBS, JobQueue, check_priority
 from services.coordinator.reconcile import Reconciler, ReconcileWiring, Verdict
 from services.coordinator.spec_checks import (
@@ -187,6 +188,17 @@ class CoordinatorCore:
         for job in jobs:
             job.queue_position = positions.get(job.job_id, 0)
         return jobs
+
+    async def list_jobs_page(self, page_size: int = 0,
+                             page_token: str = "") -> tuple[list[t.Job], str]:
+        """ListJobs: one page of job summaries (no spec) and the next page's token
+        (services/coordinator/job_pages.py). InvalidArgument names ``page_size`` or
+        ``page_token`` before anything is read."""
+        check_page_request(page_size, page_token)
+        jobs, positions = await self._store.list_job_summaries(), await self._queue.positions()
+        for job in jobs:
+            job.queue_position = positions.get(job.job_id, 0)
+        return page_of([summary_of(job) for job in jobs], page_size, page_token)
 
     async def cancel_job(self, job_id: str, reason: str = "") -> t.Job:
         """End a job CANCELLED; a queued one leaves the queue without the trainer or the

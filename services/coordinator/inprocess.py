@@ -52,7 +52,17 @@ class InProcessCoordinatorClient:
         return await _by_value(self._core.job_events(job_id))
 
     async def list_jobs(self) -> list[t.Job]:
-        return await _by_value(self._core.list_jobs())
+        """Every job as a summary (``spec_json`` empty), oldest first, page after page."""
+        jobs, token = await self.list_jobs_page()
+        while token:
+            page, token = await self.list_jobs_page(page_token=token)
+            jobs.extend(page)
+        return jobs
+
+    async def list_jobs_page(self, page_size: int = 0,
+                             page_token: str = "") -> tuple[list[t.Job], str]:
+        """One page of job summaries and the next page's token ("" after the last)."""
+        return await _by_value(self._core.list_jobs_page(page_size, page_token))
 
     async def cancel_job(self, job_id: str, reason: str = "") -> t.Job:
         """Cancel a job; ``reason`` becomes its message (default "cancelled by user")."""

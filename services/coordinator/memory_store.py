@@ -4,6 +4,7 @@ unit tests and the in-process loop use it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from typing import Any
 
@@ -45,6 +46,9 @@ class InMemoryCoordinatorStore:
 
     async def list_jobs(self) -> list[t.Job]:
         return sorted(self._jobs.values(), key=lambda j: j.created_at_ms)
+
+    async def list_job_summaries(self) -> list[t.Job]:
+        return [dataclasses.replace(job, spec_json="") for job in await self.list_jobs()]
 
     async def enqueue_job(self, job: t.Job) -> None:
         self._queue_seq += 1

@@ -8,43 +8,64 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from libra.access import Access, Tokens
-from libra.errors import InvalidArgument, LibraError, ResourceExhausted, Unauthenticated
+from libra.access import Access, Tokens, TokenStore
+from libra.errors import (
+    InvalidArgument,
+    LibraError,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+    as_unavailable,
+    unavailable_types,
+)
 from services.coordinator.agent_rest import agent_router
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.episode_endpoint import EpisodeEndpoint
+from services.coordinator.job_pages import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from services.coordinator.rest_models import (
     HTTP_STATUS,
+    NEXT_PAGE_HEADER,
     CreateJobBody,
     ErrorBody,
     JobDetail,
+    JobSummaryView,
     JobView,
     LeaseView,
     ResumeJobBody,
     error_responses,
+    list_page_response,
 )
 
+_PAGE_SIZE_QUERY = Query(0, description=f"jobs per page: 0 = {DEFAULT_PAGE_SIZE}, at most "
+                         f"{MAX_PAGE_SIZE}")
+_PAGE_TOKEN_QUERY = Query("", description=f"the `{NEXT_PAGE_HEADER}` header of the previous "
+                          "page; empty = the first page")
 _PRIORITY_QUERY = Query(None, description="queue priority in [-1000, 1000] (overrides "
                         "the body's)")
 
+
+# Retry-After (seconds) of a 503: Redis comes back within ~1 s of a restart (AOF replay of
+# a small stack), a restarted peer within a few; clients back off from there.
+UNAVAILABLE_RETRY_AFTER_S = 1
 
 # Module level: the dependency's annotation below is resolved in this module's globals.
 _BEARER = HTTPBearer(auto_error=False, description="the api token (auth.api_token)")
 
 
-def _require_token(tokens: Tokens) -> Any:
-    """A dependency: every /v1 route is the public job API (api or service token)."""
+def _require_token(tokens: Tokens | TokenStore) -> Any:
+    """A dependency: every /v1 route is the public job API (api or service token); a
+    TokenStore's tokens follow its files (rotation)."""
 
     async def check(
             creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
         presented = creds.credentials if creds is not None else ""
-        if tokens.allows(presented, Access.PUBLIC) is not None:
+        if tokens.current().allows(presented, Access.PUBLIC) is not None:
             raise Unauthenticated("missing or invalid bearer token")
 
     return check
@@ -67,7 +88,22 @@ async def _libra_error(_request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, ResourceExhausted):
         body.retry_after_ms = exc.retry_after_ms
         headers["Retry-After"] = str(math.ceil(exc.retry_after_ms / 1000))
+    if isinstance(exc, Unavailable):
+        headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
     return _error_response(HTTP_STATUS.get(code, 500), body, headers)
+
+
+async def _known_query_only(request: Request) -> None:
+    """A dependency: a query parameter the route does not take is a 400 naming it (a
+    misspelt ``page_sise`` must not silently list the first page)."""
+    route = request.scope.get("route")
+    known = {param.alias for param in getattr(getattr(route, "dependant", None),
+                                              "query_params", [])}
+    for name in request.query_params:
+        if name not in known:
+            takes = ", ".join(sorted(known)) or "none"
+            raise InvalidArgument(name or "query", f"unknown query parameter {name!r} "
+                                  f"(this route takes: {takes})")
 
 
 def _field_of(loc: Sequence[int | str]) -> str:
@@ -98,9 +134,21 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
                            dict(exc.headers or {}))
 
 
-async def _unexpected_error(_request: Request, _exc: Exception) -> JSONResponse:
-    """Anything else: a 500 with an ErrorBody. Not logged here: Starlette re-raises the
-    error after this response and the server logs its traceback once."""
+async def _outage(request: Request, exc: Exception) -> JSONResponse:
+    """A registered outage error (Redis unreachable) as 503 + ErrorBody, not logged as a
+    crash: the store already logged its retries, and an outage may last a while."""
+    outage = as_unavailable(exc)
+    assert outage is not None
+    return await _libra_error(request, outage)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """Anything else: a 503 when it is a registered outage (Redis unreachable: the store
+    registers its errors, libra.errors.register_unavailable), else a 500 with an
+    ErrorBody. A 500 is not logged here: Starlette re-raises the error after this
+    response and the server logs its traceback once."""
+    if (outage := as_unavailable(exc)) is not None:
+        return await _libra_error(request, outage)
     return _error_response(500, ErrorBody(error="internal", message="internal error"))
 
 
@@ -133,7 +181,7 @@ def _drop_422(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def build_app(core: CoordinatorCore, tokens: Tokens | None = None,
+def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None,
               episodes: EpisodeEndpoint | None = None) -> FastAPI:
     """The REST API: /v1/jobs (create, list, get, cancel, resume, events) and /v1/workers.
 
@@ -146,10 +194,14 @@ def build_app(core: CoordinatorCore, tokens: Tokens | None = None,
                   description="Create, inspect and cancel agentic RL jobs. Every error "
                   "is an ErrorBody; a bad input is 400 naming the field.")
     tokens = tokens or Tokens()
-    job_api = [Depends(_require_token(tokens))] if tokens.enabled else []
-    v1 = APIRouter(dependencies=job_api,
-                   responses=error_responses(*((401, 500) if tokens.enabled else (500,))))
+    enabled = tokens.current().enabled  # fixed at start-up; a rotation changes which tokens
+    job_api = [Depends(_require_token(tokens))] if enabled else []
+    v1 = APIRouter(dependencies=[*job_api, Depends(_known_query_only)],
+                   responses=error_responses(*((400, 401, 500, 503) if enabled
+                                               else (400, 500, 503))))
     app.add_exception_handler(LibraError, _libra_error)
+    for outage_type in unavailable_types():  # registered by the store's module (Redis)
+        app.add_exception_handler(outage_type, _outage)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
@@ -171,9 +223,16 @@ def build_app(core: CoordinatorCore, tokens: Tokens | None = None,
             raise InvalidArgument("format", exc.reason) from exc  # the body's name for it
         return JobView.of(job)
 
-    @v1.get("/v1/jobs", response_model=list[JobView], summary="List jobs")
-    async def list_jobs() -> list[JobView]:
-        return [JobView.of(j) for j in await core.list_jobs()]
+    @v1.get("/v1/jobs", response_model=list[JobSummaryView],
+            responses={**list_page_response(), **error_responses(400)},
+            summary="List jobs (summaries, oldest first, one page)")
+    async def list_jobs(response: Response,
+                        page_size: int = _PAGE_SIZE_QUERY,
+                        page_token: str = _PAGE_TOKEN_QUERY) -> list[JobSummaryView]:
+        jobs, next_token = await core.list_jobs_page(page_size, page_token)
+        if next_token:
+            response.headers[NEXT_PAGE_HEADER] = next_token
+        return [JobSummaryView.summary_of(j) for j in jobs]
 
     @v1.get("/v1/jobs/{job_id}", response_model=JobDetail, responses=error_responses(400, 404),
             summary="A job with its step history, counters and events")

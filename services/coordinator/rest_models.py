@@ -59,13 +59,13 @@ class ResumeJobBody(BaseModel):
     priority: int = Field(0, strict=True, description="queue priority, as for a new job")
 
 
-class JobView(BaseModel):
-    """A job (``libra.types.Job``; its stored spec JSON as the ``spec`` object)."""
+class JobSummaryView(BaseModel):
+    """A job without its spec (``GET /v1/jobs``; ``GET /v1/jobs/{job_id}`` has the spec);
+    ``message`` cut to 1,024 characters."""
 
     job_id: str
     name: str
     state: t.JobState
-    spec: dict[str, Any] = Field(description="the validated, normalised job spec")
     created_at_ms: int
     updated_at_ms: int
     message: str = Field(description="why the job is in its state (end reason, ...)")
@@ -75,6 +75,18 @@ class JobView(BaseModel):
     priority: int
     queue_position: int = Field(description="1 = next to start, ...; 0 = not queued")
     num_resumes: int
+
+    @classmethod
+    def summary_of(cls, job: t.Job) -> JobSummaryView:
+        fields = dataclasses.asdict(job)
+        fields.pop("spec_json")
+        return cls(**fields)
+
+
+class JobView(JobSummaryView):
+    """A job (``libra.types.Job``; its stored spec JSON as the ``spec`` object)."""
+
+    spec: dict[str, Any] = Field(description="the validated, normalised job spec")
 
     @classmethod
     def of(cls, job: t.Job) -> JobView:
@@ -122,8 +134,17 @@ _WHY: dict[int, str] = {
     503: "a collaborator is unreachable (tool gateway, trainer, scheduler, Redis); retry",
     504: "a collaborator did not answer in time; retry",
 }
+NEXT_PAGE_HEADER = "Next-Page-Token"
+_NEXT_PAGE_HEADERS = {NEXT_PAGE_HEADER: {
+    "description": "present when more jobs follow: pass it as `page_token` for the next page",
+    "schema": {"type": "string"}}}
 _RETRY_AFTER_HEADER = {"Retry-After": {"description": "seconds until a retry may help",
                                        "schema": {"type": "integer", "minimum": 0}}}
+
+
+def list_page_response() -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entry of the 200 of ``GET /v1/jobs`` (its paging header)."""
+    return {200: {"headers": _NEXT_PAGE_HEADERS}}
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -131,7 +152,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
         out[status] = {"model": ErrorBody, "description": _WHY[status]}
-        if status == 429:
+        if status in (429, 503):
             out[status]["headers"] = _RETRY_AFTER_HEADER
         if status == 401:
             out[status]["headers"] = {"WWW-Authenticate": {

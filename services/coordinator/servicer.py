@@ -30,7 +30,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
                                  events_json=[json.dumps(e) for e in events])
 
     async def ListJobs(self, request, context):  # noqa: N802, ANN001
-        return pb.ListJobsResponse(jobs=[job_to_proto(j) for j in await self._core.list_jobs()])
+        jobs, next_token = await self._core.list_jobs_page(request.page_size, request.page_token)
+        return pb.ListJobsResponse(jobs=[job_to_proto(j) for j in jobs],
+                                   next_page_token=next_token)
 
     async def CancelJob(self, request, context):  # noqa: N802, ANN001
         job = await self._core.cancel_job(request.job_id, request.reason)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import LeaseLost, NotFound
+from libra.errors import LeaseLost, NotFound, register_unavailable
 from libra.redis_fields import LEASE_EPOCH, lease_from_hash, lease_to_hash
 from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.store_protocol import (
@@ -74,6 +74,11 @@ def _job_to_hash(job: t.Job) -> dict[str, str]:
             "num_resumes": str(job.num_resumes)}
 
 
+# Every field of a job's hash but its spec: what a ListJobs summary holds.
+_SUMMARY_FIELDS = ("job_id", "name", "state", "created_at_ms", "updated_at_ms", "message",
+                   "step", "policy_version", "run_dir", "priority", "num_resumes")
+
+
 def _job_from_hash(h: dict[str, str]) -> t.Job:
     return t.Job(job_id=t.JobId(h["job_id"]), name=h["name"], state=t.JobState(h["state"]),
                  spec_json=h["spec_json"], created_at_ms=int(h["created_at_ms"]),
@@ -95,6 +100,7 @@ class RedisCoordinatorStore:
         self._retry_attempts = retry_attempts
         self._retry_first_delay_s = retry_first_delay_s
         self._transient = (redis_errors.ConnectionError, redis_errors.TimeoutError)
+        register_unavailable(*self._transient)  # the API answers UNAVAILABLE / 503 for them
         self._acquire = redis.register_script(ACQUIRE_LUA)
         self._renew = redis.register_script(RENEW_LUA)
         self._release = redis.register_script(RELEASE_LUA)
@@ -174,6 +180,16 @@ class RedisCoordinatorStore:
             else:  # expired: keep the index tidy
                 await self._r.zrem(keys.JOBS_INDEX, job_id)
         return jobs
+
+    async def list_job_summaries(self) -> list[t.Job]:
+        ids = await self._r.zrange(keys.JOBS_INDEX, 0, -1)
+        async with self._r.pipeline(transaction=False) as pipe:  # one round trip, no specs
+            for job_id in ids:
+                pipe.hmget(keys.job(job_id), _SUMMARY_FIELDS)
+            rows = await pipe.execute()
+        return [_job_from_hash({**dict(zip(_SUMMARY_FIELDS, row, strict=True)),
+                                "spec_json": ""})
+                for row in rows if row[0] is not None]  # an expired job has no job_id
 
     async def delete_job(self, job_id: str) -> None:
         await self._r.delete(*keys.job_keys(job_id))

@@ -59,6 +59,11 @@ class CoordinatorStore(Protocol):
 
     async def list_jobs(self) -> list[t.Job]: ...
 
+    async def list_job_summaries(self) -> list[t.Job]:
+        """Every job without its spec (``spec_json`` empty): what ListJobs returns, read
+        without moving every spec (up to 1 MiB each) out of the store."""
+        ...
+
     async def delete_job(self, job_id: str) -> None: ...
 
     async def enqueue_job(self, job: t.Job) -> None:

@@ -24,6 +24,7 @@ from libra.telemetry import init_logging, init_tracing  # noqa: E402
 from services.toolgateway import metrics as lane_metrics  # noqa: E402
 from services.toolgateway.config import ToolGatewayConfig  # noqa: E402
 from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits  # noqa: E402
+from services.toolgateway.file_access import FileReaderConfig  # noqa: E402
 from services.toolgateway.rewards import build_reward_registry  # noqa: E402
 from services.toolgateway.sandbox import (  # noqa: E402
     IsolationUnavailable,
@@ -90,7 +91,9 @@ def _search_config(cfg: ToolGatewayConfig) -> SearchConfig:
             raise ValueError(f"search_corpus {path!r} is outside data_roots "
                              f"({describe_roots(roots)})")
     corpus = tuple(cfg.search_corpus) or (str(SAMPLE_CORPUS),)
-    return SearchConfig(corpus_paths=corpus, data_roots=tuple(cfg.data_roots))
+    return SearchConfig(corpus_paths=corpus, data_roots=tuple(cfg.data_roots),
+                        file_reader=FileReaderConfig(uid=cfg.file_read_uid,
+                                                     gid=cfg.file_read_gid))
 
 
 async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None) -> None:

@@ -26,7 +26,17 @@ class ToolGatewayConfig:
     data_roots: list[str] = knob(list(DEFAULT_DATA_ROOTS), "the only folders tools read "
                                  "files from (job search corpora); symlinks and '..' are "
                                  "resolved before the check")
+    file_read_uid: int = knob(65534, "uid that opens a job's files (search corpora) when the "
+                              "gateway runs as root, so only files that uid may read are "
+                              "served (default nobody); -1 opens them as the gateway")
+    file_read_gid: int = knob(65534, "gid of file_read_uid (no supplementary groups)")
     extra_tools: list[str] = knob([], "plugin tools by dotted path (module:Name)")
     extra_rewards: list[str] = knob([], "plugin rewards by dotted path (module:Name)")
     require_network_isolation: bool = knob(False, "refuse to start without a network "
                                                   "namespace for sandboxed code")
+
+    def __post_init__(self) -> None:
+        if self.file_read_uid == 0 or self.file_read_uid < -1 or self.file_read_gid < -1:
+            raise ValueError(f"file_read_uid/file_read_gid must be an unprivileged id (> 0) "
+                             f"or -1 (read as the gateway), got {self.file_read_uid}/"
+                             f"{self.file_read_gid}")

@@ -1,7 +1,8 @@
 """Subprocess sandbox: runs untrusted Python in a fresh, contained process per call.
 
 Where it sits: the ``python`` tool and the ``code_tests`` reward call
-``Sandbox.run(code, timeout_s=...)``; nothing else in the gateway touches processes.
+``Sandbox.run(code, timeout_s=...)``; nothing else in the gateway runs code in another
+process (file_access.py forks only to open a job's files as an unprivileged uid).
 
 Containment, set up in the child between fork and exec (``preexec_fn``), in this order:
 

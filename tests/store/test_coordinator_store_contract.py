@@ -96,6 +96,16 @@ async def test_list_jobs_orders_by_creation_time(sut: StoreUnderTest) -> None:
     assert [j.job_id for j in await sut.store.list_jobs()] == ["early", "late"]
 
 
+async def test_job_summaries_are_the_jobs_without_their_specs(sut: StoreUnderTest) -> None:
+    late, early = make_job("late", created_at_ms=3_000), make_job("early", created_at_ms=1_000)
+    early.priority, early.num_resumes = 4, 2
+    for job in (late, early):
+        await sut.store.put_job(job)
+    summaries = await sut.store.list_job_summaries()
+    assert summaries == [dataclasses.replace(j, spec_json="") for j in (early, late)]
+    assert (await sut.store.get_job("early")).spec_json  # the stored job keeps its spec
+
+
 async def test_delete_job_removes_job_and_its_history(sut: StoreUnderTest) -> None:
     await sut.store.put_job(make_job())
     await sut.store.append_step("job-1", {"step": 1})

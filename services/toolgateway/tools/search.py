@@ -2,16 +2,19 @@
 
 Corpus files are plain text; each non-empty paragraph (blank-line separated) is one
 document. The index is built once at construction (an adapter, so I/O there is fine).
+The gateway's own corpus (its config) is read by the gateway; a job's corpus is opened
+as an unprivileged identity (services/toolgateway/file_access.py), never as root.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from libra.data_roots import DEFAULT_DATA_ROOTS, describe_roots, inside_roots, resolve_roots
+from services.toolgateway.file_access import FileReaderConfig, JobFileReader
 from services.toolgateway.tools.base import ToolContext, ToolOutput
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "data" / "sample_corpus.txt"
@@ -31,12 +34,13 @@ class SearchConfig:
     """Upper bound a call may ask for."""
     max_snippet_chars: int = 300
     """Each returned paragraph is cut to this many characters."""
+    file_reader: FileReaderConfig = field(default_factory=FileReaderConfig)
+    """Who opens a job's corpus files (an unprivileged uid when the gateway is root)."""
 
 
-def _read_paragraphs(paths: tuple[str, ...]) -> list[str]:
+def _paragraphs(texts: list[str], paths: tuple[str, ...]) -> list[str]:
     docs: list[str] = []
-    for path in paths:
-        text = Path(path).read_text(encoding="utf-8")
+    for text in texts:
         docs.extend(" ".join(p.split()) for p in text.split("\n\n") if p.strip())
     if not docs:
         raise ValueError(f"search corpus {paths!r} has no documents")
@@ -44,11 +48,11 @@ def _read_paragraphs(paths: tuple[str, ...]) -> list[str]:
 
 
 class _Index:
-    """BM25 over the paragraphs of some text files."""
+    """BM25 over the paragraphs of some texts (the files of ``paths``)."""
 
-    def __init__(self, bm25s: Any, paths: tuple[str, ...]) -> None:
+    def __init__(self, bm25s: Any, texts: list[str], paths: tuple[str, ...]) -> None:
         self._bm25s = bm25s
-        self.docs = _read_paragraphs(paths)
+        self.docs = _paragraphs(texts, paths)
         self._bm25 = bm25s.BM25()
         self._bm25.index(bm25s.tokenize(self.docs, stopwords="en", show_progress=False),
                          show_progress=False)
@@ -81,7 +85,9 @@ class SearchTool:
         self._config = config or SearchConfig()
         self._bm25s = bm25s
         self._roots = resolve_roots(self._config.data_roots)
-        self._default = _Index(bm25s, tuple(self._config.corpus_paths))
+        self._reader = JobFileReader(self._roots, self._config.file_reader)
+        own = tuple(self._config.corpus_paths)  # the operator's files: read as the gateway
+        self._default = _Index(bm25s, [Path(p).read_text(encoding="utf-8") for p in own], own)
         self._job_indexes: dict[tuple[str, ...], _Index] = {}
         self.args_schema = {
             "type": "object",
@@ -101,7 +107,8 @@ class SearchTool:
     def _index(self, corpus_paths: tuple[str, ...]) -> _Index:
         if not corpus_paths:
             return self._default
-        index = self._job_indexes.pop(corpus_paths, None) or _Index(self._bm25s, corpus_paths)
+        index = self._job_indexes.pop(corpus_paths, None) or _Index(
+            self._bm25s, self._reader.read_texts(corpus_paths), corpus_paths)
         self._job_indexes[corpus_paths] = index  # most recent last
         while len(self._job_indexes) > self.max_job_indexes:
             self._job_indexes.pop(next(iter(self._job_indexes)))
@@ -119,8 +126,9 @@ class SearchTool:
                                               f"roots ({describe_roots(self._roots)})")
         try:
             hits = await asyncio.to_thread(self.search, args["query"], top_k, corpus)
-        except OSError as exc:
-            return ToolOutput(ok=False, error=f"corpus unreadable: {exc.filename}")
+        except OSError as exc:  # opened as the unprivileged reader: EACCES for root-only
+            return ToolOutput(ok=False, error=f"corpus unreadable: {exc.filename}: "
+                                              f"{exc.strerror}{self._reader.hint(exc)}")
         if not hits:
             return ToolOutput(ok=True, output="no results")
         lines = [f"[{n}] {text}" for n, (_, text) in enumerate(hits, 1)]

@@ -95,7 +95,8 @@ async def test_cli_submit_sends_overrides_and_an_absolute_model_path(
             "--set", "algorithm.num_steps=5"]
     code = await asyncio.to_thread(cli_main, argv)
     assert code == 0
-    (job,) = await client.list_jobs()
+    (summary,) = await client.list_jobs()  # a summary: the spec comes with get_job
+    job, _steps, _counters = await client.get_job(summary.job_id)
     submitted = json.loads(job.spec_json)
     assert submitted["model"]["path"] == str(model_dir)
     assert submitted["algorithm"]["num_steps"] == 5

@@ -9,8 +9,10 @@ import pytest
 
 from libra.access import (
     PUBLIC_METHODS,
+    TOKEN_CHECK_INTERVAL_S,
     Access,
     Tokens,
+    TokenStore,
     bearer,
     check_exposure,
     is_loopback,
@@ -116,3 +118,35 @@ def test_stack_secrets_are_private_random_and_stable(tmp_path: Path) -> None:
     assert len(set(values.values())) == 3
     again = ensure_stack_secrets(tmp_path)
     assert {n: again.read(n) for n in values} == values
+
+
+def test_a_token_file_may_hold_several_tokens_the_first_is_sent(tmp_path: Path) -> None:
+    path = tmp_path / "tok"
+    path.write_text("# rotation in progress\nnew-token\n\n  old-token  \n")
+    tokens = load_tokens(AuthConfig(api_token_file=str(path)))
+    assert (tokens.api, tokens.more_api) == ("new-token", ("old-token",))
+    assert tokens.allows("old-token", Access.PUBLIC) is None
+    assert tokens.allows("new-token", Access.PUBLIC) is None
+    assert tokens.allows("# rotation in progress", Access.PUBLIC) is Access.OPEN
+    (tmp_path / "comments").write_text("# only a comment\n")
+    with pytest.raises(ValueError, match="auth.api_token_file.*empty"):
+        load_tokens(AuthConfig(api_token_file=str(tmp_path / "comments")))
+
+
+def test_an_extra_service_token_grants_internal_and_an_extra_api_token_public() -> None:
+    tokens = Tokens(api="a1", service="s1", more_api=("a2",), more_service=("s2",))
+    assert tokens.allows("s2", Access.INTERNAL) is None
+    assert tokens.allows("a2", Access.INTERNAL) is Access.PUBLIC
+    assert tokens.allows("a2", Access.PUBLIC) is None
+
+
+def test_token_store_looks_at_its_files_once_per_interval(tmp_path: Path) -> None:
+    path = tmp_path / "tok"
+    path.write_text("one\n")
+    now = [0.0]
+    store = TokenStore(AuthConfig(api_token_file=str(path)), clock=lambda: now[0])
+    path.write_text("two\n")
+    now[0] = TOKEN_CHECK_INTERVAL_S / 2
+    assert store.current().api == "one"  # not looked at yet
+    now[0] = TOKEN_CHECK_INTERVAL_S
+    assert store.current().api == "two"

@@ -31,7 +31,10 @@ PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.t
 
 SNAPSHOT: dict[type, list[str]] = {
     CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "max_queued_jobs",
-                               "reconcile_interval_s", "redis_url", "run_root",
+                               "reconcile_interval_s", "redis_url",
+                               "retention.ended_weight_versions", "retention.interval_s",
+                               "retention.keep_last_runs",
+                               "retention.max_age_days", "run_root",
                                "tool_data_roots", "trainer_lost_s"]),
     SchedulerConfig: sorted([*SHARED, *PEERS, "redis_url", "tick_s"]),
     RolloutConfig: sorted([
@@ -47,7 +50,7 @@ SNAPSHOT: dict[type, list[str]] = {
         "redis_url", "rendezvous.address", "rendezvous.timeout_s", "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "data_roots", "extra_rewards",
-        "extra_tools",
+        "extra_tools", "file_read_gid", "file_read_uid",
         "max_concurrency_per_tool", "max_queue_depth_per_tool", "python_timeout_s",
         "require_network_isolation",
         "search_corpus"]),

@@ -6,6 +6,11 @@ need no processes are small in-file fakes.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits
@@ -24,3 +29,17 @@ def sandbox() -> SubprocessSandbox:
 def core(sandbox: SubprocessSandbox) -> ToolGatewayCore:
     return ToolGatewayCore(ToolRegistry(builtin_tools(sandbox)),
                            RewardRegistry(builtin_rewards(sandbox)), ToolGatewayLimits())
+
+
+@pytest.fixture
+def readable_tmp() -> Iterator[Path]:
+    """A fresh folder (0755) the gateway's unprivileged file reader can reach.
+
+    pytest's ``tmp_path`` lies under a 0700 root-owned folder, which the reader's uid
+    (nobody) cannot traverse when the tests run as root, as a real data root would be
+    unreadable to it (services/toolgateway/file_access.py).
+    """
+    folder = Path(tempfile.mkdtemp(prefix="libra-data-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -98,11 +98,11 @@ async def test_search_returns_relevant_snippet(core):
     assert empty.output == "no results"
 
 
-async def test_search_uses_the_corpus_the_job_names(sandbox, tmp_path):
-    # tmp_path is the data root here (test_search_data_roots.py covers the refusals).
+async def test_search_uses_the_corpus_the_job_names(sandbox, readable_tmp):
+    # readable_tmp is the data root here (test_search_data_roots.py covers the refusals).
     core = ToolGatewayCore(ToolRegistry(builtin_tools(sandbox, search=SearchConfig(
-        data_roots=(str(tmp_path),)))), RewardRegistry([]), ToolGatewayLimits())
-    kb = tmp_path / "kb.txt"
+        data_roots=(str(readable_tmp),)))), RewardRegistry([]), ToolGatewayLimits())
+    kb = readable_tmp / "kb.txt"
     kb.write_text("Zanzibar lies off the coast of Tanzania.\n\nOther text about boats.\n")
     result = await core.execute(ToolCall("t", "s3", "search", {"query": "Zanzibar coast"},
                                          options={"corpus_paths": [str(kb)]}))

@@ -211,12 +211,21 @@ Global___GetJobResponse: _TypeAlias = GetJobResponse  # noqa: Y015
 class ListJobsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Jobs per page: 0 = 100, at most 500 (more is INVALID_ARGUMENT naming page_size)."""
+    page_token: _builtins.str
+    """next_page_token of the previous answer; empty = the first page."""
     def __init__(
         self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -227,16 +236,25 @@ class ListJobsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty after the last page."""
     @_builtins.property
-    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]: ...
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]:
+        """Job summaries, oldest first: every field but spec_json (empty; GetJob has the spec),
+        message cut to 1,024 characters. So a page stays far below a client's 4 MiB limit
+        however large the specs are.
+        """
+
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[Global___Job] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
