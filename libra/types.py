@@ -223,7 +223,14 @@ class PlacementDecision:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a tool call returned, with its causal signal."""
+    """What a tool call returned, with its causal signal: the one type for a tool call's
+    outcome, made by the gateway core and carried unchanged by its servicer, its clients
+    (gRPC and in-process) and the rollout (codec: ``libra.wire.toolgateway``).
+
+    ``call_id``, ``tool`` and ``num_attempts`` are what the gateway knew when it answered;
+    the wire carries neither ``num_attempts`` nor the ids back (the caller holds them), so
+    a result read from the wire has ``num_attempts`` 1 and the ids the caller gave.
+    """
 
     status: ToolStatus
     output: str
@@ -232,8 +239,16 @@ class ToolResult:
     latency_ms: int
     state: ToolReturnState
     truncated: bool = False
+    call_id: str = ""
+    tool: str = ""
+    num_attempts: int = 1
 
     @property
     def ok(self) -> bool:
         """The tool ran and returned normally (an error or timeout is not ok)."""
         return self.status is ToolStatus.SUCCESS
+
+    @property
+    def size_class(self) -> SizeClass:
+        """The payload's size class (part of ``state``)."""
+        return self.state.size_class
