@@ -175,6 +175,10 @@ class LayoutSpec:
     buckets: list[BucketSpec] = field(default_factory=_default_buckets)
     cmlfq: CmlfqSpec = field(default_factory=CmlfqSpec)
 
+    def bucket(self, name: str) -> BucketSpec | None:
+        """The bucket called ``name``; None when the layout has none of that name."""
+        return next((b for b in self.buckets if b.name == name), None)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ElasticSpec:

@@ -270,7 +270,7 @@ async def test_engine_is_loaded_with_the_tp_degree_of_this_instances_bucket(
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
     await rig.run_until_published()
-    assert rig.core._loader.tp_degrees == [2]
+    assert rig.core._intake.loader.tp_degrees == [2]
 
 
 async def test_tool_calls_carry_the_jobs_tool_settings(rig: Rig) -> None:
