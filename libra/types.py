@@ -102,7 +102,12 @@ class SizeThresholds:
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """A group of rollout instances of one parallelism; ordered by ``max_tokens``."""
+    """A group of rollout instances of one parallelism; ordered by ``max_tokens``.
+
+    The one bucket type: the job spec's ``[[layout.buckets]]`` entries are built as
+    these (``libra.jobspec.LayoutSpec.buckets``, checked there), and the scheduler's
+    layout, the placement policies and the simulator take them as they are.
+    """
 
     name: str
     max_tokens: int

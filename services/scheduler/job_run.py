@@ -85,14 +85,7 @@ def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
 
 def build_layout(spec: JobSpec) -> BucketLayout:
     """The bucket layout of the spec (``[[layout.buckets]]``)."""
-    return BucketLayout(
-        [
-            t.Bucket(
-                b.name, b.max_tokens, b.tp_degree, b.max_batch_size, b.max_trajectories_per_instance
-            )
-            for b in spec.layout.buckets
-        ]
-    )
+    return BucketLayout(list(spec.layout.buckets))
 
 
 def apply_local_load(instances: list[t.InstanceLoad],
