@@ -20,10 +20,12 @@ from libra.id_types import PromptId as PromptId
 from libra.id_types import TrajectoryId as TrajectoryId
 from libra.id_types import WorkerId as WorkerId
 from libra.job_types import TRAINER_WORKING_PHASES as TRAINER_WORKING_PHASES
+from libra.job_types import InstanceStatus as InstanceStatus
 from libra.job_types import Job as Job
 from libra.job_types import JobState as JobState
 from libra.job_types import Lease as Lease
 from libra.job_types import LeaseSummary as LeaseSummary
+from libra.job_types import LendResult as LendResult
 from libra.job_types import PolicyInfo as PolicyInfo
 from libra.job_types import StepRecord as StepRecord
 from libra.job_types import TrainerStatus as TrainerStatus
@@ -207,6 +209,17 @@ class Trajectory:
             return (f"partial_turn_tokens {self.partial_turn_tokens} outside "
                     f"[0, {n - self.num_prompt_tokens}]")
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReturnReport:
+    """One tool return reported by a rollout instance to the scheduler (codec:
+    ``libra.wire.scheduler``)."""
+
+    job_id: str
+    trajectory_id: str
+    state: ToolReturnState
+    tokens_so_far: int
 
 
 class DecisionAction(enum.Enum):

@@ -220,6 +220,15 @@ class RolloutCore:
         finally:
             heartbeat.cancel()
 
+    def instance_status(self, engine_profile_json: str = "") -> t.InstanceStatus:
+        """What this instance reports about itself (GetInstanceStatus)."""
+        lease = self._held.lease
+        return t.InstanceStatus(
+            self._settings.instance_id, self._settings.bucket, self.num_active,
+            self.policy_version, self.tokens_generated, self.job_id,
+            lease.role.value if lease else "", self.hybrid_phase, engine_profile_json,
+            self.profile.to_json())
+
     @property
     def lease(self) -> t.Lease | None:
         """The lease held now; None before registering or after losing it."""
