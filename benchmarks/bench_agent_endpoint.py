@@ -44,7 +44,6 @@ from libra import redis_keys as keys  # noqa: E402
 from libra import types as t  # noqa: E402
 from libra.clock import SystemClock  # noqa: E402
 from libra.jobspec import (  # noqa: E402
-    BucketSpec,
     JobSpec,
     LayoutSpec,
     ModelSpec,
@@ -52,6 +51,7 @@ from libra.jobspec import (  # noqa: E402
     ToolSchema,
     ToolsSpec,
 )
+from libra.types import Bucket  # noqa: E402
 from libra_cli.redis_server import free_port, start_redis  # noqa: E402
 from services.rollout.engine_types import GenerationRequest, GenerationResult  # noqa: E402
 
@@ -99,7 +99,7 @@ def spec(model_dir: Path, agent: str, batch: int) -> JobSpec:
                       tool_call_format="hermes", agent=agent, episode_idle_timeout_s=60.0),
         tools=ToolsSpec(schemas=[ToolSchema(name="calculator", description="Evaluate.",
                                             parameters_json=json.dumps(CALC))]),
-        layout=LayoutSpec(buckets=[BucketSpec(name="short", max_tokens=4096,
+        layout=LayoutSpec(buckets=[Bucket(name="short", max_tokens=4096,
                                               max_batch_size=batch,
                                               max_trajectories_per_instance=256)]))
 

@@ -153,3 +153,29 @@ class PolicyInfo:
     sha256: str
     model_dir: str
     published_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    """What a rollout instance reports about itself (GetInstanceStatus; codec:
+    ``libra.wire.rollout``). The profiles are JSON as the instance timed them: its engine
+    calls (empty where none are logged) and its loop's costs."""
+
+    instance_id: str
+    bucket: str
+    num_active_trajectories: int
+    policy_version: int
+    num_tokens_generated: int
+    job_id: str
+    role: str
+    hybrid_phase: str
+    engine_profile_json: str = ""
+    loop_profile_json: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LendResult:
+    """The lease after the role change to hybrid-joining, and what was handed back."""
+
+    lease: Lease
+    num_handed_back: int

@@ -26,6 +26,7 @@ from libra.spec_document import parse_document as parse_document
 from libra.spec_limits import validate_limits
 from libra.tasks import TASKS
 from libra.taskspec import TaskSpec, normalise_task, validate_task_source
+from libra.types import Bucket
 
 SUPPORTED_MODELS = ("tiny-llama", "hf")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16")
@@ -127,20 +128,9 @@ class AlgorithmSpec:
     seed: int = 0
 
 
-@dataclass(frozen=True, kw_only=True)
-class BucketSpec:
-    """``[[layout.buckets]]``: one rollout bucket, by the longest trajectory it serves."""
-
-    name: str
-    max_tokens: int
-    tp_degree: int = 1
-    max_batch_size: int = 8
-    max_trajectories_per_instance: int = 16
-
-
-def _default_buckets() -> list[BucketSpec]:
-    return [BucketSpec(name="short", max_tokens=96, max_batch_size=8),
-            BucketSpec(name="long", max_tokens=384, max_batch_size=16)]
+def _default_buckets() -> list[Bucket]:
+    return [Bucket(name="short", max_tokens=96, max_batch_size=8),
+            Bucket(name="long", max_tokens=384, max_batch_size=16)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,8 +162,12 @@ class LayoutSpec:
     """``[layout]``: the placement policy, the buckets (shortest first) and C-MLFQ's knobs."""
 
     policy: str = "least_loaded"
-    buckets: list[BucketSpec] = field(default_factory=_default_buckets)
+    buckets: list[Bucket] = field(default_factory=_default_buckets)
     cmlfq: CmlfqSpec = field(default_factory=CmlfqSpec)
+
+    def bucket(self, name: str) -> Bucket | None:
+        """The bucket called ``name``; None when the layout has none of that name."""
+        return next((b for b in self.buckets if b.name == name), None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,10 +20,12 @@ from libra.id_types import PromptId as PromptId
 from libra.id_types import TrajectoryId as TrajectoryId
 from libra.id_types import WorkerId as WorkerId
 from libra.job_types import TRAINER_WORKING_PHASES as TRAINER_WORKING_PHASES
+from libra.job_types import InstanceStatus as InstanceStatus
 from libra.job_types import Job as Job
 from libra.job_types import JobState as JobState
 from libra.job_types import Lease as Lease
 from libra.job_types import LeaseSummary as LeaseSummary
+from libra.job_types import LendResult as LendResult
 from libra.job_types import PolicyInfo as PolicyInfo
 from libra.job_types import StepRecord as StepRecord
 from libra.job_types import TrainerStatus as TrainerStatus
@@ -102,7 +104,12 @@ class SizeThresholds:
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """A group of rollout instances of one parallelism; ordered by ``max_tokens``."""
+    """A group of rollout instances of one parallelism; ordered by ``max_tokens``.
+
+    The one bucket type: the job spec's ``[[layout.buckets]]`` entries are built as
+    these (``libra.jobspec.LayoutSpec.buckets``, checked there), and the scheduler's
+    layout, the placement policies and the simulator take them as they are.
+    """
 
     name: str
     max_tokens: int
@@ -204,6 +211,17 @@ class Trajectory:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class ToolReturnReport:
+    """One tool return reported by a rollout instance to the scheduler (codec:
+    ``libra.wire.scheduler``)."""
+
+    job_id: str
+    trajectory_id: str
+    state: ToolReturnState
+    tokens_so_far: int
+
+
 class DecisionAction(enum.Enum):
     """At a tool return: keep the trajectory on its instance, or move it elsewhere."""
 
@@ -223,7 +241,14 @@ class PlacementDecision:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a tool call returned, with its causal signal."""
+    """What a tool call returned, with its causal signal: the one type for a tool call's
+    outcome, made by the gateway core and carried unchanged by its servicer, its clients
+    (gRPC and in-process) and the rollout (codec: ``libra.wire.toolgateway``).
+
+    ``call_id``, ``tool`` and ``num_attempts`` are what the gateway knew when it answered;
+    the wire carries neither ``num_attempts`` nor the ids back (the caller holds them), so
+    a result read from the wire has ``num_attempts`` 1 and the ids the caller gave.
+    """
 
     status: ToolStatus
     output: str
@@ -232,8 +257,16 @@ class ToolResult:
     latency_ms: int
     state: ToolReturnState
     truncated: bool = False
+    call_id: str = ""
+    tool: str = ""
+    num_attempts: int = 1
 
     @property
     def ok(self) -> bool:
         """The tool ran and returned normally (an error or timeout is not ok)."""
         return self.status is ToolStatus.SUCCESS
+
+    @property
+    def size_class(self) -> SizeClass:
+        """The payload's size class (part of ``state``)."""
+        return self.state.size_class

@@ -9,10 +9,11 @@ pure (the import contract in pyproject.toml), not just free of those imports at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from libra import types as t
+from libra.types import InstanceStatus as InstanceStatus  # re-exported
+from libra.types import LendResult as LendResult  # re-exported
 
 
 class CoordinatorApi(Protocol):
@@ -91,28 +92,6 @@ class CoordinatorJobApi(Protocol):
     async def list_workers(self) -> list[t.Lease]:
         """The leases held now: which workers are alive, in which role and bucket."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceStatus:
-    """What a rollout instance reports about itself."""
-
-    instance_id: str
-    bucket: str
-    num_active_trajectories: int
-    policy_version: int
-    num_tokens_generated: int
-    job_id: str
-    role: str
-    hybrid_phase: str
-
-
-@dataclass(frozen=True, slots=True)
-class LendResult:
-    """The lease after the role change to hybrid-joining, and what was handed back."""
-
-    lease: t.Lease
-    num_handed_back: int
 
 
 class RolloutApi(Protocol):

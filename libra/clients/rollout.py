@@ -15,7 +15,11 @@ from libra.clients.base import GrpcClientBase
 from libra.grpc_auth import ClientAuth
 from libra.proto.rollout.v1 import rollout_pb2 as pb
 from libra.proto.rollout.v1 import rollout_pb2_grpc as pb_grpc
-from libra.wire.common import lease_from_proto
+from libra.wire.rollout import (
+    instance_status_from_proto,
+    lend_result_from_proto,
+    reclaimed_from_proto,
+)
 
 
 class GrpcRolloutClient(GrpcClientBase):
@@ -36,22 +40,18 @@ class GrpcRolloutClient(GrpcClientBase):
         resp = await self._call(self._stub.Lend, pb.LendRequest(
             job_id=job_id, expected_epoch=expected_epoch, generation=generation,
             trainer_address=trainer_address), timeout_s=timeout_s)
-        return LendResult(lease_from_proto(resp.lease), resp.handed_back)
+        return lend_result_from_proto(resp)
 
     async def reclaim(self, generation: int, reason: str, *,
                       timeout_s: float | None = None) -> t.Lease:
         """Cancel a pending join or detach an active one (idempotent per generation)."""
         resp = await self._call(self._stub.Reclaim, pb.ReclaimRequest(
             generation=generation, reason=reason), idempotent=True, timeout_s=timeout_s)
-        return lease_from_proto(resp.lease)
+        return reclaimed_from_proto(resp)
 
     async def get_instance_status(self) -> InstanceStatus:
         """What the instance is doing now (for the planner and ``libra status``), with the
         engine and loop profiles it timed."""
         resp = await self._call(self._stub.GetInstanceStatus, pb.GetInstanceStatusRequest(),
                                 idempotent=True)
-        return InstanceStatus(
-            instance_id=resp.instance_id, bucket=resp.bucket,
-            num_active_trajectories=resp.active_trajectories,
-            policy_version=resp.policy_version, num_tokens_generated=resp.tokens_generated,
-            job_id=resp.job_id, role=resp.role, hybrid_phase=resp.hybrid_phase)
+        return instance_status_from_proto(resp)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -38,14 +37,17 @@ import grpc
 from libra import types as t
 from libra.clients.api import SchedulerClientApi as SchedulerClientApi
 from libra.clients.base import GrpcClientBase
-from libra.errors import Internal, LibraError, Unavailable, error_from_status
+from libra.errors import Internal, LibraError, Unavailable
 from libra.grpc_auth import ClientAuth
 from libra.proto.scheduler.v1 import scheduler_pb2 as spb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as spb_grpc
-from libra.wire.common import tool_state_to_proto, traj_status_to_proto
-
-_ACTION_IN = {spb.DECISION_ACTION_STAY: t.DecisionAction.STAY,
-              spb.DECISION_ACTION_MOVE: t.DecisionAction.MOVE}
+from libra.wire.common import traj_status_to_proto
+from libra.wire.scheduler import (
+    decision_from_proto,
+    error_from_text,
+    report_to_proto,
+    stats_from_proto,
+)
 
 # Reports per batch at most (a larger queue goes out in several batches).
 MAX_REPORTS_PER_BATCH = 256
@@ -118,9 +120,8 @@ class GrpcSchedulerClient(GrpcClientBase):
         (within ``max_unanswered`` batches, or when the client closes): for callers that
         go on at once and act only on a MOVE."""
         future: asyncio.Future[t.PlacementDecision] = asyncio.get_running_loop().create_future()
-        report = spb.ToolReturnReport(job_id=job_id, trajectory_id=trajectory_id,
-                                      state=tool_state_to_proto(state),
-                                      tokens_so_far=tokens_so_far)
+        report = report_to_proto(t.ToolReturnReport(job_id, trajectory_id, state,
+                                                    tokens_so_far))
         self._queue.setdefault((instance_id, lease_epoch), []).append(
             _Queued(report, future, needs_answer))
         self.num_reports += 1
@@ -198,13 +199,13 @@ class GrpcSchedulerClient(GrpcClientBase):
         batch = out.popleft()
         self.num_report_answers += 1
         if resp.error:
-            _settle_batch(batch, error=_error_from_text(resp.error))
+            _settle_batch(batch, error=error_from_text(resp.error))
         elif len(resp.decisions) != len(batch.items):
             error = Internal(f"{len(resp.decisions)} decisions for {len(batch.items)} reports")
             _settle_batch(batch, error=error)
             raise error
         else:
-            _settle_batch(batch, [_decision_from_proto(d) for d in resp.decisions])
+            _settle_batch(batch, [decision_from_proto(d) for d in resp.decisions])
         self._make_room()
 
     def _make_room(self) -> None:
@@ -237,7 +238,7 @@ class GrpcSchedulerClient(GrpcClientBase):
         """The job's placement figures: policy, pending work, decisions, migrations."""
         resp = await self._call(self._stub.GetSchedulerStats,
                                 spb.GetSchedulerStatsRequest(job_id=job_id), idempotent=True)
-        return json.loads(resp.stats_json or "{}")
+        return stats_from_proto(resp)
 
     async def close(self) -> None:
         """Stop the sender, fail the reports not yet sent, end the report stream and close the
@@ -279,19 +280,6 @@ def _settle_batch(batch: _Batch,
             _settle(q.future, outcome)
     if not batch.answered.done():
         batch.answered.set_result(None)
-
-
-def _decision_from_proto(d: spb.ToolReturnDecision) -> t.PlacementDecision | LibraError:
-    if d.error:
-        return _error_from_text(d.error)
-    return t.PlacementDecision(_ACTION_IN.get(d.action, t.DecisionAction.STAY),
-                               d.target_bucket, d.target_instance, d.reason)
-
-
-def _error_from_text(text: str) -> LibraError:
-    """An error as the stream carries it, "<grpc status name>: <message>"."""
-    code, _, details = text.partition(": ")
-    return error_from_status(code, details)
 
 
 def _stream_error(exc: BaseException) -> LibraError:

@@ -11,8 +11,11 @@ from libra.clients.base import GrpcClientBase
 from libra.grpc_auth import ClientAuth
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
-from libra.wire.common import tool_state_from_proto, tool_status_from_proto
-from libra.wire.toolgateway import score_input_to_proto, score_output_from_proto
+from libra.wire.toolgateway import (
+    score_input_to_proto,
+    score_output_from_proto,
+    tool_result_from_proto,
+)
 
 
 class GrpcToolGatewayClient(GrpcClientBase):
@@ -34,9 +37,7 @@ class GrpcToolGatewayClient(GrpcClientBase):
             args_json=json.dumps(args), deadline_ms=deadline_ms,
             options_json=json.dumps(options or {})),
             idempotent=True, timeout_s=max(deadline_ms / 1000.0, 0.1) + 1.0)
-        return t.ToolResult(tool_status_from_proto(resp.status), resp.output, resp.error,
-                            resp.payload_tokens, resp.latency_ms,
-                            tool_state_from_proto(resp.state), resp.truncated)
+        return tool_result_from_proto(resp, call_id)
 
     async def score(self, request: t.ScoreInput, timeout_s: float | None = None
                     ) -> t.ScoreOutput:

@@ -1,10 +1,34 @@
-"""Tool gateway messages <-> ``libra.types``: the Score request (the whole trajectory)
-and its response. Used by the gateway's servicer and by its client."""
+"""Tool gateway messages <-> ``libra.types``: a tool call's result, the Score request (the
+whole trajectory) and its response. Used by the gateway's servicer and by its client."""
 
 from __future__ import annotations
 
 from libra import types as t
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
+from libra.wire.common import (
+    tool_state_from_proto,
+    tool_state_to_proto,
+    tool_status_from_proto,
+    tool_status_to_proto,
+)
+
+
+def tool_result_to_proto(result: t.ToolResult) -> pb.ExecuteToolCallResponse:
+    """A tool call's result as the ExecuteToolCallResponse (the ids and the attempt count
+    stay with the gateway: the caller holds the ids)."""
+    return pb.ExecuteToolCallResponse(
+        status=tool_status_to_proto(result.status), output=result.output, error=result.error,
+        payload_tokens=result.payload_tokens, latency_ms=result.latency_ms,
+        state=tool_state_to_proto(result.state), truncated=result.truncated)
+
+
+def tool_result_from_proto(msg: pb.ExecuteToolCallResponse, call_id: str = "") -> t.ToolResult:
+    """A tool call's result from the ExecuteToolCallResponse; ``call_id`` is the caller's
+    (the tool's name comes back in the state)."""
+    state = tool_state_from_proto(msg.state)
+    return t.ToolResult(tool_status_from_proto(msg.status), msg.output, msg.error,
+                        msg.payload_tokens, msg.latency_ms, state, msg.truncated,
+                        call_id=call_id, tool=state.tool_type)
 
 
 def score_input_to_proto(req: t.ScoreInput) -> pb.ScoreRequest:

@@ -27,7 +27,7 @@ from libra.errors import (
     Unauthenticated,
     Unavailable,
 )
-from libra.jobspec import job_spec_from_json
+from libra.jobspec import JobSpec, job_spec_from_json
 from services.coordinator.episode_core import (
     ChatRequest,
     after_call,
@@ -45,12 +45,16 @@ DISCONNECT_POLL_S = 0.2
 # loading the job's model for its first episode) before the call answers 504.
 REPLY_DEADLINE_MIN_S = 120.0
 MAX_OPEN_WAIT_S = 60.0
+# Jobs whose parsed spec the endpoint keeps (a job's spec never changes once submitted;
+# the oldest is forgotten first, and read again if it comes back).
+MAX_CACHED_SPECS = 64
 
 
 class EpisodeStore(Protocol):
     async def job_spec_json(self, job_id: str) -> str | None: ...
 
-    async def take_offer(self, job_id: str, wait_s: float) -> ep.EpisodeOffer | None: ...
+    async def take_offer(self, job_id: str, wait_s: float,
+                         idle_timeout_s: float) -> ep.EpisodeOffer | None: ...
 
     async def save(self, state: ep.EpisodeState) -> None: ...
 
@@ -83,6 +87,7 @@ class EpisodeEndpoint:
         self._clock = clock
         # Episodes with a call in flight here (one coordinator serves the endpoint).
         self._busy: set[str] = set()
+        self._specs: dict[str, JobSpec] = {}  # parsed once per job, oldest first
 
     async def open_episode(self, job_id: str, wait_s: float) -> ep.EpisodeGrant:
         """The next episode the scheduler admitted for ``job_id`` (waits up to ``wait_s``).
@@ -96,14 +101,12 @@ class EpisodeEndpoint:
         """
         if not 0 < wait_s <= MAX_OPEN_WAIT_S:
             raise InvalidArgument("wait_s", f"must be in (0, {MAX_OPEN_WAIT_S:g}] seconds")
-        spec_json = await self._store.job_spec_json(job_id)
-        if spec_json is None:
-            raise NotFound(f"job {job_id!r} not found")
-        spec = job_spec_from_json(spec_json)
+        spec = await self._spec(job_id)
         if spec.task.agent != agents.EXTERNAL:
             raise FailedPrecondition(f"job {job_id!r} runs task.agent = {spec.task.agent!r}; "
                                      "episodes are for task.agent = 'external'")
-        offer = await self._store.take_offer(job_id, wait_s)
+        offer = await self._store.take_offer(job_id, wait_s,
+                                             spec.task.episode_idle_timeout_s)
         if offer is None:
             raise Unavailable(f"no episode admitted for job {job_id!r} within {wait_s:g} s "
                               "(admission follows the staleness budget): ask again")
@@ -117,6 +120,18 @@ class EpisodeEndpoint:
         logger.info("[episode] opened episode_id=%s job_id=%s", offer.episode_id, job_id)
         return ep.EpisodeGrant(offer.episode_id, job_id, api_key, state.model,
                                offer.prompt_text, offer.prompt_messages_json, timeout_s)
+
+    async def _spec(self, job_id: str) -> JobSpec:
+        """The job's spec, parsed once per job (a job's spec never changes)."""
+        spec = self._specs.get(job_id)
+        if spec is None:
+            spec_json = await self._store.job_spec_json(job_id)
+            if spec_json is None:
+                raise NotFound(f"job {job_id!r} not found")
+            spec = self._specs[job_id] = job_spec_from_json(spec_json)
+            if len(self._specs) > MAX_CACHED_SPECS:
+                del self._specs[next(iter(self._specs))]
+        return spec
 
     async def authenticate(self, api_key: str) -> ep.EpisodeState:
         """The episode of a key.

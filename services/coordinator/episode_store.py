@@ -8,7 +8,6 @@ from typing import Any
 
 from libra import episodes as ep
 from libra import redis_keys as keys
-from libra.jobspec import job_spec_from_json
 
 # Below the coordinator client's 2 s socket timeout, which a blocking read must not hit.
 _MAX_BLOCK_S = 0.5
@@ -29,10 +28,11 @@ class RedisEpisodeStore:
         value = await self._r.hget(keys.job(job_id), "spec_json")
         return value.decode() if isinstance(value, bytes) else value
 
-    async def take_offer(self, job_id: str, wait_s: float) -> ep.EpisodeOffer | None:
-        """The oldest live offer; offers whose rollout has given up waiting are skipped
+    async def take_offer(self, job_id: str, wait_s: float,
+                         idle_timeout_s: float) -> ep.EpisodeOffer | None:
+        """The oldest live offer; offers older than ``idle_timeout_s`` (the job's
+        ``task.episode_idle_timeout_s``), whose rollout has given up waiting, are skipped
         (their trajectory already failed as timed out)."""
-        spec_json = await self.job_spec_json(job_id)
         deadline_s = self._clock.now_s() + wait_s
         while (left_s := deadline_s - self._clock.now_s()) > 0:
             got = await self._r.blpop([keys.episode_offers(job_id)],
@@ -40,15 +40,14 @@ class RedisEpisodeStore:
             if got is None:
                 continue
             offer = ep.decode(ep.EpisodeOffer, got[1])
-            if self._is_live(offer, spec_json):
+            if self._is_live(offer, idle_timeout_s):
                 return offer
         return None
 
-    def _is_live(self, offer: ep.EpisodeOffer, spec_json: str | None) -> bool:
-        if spec_json is None or not offer.offered_at_ms:
+    def _is_live(self, offer: ep.EpisodeOffer, idle_timeout_s: float) -> bool:
+        if not offer.offered_at_ms:
             return True
-        timeout_ms = job_spec_from_json(spec_json).task.episode_idle_timeout_s * 1000
-        return self._clock.now_ms() < offer.offered_at_ms + timeout_ms
+        return self._clock.now_ms() < offer.offered_at_ms + idle_timeout_s * 1000
 
     async def save(self, state: ep.EpisodeState) -> None:
         ttl_ms = _ttl_ms(state)

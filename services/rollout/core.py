@@ -25,8 +25,8 @@ does not hold the trajectory.
 
 The core composes collaborators, each given only the state it needs: the lease
 (``lease_keeper``), reports and handoffs (``mover``), lending to training (``lender``),
-verified weight loads (``weight_loader``), scoring and publishing (``finisher``); the
-loop's types are in ``loop_types``.
+verified weight loads (``weight_loader``), scoring and publishing (``finisher``), inbox
+intake and the job's engine and agent (``intake``); the loop's types are in ``loop_types``.
 
 Pure: the engine, Redis and peers come in as collaborators.
 """
@@ -40,13 +40,12 @@ from typing import TYPE_CHECKING, Any
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import LibraError
-from libra.jobspec import job_spec_from_json
 from services.rollout import agent
-from services.rollout.agent_registry import AgentUnavailable, build_agent_or_stand_in
 from services.rollout.engine_types import GenerationRequest, GenerationResult
-from services.rollout.external_agent import EpisodeChannel, EpisodeEnded, ExternalAgent
+from services.rollout.external_agent import EpisodeChannel, EpisodeEnded
 from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
 from services.rollout.hybrid_join import ChannelOpener, TrainerLoader
+from services.rollout.intake import Intake
 from services.rollout.lease_keeper import LeaseKeeper
 from services.rollout.lender import Lender
 from services.rollout.loop_types import (
@@ -65,7 +64,7 @@ from services.rollout.weight_loader import WeightLoader
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.api import CoordinatorApi, ToolGatewayApi
-    from services.rollout.store_protocol import InboxEntry, RolloutStore
+    from services.rollout.store_protocol import RolloutStore
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +83,9 @@ class RolloutCore:
                  episodes: EpisodeChannel | None = None) -> None:
         self._settings = settings
         self._store = store
-        self._loader = loader
         self._tool_calls = ToolCaller(tools, clock, settings.tool_deadline_s)
         self._coordinator = coordinator
         self._clock = clock
-        self._episodes = episodes  # the external agent's Redis lists (external_agent.py)
         self._job: tuple[str, JobContext] | None = None
         self._held = LeaseHolder()
         self._stopping = False
@@ -112,6 +109,9 @@ class RolloutCore:
         self._keeper = LeaseKeeper(settings, store, coordinator, self._held, self._drop_work)
         self.weights = WeightLoader(sid, store, settings.weight_load_deadline_s)
         self._finisher = Finisher(sid, tools, store, self._held, clock, self.profile)
+        self._intake = Intake(settings, store, loader, self.weights, self._finisher, episodes,
+                              job=lambda: self._job, serve=self._serve,
+                              start_episode=self._start_episode)
 
     # -- collaborators' surface (the servicer and tests use these names) ------------------
 
@@ -128,6 +128,7 @@ class RolloutCore:
         self._settings = value
         self._keeper.settings = value
         self._lender.settings = value
+        self._intake.settings = value
         self.weights.load_deadline_s = value.weight_load_deadline_s
 
     @property
@@ -204,7 +205,8 @@ class RolloutCore:
                     continue
                 # 1) Pull newly placed trajectories (block only when idle).
                 self.profile.start_pass(self.num_active)
-                await self._pull()
+                if not self._stopping:
+                    await self._intake.pull(self.num_active)
                 self.profile.mark("pull")
                 if self._job is None:
                     continue
@@ -217,6 +219,15 @@ class RolloutCore:
                     await self._wait_for_work()
         finally:
             heartbeat.cancel()
+
+    def instance_status(self, engine_profile_json: str = "") -> t.InstanceStatus:
+        """What this instance reports about itself (GetInstanceStatus)."""
+        lease = self._held.lease
+        return t.InstanceStatus(
+            self._settings.instance_id, self._settings.bucket, self.num_active,
+            self.policy_version, self.tokens_generated, self.job_id,
+            lease.role.value if lease else "", self.hybrid_phase, engine_profile_json,
+            self.profile.to_json())
 
     @property
     def lease(self) -> t.Lease | None:
@@ -232,68 +243,6 @@ class RolloutCore:
         except TimeoutError:
             pass
         self._wakeup.clear()
-
-    async def _pull(self) -> None:
-        if self._stopping:
-            return
-        free = self.settings.max_trajectories - self.num_active
-        if free <= 0:
-            return
-        # Block on the inbox only when nothing is pinned here; otherwise a trajectory
-        # whose tool call returns would wait for the inbox instead of its next turn.
-        block_ms = 0 if self.num_active else self.settings.idle_block_ms
-        for entry in await self._store.read_inbox(self.settings.instance_id, free, block_ms):
-            await self._accept(entry)
-
-    async def _accept(self, entry: InboxEntry) -> None:
-        ctx = await self._context(entry.job_id)
-        if ctx is None or entry.trajectory.trajectory_id in ctx.active:
-            await self._store.ack(self.settings.instance_id, entry.entry_id)
-            return
-        traj = entry.trajectory
-        traj.instance_id = self.settings.instance_id
-        traj.bucket = self.settings.bucket
-        act = ActiveTrajectory(entry, traj)
-        try:
-            ctx.agent.start(traj)
-        except ValueError as exc:  # a prompt this job's agent cannot render (or no agent)
-            ctx.active[traj.trajectory_id] = act
-            await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, AgentUnavailable)
-                             else f"prompt: {exc}")
-            return
-        if traj.partial_turn_tokens:  # interrupted where it was handed over: resume it
-            act.turn_prefix = traj.token_ids[-traj.partial_turn_tokens:]
-            traj.partial_turn_tokens = 0
-        ctx.active[traj.trajectory_id] = act
-        if getattr(ctx.agent, "awaits_first_call", False) and not traj.token_ids:
-            act.ready = False  # an episode: its program's first call is its prompt
-            self._spawn(self._call_tool(ctx, act, agent.TurnOutcome()))
-
-    async def _context(self, job_id: str) -> JobContext | None:
-        if self._job is not None and self._job[0] == job_id:
-            return self._job[1]
-        spec_json = await self._store.job_spec_json(job_id)
-        policy = await self._store.policy(job_id)
-        if spec_json is None or policy is None:
-            logger.warning("[job] task for unknown or unpublished job_id=%s dropped", job_id)
-            return None
-        spec = job_spec_from_json(spec_json)
-        # The bucket this instance serves fixes its parallelism (vLLM tensor_parallel_size)
-        # and its engine batch (the instance's own cap still applies).
-        bucket = next((b for b in spec.layout.buckets if b.name == self.settings.bucket), None)
-        tp_degree = bucket.tp_degree if bucket else 1
-        max_batch = min(self.settings.max_batch_size,
-                        bucket.max_batch_size if bucket else self.settings.max_batch_size)
-        engine, tokenizer = await asyncio.to_thread(self._loader.load, policy.model_dir, policy,
-                                                    tp_degree, spec.model)
-        job_agent = await asyncio.to_thread(build_agent_or_stand_in, spec, tokenizer)
-        if isinstance(job_agent, ExternalAgent) and self._episodes is not None:
-            job_agent.attach(self._episodes)
-        await self.weights.load_verified(job_id, engine, policy)
-        self._job = (job_id, JobContext(spec, engine, job_agent, max_batch))
-        logger.info("[job] serving job_id=%s policy_version=%d max_batch_size=%d", job_id,
-                    engine.policy_version, max_batch)
-        return self._job[1]
 
     async def _refresh_weights(self, job_id: str, ctx: JobContext) -> None:
         if await self._store.job_state(job_id) in ("succeeded", "failed", "cancelled"):
@@ -373,6 +322,12 @@ class RolloutCore:
             self._spawn(self._finisher.finish(ctx, act, outcome.final_answer))
         else:
             self._spawn(self._call_tool(ctx, act, outcome))
+
+    def _serve(self, job: tuple[str, JobContext]) -> None:
+        self._job = job
+
+    def _start_episode(self, ctx: JobContext, act: ActiveTrajectory) -> None:
+        self._spawn(self._call_tool(ctx, act, agent.TurnOutcome()))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(self.profile.task(coro))

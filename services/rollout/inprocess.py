@@ -49,13 +49,8 @@ class InProcessRolloutClient:
         return _copied(await self._call(self._core.reclaim(generation, reason), timeout_s))
 
     async def get_instance_status(self) -> InstanceStatus:
-        core = self._core
-        lease = core.lease
-        return InstanceStatus(
-            instance_id=core.settings.instance_id, bucket=core.settings.bucket,
-            num_active_trajectories=core.num_active, policy_version=core.policy_version,
-            num_tokens_generated=core.tokens_generated, job_id=core.job_id,
-            role=lease.role.value if lease else "", hybrid_phase=core.hybrid_phase)
+        """What the instance is doing now, as the gRPC client returns it."""
+        return self._core.instance_status()
 
     async def _call(self, call: Awaitable[R], timeout_s: float | None) -> R:
         limit_s = timeout_s or self._timeout_s

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from libra import types as t
 from libra.data import DatasetRow, DatasetSplit
 from libra.jobspec import JobSpec
+from libra.types import ToolReturnReport as ToolReturnReport  # re-exported (its home moved)
 from scheduling.policy.base import PlacementPolicy
 from scheduling.policy.cmlfq import CmlfqConfig
 from scheduling.policy.layout import BucketLayout
@@ -16,16 +17,6 @@ from scheduling.policy.registry import PolicyConfig
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store_protocol import FlushablePolicyStore
-
-
-@dataclass(frozen=True)
-class ToolReturnReport:
-    """One tool return reported by a rollout instance."""
-
-    job_id: str
-    trajectory_id: str
-    state: t.ToolReturnState
-    tokens_so_far: int
 
 
 @dataclass
@@ -85,14 +76,7 @@ def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
 
 def build_layout(spec: JobSpec) -> BucketLayout:
     """The bucket layout of the spec (``[[layout.buckets]]``)."""
-    return BucketLayout(
-        [
-            t.Bucket(
-                b.name, b.max_tokens, b.tp_degree, b.max_batch_size, b.max_trajectories_per_instance
-            )
-            for b in spec.layout.buckets
-        ]
-    )
+    return BucketLayout(list(spec.layout.buckets))
 
 
 def apply_local_load(instances: list[t.InstanceLoad],

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import json
-
-from libra import types as t
 from libra.errors import LibraError
 from libra.proto.scheduler.v1 import scheduler_pb2 as pb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from libra.telemetry import tracer
-from libra.wire.common import tool_state_from_proto, traj_status_from_proto
-from services.scheduler.core import SchedulerCore, ToolReturnReport
+from libra.wire.common import traj_status_from_proto
+from libra.wire.scheduler import (
+    decision_to_proto,
+    decision_to_response,
+    error_to_text,
+    report_from_proto,
+    stats_to_proto,
+)
+from services.scheduler.core import SchedulerCore
 from services.scheduler.metrics import record_decision, record_decisions
 
 _TRACER = tracer(__name__)
-
-_ACTION = {
-    t.DecisionAction.STAY: pb.DECISION_ACTION_STAY,
-    t.DecisionAction.MOVE: pb.DECISION_ACTION_MOVE,
-}
-
 
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     def __init__(self, core: SchedulerCore) -> None:
@@ -34,19 +32,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         return pb.StopJobResponse()
 
     async def ReportToolReturn(self, request, context):  # noqa: N802, ANN001
-        report = ToolReturnReport(request.job_id, request.trajectory_id,
-                                  tool_state_from_proto(request.state), request.tokens_so_far)
         (decision,) = await self._core.report_tool_returns(
-            request.instance_id, request.lease_epoch, [report])
+            request.instance_id, request.lease_epoch, [report_from_proto(request)])
         if isinstance(decision, LibraError):
             raise decision
         record_decision(request.trajectory_id, decision)
-        return pb.ReportToolReturnResponse(
-            action=_ACTION[decision.action],
-            target_bucket=decision.target_bucket,
-            target_instance=decision.target_instance,
-            reason=decision.reason,
-        )
+        return decision_to_response(decision)
 
     async def ToolReturns(self, request_iterator, context):  # noqa: N802, ANN001
         # One stream per rollout instance for its lifetime: a refused batch is answered
@@ -70,19 +61,18 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
     async def _decide_batch(self, request: pb.ReportToolReturnsRequest,
                             ) -> pb.ReportToolReturnsResponse:
-        reports = [ToolReturnReport(r.job_id, r.trajectory_id, tool_state_from_proto(r.state),
-                                    r.tokens_so_far) for r in request.reports]
+        reports = [report_from_proto(r) for r in request.reports]
         try:
             results = await self._core.report_tool_returns(request.instance_id,
                                                            request.lease_epoch, reports)
         except LibraError as exc:
             return pb.ReportToolReturnsResponse(batch_id=request.batch_id,
-                                                error=_error_text(exc))
+                                                error=error_to_text(exc))
         record_decisions([(report.trajectory_id, result) for report, result
                           in zip(reports, results, strict=True)
                           if not isinstance(result, LibraError)])
         return pb.ReportToolReturnsResponse(
-            batch_id=request.batch_id, decisions=[_decision_to_proto(r) for r in results])
+            batch_id=request.batch_id, decisions=[decision_to_proto(r) for r in results])
 
     async def ReportFinished(self, request, context):  # noqa: N802, ANN001
         await self._core.check_fence(request.instance_id, request.lease_epoch)
@@ -96,7 +86,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
     async def GetSchedulerStats(self, request, context):  # noqa: N802, ANN001
         stats = await self._core.stats(request.job_id)
-        return pb.GetSchedulerStatsResponse(stats_json=json.dumps(stats))
+        return stats_to_proto(stats)
 
 
 def _must_answer(request: pb.ReportToolReturnsRequest,
@@ -105,17 +95,3 @@ def _must_answer(request: pb.ReportToolReturnsRequest,
     return (request.answer_stays or bool(response.error)
             or any(d.action == pb.DECISION_ACTION_MOVE or d.error
                    for d in response.decisions))
-
-
-def _decision_to_proto(result: t.PlacementDecision | LibraError) -> pb.ToolReturnDecision:
-    if isinstance(result, LibraError):
-        return pb.ToolReturnDecision(action=pb.DECISION_ACTION_STAY, error=_error_text(result))
-    return pb.ToolReturnDecision(action=_ACTION[result.action],
-                                 target_bucket=result.target_bucket,
-                                 target_instance=result.target_instance, reason=result.reason)
-
-
-def _error_text(exc: LibraError) -> str:
-    """An error as the stream carries it; the client maps it back with
-    ``error_from_status``."""
-    return f"{exc.grpc_status_name}: {exc}"

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libra.errors import DeadlineExceeded, Internal, LibraError
-from libra.types import SizeClass, SizeThresholds, ToolReturnState, ToolStatus
+from libra.types import SizeThresholds, ToolResult, ToolReturnState, ToolStatus
 from services.toolgateway.errors import ToolBusy
 from services.toolgateway.rewards.base import RewardContractError, ScoreRequest, check_output
 from services.toolgateway.rewards.composite import composite_weights
@@ -111,23 +111,6 @@ class ToolSpec:
     args_schema: dict[str, Any]
     idempotent: bool
     timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult:
-    """The outcome of one tool call plus its causal signal."""
-
-    call_id: str
-    tool: str
-    status: ToolStatus
-    output: str
-    error: str
-    payload_tokens: int
-    size_class: SizeClass
-    latency_ms: int
-    state: ToolReturnState
-    num_attempts: int = 1
-    is_truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,9 +298,9 @@ class ToolGatewayCore:
         size_class = self._limits.size_thresholds.classify(payload_tokens)
         return ToolResult(
             call_id=call.call_id, tool=call.tool, status=status, output=text, error=out.error,
-            payload_tokens=payload_tokens, size_class=size_class, latency_ms=latency_ms,
+            payload_tokens=payload_tokens, latency_ms=latency_ms,
             state=ToolReturnState(call.tool, size_class, status), num_attempts=num_attempts,
-            is_truncated=is_truncated,
+            truncated=is_truncated,
         )
 
     def list_rewards(self) -> list[RewardInfo]:

@@ -37,11 +37,9 @@ class InProcessToolGatewayClient:
                       deadline_ms: int, options: dict[str, Any] | None = None
                       ) -> t.ToolResult:
         """Run one tool call; ``deadline_ms`` bounds it (0: none, as on the wire)."""
-        res = await _as_over_grpc(self._core.execute(ToolCall(
+        return await _as_over_grpc(self._core.execute(ToolCall(
             trajectory_id, call_id, tool, dict(args), deadline_ms or None,
             dict(options or {}))))
-        return t.ToolResult(res.status, res.output, res.error, res.payload_tokens,
-                            res.latency_ms, res.state, res.is_truncated)
 
     async def score(self, request: t.ScoreInput, timeout_s: float | None = None
                     ) -> t.ScoreOutput:

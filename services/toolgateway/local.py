@@ -41,9 +41,7 @@ async def run_tool(tool: str, args: dict[str, Any], *, call_id: str = "local",
         libra.errors.LibraError: Any other refusal of the gateway.
     """
     core = _core(cfg)
-    res = await core.execute(ToolCall("local", call_id, tool, args, deadline_ms))
-    return t.ToolResult(res.status, res.output, res.error, res.payload_tokens, res.latency_ms,
-                        res.state, res.is_truncated)
+    return await core.execute(ToolCall("local", call_id, tool, args, deadline_ms))
 
 
 def list_tools(cfg: ToolGatewayConfig | None = None) -> list[dict[str, Any]]:

@@ -8,8 +8,11 @@ from libra import types as t
 from libra.errors import InvalidArgument
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
-from libra.wire.common import tool_state_to_proto, tool_status_to_proto
-from libra.wire.toolgateway import score_input_from_proto, score_output_to_proto
+from libra.wire.toolgateway import (
+    score_input_from_proto,
+    score_output_to_proto,
+    tool_result_to_proto,
+)
 from services.toolgateway.core import ScoreRequest, ToolCall, ToolGatewayCore
 
 
@@ -44,11 +47,7 @@ class ToolGatewayServicer(pb_grpc.ToolGatewayServiceServicer):
             request.trajectory_id, request.call_id, request.tool,
             _json_object("args_json", request.args_json), deadline_ms,
             _json_object("options_json", request.options_json)))
-        return pb.ExecuteToolCallResponse(
-            status=tool_status_to_proto(result.status), output=result.output,
-            error=result.error, payload_tokens=result.payload_tokens,
-            latency_ms=result.latency_ms, state=tool_state_to_proto(result.state),
-            truncated=result.is_truncated)
+        return tool_result_to_proto(result)
 
     async def Score(self, request, context):  # noqa: N802, ANN001
         result = await self._core.score(score_request(score_input_from_proto(request),

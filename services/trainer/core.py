@@ -159,12 +159,13 @@ class TrainerCore:
             raise NotFound(f"job {job_id!r} not found")
         self.job_id, self.phase, self.step, self.policy_version = job_id, "warmup", 0, -1
         self.message = ""
-        self._failures = RewardFailureBudget(job_spec_from_json(spec_json).reward)
+        spec = job_spec_from_json(spec_json)  # once: the run gets it typed
+        self._failures = RewardFailureBudget(spec.reward)
         self._reports.new_run()
         self._cleaning_up = False
         self._stop_requested = threading.Event()
         self._task = asyncio.create_task(
-            self._run_job(job_id, job_spec_from_json(spec_json), resume))
+            self._run_job(job_id, spec, resume))
 
     async def resume(self) -> list[str]:
         """Take up a job that is RUNNING without a trainer (this process restarted)."""

@@ -13,7 +13,6 @@ import pytest
 from libra import types as t
 from libra.errors import InvalidArgument
 from libra.jobspec import (
-    BucketSpec,
     JobSpec,
     LayoutSpec,
     ModelSpec,
@@ -22,6 +21,7 @@ from libra.jobspec import (
     ToolsSpec,
 )
 from libra.models.hf import load_tokenizer
+from libra.types import Bucket
 from services.rollout.backend import HfTokenizer
 from tests.fakes.toolgateway import tool_result
 from tests.unit.rollout.rig import Rig, make_task, started_rig
@@ -45,7 +45,7 @@ def chat_spec(batch: int = 8) -> JobSpec:
         task=TaskSpec(name="calc-words", max_turns=4, max_new_tokens_per_turn=64,
                       tool_call_format="hermes"),
         tools=ToolsSpec(enabled=["calculator", "search"], schemas=[CALC, SEARCH]),
-        layout=LayoutSpec(buckets=[BucketSpec(name="short", max_tokens=96,
+        layout=LayoutSpec(buckets=[Bucket(name="short", max_tokens=96,
                                               max_batch_size=batch)]))
 
 

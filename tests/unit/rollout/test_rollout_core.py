@@ -9,7 +9,8 @@ import dataclasses
 
 from libra import types as t
 from libra.errors import Internal
-from libra.jobspec import BucketSpec, JobSpec, LayoutSpec
+from libra.jobspec import JobSpec, LayoutSpec
+from libra.types import Bucket
 from tests.fakes.engine import make_tokenizer
 from tests.fakes.toolgateway import tool_result
 from tests.unit.rollout.rig import HERE, JOB, THERE, Rig, make_task
@@ -262,15 +263,15 @@ async def test_drain_ends_cleanly_when_the_coordinator_is_stopping_too(rig: Rig)
 
 async def test_engine_is_loaded_with_the_tp_degree_of_this_instances_bucket(
         rig: Rig) -> None:
-    spec = JobSpec(layout=LayoutSpec(buckets=[BucketSpec(name="short", max_tokens=96,
+    spec = JobSpec(layout=LayoutSpec(buckets=[Bucket(name="short", max_tokens=96,
                                                          tp_degree=2),
-                                              BucketSpec(name="long", max_tokens=256,
+                                              Bucket(name="long", max_tokens=256,
                                                          tp_degree=4)]))
     await rig.world.put_job(JOB, spec.to_json(), "running")
     rig.engine.queue("<ans>3</ans>")
     await rig.place(make_task())
     await rig.run_until_published()
-    assert rig.core._loader.tp_degrees == [2]
+    assert rig.core._intake.loader.tp_degrees == [2]
 
 
 async def test_tool_calls_carry_the_jobs_tool_settings(rig: Rig) -> None:

@@ -147,7 +147,7 @@ async def test_size_class_follows_token_thresholds(chars, size):
 async def test_output_is_truncated_with_marker():
     tool = FakeTool(script=[ToolOutput(ok=True, output="b" * 100)])
     result = await make_core(tool, limits=ToolGatewayLimits(max_output_chars=10)).execute(call())
-    assert result.is_truncated and result.output.startswith("b" * 10)
+    assert result.truncated and result.output.startswith("b" * 10)
     assert result.output.endswith("[truncated 90 chars]")
 
 
