@@ -11,15 +11,11 @@ attributes (plus ``libra.decision.count`` on the batch's span).
 from __future__ import annotations
 
 from opentelemetry import trace
-from prometheus_client import Counter
 
+from libra import metrics
 from libra import types as t
 
-DECISIONS_TOTAL = Counter(
-    "libra_scheduler_decisions_total",
-    "Placement decisions at tool returns, by reason and action",
-    ["reason", "action"],
-)
+DECISIONS_TOTAL = metrics.counter("libra_scheduler_decisions_total")
 
 ATTR_ACTION = "libra.decision.action"
 ATTR_REASON = "libra.decision.reason"

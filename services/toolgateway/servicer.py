@@ -10,6 +10,7 @@ from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
 from libra.wire.common import tool_state_to_proto, tool_status_to_proto
 from libra.wire.toolgateway import score_input_from_proto, score_output_to_proto
+from services.toolgateway import metrics as tool_metrics
 from services.toolgateway.core import ScoreRequest, ToolCall, ToolGatewayCore
 
 
@@ -44,6 +45,7 @@ class ToolGatewayServicer(pb_grpc.ToolGatewayServiceServicer):
             request.trajectory_id, request.call_id, request.tool,
             _json_object("args_json", request.args_json), deadline_ms,
             _json_object("options_json", request.options_json)))
+        tool_metrics.record_call(request.tool, result)
         return pb.ExecuteToolCallResponse(
             status=tool_status_to_proto(result.status), output=result.output,
             error=result.error, payload_tokens=result.payload_tokens,
