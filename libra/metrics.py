@@ -104,6 +104,22 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("libra_trainer_staleness", "histogram",
               "Policy versions a trajectory lagged the trained policy when the trainer "
               "took it", ("job",), "trainer", STALENESS_BUCKETS),
+    # -- rollout (read from the core at scrape time: services/rollout/metrics.py) ---------
+    MetricDef("libra_rollout_trajectories_finished", "counter",
+              "Trajectories whose last turn this instance generated", ("instance",),
+              "rollout"),
+    MetricDef("libra_rollout_tokens_generated", "counter", "Tokens this instance generated",
+              ("instance",), "rollout"),
+    MetricDef("libra_rollout_active_trajectories", "gauge",
+              "Trajectories this instance holds now", ("instance",), "rollout"),
+    MetricDef("libra_rollout_policy_version", "gauge",
+              "Policy version loaded in the engine (-1 before any job)", ("instance",),
+              "rollout"),
+    MetricDef("libra_rollout_role", "gauge",
+              "1 for the worker role this instance's lease holds now, 0 for the others",
+              ("instance", "role"), "rollout"),
+    MetricDef("libra_rollout_engine_batch_size", "histogram",
+              "Sequences per engine call", ("instance",), "rollout", BATCH_BUCKETS),
     # -- scheduler -----------------------------------------------------------------------
     MetricDef("libra_scheduler_decisions_total", "counter",
               "Placement decisions at tool returns, by reason and action",
