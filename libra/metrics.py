@@ -210,3 +210,7 @@ def markdown_table() -> str:
         labels = ", ".join(f"`{label}`" for label in d.labels)
         lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.service} | {d.help} |")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the docs table: python -m libra.metrics
+    print(markdown_table())
