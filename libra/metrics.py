@@ -64,7 +64,10 @@ DEFINITIONS: tuple[MetricDef, ...] = (
               ("service", "method", "code"), "all"),
     MetricDef("libra_rpc_server_seconds", "histogram", "RPC latency",
               ("service", "method"), "all"),
-    # -- coordinator: exported from each new StepRecord it stores -------------------------
+    # -- coordinator: the job queue, and each new StepRecord it stores --------------------
+    MetricDef("libra_coordinator_queued_jobs", "gauge",
+              "Jobs queued PENDING, waiting for the running job to end (pending admissions)",
+              (), "coordinator"),
     MetricDef("libra_job_step", "gauge", "Last training step the trainer reported",
               ("job",), "coordinator"),
     MetricDef("libra_job_policy_version", "gauge", "Policy version after the last step",

@@ -39,6 +39,8 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
         ("Step and policy version", "short",
          [("step {{job}}", f"libra_job_step{J}"),
           ("version {{job}}", f"libra_job_policy_version{J}")]),
+        ("Jobs queued (pending admission)", "short",
+         [("queued", "libra_coordinator_queued_jobs")]),
         ("RPC errors /s by service", "ops",
          [("{{service}}", f'sum by (service) (rate(libra_rpc_server_total{{code!="OK"}}{W}))')]),
     ]),

@@ -4,10 +4,17 @@ The servicer calls :func:`export_step` after the core stored a new record (a rep
 report, a trainer retrying after a lost reply, is not counted twice). Gauges hold the
 last step; counters and histograms accumulate, so a dashboard takes rates and averages
 over any window. Labels are the job id and fixed sets (phase, reason, bucket names of
-the job's layout, worker state): never a trajectory id.
+the job's layout, worker state): never a trajectory id. :class:`QueueCollector` exports
+the job queue's length (jobs pending admission) read from the core at scrape time.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
 
 from libra import metrics
 from libra import types as t
@@ -58,3 +65,34 @@ def export_step(job_id: str, record: t.StepRecord) -> None:
         workers.labels(job_id, "training").set(record.hybrid_workers)
     if record.hybrid_joining is not None:
         workers.labels(job_id, "joining").set(record.hybrid_joining)
+
+
+class _Queue(Protocol):
+    @property
+    def num_queued_jobs(self) -> int: ...
+
+
+class QueueCollector(Collector):
+    """``libra_coordinator_queued_jobs``: jobs waiting for their turn to start."""
+
+    def __init__(self, core: _Queue) -> None:
+        self._core = core
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        d = metrics.definition("libra_coordinator_queued_jobs")
+        family = GaugeMetricFamily(d.name, d.help, labels=list(d.labels))
+        family.add_metric([], self._core.num_queued_jobs)
+        yield family
+
+
+_registered: QueueCollector | None = None
+
+
+def register(core: _Queue) -> None:
+    """Expose the core's job queue on the process's /metrics endpoint (the latest
+    core's, when a process serves more than one in turn)."""
+    global _registered
+    if _registered is not None:
+        REGISTRY.unregister(_registered)
+    _registered = QueueCollector(core)
+    REGISTRY.register(_registered)

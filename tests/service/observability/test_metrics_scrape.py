@@ -23,6 +23,7 @@ from libra.grpcx import Registration, Server
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.proto.toolgateway.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 from libra.service_config import ServerConfig
+from services.coordinator import step_metrics
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
@@ -48,8 +49,10 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 @pytest.fixture
 async def coordinator(redis: Any, tmp_path: Path) -> AsyncIterator[tuple[Server, Any]]:
+    await redis.flushdb()  # the job queue is global: start from an empty one
     core = CoordinatorCore(RedisCoordinatorStore(redis, SystemClock()), FakeRunner(),
                            FakeRunner(), SystemClock(), tmp_path / "runs")
+    step_metrics.register(core)
     name = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
     srv = Server("coordinator", ServerConfig(port=0, metrics_port=0, shutdown_grace_s=2.0),
                  [Registration(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
@@ -104,6 +107,18 @@ async def test_repeated_step_report_is_not_counted_twice(
     got = scrape(srv.metrics_port)
     assert value(got, "libra_job_steps_total", job=job.job_id) == 1
     assert value(got, "libra_job_trajectories_trained_total", job=job.job_id) == 8
+
+
+async def test_queued_jobs_follow_submit_and_cancel(coordinator: tuple[Server, Any]) -> None:
+    srv, client = coordinator
+    spec = 'name = "metrics"\n[algorithm]\nnum_steps = 4\n'
+    running = await client.create_job(spec)  # nothing active: it starts at once
+    assert value(scrape(srv.metrics_port), "libra_coordinator_queued_jobs") == 0
+    waiting = await client.create_job(spec)  # queued behind the running one
+    assert (running.state.value, waiting.state.value) == ("running", "pending")
+    assert value(scrape(srv.metrics_port), "libra_coordinator_queued_jobs") == 1
+    await client.cancel_job(waiting.job_id)
+    assert value(scrape(srv.metrics_port), "libra_coordinator_queued_jobs") == 0
 
 
 async def test_no_series_carries_a_trajectory_id(coordinator: tuple[Server, Any]) -> None:
