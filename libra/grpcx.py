@@ -19,8 +19,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import start_http_server
 
+from libra import metrics
 from libra.access import TokenStore, check_exposure, is_loopback
 from libra.errors import InvalidArgument, LibraError, as_unavailable
 from libra.grpc_auth import AuthInterceptor, ClientAuth, open_channel, server_credentials
@@ -28,8 +29,8 @@ from libra.service_config import AuthConfig, ServerConfig
 
 logger = logging.getLogger(__name__)
 
-RPC_TOTAL = Counter("libra_rpc_server_total", "RPCs handled", ["service", "method", "code"])
-RPC_SECONDS = Histogram("libra_rpc_server_seconds", "RPC latency", ["service", "method"])
+RPC_TOTAL = metrics.counter("libra_rpc_server_total")
+RPC_SECONDS = metrics.histogram("libra_rpc_server_seconds")
 # How often a service checks the dependency it cannot work without (its Redis).
 HEALTH_PROBE_INTERVAL_S = 1.0
 # Health service name answered SERVING for as long as the process serves (until SIGTERM),

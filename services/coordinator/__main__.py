@@ -29,6 +29,7 @@ from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.redis_connect import redis_client
 from libra.telemetry import init_logging, init_tracing
 from scheduling.planner.live import live_planner
+from services.coordinator import step_metrics
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore, CorpusCheck
 from services.coordinator.dataset_check import check_dataset
@@ -102,6 +103,7 @@ async def main(cfg: CoordinatorConfig) -> None:
                               socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
                               retry=Retry(NoBackoff(), 0))
     core = build_core(cfg, redis)
+    step_metrics.register(core)
     name = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
     registration = Registration(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
                                 CoordinatorServicer(core), name)

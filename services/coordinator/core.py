@@ -288,6 +288,11 @@ class CoordinatorCore:
         await self._store.get_job(job_id)  # NotFound for an unknown job
         return await self._store.events(job_id)
 
+    @property
+    def num_queued_jobs(self) -> int:
+        """Jobs waiting in the queue as of its last read (for /metrics: no store read)."""
+        return self._queue.num_queued
+
     def elastic_loop(self, job_id: str) -> ElasticLoop | None:
         """The job's elastic loop once it saw a step (None otherwise)."""
         return self._elastic_jobs.loop(job_id)

@@ -72,6 +72,15 @@ class JobQueue:
         # Starts of the next job, run once the lock holder that ended a job let go: never
         # inside the trainer's job-done report, which the trainer's job task awaits.
         self._kicks: set[asyncio.Task[t.Job | None]] = set()
+        # Jobs queued as of the last read of the queue (every operation here reads it;
+        # the reconciler's pass at least once per interval): /metrics reads this, never
+        # the store.
+        self.num_queued = 0
+
+    async def _queued_ids(self) -> list[str]:
+        ids = await self._store.queued_job_ids()
+        self.num_queued = len(ids)
+        return ids
 
     async def start_next_locked(self) -> t.Job | None:
         """:meth:`start_next` under the lifecycle lock."""
@@ -97,7 +106,7 @@ class JobQueue:
 
     async def active_job(self) -> t.Job | None:
         """The job that holds the trainer (RUNNING, or PENDING and not queued)."""
-        queued = set(await self._store.queued_job_ids())
+        queued = set(await self._queued_ids())
         for job in await self._store.list_jobs():
             if not job.state.is_terminal and job.job_id not in queued:
                 return job
@@ -105,11 +114,11 @@ class JobQueue:
 
     async def must_wait(self) -> bool:
         """True when a job submitted now has to queue (something active or queued)."""
-        return bool(await self._store.queued_job_ids()) or await self.active_job() is not None
+        return bool(await self._queued_ids()) or await self.active_job() is not None
 
     async def add(self, job: t.Job) -> t.Job:
         """Store ``job`` PENDING at its place in the queue (refused when full)."""
-        queued = await self._store.queued_job_ids()
+        queued = await self._queued_ids()
         if len(queued) >= self.max_queued_jobs:
             raise ResourceExhausted(
                 f"the job queue is full ({len(queued)} jobs; coordinator max_queued_jobs = "
@@ -128,19 +137,22 @@ class JobQueue:
 
     async def positions(self) -> dict[str, int]:
         """job_id -> 1-based place in the queue (queued jobs only)."""
-        return {job_id: i for i, job_id in enumerate(await self._store.queued_job_ids(), 1)}
+        return {job_id: i for i, job_id in enumerate(await self._queued_ids(), 1)}
 
     async def remove(self, job_id: str) -> bool:
-        return await self._store.dequeue_job(job_id)
+        removed = await self._store.dequeue_job(job_id)
+        self.num_queued = max(0, self.num_queued - int(removed))
+        return removed
 
     async def start_next(self) -> t.Job | None:
         """Start the queue's head if nothing is active; a refused head fails and the
         next is tried. Returns the job started (None: busy, or nothing startable)."""
         if await self.active_job() is not None:
             return None
-        for job_id in await self._store.queued_job_ids():
+        for job_id in await self._queued_ids():
             if not await self._store.dequeue_job(job_id):
                 continue  # taken meanwhile (cannot happen under the lock; cheap to check)
+            self.num_queued = max(0, self.num_queued - 1)
             job = await self._store.get_job(job_id)
             if job.state is not t.JobState.PENDING:
                 continue

@@ -10,6 +10,8 @@ from libra.wire.common import lease_to_proto, role_from_proto
 from libra.wire.coordinator import job_state_from_proto, job_to_proto
 from libra.wire.step_record import step_record_from_json
 from services.coordinator.core import CoordinatorCore
+from services.coordinator.step_metrics import export_step
+from services.coordinator.store_protocol import StepAppend
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
@@ -65,8 +67,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
         return pb.ListWorkersResponse(leases=[lease_to_proto(lease) for lease in leases])
 
     async def ReportStep(self, request, context):  # noqa: N802, ANN001
-        await self._core.report_step(request.job_id, step_record_from_json(request.step_json),
-                                     request.idempotency_key)
+        record = step_record_from_json(request.step_json)
+        outcome = await self._core.report_step(request.job_id, record,
+                                               request.idempotency_key)
+        if outcome is not StepAppend.REPEAT:
+            export_step(request.job_id, record)
         return pb.ReportStepResponse()
 
     async def ReportJobDone(self, request, context):  # noqa: N802, ANN001

@@ -25,6 +25,7 @@ from libra.grpcx import Registration, Server, serve
 from libra.proto.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from libra.redis_connect import redis_client
 from libra.telemetry import init_logging, init_tracing
+from services.rollout import metrics as rollout_metrics
 from services.rollout.backend import TorchEngineLoader
 from services.rollout.config import RolloutConfig
 from services.rollout.core import EngineLoader, RolloutCore, RolloutSettings
@@ -99,6 +100,8 @@ async def main(cfg: RolloutConfig) -> None:
         opener=GrpcGradientChannel(auth),
         load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads),
         episodes=RedisEpisodeChannel(redis, SystemClock()))
+
+    rollout_metrics.register(core)
 
     async def register(server: Server) -> None:
         host = cfg.advertise_host or cfg.server.host

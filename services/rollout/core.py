@@ -92,6 +92,8 @@ class RolloutCore:
         self._wakeup = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self.tokens_generated = 0
+        # Trajectories whose last turn was generated here (handed to the finisher).
+        self.trajectories_finished = 0
         # Moves handed off mid-turn (their engine row stopped).
         self.num_moves_mid_turn = 0
         # Tool returns at which a trajectory waited for its decision (a move was pending)
@@ -319,6 +321,7 @@ class RolloutCore:
         outcome = ctx.agent.apply_generation(act.traj, result, act.turn_prefix)
         act.turn_prefix = []
         if outcome.finished or not (outcome.calls or outcome.errors):
+            self.trajectories_finished += 1
             self._spawn(self._finisher.finish(ctx, act, outcome.final_answer))
         else:
             self._spawn(self._call_tool(ctx, act, outcome))

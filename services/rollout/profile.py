@@ -69,6 +69,9 @@ class LoopProfile:
         self._passes: deque[LoopPass] = deque(maxlen=maxlen)
         self._ops: deque[LoopOp] = deque(maxlen=2 * maxlen)
         self.idle_passes = 0
+        # Engine calls by batch size since start (unbounded in time, bounded in keys by
+        # the instance's max batch size): the /metrics batch-size histogram.
+        self.batch_sizes: dict[int, int] = {}
         self._marks: dict[str, Any] = {}
         self._last = time.perf_counter()
 
@@ -95,6 +98,7 @@ class LoopProfile:
         self._marks.update(dispatch_s=started - self._last, engine_s=ended - started,
                            resume_s=now - ended, batch=len(requests), version=version)
         self._last = now
+        self.batch_sizes[len(requests)] = self.batch_sizes.get(len(requests), 0) + 1
         return result
 
     def end_pass(self) -> None:

@@ -15,6 +15,7 @@ from libra.grpcx import Registration, serve
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from libra.redis_connect import redis_client
 from libra.telemetry import init_logging, init_tracing
+from services.scheduler import metrics as scheduler_metrics
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.core import SchedulerCore
 from services.scheduler.servicer import SchedulerServicer
@@ -28,6 +29,7 @@ async def main(cfg: SchedulerConfig) -> None:
     # Leases and loads are re-read every 5th tick (loads are tracked in memory between).
     core = SchedulerCore(RedisSchedulerStore(redis), SystemClock(), tick_s=cfg.tick_s,
                          lease_snapshot_s=5 * cfg.tick_s)
+    scheduler_metrics.register(core)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
     registration = Registration(
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(core), name

@@ -59,11 +59,13 @@ from scheduling.policy.errors import UnknownTrajectory
 from scheduling.policy.registry import check_layout, make_policy
 from services.scheduler.admission import Admission
 from services.scheduler.job_run import (
+    JobGauges,
     JobRun,
     ToolReturnReport,
     apply_local_load,
     build_layout,
     build_policy_config,
+    gauges_of,
 )
 from services.scheduler.placement import assign, check_idle
 from services.scheduler.requeue import ORPHAN_SCAN_S, Requeuer
@@ -342,6 +344,10 @@ class SchedulerCore:
                 run.policy.abort(t.TrajectoryId(traj_id))
         except UnknownTrajectory:
             pass  # placed by a previous scheduler process whose policy state was lost
+
+    def gauges(self) -> list[JobGauges]:
+        """Every scheduled job's figures as of its last tick (read by /metrics)."""
+        return [gauges_of(run) for run in list(self._jobs.values())]
 
     async def stats(self, job_id: str) -> dict[str, Any]:
         """The job's placement figures for ``libra status``: policy, pending work,

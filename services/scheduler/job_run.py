@@ -54,6 +54,32 @@ class JobRun:
     idle_while_queued: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class JobGauges:
+    """One job's placement figures as of the last tick (what /metrics exports)."""
+
+    job_id: str
+    queued: int
+    """Trajectories waiting for an instance (the pending queue; 0 before it was read)."""
+    groups_drawn: int
+    """Prompt groups drawn from the dataset (admitted plus rows skipped)."""
+    migrations: int
+    idle_while_queued: int
+    """Live instances holding nothing while work waited after the last placement."""
+    bucket_trajectories: dict[str, int]
+    """Bucket -> trajectories its live instances hold."""
+
+
+def gauges_of(run: JobRun) -> JobGauges:
+    """The run's figures for /metrics (cheap: no store read)."""
+    buckets: dict[str, int] = {}
+    for load in run.instances:
+        if load.is_live:
+            buckets[load.bucket] = buckets.get(load.bucket, 0) + load.active_trajectories
+    return JobGauges(run.job_id, len(run.pending or {}), run.next_group, run.migrations,
+                     len(run.idle_while_queued), buckets)
+
+
 def build_policy_config(spec: JobSpec) -> PolicyConfig | None:
     """The policy's config from the spec (``[layout.cmlfq]``); ``None`` for defaults."""
     if spec.layout.policy != "cmlfq":

@@ -6,20 +6,25 @@ span (the gRPC server span when tracing is on; a no-op span otherwise) carrying 
 ``ReportToolReturn`` as ``libra.decision.*`` attributes of the span, and each decision
 of a ``ToolReturns`` stream's batch as a ``libra.decision`` span event with those
 attributes (plus ``libra.decision.count`` on the batch's span).
+
+:class:`SchedulerCollector` reads each scheduled job's figures from the core at scrape
+time: queue depth, groups drawn, migrations, idle instances while work waited, and live
+bucket occupancy. Definitions live in libra/metrics.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from opentelemetry import trace
-from prometheus_client import Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import REGISTRY, Collector
 
+from libra import metrics
 from libra import types as t
+from services.scheduler.core import SchedulerCore
 
-DECISIONS_TOTAL = Counter(
-    "libra_scheduler_decisions_total",
-    "Placement decisions at tool returns, by reason and action",
-    ["reason", "action"],
-)
+DECISIONS_TOTAL = metrics.counter("libra_scheduler_decisions_total")
 
 ATTR_ACTION = "libra.decision.action"
 ATTR_REASON = "libra.decision.reason"
@@ -58,3 +63,42 @@ def _attributes(trajectory_id: str, decision: t.PlacementDecision) -> dict[str, 
         ATTR_TARGET_BUCKET: decision.target_bucket,
         ATTR_TARGET_INSTANCE: decision.target_instance,
     }
+
+
+class SchedulerCollector(Collector):
+    """Reads ``SchedulerCore.gauges`` on each scrape (no store read)."""
+
+    def __init__(self, core: SchedulerCore) -> None:
+        self._core = core
+
+    def collect(self) -> Iterator[Metric]:
+        names = ("libra_scheduler_queued_trajectories", "libra_scheduler_groups_drawn",
+                 "libra_scheduler_migrations", "libra_scheduler_idle_instances_while_queued",
+                 "libra_scheduler_bucket_trajectories")
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for name in names:
+            d = metrics.definition(name)
+            kind = CounterMetricFamily if d.kind == "counter" else GaugeMetricFamily
+            families[name] = kind(d.name, d.help, labels=list(d.labels))
+        for g in self._core.gauges():
+            families["libra_scheduler_queued_trajectories"].add_metric([g.job_id], g.queued)
+            families["libra_scheduler_groups_drawn"].add_metric([g.job_id], g.groups_drawn)
+            families["libra_scheduler_migrations"].add_metric([g.job_id], g.migrations)
+            families["libra_scheduler_idle_instances_while_queued"].add_metric(
+                [g.job_id], g.idle_while_queued)
+            for bucket, count in sorted(g.bucket_trajectories.items()):
+                families["libra_scheduler_bucket_trajectories"].add_metric(
+                    [g.job_id, bucket], count)
+        yield from families.values()
+
+
+_registered: SchedulerCollector | None = None
+
+
+def register(core: SchedulerCore) -> None:
+    """Expose the core's jobs on the process's /metrics endpoint (the latest core's)."""
+    global _registered
+    if _registered is not None:
+        REGISTRY.unregister(_registered)
+    _registered = SchedulerCollector(core)
+    REGISTRY.register(_registered)

@@ -13,6 +13,7 @@ from libra.wire.toolgateway import (
     score_output_to_proto,
     tool_result_to_proto,
 )
+from services.toolgateway import metrics as tool_metrics
 from services.toolgateway.core import ScoreRequest, ToolCall, ToolGatewayCore
 
 
@@ -47,6 +48,7 @@ class ToolGatewayServicer(pb_grpc.ToolGatewayServiceServicer):
             request.trajectory_id, request.call_id, request.tool,
             _json_object("args_json", request.args_json), deadline_ms,
             _json_object("options_json", request.options_json)))
+        tool_metrics.record_call(request.tool, result)
         return tool_result_to_proto(result)
 
     async def Score(self, request, context):  # noqa: N802, ANN001

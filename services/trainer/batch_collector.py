@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from libra import metrics
 from libra import types as t
 from libra.jobspec import JobSpec
 from services.trainer.evaluation import EvalRouter
@@ -74,6 +75,10 @@ class BatchCollector:
             for group_id in stale:
                 await self._drop_group(buffer, group_id, "dropped_stale", batch)
         batch.entries = buffer.take(sorted(buffer.complete())[:need])
+        # Counted in process memory only (libra.metrics: prometheus-client, no I/O).
+        lag = metrics.histogram("libra_trainer_staleness").labels(self._job_id)
+        for _, traj in batch.entries:
+            lag.observe(staleness(version, traj))
         batch.wait_s = time.perf_counter() - started
         return batch
 

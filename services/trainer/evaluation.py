@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from libra import metrics
 from libra import types as t
 from libra.clock import Clock
 from libra.evaluation import (
@@ -129,3 +130,7 @@ class EvalRouter:
             "accuracy=%.4f", self._job_id, record.eval_round, record.step,
             record.num_samples, record.num_expected, record.reward_mean, record.accuracy)
         await self._store.record_event(self._job_id, EVAL_EVENT, record=record.to_json())
+        score = metrics.gauge("libra_job_eval_score")
+        score.labels(self._job_id, "reward_mean").set(record.reward_mean)
+        score.labels(self._job_id, "accuracy").set(record.accuracy)
+        metrics.gauge("libra_job_eval_round").labels(self._job_id).set(record.eval_round)
