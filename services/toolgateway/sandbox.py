@@ -10,7 +10,7 @@ Containment, set up in the child between fork and exec (``preexec_fn``), in this
    wall-clock timeout kills everything it spawned with one ``os.killpg``, and its own
    ``os.killpg(os.getpgid(0))`` only hits itself.
 2. ``unshare(CLONE_NEWNET | CLONE_NEWNS)`` through libc (Python 3.11 has no
-   ``os.unshare``), when the kernel allows it (probed once, see ``probe_isolation``):
+   ``os.unshare``), when the kernel allows it (probed once, see ``probe_isolation``, isolation.py):
    the new network namespace has only a loopback that is down, so every connect fails.
 3. In the private mount namespace: a size-capped tmpfs over each world-writable dir
    (``/tmp``, ``/var/tmp``, ``/dev/shm``), so stray writes vanish with the call; the
@@ -33,8 +33,6 @@ removed. Output is read incrementally and capped; past the cap the group is kill
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import fcntl
 import functools
 import logging
 import math
@@ -50,19 +48,21 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from libra.types import ToolStatus
+from services.toolgateway.isolation import (
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    ChildPlan,
+    IsolationSupport,
+    IsolationUnavailable,
+    UidPool,
+    child_setup,
+    probe_isolation,
+)
 
 logger = logging.getLogger(__name__)
 
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWNET = 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 _READ_CHUNK_BYTES = 65536
 _TRUNCATION_MARKER = "\n...[truncated]"
-# Loaded before any fork: the child must not dlopen (it may hold loader locks).
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p]
-
 
 def _default_env() -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -134,123 +134,6 @@ class Sandbox(Protocol):
     async def run(self, code: str, *, timeout_s: float) -> SandboxResult:
         """Run ``code`` as a script; never raises for what the code does."""
         ...
-
-
-class IsolationUnavailable(RuntimeError):
-    """A required isolation feature is not supported by this kernel or user."""
-
-
-@dataclass(frozen=True, slots=True)
-class IsolationSupport:
-    """What this host allows, probed once per process."""
-
-    is_root: bool
-    has_netns: bool
-    has_mountns: bool
-
-
-def _probe_unshare(flags: int) -> bool:
-    pid = os.fork()
-    if pid == 0:  # child: report by exit status only
-        os._exit(0 if _LIBC.unshare(flags) == 0 else 1)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
-@functools.cache
-def probe_isolation() -> IsolationSupport:
-    """Detect once whether namespaces work here (a forked child tries ``unshare``)."""
-    return IsolationSupport(
-        is_root=os.geteuid() == 0,
-        has_netns=_probe_unshare(_CLONE_NEWNET),
-        has_mountns=_probe_unshare(_CLONE_NEWNS),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _ChildPlan:
-    """Everything the child needs, computed in the parent (the child must not allocate much)."""
-
-    unshare_flags: int
-    workdir: str
-    masked_dirs: tuple[str, ...]
-    tmpfs_options: bytes
-    prefix_src: str | None
-    prefix_dst: str | None
-    limits: tuple[tuple[int, int], ...]
-    uid: int | None
-
-
-def _mount(src: str | None, target: str, fstype: str | None, flags: int,
-           data: bytes | None) -> None:
-    enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
-    if _LIBC.mount(enc(src), enc(target), enc(fstype), flags, data) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {target}: {os.strerror(err)}")
-
-
-def _setup_mounts(plan: _ChildPlan) -> None:
-    # Private propagation first, or our tmpfs mounts would leak into the host namespace.
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
-    for path in plan.masked_dirs:
-        _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, plan.tmpfs_options)
-    if plan.prefix_src and plan.prefix_dst:
-        os.makedirs(plan.prefix_dst)
-        _mount(plan.prefix_src, plan.prefix_dst, None, _MS_BIND | _MS_REC, None)
-    if not os.path.isdir(plan.workdir):
-        # The cwd (set before preexec) still points at the real dir under the new tmpfs.
-        os.makedirs(plan.workdir)
-        _mount(".", plan.workdir, None, _MS_BIND, None)
-    os.chdir(plan.workdir)
-
-
-def _child_setup(plan: _ChildPlan) -> None:
-    """Runs in the child between fork and exec; an exception aborts the spawn."""
-    if plan.unshare_flags and _LIBC.unshare(plan.unshare_flags) != 0:
-        raise OSError(ctypes.get_errno(), "unshare failed")
-    if plan.unshare_flags & _CLONE_NEWNS:
-        _setup_mounts(plan)
-    for which, value in plan.limits:
-        resource.setrlimit(which, (value, value))
-    if plan.uid is not None:  # gid before uid: after setuid we may no longer change gid
-        os.setgroups([])
-        os.setgid(plan.uid)
-        os.setuid(plan.uid)
-
-
-class _UidPool:
-    """Hands out distinct uids so concurrent calls never share one.
-
-    Each uid in use is also held with a host-wide ``flock`` on a lock file, so other
-    sandboxes on this host (another gateway, a test run) skip it: their cleanup
-    (``kill -KILL -1`` as that uid) would otherwise kill this call's processes.
-    """
-
-    def __init__(self, base: int, size: int, lock_dir: str) -> None:
-        self._free = list(range(base + size - 1, base - 1, -1))
-        self._lock_dir = lock_dir
-        self._held: dict[int, int] = {}
-        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
-
-    def acquire(self) -> int:
-        for i in range(len(self._free) - 1, -1, -1):
-            uid = self._free[i]
-            fd = os.open(os.path.join(self._lock_dir, f"uid-{uid}.lock"),
-                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # in use by another sandbox on this host
-                os.close(fd)
-                continue
-            del self._free[i]
-            self._held[uid] = fd
-            return uid
-        raise RuntimeError("sandbox uid pool exhausted (every uid in use on this host); "
-                           "raise SandboxConfig.num_uids")
-
-    def release(self, uid: int) -> None:
-        os.close(self._held.pop(uid))  # closing the fd drops the flock
-        self._free.append(uid)
 
 
 class _GroupKiller:
@@ -334,7 +217,7 @@ class SubprocessSandbox:
         self._support = probe_isolation()
         self._init_isolation()
         os.makedirs(self._config.work_root_dir, mode=0o711, exist_ok=True)
-        self._uids = _UidPool(self._config.uid_base, self._config.num_uids,
+        self._uids = UidPool(self._config.uid_base, self._config.num_uids,
                               os.path.join(self._config.work_root_dir, ".uid-locks"))
 
     def _init_isolation(self) -> None:
@@ -348,8 +231,8 @@ class SubprocessSandbox:
         if not self._is_uid_drop:
             logger.warning("[startup] sandbox runs code as uid=%d: RLIMIT_NPROC and "
                            "cross-call isolation rely on the process group only", os.geteuid())
-        self._unshare_flags = (_CLONE_NEWNET if sup.has_netns else 0) | (
-            _CLONE_NEWNS if sup.has_mountns else 0)
+        self._unshare_flags = (CLONE_NEWNET if sup.has_netns else 0) | (
+            CLONE_NEWNS if sup.has_mountns else 0)
         self._kill_binary = shutil.which("kill", path=cfg.env.get("PATH"))
 
     @property
@@ -378,12 +261,12 @@ class SubprocessSandbox:
             os.chown(script, uid, uid)
             os.chown(workdir, uid, uid)  # dir stays 0700: other calls' uids cannot enter
 
-    def _plan(self, workdir: str, uid: int | None, timeout_s: float) -> tuple[_ChildPlan, str]:
+    def _plan(self, workdir: str, uid: int | None, timeout_s: float) -> tuple[ChildPlan, str]:
         cfg = self._config
         exe = os.path.realpath(cfg.python_executable)
         masked = tuple(d for d in cfg.masked_dirs if os.path.isdir(d))
         prefix_src = prefix_dst = None
-        if self._unshare_flags & _CLONE_NEWNS and masked:
+        if self._unshare_flags & CLONE_NEWNS and masked:
             prefix_src = os.path.dirname(os.path.dirname(exe))
             prefix_dst = os.path.join(masked[0], ".libra-python")
             exe = os.path.join(prefix_dst, os.path.relpath(exe, prefix_src))
@@ -395,7 +278,7 @@ class SubprocessSandbox:
             (resource.RLIMIT_NOFILE, cfg.max_open_files),
             (resource.RLIMIT_CORE, 0),
         )
-        plan = _ChildPlan(
+        plan = ChildPlan(
             unshare_flags=self._unshare_flags, workdir=workdir, masked_dirs=masked,
             tmpfs_options=f"size={cfg.tmpfs_size_bytes},mode=1777".encode(),
             prefix_src=prefix_src, prefix_dst=prefix_dst, limits=limits, uid=uid,
@@ -410,7 +293,7 @@ class SubprocessSandbox:
             exe, "-I", "-S", "-B", "main.py", stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=workdir,
             env={**self._config.env, "HOME": workdir}, start_new_session=True,
-            preexec_fn=functools.partial(_child_setup, plan),
+            preexec_fn=functools.partial(child_setup, plan),
         )
         killer = _GroupKiller(proc.pid)
         out, err = bytearray(), bytearray()

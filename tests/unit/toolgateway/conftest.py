@@ -27,7 +27,10 @@ def sandbox() -> SubprocessSandbox:
 
 @pytest.fixture
 def core(sandbox: SubprocessSandbox) -> ToolGatewayCore:
-    return ToolGatewayCore(ToolRegistry(builtin_tools(sandbox)),
+    # A generous tool timeout: the tests that expect a timeout pass their own deadline,
+    # and the others must not time out on a loaded machine (the output-cap test did at
+    # the default 10 s while the suite ran beside two busy processes).
+    return ToolGatewayCore(ToolRegistry(builtin_tools(sandbox, python_timeout_s=120.0)),
                            RewardRegistry(builtin_rewards(sandbox)), ToolGatewayLimits())
 
 

@@ -14,7 +14,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid drop needs root")
 
 
 async def run_python(core: ToolGatewayCore, code: str, call_id: str = "c",
-                     deadline_ms: int | None = 20_000):
+                     deadline_ms: int | None = 120_000):
     return await core.execute(ToolCall("traj", call_id, "python", {"code": code}, deadline_ms))
 
 
