@@ -21,9 +21,7 @@ import pytest
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.errors import InvalidArgument
-from libra.grpcx import Registration, Server
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-from libra.service_config import ServerConfig
 from services.coordinator.__main__ import corpus_check
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore
@@ -31,8 +29,7 @@ from services.coordinator.rest import build_app
 from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
 from tests.fakes.runner import FakeRunner
-
-SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
+from tests.service.grpc_harness import serving
 
 
 def spec(*corpus: str) -> str:
@@ -59,15 +56,13 @@ def core(redis: Any, tmp_path: Path, root: Path) -> CoordinatorCore:
 
 @pytest.fixture
 async def client(core: CoordinatorCore) -> AsyncIterator[GrpcCoordinatorClient]:
-    registration = Registration(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
-                                CoordinatorServicer(core), SERVICE_NAME)
-    server = Server("coordinator", ServerConfig(port=0, metrics_port=-1, shutdown_grace_s=2.0),
-                    [registration])
-    await server.start()
-    c = GrpcCoordinatorClient(f"127.0.0.1:{server.port}", timeout_s=30.0)
-    yield c
-    await c.close()
-    await server.stop()
+    async with serving("coordinator",
+                       coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
+                       CoordinatorServicer(core), coordinator_pb2.DESCRIPTOR,
+                       "CoordinatorService") as address:
+        c = GrpcCoordinatorClient(address, timeout_s=30.0)
+        yield c
+        await c.close()
 
 
 async def refused(client: GrpcCoordinatorClient, *corpus: str) -> InvalidArgument:
