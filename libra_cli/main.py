@@ -5,7 +5,8 @@ Examples:
   libra run JOB.toml --in-process        the same in one process, no servers (debugging)
   libra up / libra down                  start / stop Redis + the five services
   libra status --json                    each service: name, pid, address, health, and
-                                         its worker lease: role, epoch, bucket
+                                         its worker lease: role, epoch, bucket; the
+                                         running job's counters and verdict
   libra submit JOB.toml; libra jobs      submit to a running stack; list jobs (a job
                                          submitted while one runs waits in the queue)
   libra submit JOB.toml --priority 5     queue ahead of lower priorities
@@ -19,6 +20,7 @@ Examples:
   libra agent run --job JOB --command "python examples/agents/calc_agent.py"
                                          an agent program per episode (docs/agent-endpoint.md)
   libra gc --dry-run                     what run folders / weight versions would go
+  libra top                              live panels of the running job (as /ui shows)
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import ClientAuth
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.run_dir import is_dir_reference
-from libra_cli import agent, certs, credentials, gc, model, run, sim, stack, tool
+from libra_cli import agent, certs, credentials, gc, model, run, sim, stack, tool, top
 from libra_cli.report import build_report, write_report
 from libra_cli.spec_overrides import apply_overrides
 from scheduling.policy.registry import check_layout
@@ -210,12 +212,19 @@ def with_leases(rows: list[dict[str, Any]], leases: list[t.Lease]) -> list[dict[
     return out
 
 
-async def _leases(address: str, auth: ClientAuth | None = None) -> list[t.Lease]:
+async def _status_reads(address: str, auth: ClientAuth | None = None
+                        ) -> tuple[list[t.Lease], dict[str, Any] | None]:
+    """The live leases and the running job's counters (None when no job runs); both
+    empty when the coordinator is down (the health column already says so)."""
     client = GrpcCoordinatorClient(address, timeout_s=3.0, auth=auth)
     try:
-        return await client.list_workers()
+        leases = await client.list_workers()
+        running = [j for j in await client.list_jobs() if j.state is t.JobState.RUNNING]
+        if not running:
+            return leases, None
+        return leases, top.job_counters(await top.fetch_view(client, running[-1].job_id))
     except LibraError:
-        return []  # coordinator down: the health column already says so
+        return [], None
     finally:
         await client.close()
 
@@ -225,8 +234,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state is None:
         _print({"running": False}, args.json)
         return 1
-    leases = asyncio.run(_leases(stack.coordinator_address(state), credentials.cli_auth(args)))
-    _print(with_leases(stack.status(state), leases), args.json)
+    leases, job = asyncio.run(_status_reads(stack.coordinator_address(state),
+                                            credentials.cli_auth(args)))
+    services = with_leases(stack.status(state), leases)
+    if args.json:
+        _print({"services": services, "job": job}, True)
+        return 0
+    _print(services, False)
+    print("job: " + ("  ".join(f"{k}={v}" for k, v in job.items()) if job
+                     else "none running"))
     return 0
 
 
@@ -256,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("up", cmd_up, "start Redis and the five services (bare metal, supervised by pid)")
     add("down", cmd_down, "stop what `libra up` started, by pid")
     add("status", cmd_status, "name, pid, address, health and lease (role, epoch, "
-        "bucket) of each service")
+        "bucket) of each service, and the running job's counters (steps, trajectories, "
+        "reward, throughput, bottleneck verdict); --json: {services: [...], job: {...}}")
     p = add("submit", cmd_submit, "submit a job spec to the running stack; while another "
             "job runs it waits PENDING in the queue (docs/jobs.md)")
     p.add_argument("job", type=Path)
@@ -278,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.register(sub)
     agent.register(sub)
     gc.register(sub, _client)
+    top.register(sub, _client)
     return parser
 
 
@@ -303,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     except LibraError as exc:
         print(f"libra: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C ends a live command (libra top) quietly
+        return 130
 
 
 if __name__ == "__main__":

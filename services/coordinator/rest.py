@@ -24,6 +24,7 @@ from libra.errors import (
     as_unavailable,
     unavailable_types,
 )
+from libra.run_view import RunView
 from services.coordinator.agent_rest import agent_router
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.episode_endpoint import EpisodeEndpoint
@@ -41,6 +42,7 @@ from services.coordinator.rest_models import (
     error_responses,
     list_page_response,
 )
+from services.coordinator.ui import job_view, ui_router
 
 _PAGE_SIZE_QUERY = Query(0, description=f"jobs per page: 0 = {DEFAULT_PAGE_SIZE}, at most "
                          f"{MAX_PAGE_SIZE}")
@@ -247,6 +249,14 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None,
     async def job_events(job_id: str) -> list[dict[str, Any]]:
         return await core.job_events(job_id)
 
+    @v1.get("/v1/jobs/{job_id}/view", response_model=RunView,
+            responses=error_responses(400, 404),
+            summary="A job's live view: reward curve, step-time phases, throughput, bucket "
+            "placements, workers, recent events, the bottleneck verdict (what /ui and "
+            "`libra top` show)")
+    async def job_run_view(job_id: str) -> RunView:
+        return await job_view(core, job_id)
+
     @v1.post("/v1/jobs/{job_id}/cancel", response_model=JobView,
              responses=error_responses(400, 404), summary="Cancel a job")
     async def cancel_job(job_id: str) -> JobView:
@@ -267,6 +277,7 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None,
         return [LeaseView.of(lease) for lease in await core.list_workers()]
 
     app.include_router(v1)
+    app.include_router(ui_router(core, tokens))  # the live web view (services/coordinator/ui.py)
     if episodes is not None:  # the OpenAI-compatible agent endpoint (docs/agent-endpoint.md)
         app.include_router(agent_router(episodes, job_api))
 

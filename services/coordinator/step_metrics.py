@@ -18,18 +18,7 @@ from prometheus_client.registry import REGISTRY, Collector
 
 from libra import metrics
 from libra import types as t
-
-
-def phase_seconds(record: t.StepRecord) -> dict[str, float]:
-    """The step's time per phase (libra.metrics.STEP_PHASES) that the trainer reported."""
-    reported = {
-        "rollout_wait": record.rollout_s,
-        "recompute": record.metrics.get("recompute_s"),
-        "train": record.train_s,
-        "publish": record.publish_s,
-        "reload": record.metrics.get("reload_s"),
-    }
-    return {phase: float(s) for phase, s in reported.items() if s is not None}
+from libra.bottleneck import phase_seconds  # one definition of the phases, shared with /ui
 
 
 def export_step(job_id: str, record: t.StepRecord) -> None:

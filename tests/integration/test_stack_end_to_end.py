@@ -84,7 +84,9 @@ def test_status_json_lists_every_service_healthy(running_stack: dict) -> None:
     out = subprocess.run([sys.executable, "-m", "libra_cli.main", "--run-root",
                           running_stack["run_root"], "status", "--json"], cwd=ROOT,
                          capture_output=True, text=True, check=True)
-    rows = {row["name"]: row for row in json.loads(out.stdout)}
+    status = json.loads(out.stdout)
+    assert set(status) == {"services", "job"}  # job: the running job's counters, or null
+    rows = {row["name"]: row for row in status["services"]}
     assert set(rows) == {"coordinator", "scheduler", "trainer", "toolgateway", "rollout-0",
                          "rollout-1"}
     assert all(row["health"] == "SERVING" and row["pid"] > 0 for row in rows.values())
