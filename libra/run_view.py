@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from libra.bottleneck import WINDOW_STEPS, Verdict, bottleneck, phase_seconds
@@ -107,8 +107,12 @@ class EventLine:
     ts_ms: int
     kind: str
     step: int
+    """0 when the event names no step (a rollout's weight load)."""
     worker_id: str
     detail: str
+    count: int = 1
+    """Consecutive events of this kind it stands for (the newest one is shown): a
+    rollout's reloads at every publish would otherwise push the elastic events out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,9 +267,18 @@ def _buckets(records: Sequence[StepRecord]) -> list[BucketLine]:
 
 
 def _events(events: Sequence[dict[str, Any]]) -> list[EventLine]:
-    shown = [e for e in events if e.get("kind") != _EVAL_KIND][-MAX_EVENTS:]
-    return [EventLine(_int(e.get("ts_ms")), str(e.get("kind", "")), _int(e.get("step")),
-                      str(e.get("worker_id", "") or ""), _detail(e)) for e in shown]
+    lines: list[EventLine] = []
+    for e in events:
+        if e.get("kind") == _EVAL_KIND:
+            continue
+        line = EventLine(_int(e.get("ts_ms")), str(e.get("kind", "")), _int(e.get("step")),
+                         str(e.get("worker_id", "") or ""), _detail(e))
+        if lines and lines[-1].kind == line.kind:
+            line = replace(line, count=lines[-1].count + 1)
+            lines[-1] = line
+        else:
+            lines.append(line)
+    return lines[-MAX_EVENTS:]
 
 
 def _int(value: Any) -> int:

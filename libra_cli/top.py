@@ -22,7 +22,7 @@ from typing import Any
 
 from libra import types as t
 from libra.errors import NotFound
-from libra.run_view import RunView, build_run_view, run_view_to_dict
+from libra.run_view import EventLine, RunView, build_run_view, run_view_to_dict
 
 _SPARKS = "▁▂▃▄▅▆▇█"
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home + erase screen: the next frame replaces this one
@@ -107,13 +107,18 @@ def render(view: RunView, now_s: float | None = None) -> str:
     lines += [f"  {w.worker_id:<20} {w.role:<16} {w.bucket:<10} epoch {w.epoch}"
               for w in view.workers] or ["  no live lease"]
     lines += ["", "events (newest last)"]
-    lines += [f"  step {e.step:<5} {e.kind:<20} {e.worker_id} {e.detail}".rstrip()
-              for e in view.events] or ["  none"]
+    lines += [_event_line(e) for e in view.events] or ["  none"]
     lines += ["", "jobs and queue"]
     lines += [f"  {q.job_id:<28} {q.state:<10} step {q.step:<6} "
               f"{'queue ' + str(q.queue_position) if q.queue_position else ''}".rstrip()
               for q in view.queue] or ["  nothing running or queued"]
     return "\n".join(line[:FRAME_WIDTH] for line in lines)
+
+
+def _event_line(event: EventLine) -> str:
+    step = f"step {event.step}" if event.step else ""
+    kind = event.kind + (f" (x{event.count})" if event.count > 1 else "")
+    return f"  {step:<10} {kind:<24} {event.worker_id} {event.detail}".rstrip()
 
 
 def _reward_panel(view: RunView) -> list[str]:

@@ -68,7 +68,10 @@ function bar(name, share, value) {
 // rewards leave it, x over the steps seen (or the job's target when known).
 function drawCurve(view) {
   const box = document.getElementById("curve");
-  const W = 640, H = 220, L = 36, R = 10, T = 10, B = 24;
+  // One user unit per CSS pixel: the chart fills its panel without stretching text.
+  const W = Math.max(320, Math.round(box.getBoundingClientRect().width) || 640);
+  const H = 220, L = 36, R = 10, T = 10, B = 24;
+  box.setAttribute("viewBox", "0 0 " + W + " " + H);
   const pts = view.curve, evals = view.evals;
   const ys = pts.map(p => p.reward_mean).concat(evals.map(e => e.reward_mean));
   const yMin = Math.min(0, ...ys), yMax = Math.max(1, ...ys);
@@ -132,8 +135,10 @@ function drawJob(view) {
   document.getElementById("hybrid").textContent = "hybrid workers training: "
     + view.hybrid_training + ", joining: " + view.hybrid_joining;
   document.getElementById("events").replaceChildren(...view.events.slice().reverse().map(
-    e => el("li", new Date(e.ts_ms).toLocaleTimeString() + " step " + e.step + " " + e.kind
+    e => el("li", new Date(e.ts_ms).toLocaleTimeString() + (e.step ? " step " + e.step : "")
+            + " " + e.kind + (e.count > 1 ? " (x" + e.count + ")" : "")
             + (e.worker_id ? " " + e.worker_id : "") + (e.detail ? " " + e.detail : ""))));
+  if (!view.events.length) document.getElementById("events").appendChild(el("li", "none yet"));
   fill(document.querySelector("#queue tbody"), view.queue.map(
     q => [q.job_id, q.state, q.step, q.queue_position || "-"]));
 }

@@ -82,14 +82,24 @@ def test_eval_rounds_become_points_and_the_later_copy_of_a_round_wins() -> None:
 
 
 def test_events_are_the_newest_with_their_details() -> None:
-    events = [{"kind": "plan", "ts_ms": i, "step": i, "worker_id": "", "epoch": 0,
-               "wanted": i} for i in range(MAX_EVENTS + 5)]
+    events = [{"kind": "plan" if i % 2 else "join", "ts_ms": i, "step": i, "worker_id": "",
+               "epoch": 0, "wanted": i} for i in range(MAX_EVENTS + 5)]
     events.append({"kind": "trainer_resumed", "ts_ms": 99, "step": "7", "id": "1-0"})
     events.append({"kind": "odd", "ts_ms": 100, "step": "not a number"})
     view = view_of(events=events)
     assert len(view.events) == MAX_EVENTS
     assert view.events[-2].step == 7 and view.events[-1].step == 0
     assert "wanted=" in view.events[0].detail and "epoch" not in view.events[0].detail
+
+
+def test_a_run_of_events_of_one_kind_is_one_line_with_its_count() -> None:
+    reloads = [{"kind": "weights_loaded", "ts_ms": i, "instance": f"rollout-{i % 2}"}
+               for i in range(40)]
+    plan = {"kind": "plan", "ts_ms": 50, "step": 3, "wanted": 1}
+    view = view_of(events=[plan, *reloads, plan])
+    assert [(e.kind, e.count) for e in view.events] == [
+        ("plan", 1), ("weights_loaded", 40), ("plan", 1)]
+    assert view.events[1].ts_ms == 39 and "rollout-1" in view.events[1].detail
 
 
 def test_the_queue_lists_the_running_job_first_then_the_queue_in_order() -> None:
