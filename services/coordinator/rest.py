@@ -158,7 +158,7 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 # schemathesis' stateful run follows them to real jobs).
 _JOB_LINKS = {
     name: {"operationId": name, "parameters": {"job_id": "$response.body#/job_id"}}
-    for name in ("get_job", "job_events", "cancel_job", "resume_job")
+    for name in ("get_job", "job_events", "job_run_view", "cancel_job", "resume_job")
 }
 
 
