@@ -15,6 +15,12 @@ connection), and the job's steps during the measurement. The budget (docs/
 observability.md) is p99 < 100 ms. The job is cancelled and the stack stopped by pid at
 the end, also on Ctrl-C.
 
+Latency on a shared machine is mostly queueing for a CPU, so two figures that do not
+depend on the machine's load are printed too: the load average during the run, and the
+CPU time (``time.process_time``, this process) of building and encoding one view from a
+synthetic history of ``--history-steps`` steps (the part of a request that grows with
+the job's length).
+
 Usage: python benchmarks/bench_ui.py [--duration-s 60] [--num-steps 400] [--json]
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -49,6 +56,25 @@ def job_spec(num_steps: int) -> str:
     spec["algorithm"].update({"num_steps": num_steps, "prompts_per_step": 2,
                               "samples_per_prompt": 2, "sft_steps": 5, "sft_batch_size": 8})
     return json.dumps(spec)
+
+
+def view_cpu_ms(num_steps: int, repeats: int = 20) -> float:
+    """CPU ms to build and encode the view of a job with ``num_steps`` step records."""
+    from libra import types as t
+    from libra.run_view import build_run_view, run_view_to_dict
+
+    job = t.Job(job_id="bench-1", name="bench", state=t.JobState.RUNNING,
+                spec_json=json.dumps({"algorithm": {"num_steps": num_steps}}),
+                created_at_ms=1, updated_at_ms=1, step=num_steps)
+    steps = [{"step": n, "policy_version": n, "reward_mean": 0.5, "num_trajectories": 4,
+              "rollout_s": 1.0, "train_s": 0.5, "publish_s": 0.1, "wall_s": 1.7,
+              "tokens_mean": 80.0, "bucket_occupancy": {"short": 3, "long": 1},
+              "migrations": 1, "reward_components": {"exact_match": 0.5},
+              "loss": 0.1, "grad_norm": 1.0, "recompute_s": 0.1} for n in range(num_steps)]
+    start = time.process_time()
+    for _ in range(repeats):
+        json.dumps(run_view_to_dict(build_run_view(job, steps, {}, [], [], [job])))
+    return (time.process_time() - start) / repeats * 1000
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -124,6 +150,7 @@ def run(duration_s: float, num_steps: int) -> dict[str, Any]:
         finally:
             stack.down(run_root)
     return {"duration_s": duration_s, "job_steps": [step_before, step_after],
+            "load_average_1m": round(os.getloadavg()[0], 1), "num_cpus": os.cpu_count(),
             "targets": {name: {"samples": len(v),
                                "p50_ms": round(statistics.median(v), 2),
                                "p99_ms": round(percentile(v, 0.99), 2),
@@ -135,17 +162,22 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=60.0)
     parser.add_argument("--num-steps", type=int, default=400)
+    parser.add_argument("--history-steps", type=int, nargs="*", default=[100, 1000, 5000])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = run(args.duration_s, args.num_steps)
+    result["view_cpu_ms"] = {str(n): round(view_cpu_ms(n), 2) for n in args.history_steps}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     steps = result["job_steps"]
-    print(f"job steps {steps[0]} -> {steps[1]} during {args.duration_s:.0f} s")
+    print(f"job steps {steps[0]} -> {steps[1]} during {args.duration_s:.0f} s; load average "
+          f"{result['load_average_1m']} on {result['num_cpus']} CPUs")
     for name, r in result["targets"].items():
         print(f"{name:<20} n={r['samples']:<6} p50 {r['p50_ms']:7.2f} ms  p99 "
               f"{r['p99_ms']:7.2f} ms  max {r['max_ms']:7.2f} ms")
+    for n, ms in result["view_cpu_ms"].items():
+        print(f"view build + encode, {n:>5} steps: {ms:7.2f} CPU ms")
     return 0
 
 

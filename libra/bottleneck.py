@@ -66,9 +66,22 @@ class Verdict:
     """Timed steps the verdict was read from."""
 
 
+def timed_window(records: Sequence[StepRecord],
+                 window_steps: int = WINDOW_STEPS) -> list[StepRecord]:
+    """The last ``window_steps`` records that carry phase timings, oldest first (read
+    from the end: a long history costs no more than its tail)."""
+    out: list[StepRecord] = []
+    for record in reversed(records):
+        if len(out) == window_steps:
+            break
+        if phase_seconds(record):
+            out.append(record)
+    return out[::-1]
+
+
 def bottleneck(records: Sequence[StepRecord], window_steps: int = WINDOW_STEPS) -> Verdict:
     """The verdict over the last ``window_steps`` records that carry phase timings."""
-    timed = [r for r in records if phase_seconds(r)][-window_steps:]
+    timed = timed_window(records, window_steps)
     if not timed:
         return Verdict("unknown", "unknown: no timed step yet", 0.0, 0.0, 0.0, None, 0)
     sums = {"idle": 0.0, "train": 0.0, "sync": 0.0}

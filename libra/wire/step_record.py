@@ -20,6 +20,7 @@ from libra.types import StepRecord
 
 FIELD = "step_json"
 _NAMED = tuple(f.name for f in fields(StepRecord) if f.name != "metrics")
+_NAMED_SET = frozenset(_NAMED)
 _INTS = frozenset({"step", "policy_version", "num_trajectories", "dropped_stale",
                    "dropped_failed", "hybrid_workers", "hybrid_joining", "migrations",
                    "weights_pruned"})
@@ -51,8 +52,17 @@ def step_record_from_json(text: str) -> StepRecord:
     return step_record_from_dict(data)
 
 
-def step_record_from_dict(data: Any) -> StepRecord:
-    """The record of a decoded JSON object (a checkpoint's copy, a stored step)."""
+def step_record_from_dict(data: Any, *, is_checked: bool = False) -> StepRecord:
+    """The record of a decoded JSON object (a checkpoint's copy, a stored step).
+
+    ``is_checked``: the object was checked by this codec before it was stored (the
+    coordinator checks every reported step), so only its keys are sorted into fields:
+    the live view decodes a job's whole history on every poll, and the full check costs
+    ~0.15 ms a step (a 1,000-step job: 150 ms, over the view's 100 ms budget).
+    """
+    if is_checked:
+        return StepRecord(**{k: v for k, v in data.items() if k in _NAMED_SET},
+                          metrics={k: v for k, v in data.items() if k not in _NAMED_SET})
     if not isinstance(data, dict):
         raise InvalidArgument(FIELD, "must be a JSON object")
     check_encodable(data, FIELD)
