@@ -207,8 +207,10 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 def _queue(job: Job, jobs: Sequence[Job]) -> list[JobLine]:
     active = {j.job_id: j for j in jobs if not j.state.is_terminal}
-    if not job.state.is_terminal:  # the list may predate the job's start
-        active.setdefault(job.job_id, job)
+    # The list may be a moment older than the job read with the view: the job wins.
+    active.pop(job.job_id, None)
+    if not job.state.is_terminal:
+        active[job.job_id] = job
     # Running first, then the queue in its order.
     ordered = sorted(active.values(), key=lambda j: (j.queue_position != 0, j.queue_position,
                                                      j.created_at_ms))

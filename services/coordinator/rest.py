@@ -42,7 +42,7 @@ from services.coordinator.rest_models import (
     error_responses,
     list_page_response,
 )
-from services.coordinator.ui import job_view, ui_router
+from services.coordinator.ui import RunViews, ui_router
 
 _PAGE_SIZE_QUERY = Query(0, description=f"jobs per page: 0 = {DEFAULT_PAGE_SIZE}, at most "
                          f"{MAX_PAGE_SIZE}")
@@ -208,6 +208,7 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None,
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
     _drop_422(app)
+    views = RunViews(core)  # shared by /v1/jobs/{id}/view and the /ui pages
 
     @v1.post("/v1/jobs", status_code=201, response_model=JobView,
              responses={201: {"description": "the job, RUNNING or queued PENDING",
@@ -255,7 +256,7 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None,
             "placements, workers, recent events, the bottleneck verdict (what /ui and "
             "`libra top` show)")
     async def job_run_view(job_id: str) -> RunView:
-        return await job_view(core, job_id)
+        return await views.view(job_id)
 
     @v1.post("/v1/jobs/{job_id}/cancel", response_model=JobView,
              responses=error_responses(400, 404), summary="Cancel a job")
@@ -277,7 +278,7 @@ def build_app(core: CoordinatorCore, tokens: Tokens | TokenStore | None = None,
         return [LeaseView.of(lease) for lease in await core.list_workers()]
 
     app.include_router(v1)
-    app.include_router(ui_router(core, tokens))  # the live web view (services/coordinator/ui.py)
+    app.include_router(ui_router(core, views, tokens))  # the web view (coordinator/ui.py)
     if episodes is not None:  # the OpenAI-compatible agent endpoint (docs/agent-endpoint.md)
         app.include_router(agent_router(episodes, job_api))
 

@@ -3,7 +3,7 @@
 No build step and no CDN: the pages are the hand-written files in ``ui_assets/``
 (HTML, one script, one style sheet), read once and served from memory. The script
 polls ``/ui/api/jobs/{job_id}/view``: the run view (``libra.run_view``) that
-``GET /v1/jobs/{job_id}/view`` also answers, built by :func:`job_view` from the core.
+``GET /v1/jobs/{job_id}/view`` also answers, built by :class:`RunViews` from the core.
 
 Access (docs/observability.md, "Web view"): with tokens enabled, open
 ``/ui?token=<api token>`` once. The coordinator answers with a redirect to the same page
@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import html
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Generic, TypeVar
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
@@ -30,7 +34,15 @@ from libra.run_view import RunView, build_run_view, job_line, run_view_to_dict
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest_models import HTTP_STATUS
 
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
 COOKIE = "libra_ui_token"
+LIST_FRESH_S = 1.0
+"""Leases and the job list younger than this are shown as they are (a second behind at
+most: the page polls every second)."""
+LIST_STALE_S = 10.0
+"""Older than this (nobody polled for a while) they are read again before answering."""
 _ASSETS_DIR = Path(__file__).with_name("ui_assets")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8"}
@@ -42,14 +54,59 @@ _HEADERS = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff"
             "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
-async def job_view(core: CoordinatorCore, job_id: str) -> RunView:
-    """The run view of ``job_id`` (NotFound for an unknown id), from the core's reads."""
-    # The four reads are independent: sent together, a view costs about the slowest one
-    # (the 100 ms p99 budget of docs/observability.md), not their sum.
-    (job, steps, counters), events, leases, jobs = await asyncio.gather(
-        core.get_job(job_id), core.job_events(job_id), core.list_workers(),
-        core.list_jobs())
-    return build_run_view(job, steps, counters, events, leases, jobs)
+class _Recent(Generic[T]):
+    """The last value of a read that changes slowly (the live leases, the job list),
+    kept off the view's critical path: younger than ``fresh_s`` it is used as it is;
+    up to ``stale_s`` it is used while one background read refreshes it; older (or
+    never read) it is read before answering. A failed background read keeps the old
+    value (the next view tries again; the job's own reads report an outage)."""
+
+    def __init__(self, read: Callable[[], Awaitable[T]], fresh_s: float, stale_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read, self._fresh_s, self._stale_s, self._clock = read, fresh_s, stale_s, clock
+        self._value: T | None = None
+        self._at_s = 0.0
+        self._refreshing: asyncio.Task[None] | None = None
+
+    async def get(self) -> T:
+        age_s = self._clock() - self._at_s
+        if self._value is None or age_s > self._stale_s:
+            await self._refresh()
+        elif age_s > self._fresh_s and self._refreshing is None:
+            self._refreshing = asyncio.create_task(self._refresh_in_background())
+        assert self._value is not None
+        return self._value
+
+    async def _refresh(self) -> None:
+        self._value, self._at_s = await self._read(), self._clock()
+
+    async def _refresh_in_background(self) -> None:
+        try:
+            await self._refresh()
+        except Exception:  # noqa: BLE001 - kept value; logged, never raised into a view
+            logger.warning("[ui] background refresh failed; keeping the last value",
+                           exc_info=True)
+        finally:
+            self._refreshing = None
+
+
+class RunViews:
+    """Builds run views from the core: the job's own reads every time; the leases and
+    the job list (for the workers and queue panels) through :class:`_Recent`, at most
+    ``LIST_FRESH_S`` old while someone polls, so a view costs the job's reads only."""
+
+    def __init__(self, core: CoordinatorCore) -> None:
+        self._core = core
+        self._leases = _Recent(core.list_workers, LIST_FRESH_S, LIST_STALE_S)
+        self._jobs = _Recent(core.list_jobs, LIST_FRESH_S, LIST_STALE_S)
+
+    async def view(self, job_id: str) -> RunView:
+        """The run view of ``job_id`` (NotFound for an unknown id)."""
+        # Independent reads, sent together: a view costs about the slowest one.
+        (job, steps, counters), events, leases, jobs = await asyncio.gather(
+            self._core.get_job(job_id), self._core.job_events(job_id), self._leases.get(),
+            self._jobs.get())
+        return build_run_view(job, steps, counters, events, leases, jobs)
 
 
 def _load_assets() -> dict[str, tuple[bytes, str]]:
@@ -101,7 +158,8 @@ class _Gate:
                      "The view then keeps it in a cookie.</p>", 401, "Libra: sign in")
 
 
-def ui_router(core: CoordinatorCore, tokens: Tokens | TokenStore) -> APIRouter:
+def ui_router(core: CoordinatorCore, views: RunViews,
+              tokens: Tokens | TokenStore) -> APIRouter:
     """The pages, their static files and their two data routes (not in /openapi.json:
     ``GET /v1/jobs/{job_id}/view`` is the documented form of the data)."""
     router = APIRouter(include_in_schema=False)
@@ -137,7 +195,7 @@ def ui_router(core: CoordinatorCore, tokens: Tokens | TokenStore) -> APIRouter:
     @router.get("/ui/api/jobs/{job_id}/view")
     async def view(request: Request, job_id: str) -> JSONResponse:
         _check(gate, request)
-        return JSONResponse(run_view_to_dict(await job_view(core, job_id)), headers=_HEADERS)
+        return JSONResponse(run_view_to_dict(await views.view(job_id)), headers=_HEADERS)
 
     return router
 

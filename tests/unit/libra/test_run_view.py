@@ -127,3 +127,13 @@ def test_the_view_is_plain_json() -> None:
     assert data["job"]["job_id"] == "job-a" and data["verdict"]["kind"] == "rollout-bound"
     assert set(data) >= {"queue", "counters", "curve", "evals", "phases", "throughput",
                          "buckets", "workers", "events", "verdict"}
+
+
+def test_a_stored_record_decodes_the_same_without_the_recheck() -> None:
+    """The view skips the codec's checks on stored records (checked when reported);
+    the record it gets is the one the full decode gives."""
+    from libra.wire.step_record import step_record_from_dict
+
+    stored = make_step(3, bucket_occupancy={"short": 2}, reward_components={"f": 0.5},
+                       loss=0.25, recompute_s=0.1)
+    assert step_record_from_dict(stored, is_checked=True) == step_record_from_dict(stored)
