@@ -5,7 +5,7 @@ No build step and no CDN: the pages are the hand-written files in ``ui_assets/``
 polls ``/ui/api/jobs/{job_id}/view``: the run view (``libra.run_view``) that
 ``GET /v1/jobs/{job_id}/view`` also answers, built by :class:`RunViews` from the core.
 
-Access (docs/observability.md, "Web view"): with tokens enabled, open
+Access (docs/observability.md, "Live view", signing in): with tokens enabled, open
 ``/ui?token=<api token>`` once. The coordinator answers with a redirect to the same page
 without the token (so it leaves the address bar and history) and an HttpOnly,
 SameSite=Strict cookie holding it, valid on ``/ui`` only; every later page and data
