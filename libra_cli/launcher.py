@@ -72,8 +72,23 @@ def read_state(run_root: Path) -> dict[str, Any] | None:
     return state if pid_alive(int(state.get("supervisor_pid", 0))) else None
 
 
+CORE_SERVICES = ("coordinator", "scheduler", "trainer", "toolgateway")
+
+
+def service_names(stack: dict[str, Any]) -> list[str]:
+    """The processes `libra up` starts for ``stack``: the four services, then one per
+    ``[[rollout]]`` instance (its instance id); each logs to ``logs_dir()/<name>.log``."""
+    return [*CORE_SERVICES, *(inst["instance_id"] for inst in stack.get("rollout", []))]
+
+
+def logs_dir(run_root: Path) -> Path:
+    """Where the services' logs (``<name>.log``, rotated ``.log.1``..; ``<name>.out``)
+    and the supervisor's (``supervisor.log``, one level up) are written."""
+    return run_root / ".libra" / "logs"
+
+
 def _plan(stack: dict[str, Any], run_root: Path) -> list[ServiceProc]:
-    names = ["coordinator", "scheduler", "trainer", "toolgateway"]
+    names = list(CORE_SERVICES)
     rollouts = stack.get("rollout", [])
     # Every port in one go (4 service + rollout + REST + a metrics port each).
     pool = iter(free_ports(2 * (len(names) + len(rollouts)) + 1))
@@ -83,7 +98,7 @@ def _plan(stack: dict[str, Any], run_root: Path) -> list[ServiceProc]:
     # their environment (see Supervisor._spawn), never the command line, which any local
     # user can read.
     common = peers
-    logs = run_root / ".libra" / "logs"
+    logs = logs_dir(run_root)
     # One list for both: the coordinator checks a job's files against the roots at
     # submit, the gateway again before it reads one. Relative roots: to the repository.
     roots = ",".join(str((ROOT / root).resolve())
@@ -136,7 +151,7 @@ class Supervisor:
         self._stable_s = float(self.stack.get("restart_reset_s", 300.0))
 
     def start(self) -> None:
-        (self.run_root / ".libra" / "logs").mkdir(parents=True, exist_ok=True)
+        logs_dir(self.run_root).mkdir(parents=True, exist_ok=True)
         self.secrets = ensure_stack_secrets(self.run_root)
         if not self.redis_url:
             self.redis = start_redis(self.run_root / ".libra" / "redis",

@@ -19,6 +19,9 @@ Examples:
   libra agent run --job JOB --command "python examples/agents/calc_agent.py"
                                          an agent program per episode (docs/agent-endpoint.md)
   libra gc --dry-run                     what run folders / weight versions would go
+  libra logs coordinator -f --since 10m  a service's log, then follow it
+  libra up --observe                     also a local trace viewer (Phoenix) for the
+                                         stack's spans (docs/observability.md)
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import ClientAuth
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.run_dir import is_dir_reference
-from libra_cli import agent, certs, credentials, gc, model, run, sim, stack, tool
+from libra_cli import agent, certs, credentials, gc, logs, model, run, sim, stack, tool
 from libra_cli.report import build_report, write_report
 from libra_cli.spec_overrides import apply_overrides
 from scheduling.policy.registry import check_layout
@@ -278,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.register(sub)
     agent.register(sub)
     gc.register(sub, _client)
+    logs.register(sub)
     return parser
 
 
