@@ -13,6 +13,7 @@ trajectory, group or call id: those belong to traces.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -244,6 +245,15 @@ def remove_job(job_id: str) -> int:
                 made.remove(*labels)
                 removed += 1
     return removed
+
+
+async def prune_jobs(is_gone: Callable[[str], Awaitable[bool]]) -> list[str]:
+    """Remove the series of every exported job ``is_gone`` says was deleted; returns
+    their ids (the coordinator and the trainer run this on a timer)."""
+    gone = [job_id for job_id in sorted(jobs_exported()) if await is_gone(job_id)]
+    for job_id in gone:
+        remove_job(job_id)
+    return gone
 
 
 def jobs_exported() -> set[str]:

@@ -105,15 +105,16 @@ async def prune_ended_jobs(list_jobs: Callable[[], Awaitable[list[t.Job]]]) -> l
     """Remove the series of every exported job that is gone: not in the store any more,
     or ended with its run folder deleted. A running or queued job keeps its series even
     before its folder exists. Returns the job ids removed."""
-    exported = metrics.jobs_exported()
-    if not exported:
-        return []
+    if not metrics.jobs_exported():
+        return []  # nothing to look up: no job listing
     jobs = {job.job_id: job for job in await list_jobs()}
-    gone = sorted(job_id for job_id in exported
-                  if job_id not in jobs or (jobs[job_id].state.is_terminal
-                                            and not Path(jobs[job_id].run_dir).exists()))
+
+    async def is_gone(job_id: str) -> bool:
+        job = jobs.get(job_id)
+        return job is None or (job.state.is_terminal and not Path(job.run_dir).exists())
+
+    gone = await metrics.prune_jobs(is_gone)
     for job_id in gone:
-        metrics.remove_job(job_id)
         logger.info("[metrics] series removed job_id=%s (run folder gone)", job_id)
     return gone
 
