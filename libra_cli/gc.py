@@ -35,17 +35,17 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_duration_s(text: str) -> float:
+def parse_duration_s(text: str, option: str = "--older-than") -> float:
     """``30s``, ``15m``, ``12h``, ``7d``, ``2w`` or ``0`` -> seconds.
 
     Raises:
-        InvalidArgument: ``--older-than`` is none of these.
+        InvalidArgument: naming ``option`` when ``text`` is none of these.
     """
     if text.strip() == "0":
         return 0.0
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise InvalidArgument("--older-than", f"{text!r} is not a duration like 30m, 12h, "
+        raise InvalidArgument(option, f"{text!r} is not a duration like 30m, 12h, "
                               "7d, 2w or 0")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from libra.config import env_flag
 from libra.data_roots import DEFAULT_DATA_ROOTS
+from libra_cli.observe import ObserveOptions, Viewer, start_phoenix, stop_phoenix
 from libra_cli.redis_server import EmbeddedRedis, free_ports, pid_alive, start_redis
 from libra_cli.stack_secrets import StackSecrets, ensure_stack_secrets
 
@@ -72,8 +73,23 @@ def read_state(run_root: Path) -> dict[str, Any] | None:
     return state if pid_alive(int(state.get("supervisor_pid", 0))) else None
 
 
+CORE_SERVICES = ("coordinator", "scheduler", "trainer", "toolgateway")
+
+
+def service_names(stack: dict[str, Any]) -> list[str]:
+    """The processes `libra up` starts for ``stack``: the four services, then one per
+    ``[[rollout]]`` instance (its instance id); each logs to ``logs_dir()/<name>.log``."""
+    return [*CORE_SERVICES, *(inst["instance_id"] for inst in stack.get("rollout", []))]
+
+
+def logs_dir(run_root: Path) -> Path:
+    """Where the services' logs (``<name>.log``, rotated ``.log.1``..; ``<name>.out``)
+    and the supervisor's (``supervisor.log``, one level up) are written."""
+    return run_root / ".libra" / "logs"
+
+
 def _plan(stack: dict[str, Any], run_root: Path) -> list[ServiceProc]:
-    names = ["coordinator", "scheduler", "trainer", "toolgateway"]
+    names = list(CORE_SERVICES)
     rollouts = stack.get("rollout", [])
     # Every port in one go (4 service + rollout + REST + a metrics port each).
     pool = iter(free_ports(2 * (len(names) + len(rollouts)) + 1))
@@ -83,7 +99,7 @@ def _plan(stack: dict[str, Any], run_root: Path) -> list[ServiceProc]:
     # their environment (see Supervisor._spawn), never the command line, which any local
     # user can read.
     common = peers
-    logs = run_root / ".libra" / "logs"
+    logs = logs_dir(run_root)
     # One list for both: the coordinator checks a job's files against the roots at
     # submit, the gateway again before it reads one. Relative roots: to the repository.
     roots = ",".join(str((ROOT / root).resolve())
@@ -122,8 +138,12 @@ class Supervisor:
     """Starts the stack, restarts crashed services, stops everything by pid."""
 
     def __init__(self, run_root: Path, stack_file: Path,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 observe: ObserveOptions | None = None) -> None:
         self.run_root = run_root.resolve()
+        self.observe = observe
+        self.viewer: Viewer | None = None
+        self._viewer_proc: subprocess.Popen | None = None
         self.stack = tomllib.loads(stack_file.read_text())
         self.redis: EmbeddedRedis | None = None
         self.redis_url = env_flag("REDIS_URL")
@@ -136,12 +156,19 @@ class Supervisor:
         self._stable_s = float(self.stack.get("restart_reset_s", 300.0))
 
     def start(self) -> None:
-        (self.run_root / ".libra" / "logs").mkdir(parents=True, exist_ok=True)
+        logs_dir(self.run_root).mkdir(parents=True, exist_ok=True)
         self.secrets = ensure_stack_secrets(self.run_root)
         if not self.redis_url:
             self.redis = start_redis(self.run_root / ".libra" / "redis",
                                      password=self.secrets.read("redis_password"))
             self.redis_url = self.redis.url
+        if self.observe is not None:
+            # Before the services: their exporters point at it from their first span.
+            self._viewer_proc, self.viewer = start_phoenix(
+                self.observe.venv, self.run_root, logs_dir(self.run_root) / "phoenix.log",
+                self.observe.port, self.observe.grpc_port)
+            logger.info("[start] phoenix pid=%d url=%s otlp=%s", self.viewer.pid,
+                        self.viewer.url, self.viewer.otlp_endpoint)
         self.services = _plan(self.stack, self.run_root)
         for svc in self.services:
             self._spawn(svc)
@@ -154,6 +181,8 @@ class Supervisor:
                "LIBRA_REDIS_URL": self.redis_url,
                "LIBRA_AUTH__API_TOKEN_FILE": str(self.secrets.api_token_file),
                "LIBRA_AUTH__SERVICE_TOKEN_FILE": str(self.secrets.service_token_file)}
+        if self.viewer is not None:  # every service, or traces break at the one left out
+            env["LIBRA_TELEMETRY__OTLP_ENDPOINT"] = self.viewer.otlp_endpoint
         log = open(svc.out_path, "ab")  # noqa: SIM115 - the child owns it
         svc.proc = subprocess.Popen([sys.executable, "-m", svc.module, *svc.args], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -167,6 +196,7 @@ class Supervisor:
                  "redis_url": self.redis_url,
                  "redis_pid": self.redis.pid if self.redis else None,
                  "redis_restarts": self.redis_restarts,
+                 "observe": self.viewer.to_state() if self.viewer else None,
                  "services": [{f.name: getattr(s, f.name) for f in fields(ServiceProc)
                                if f.name not in ("proc", "started_at_s")}
                               for s in self.services]}
@@ -247,6 +277,8 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._viewer_proc is not None:
+            stop_phoenix(self._viewer_proc, grace_s)
         if self.redis is not None:
             self.redis.stop()
         state_path(self.run_root).unlink(missing_ok=True)
@@ -256,9 +288,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-root", type=Path, default=Path("runs"))
     parser.add_argument("--stack", type=Path, default=DEFAULT_STACK)
+    parser.add_argument("--phoenix-venv", type=Path, default=None,
+                        help="also run Phoenix from this virtualenv (libra up --observe)")
+    parser.add_argument("--phoenix-port", type=int, default=0)
+    parser.add_argument("--phoenix-grpc-port", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    sup = Supervisor(args.run_root, args.stack)
+    observe = (None if args.phoenix_venv is None else
+               ObserveOptions(args.phoenix_venv, args.phoenix_port, args.phoenix_grpc_port))
+    sup = Supervisor(args.run_root, args.stack, observe=observe)
     signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "_stopping", True))
     signal.signal(signal.SIGINT, lambda *_: setattr(sup, "_stopping", True))
     sup.start()

@@ -21,6 +21,9 @@ Examples:
                                          an agent program per episode (docs/agent-endpoint.md)
   libra gc --dry-run                     what run folders / weight versions would go
   libra top                              live panels of the running job (as /ui shows)
+  libra logs coordinator -f --since 10m  a service's log, then follow it
+  libra up --observe                     also a local trace viewer (Phoenix) for the
+                                         stack's spans (docs/observability.md)
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from libra.errors import InvalidArgument, LibraError
 from libra.grpc_auth import ClientAuth
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.run_dir import is_dir_reference
-from libra_cli import agent, certs, credentials, gc, model, run, sim, stack, tool, top
+from libra_cli import agent, certs, credentials, gc, logs, model, run, sim, stack, tool, top
+from libra_cli.launcher import ROOT
+from libra_cli.observe import ObserveOptions, default_venv
 from libra_cli.report import build_report, write_report
 from libra_cli.spec_overrides import apply_overrides
 from scheduling.policy.registry import check_layout
@@ -186,7 +191,11 @@ async def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    state = stack.up(args.run_root)
+    observe = None
+    if args.observe:
+        observe = ObserveOptions(args.phoenix_venv or default_venv(ROOT), args.phoenix_port,
+                                 args.phoenix_grpc_port)
+    state = stack.up(args.run_root, timeout_s=180.0 if observe else 90.0, observe=observe)
     _print(stack.status(state), args.json)
     return 0
 
@@ -269,7 +278,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="debug: run the five service cores in this process over a "
                    "throwaway Redis, no servers (libra_cli/inprocess_loop.py; one rollout "
                    "instance per bucket, no elastic pool)")
-    add("up", cmd_up, "start Redis and the five services (bare metal, supervised by pid)")
+    p = add("up", cmd_up, "start Redis and the five services (bare metal, supervised by pid)")
+    p.add_argument("--observe", action="store_true",
+                   help="also start a local trace viewer (Arize Phoenix, offline) and send "
+                   "every service's spans to it; `libra status` shows its URL "
+                   "(needs `make observe-venv`; docs/observability.md)")
+    p.add_argument("--phoenix-venv", type=Path, default=None, metavar="DIR",
+                   help="the Phoenix virtualenv (default $LIBRA_PHOENIX_VENV, else "
+                   ".venv-phoenix in the repository)")
+    p.add_argument("--phoenix-port", type=int, default=0, metavar="PORT",
+                   help="Phoenix UI/REST port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--phoenix-grpc-port", type=int, default=0, metavar="PORT",
+                   help="Phoenix OTLP/gRPC receiver port (default: a free one)")
     add("down", cmd_down, "stop what `libra up` started, by pid")
     add("status", cmd_status, "name, pid, address, health and lease (role, epoch, "
         "bucket) of each service, and the running job's counters (steps, trajectories, "
@@ -296,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.register(sub)
     gc.register(sub, _client)
     top.register(sub, _client)
+    logs.register(sub)
     return parser
 
 

@@ -11,25 +11,39 @@ from pathlib import Path
 from typing import Any
 
 from libra.config import env_flag
+from libra.errors import FailedPrecondition
 from libra_cli.healthcheck import check
 from libra_cli.launcher import DEFAULT_STACK, ROOT, read_state, state_path
+from libra_cli.observe import ObserveOptions, phoenix_executable, status_row
 from libra_cli.redis_server import pid_alive
 
 
-def up(run_root: Path, stack: Path = DEFAULT_STACK, timeout_s: float = 90.0) -> dict[str, Any]:
-    """Start the supervisor detached and wait until every service reports SERVING.
+def up(run_root: Path, stack: Path = DEFAULT_STACK, timeout_s: float = 90.0,
+       observe: ObserveOptions | None = None) -> dict[str, Any]:
+    """Start the supervisor detached and wait until every service reports SERVING (and,
+    with ``observe``, the trace viewer answers).
 
     Whatever ends the wait early - a service dying at start-up, the timeout, or an
     exception raised by a signal handler (``libra run`` interrupted) - stops the
     supervisor this call started, by pid, before the exception goes on.
+
+    Raises:
+        FailedPrecondition: ``observe`` without a Phoenix virtualenv (naming the make
+            target), or a stack already up without the viewer.
     """
+    if observe is not None:
+        phoenix_executable(observe.venv)  # before anything starts
     existing = read_state(run_root)
     if existing is not None:
+        if observe is not None and not existing.get("observe"):
+            raise FailedPrecondition("the stack is already up without --observe: "
+                                     "`libra down` first, then `libra up --observe`")
         return existing
     (run_root / ".libra").mkdir(parents=True, exist_ok=True)
     log = open(run_root / ".libra" / "supervisor.log", "ab")  # noqa: SIM115
+    extra = observe.launcher_args() if observe is not None else []
     supervisor = subprocess.Popen([sys.executable, "-m", "libra_cli.launcher", "--run-root",
-                                   str(run_root), "--stack", str(stack)], cwd=ROOT,
+                                   str(run_root), "--stack", str(stack), *extra], cwd=ROOT,
                                   stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     log.close()
@@ -102,7 +116,8 @@ def health(address: str, timeout_s: float = 1.0) -> str:
 
 
 def status(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each service: name, pid, address, metrics port, health, restarts, log file."""
+    """Each service: name, pid, address, metrics port, health, restarts, log file; the
+    trace viewer last when ``--observe`` started one (with its ``url``)."""
     out = []
     for svc in state["services"]:
         alive = pid_alive(int(svc["pid"]))
@@ -110,6 +125,8 @@ def status(state: dict[str, Any]) -> list[dict[str, Any]]:
                     "address": f"127.0.0.1:{svc['port']}", "metrics_port": svc["metrics_port"],
                     "health": health(f"127.0.0.1:{svc['port']}") if alive else "DEAD",
                     "restarts": svc["restarts"], "log": svc["log_path"]})
+    if state.get("observe"):
+        out.append(status_row(state["observe"]))
     return out
 
 

@@ -43,6 +43,15 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
          [("queued", "libra_coordinator_queued_jobs")]),
         ("RPC errors /s by service", "ops",
          [("{{service}}", f'sum by (service) (rate(libra_rpc_server_total{{code!="OK"}}{W}))')]),
+        # Prometheus's own series: 0 while a target does not answer its scrape (a
+        # stopped service); deploy/observability/alerts.yml fires LibraServiceDown on it.
+        ("Services up (1 = scrape answered)", "short",
+         [("{{service}} {{target}}", 'up{job="libra"}')]),
+        ("Redis round trip (p50, p99)", "s",
+         [("p50 {{service}}", "histogram_quantile(0.5, sum by (service, le) "
+                              f"(rate(libra_redis_roundtrip_seconds_bucket{W})))"),
+          ("p99 {{service}}", "histogram_quantile(0.99, sum by (service, le) "
+                              f"(rate(libra_redis_roundtrip_seconds_bucket{W})))")]),
     ]),
     "rollout-scheduler": ("Libra: rollout and scheduler", [
         ("Tokens /s per instance", "ops",
@@ -71,6 +80,12 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
          [("{{job}}", f"rate(libra_scheduler_groups_drawn_total{J}{W})")]),
         ("Policy version per instance", "short",
          [("{{instance}}", "libra_rollout_policy_version")]),
+        ("Weight reload time per instance (mean)", "s",
+         [("{{instance}}", f"rate(libra_rollout_weight_reload_seconds_sum{W}) / "
+                           f"rate(libra_rollout_weight_reload_seconds_count{W})")]),
+        ("Engine context use (tokens held / limit)", "percentunit",
+         [("{{instance}}", "libra_rollout_engine_context_tokens / "
+                           "(libra_rollout_engine_context_limit_tokens > 0)")]),
     ]),
     "training-elastic": ("Libra: training and elastic", [
         ("Step time by phase (mean per step)", "s",
@@ -98,6 +113,11 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
          [("{{job}}", f"rate(libra_job_migrations_total{J}{W}) / "
                       f"rate(libra_job_steps_total{J}{W})")]),
         ("Eval round", "short", [("{{job}}", f"libra_job_eval_round{J}")]),
+        ("Planner decisions /s", "ops",
+         [("{{decision}} {{elastic}}", "sum by (decision, elastic) "
+                                       f"(rate(libra_job_planner_decisions_total{J}{W}))")]),
+        ("Planner predicted gain per step", "s",
+         [("{{job}}", f"libra_job_planner_predicted_gain_seconds{J}")]),
     ]),
     "tools": ("Libra: tools", [
         ("Tool calls /s by tool and status", "ops",

@@ -127,6 +127,7 @@ async def main(cfg: CoordinatorConfig) -> None:
         reconciler = asyncio.create_task(core.run_reconciler())
         retention = asyncio.create_task(run_retention(
             core.list_jobs, Path(cfg.run_root).resolve(), cfg.retention))
+        pruning = asyncio.create_task(step_metrics.run_series_pruning(core.list_jobs))
         try:
             if http is not None:
                 await http.serve()
@@ -135,6 +136,7 @@ async def main(cfg: CoordinatorConfig) -> None:
         finally:
             reconciler.cancel()
             retention.cancel()
+            pruning.cancel()
             http_done.set()
 
     async def drain(_grace_s: float) -> None:

@@ -52,6 +52,7 @@ from services.coordinator.elastic_protocols import (
     Signal,
     record_quietly,
 )
+from services.coordinator.step_metrics import export_plan
 
 # Re-exported: the service and its tests import the elastic names from here.
 __all__ = ["DEADLINE_SLACK_S", "HOLD", "JOIN", "RELEASE", "ROLLOUT_CAPABLE", "ElasticExecutor",
@@ -92,6 +93,8 @@ class ElasticLoop:
         # The planner (planner/live.py) still reads the record's JSON shape.
         decision, signal = self._planner.observe(step_record_to_dict(record), workers,
                                                  pressure_of(record))
+        if decision:  # every pass counts, news or not (dashboards take its rate)
+            export_plan(self._job_id, decision)
         if decision and self._is_news(decision, signal):
             event = {"kind": "plan", "ts_ms": self._clock.now_ms(), "step": self._step,
                      "worker_id": "", "epoch": 0, **decision}

@@ -6,12 +6,18 @@ last step; counters and histograms accumulate, so a dashboard takes rates and av
 over any window. Labels are the job id and fixed sets (phase, reason, bucket names of
 the job's layout, worker state): never a trajectory id. :class:`QueueCollector` exports
 the job queue's length (jobs pending admission) read from the core at scrape time.
+:func:`export_plan` counts the elastic planner's decisions; :func:`prune_ended_jobs`
+removes a job's series once its run folder is gone (``libra gc`` or retention), so the
+process does not export deleted jobs for the rest of its life.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
@@ -19,6 +25,11 @@ from prometheus_client.registry import REGISTRY, Collector
 from libra import metrics
 from libra import types as t
 from libra.bottleneck import phase_seconds  # one definition of the phases, shared with /ui
+
+logger = logging.getLogger(__name__)
+# How often the series of deleted jobs are looked for: a `libra gc` shows on the
+# dashboards within a minute, and one pass is a job listing plus a stat per job.
+SERIES_PRUNE_INTERVAL_S = 60.0
 
 
 def export_step(job_id: str, record: t.StepRecord) -> None:
@@ -54,6 +65,59 @@ def export_step(job_id: str, record: t.StepRecord) -> None:
         workers.labels(job_id, "training").set(record.hybrid_workers)
     if record.hybrid_joining is not None:
         workers.labels(job_id, "joining").set(record.hybrid_joining)
+
+
+def planner_decision(decision: dict[str, Any]) -> tuple[str, str]:
+    """(decision, elastic action) of one planner event (libra.metrics.PLANNER_DECISIONS,
+    ELASTIC_ACTIONS): bounded label values whatever the planner put in the event."""
+    if decision.get("applied"):
+        kind = "applied"
+    elif decision.get("fired", True):
+        kind = "held"
+    else:
+        kind = "not_fired"
+    elastic = decision.get("elastic")
+    action = elastic.get("action", "none") if isinstance(elastic, dict) else "none"
+    return kind, action if action in metrics.ELASTIC_ACTIONS else "none"
+
+
+def export_plan(job_id: str, decision: dict[str, Any]) -> None:
+    """Count one planner pass of ``job_id`` and set its predicted net gain."""
+    kind, action = planner_decision(decision)
+    metrics.counter("libra_job_planner_decisions_total").labels(job_id, kind, action).inc()
+    gain_s = decision.get("net_gain_s")
+    if isinstance(gain_s, int | float):
+        metrics.gauge("libra_job_planner_predicted_gain_seconds").labels(job_id).set(gain_s)
+
+
+async def prune_ended_jobs(list_jobs: Callable[[], Awaitable[list[t.Job]]]) -> list[str]:
+    """Remove the series of every exported job that is gone: not in the store any more,
+    or ended with its run folder deleted. A running or queued job keeps its series even
+    before its folder exists. Returns the job ids removed."""
+    if not metrics.jobs_exported():
+        return []  # nothing to look up: no job listing
+    jobs = {job.job_id: job for job in await list_jobs()}
+
+    async def is_gone(job_id: str) -> bool:
+        job = jobs.get(job_id)
+        return job is None or (job.state.is_terminal and not Path(job.run_dir).exists())
+
+    gone = await metrics.prune_jobs(is_gone)
+    for job_id in gone:
+        logger.info("[metrics] series removed job_id=%s (run folder gone)", job_id)
+    return gone
+
+
+async def run_series_pruning(list_jobs: Callable[[], Awaitable[list[t.Job]]],
+                             interval_s: float = SERIES_PRUNE_INTERVAL_S) -> None:
+    """Forever: a pruning pass, then ``interval_s`` of sleep (cancelled at shutdown)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await prune_ended_jobs(list_jobs)
+        except Exception:  # noqa: BLE001 - the next pass retries; the service stays up
+            logger.warning("[metrics] series pruning failed; next in %.0f s", interval_s,
+                           exc_info=True)
 
 
 class _Queue(Protocol):

@@ -64,6 +64,16 @@ def engine_calls(loader: EngineLoader) -> EngineCallLog | None:
     return loader.calls if isinstance(loader, TorchEngineLoader) else None
 
 
+def context_usage(loader: EngineLoader,
+                  max_batch_size: int) -> rollout_metrics.ContextUsage | None:
+    """The engine's context use for /metrics: read from the torch engines' call log;
+    None for vLLM (its KV cache stats stay inside its own engine process)."""
+    if not isinstance(loader, TorchEngineLoader):
+        return None
+    return rollout_metrics.logged_context_usage(
+        loader.calls, lambda: loader.context_limit_tokens, max_batch_size)
+
+
 def worker_role(value: str) -> t.WorkerRole:
     """The lease role a rollout instance may take: core-rollout or hybrid-rollout."""
     allowed = (t.WorkerRole.CORE_ROLLOUT, t.WorkerRole.HYBRID_ROLLOUT)
@@ -101,7 +111,7 @@ async def main(cfg: RolloutConfig) -> None:
         load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads),
         episodes=RedisEpisodeChannel(redis, SystemClock()))
 
-    rollout_metrics.register(core)
+    rollout_metrics.register(core, context_usage(loader, cfg.max_batch_size))
 
     async def register(server: Server) -> None:
         host = cfg.advertise_host or cfg.server.host

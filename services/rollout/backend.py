@@ -63,6 +63,9 @@ class TorchEngineLoader:
         self._seed = seed
         self._device = device or default_device()
         self.calls = EngineCallLog()
+        self.context_limit_tokens = 0
+        """The context length of the last job loaded (0 before any): one sequence's
+        share of what the engine can hold (libra_rollout_engine_context_limit_tokens)."""
 
     def load(self, model_dir: str, policy: t.PolicyInfo | None, tp_degree: int = 1,
              model: ModelSpec | None = None) -> tuple[TorchEngine, HfTokenizer]:
@@ -74,6 +77,7 @@ class TorchEngineLoader:
             logger.warning("[engine] torch backend ignores tp_degree=%d (use engine=vllm)",
                            tp_degree)
         tokenizer = job_tokenizer(model_dir, model, max_position_embeddings(model_dir))
+        self.context_limit_tokens = tokenizer.max_context_tokens
         engine = TorchEngine.from_model_dir(
             model_dir, dtype=model.dtype, device=self._device, num_threads=self._num_threads,
             seed=self._seed, policy_version=-1, call_log=self.calls, decode=tokenizer.decode)

@@ -115,6 +115,13 @@ class EngineCallLog:
     def calls(self) -> list[EngineCall]:
         return list(self._calls)
 
+    def last(self) -> EngineCall | None:
+        """The newest call, if any (read at every metrics scrape: no copy)."""
+        try:
+            return self._calls[-1]
+        except IndexError:
+            return None
+
     def to_json(self) -> str:
         """``[{at_s, batch, prompt_len, ...}, ...]``, oldest first."""
         return json.dumps([asdict(c) for c in self.calls()], separators=(",", ":"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,9 @@ class WeightLoader:
         # (job, version, sha256) whose weights failed verification: checked and reported
         # once, not on every pass of the loop.
         self._rejected: set[tuple[str, int, str]] = set()
+        self.on_reload: Callable[[float], None] | None = None
+        """Told each completed load's seconds (verify + swap): set by the metrics view
+        (services/rollout/metrics.py), so this module stays free of metrics code."""
 
     def is_rejected(self, job_id: str, policy: t.PolicyInfo) -> bool:
         return (job_id, policy.version, policy.sha256) in self._rejected
@@ -71,8 +75,11 @@ class WeightLoader:
         instance = self._instance_id
         await self._store.report_weights(job_id, instance, engine.policy_version,
                                          policy.version)
+        started_s = time.perf_counter()
         try:
             await self._load_checked(job_id, engine, policy)
+            if self.on_reload is not None and engine.policy_version == policy.version:
+                self.on_reload(time.perf_counter() - started_s)  # a refusal is no reload
         finally:
             await self._store.report_weights(job_id, instance, engine.policy_version, -1)
 

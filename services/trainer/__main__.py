@@ -21,6 +21,7 @@ from libra.telemetry import init_logging, init_tracing
 from services.trainer.config import TrainerConfig
 from services.trainer.core import TrainerCore
 from services.trainer.distributed import make_backend_factory
+from services.trainer.job_series import run_series_pruning
 from services.trainer.servicer import GradientChannelServicer, TrainerServicer
 from services.trainer.store import RedisTrainerStore
 
@@ -31,7 +32,8 @@ async def main(cfg: TrainerConfig) -> None:
     redis = redis_client(cfg.redis_url, decode_responses=False)
     factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism,
                                    cfg.rendezvous.address, cfg.rendezvous.timeout_s)
-    core = TrainerCore(RedisTrainerStore(redis), factory,
+    store = RedisTrainerStore(redis)
+    core = TrainerCore(store, factory,
                        GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s,
                                              auth=ClientAuth.for_service(cfg.auth)),
                        SystemClock(), consumer=cfg.worker_id,
@@ -44,8 +46,12 @@ async def main(cfg: TrainerConfig) -> None:
                            trainer_pb2.DESCRIPTOR.services_by_name["GradientChannel"].full_name)
     # A job still RUNNING lost its trainer (this process was restarted): take it up.
     await core.resume()
-    await serve("trainer", cfg.server, [registration, channel], drain=core.drain,
-                health_probe=redis.ping, auth=cfg.auth)
+    pruning = asyncio.create_task(run_series_pruning(store))
+    try:
+        await serve("trainer", cfg.server, [registration, channel], drain=core.drain,
+                    health_probe=redis.ping, auth=cfg.auth)
+    finally:
+        pruning.cancel()
     await redis.aclose()
 
 

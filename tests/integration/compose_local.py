@@ -4,7 +4,8 @@ Each compose service becomes a process started from its own definition: its ``co
 its ``environment`` (interpolated as compose does: ``${VAR}``, ``${VAR:-default}``,
 ``${VAR:?message}``) on top of the image's ``ENV`` (deploy/Dockerfile's runtime stage),
 in ``depends_on`` order, each waiting until its dependencies' ``healthcheck`` commands
-pass. What a container network would provide is translated, and only that:
+pass (services in a profile are not started, as without ``--profile``). What a container
+network would provide is translated, and only that:
 
 - **names**: a compose service name used as a host (``redis:6379``, ``scheduler:50052``,
   ``LIBRA_ROLLOUT_ADVERTISE_HOST: rollout-0``) becomes 127.0.0.1, and loopback in a
@@ -86,7 +87,11 @@ class LocalCompose:
 
     @property
     def services(self) -> dict[str, Any]:
-        return self.doc["services"]
+        """What a plain ``docker compose up`` starts: services in a profile (``observe``:
+        Prometheus, Grafana, the collector, Jaeger; images, not Libra code) are left out,
+        as compose leaves them out without ``--profile``."""
+        return {name: svc for name, svc in self.doc["services"].items()
+                if not svc.get("profiles")}
 
     def __post_init__(self) -> None:
         wanted = sorted({(name, port) for name, svc in self.services.items()

@@ -8,6 +8,8 @@ over a socket and prometheus-client's text parser.
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.clock import SystemClock
-from libra.grpcx import Registration, Server
+from libra.grpcx import Registration, Server, watch_dependency
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra.proto.toolgateway.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 from libra.service_config import ServerConfig
@@ -31,6 +33,7 @@ from services.toolgateway.__main__ import build_core
 from services.toolgateway.config import ToolGatewayConfig
 from services.toolgateway.servicer import ToolGatewayServicer
 from tests.fakes.runner import FakeRunner
+from tests.waiting import wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -47,6 +50,9 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
+CORES: dict[int, CoordinatorCore] = {}  # metrics port -> the core the server serves
+
+
 @pytest.fixture
 async def coordinator(redis: Any, tmp_path: Path) -> AsyncIterator[tuple[Server, Any]]:
     await redis.flushdb()  # the job queue is global: start from an empty one
@@ -58,8 +64,10 @@ async def coordinator(redis: Any, tmp_path: Path) -> AsyncIterator[tuple[Server,
                  [Registration(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
                                CoordinatorServicer(core), name)])
     await srv.start()
+    CORES[srv.metrics_port] = core
     client = GrpcCoordinatorClient(f"127.0.0.1:{srv.port}", timeout_s=10.0)
     yield srv, client
+    del CORES[srv.metrics_port]
     await client.close()
     await srv.stop()
 
@@ -130,6 +138,34 @@ async def test_no_series_carries_a_trajectory_id(coordinator: tuple[Server, Any]
                                                   "call_id"}
 
 
+async def test_a_deleted_jobs_series_are_removed_and_a_running_jobs_kept(
+        coordinator: tuple[Server, Any]) -> None:
+    """`libra gc` deleted the ended job's run folder: the pruning pass drops every
+    libra_job_* series of it (steps, phases, planner), the running job keeps its own."""
+    srv, client = coordinator
+    spec = 'name = "metrics"\n[algorithm]\nnum_steps = 4\n'
+    ended = await client.create_job(spec)
+    await client.report_step(ended.job_id, STEP, idempotency_key="k1")
+    step_metrics.export_plan(ended.job_id, {"fired": True, "applied": True,
+                                            "net_gain_s": 1.5})
+    await client.cancel_job(ended.job_id)
+    running = await client.create_job(spec)
+    await client.report_step(running.job_id, STEP, idempotency_key="k2")
+    core = CORES[srv.metrics_port]
+    Path(ended.run_dir).mkdir(parents=True)
+    # Jobs of earlier tests (a flushed store) go now; these two stay.
+    gone = await step_metrics.prune_ended_jobs(core.list_jobs)
+    assert not {ended.job_id, running.job_id} & set(gone)
+    shutil.rmtree(ended.run_dir)  # what `libra gc` does to an ended job's folder
+    assert not Path(running.run_dir).exists()  # running, no folder yet: kept all the same
+    assert await step_metrics.prune_ended_jobs(core.list_jobs) == [ended.job_id]
+    got = scrape(srv.metrics_port)
+    assert not [name for name, labels in got if ("job", ended.job_id) in labels]
+    assert value(got, "libra_job_steps_total", job=running.job_id) == 1
+    assert value(got, "libra_job_step_phase_seconds_count", job=running.job_id,
+                 phase="train") == 1
+
+
 async def test_toolgateway_exports_tool_latency_and_status() -> None:
     core = build_core(ToolGatewayConfig(calculator_transient_failure_rate=0.0))
     name = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name
@@ -156,3 +192,32 @@ async def test_toolgateway_exports_tool_latency_and_status() -> None:
     assert grew("libra_tool_calls_total", tool="calculator", status=bad.status.value) >= 1
     assert ok.status.value != bad.status.value
     assert grew("libra_tool_call_seconds_count", tool="calculator") == 2
+
+
+async def test_redis_round_trip_is_timed_on_the_health_loop(redis: Any) -> None:
+    """The health loop's PING to a real Redis is observed; a failing probe is not."""
+    srv = Server("scheduler", ServerConfig(port=0, metrics_port=0, shutdown_grace_s=2.0), [])
+    await srv.start()
+
+    def pings() -> float:
+        return value(scrape(srv.metrics_port), "libra_redis_roundtrip_seconds_count",
+                     service="scheduler") or 0.0
+
+    failures = []
+
+    async def failing() -> None:
+        failures.append(1)
+        raise ConnectionError("redis down")
+
+    try:
+        before = pings()
+        watcher = asyncio.create_task(watch_dependency(srv, redis.ping, interval_s=0.05))
+        await wait_until(lambda: pings() >= before + 2)
+        watcher.cancel()
+        counted = pings()
+        watcher = asyncio.create_task(watch_dependency(srv, failing, interval_s=0.05))
+        await wait_until(lambda: len(failures) >= 2)  # one whole failed pass at least
+        watcher.cancel()
+        assert pings() == counted
+    finally:
+        await srv.stop()

@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
+from libra import metrics
 from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, NotFound
 from libra.wire.step_record import step_record_from_dict
 from scheduling.planner.live import live_planner
+from services.coordinator import step_metrics
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.elastic import ElasticWiring
 from services.coordinator.memory_store import InMemoryCoordinatorStore
@@ -101,6 +104,9 @@ async def test_report_step_of_elastic_job_plans_and_lends() -> None:
     assert plan["inputs"]["pool"]["core_training"] == 1 and plan["inputs"]["capacity"] == 1
     assert (plan["elastic"]["action"], plan["elastic"]["desired_hybrids"],
             plan["elastic"]["reason"]) == ("join", 1, "borrow")
+    # The same pass on /metrics: one decision counted, labelled with the elastic move.
+    passes = _planner_passes(job.job_id)
+    assert sum(passes.values()) == 1 and next(iter(passes))[1] == "join"
 
 
 async def test_rollout_pressure_in_the_step_record_releases_active_workers() -> None:
@@ -149,6 +155,7 @@ async def test_report_step_of_plain_job_plans_nothing() -> None:
     await rig.step(job.job_id, 1)
     assert rig.core.elastic_loop(job.job_id) is None
     assert await rig.core.job_events(job.job_id) == []
+    assert _planner_passes(job.job_id) == {}
 
 
 async def test_elastic_job_without_wiring_still_records_steps() -> None:
@@ -195,3 +202,37 @@ async def test_the_job_planner_plans_with_the_jobs_max_staleness() -> None:
     job = await rig.core.create_job(spec, "toml")
     await rig.step(job.job_id, 1)
     assert [planner.config.max_staleness for planner in built] == [3]
+
+
+# -- the planner's decisions on /metrics ----------------------------------------------------
+
+@pytest.mark.parametrize(("decision", "labels"), [
+    ({"fired": True, "applied": True, "elastic": {"action": "join"}}, ("applied", "join")),
+    ({"fired": True, "applied": False, "elastic": None}, ("held", "none")),
+    ({"fired": False, "applied": False, "elastic": {"action": "hold"}}, ("not_fired", "hold")),
+    ({"applied": False, "elastic": {"action": "made-up"}}, ("held", "none")),
+])
+def test_planner_decisions_map_to_bounded_labels(decision: dict, labels: tuple) -> None:
+    assert step_metrics.planner_decision(decision) == labels
+    assert labels[0] in metrics.PLANNER_DECISIONS and labels[1] in metrics.ELASTIC_ACTIONS
+
+
+def _planner_passes(job_id: str) -> dict[tuple[str, str], float]:
+    """(decision, elastic) -> count of ``job_id``'s planner passes in this process."""
+    family = metrics.counter("libra_job_planner_decisions_total").collect()[0]
+    return {(s.labels["decision"], s.labels["elastic"]): s.value for s in family.samples
+            if s.name.endswith("_total") and s.labels["job"] == job_id}
+
+
+def test_a_planner_pass_is_counted_with_its_predicted_gain() -> None:
+    job = "job-planner-metrics"
+    name = "libra_job_planner_decisions_total"
+    labels = {"job": job, "decision": "held", "elastic": "release"}
+    before = REGISTRY.get_sample_value(name, labels) or 0.0
+    step_metrics.export_plan(job, {"fired": True, "applied": False, "net_gain_s": -0.25,
+                                   "elastic": {"action": "release"}})
+    assert REGISTRY.get_sample_value(name, labels) == before + 1
+    assert REGISTRY.get_sample_value("libra_job_planner_predicted_gain_seconds",
+                                     {"job": job}) == -0.25
+    assert metrics.remove_job(job) == 2
+    assert REGISTRY.get_sample_value(name, labels) is None

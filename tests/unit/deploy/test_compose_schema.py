@@ -47,6 +47,8 @@ CONFIG_CLASSES: dict[str, type] = {
 IMAGE = "libra-runtime:dev"
 COMMAND = re.compile(r"^python -m services\.(\w+)$")
 SHARES_RUN_FOLDER = {"coordinator", "trainer", "rollout"}
+# The `observe` profile (tests/unit/deploy/test_observability.py checks their wiring).
+OBSERVE_SERVICES = {"prometheus", "grafana", "otel-collector", "jaeger"}
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -149,7 +151,7 @@ def test_every_libra_service_is_deployed_from_the_one_image() -> None:
     doc = _compose()
     libra = _libra_services(doc)
     assert {kind for kind, _ in libra.values()} == set(CONFIG_CLASSES)
-    others = set(doc["services"]) - set(libra)
+    others = set(doc["services"]) - set(libra) - OBSERVE_SERVICES
     assert others == {"redis"}, f"{others}: neither Libra services nor Redis"
     for name, (_, svc) in libra.items():
         assert svc["image"] == IMAGE, name

@@ -1,8 +1,11 @@
 """deploy/observability: dashboards, scrape configs and the collector config in step with
 the code. Every PromQL query names only metrics the services export (libra/metrics.py,
 the one registry); the dashboards are what scripts/gen_dashboards.py writes; the scrape
-targets are the compose services' metrics ports; docs/observability.md carries the
-registry's table; ``promtool check config`` passes where promtool is installed."""
+targets are the compose services' metrics ports; the compose `observe` profile mounts
+these files where its images read them and wires Grafana, the collector and the trace
+backend by compose service names; docs/observability.md carries the registry's table;
+``promtool`` checks the scrape configs and the alert rules, and unit-tests the
+stopped-service alert (Debian package ``prometheus``, installed by ``make system``)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ OBS = ROOT / "deploy" / "observability"
 DASHBOARDS = sorted((OBS / "grafana" / "dashboards").glob("*.json"))
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
 METRIC_NAME = re.compile(r"\blibra_[a-z0-9_]+\b")
+UP_QUERY = 'up{job="libra"}'
 METRICS_PORT_ENV = re.compile(r"^LIBRA_([A-Z]+)_SERVER__METRICS_PORT$")
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -46,6 +50,8 @@ def test_every_query_names_only_exported_metrics(path: Path) -> None:
     exported = metrics.exported_series()
     for expr in queries(path):
         names = set(METRIC_NAME.findall(expr))
+        if expr == UP_QUERY:  # Prometheus's own series of its scrapes of Libra
+            continue
         assert names, f"{path.name}: query names no Libra metric: {expr}"
         assert names <= exported, f"{path.name}: not exported: {sorted(names - exported)}"
 
@@ -123,15 +129,140 @@ def test_k8s_scrape_keeps_the_annotated_libra_pods() -> None:
         assert ports == {int(notes["prometheus.io/port"])}, doc["metadata"]["name"]
 
 
-@pytest.mark.parametrize("name", ["prometheus.yml", "prometheus-k8s.yml"])
-def test_promtool_checks_the_scrape_config(name: str) -> None:
+def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not on PATH (Debian package `prometheus`); "
-                    "the YAML checks above still ran")
-    result = subprocess.run([promtool, "check", "config", "--syntax-only", str(OBS / name)],
-                            capture_output=True, text=True, timeout=60)
+        pytest.fail("promtool not on PATH: `make system` installs it (Debian package "
+                    "`prometheus`; scripts/setup_system.sh)")
+    return subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60,
+                          cwd=OBS)
+
+
+def test_promtool_checks_the_compose_scrape_config_and_its_rules() -> None:
+    """Not --syntax-only: the rule files it names are found and checked too."""
+    result = _promtool("check", "config", "prometheus.yml")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 rules found" in result.stdout + result.stderr
+
+
+def test_promtool_checks_the_k8s_scrape_config(tmp_path: Path) -> None:
+    """Debian's promtool is built without Kubernetes service discovery (it refuses the
+    ``kubernetes_sd_configs`` field itself): where it does, the rest of the file (scrape
+    settings, relabel rules) is checked with that one field swapped for static targets."""
+    result = _promtool("check", "config", "--syntax-only", "prometheus-k8s.yml")
+    out = result.stdout + result.stderr
+    if result.returncode != 0 and "field kubernetes_sd_configs not found" in out:
+        config = yaml.safe_load((OBS / "prometheus-k8s.yml").read_text())
+        for job in config["scrape_configs"]:
+            assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+            job["static_configs"] = [{"targets": ["pod:9100"]}]
+        copy = tmp_path / "prometheus-k8s.yml"
+        copy.write_text(yaml.safe_dump(config))
+        result = _promtool("check", "config", "--syntax-only", str(copy))
+        out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+
+
+def test_a_stopped_service_fires_the_service_down_alert() -> None:
+    """alerts-test.yml: the scheduler's scrapes fail from minute 2; a minute later
+    LibraServiceDown fires for it alone (promtool evaluates the rules on those series)."""
+    result = _promtool("test", "rules", "alerts-test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:
+    """The rule checks above are not vacuous."""
+    broken = tmp_path / "broken.yml"
+    broken.write_text("groups:\n  - name: x\n    rules:\n      - alert: A\n"
+                      "        expr: up{job=\"libra\" == 0\n")
+    assert _promtool("check", "rules", str(broken)).returncode != 0
+
+
+def test_the_overview_shows_which_targets_are_up() -> None:
+    assert UP_QUERY in queries(OBS / "grafana" / "dashboards" / "overview.json")
+    rules = yaml.safe_load((OBS / "alerts.yml").read_text())
+    exprs = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    assert exprs["LibraServiceDown"] == f"{UP_QUERY} == 0"
+    # The job name the rule and the panel select is the scrape job's.
+    config = yaml.safe_load((OBS / "prometheus.yml").read_text())
+    assert [job["job_name"] for job in config["scrape_configs"]] == ["libra"]
+    assert config["rule_files"] == ["alerts.yml"]
+
+
+# -- the compose `observe` profile ---------------------------------------------------------
+
+OBSERVE = {"prometheus", "grafana", "otel-collector", "jaeger"}
+
+
+def observe_services() -> dict[str, dict]:
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    return {name: svc for name, svc in services.items() if svc.get("profiles")}
+
+
+def bind_mounts(svc: dict) -> list[tuple[Path, str]]:
+    """(host path, container path) of every bind mount (a relative source)."""
+    out = []
+    for volume in svc.get("volumes", []):
+        source, target = str(volume).split(":")[:2]
+        if source.startswith("."):
+            out.append(((COMPOSE.parent / source).resolve(), target))
+    return out
+
+
+def test_observability_services_are_in_the_observe_profile_only() -> None:
+    """The default `docker compose up` is unchanged: all four need --profile observe."""
+    services = observe_services()
+    assert set(services) == OBSERVE
+    assert all(svc["profiles"] == ["observe"] for svc in services.values())
+    assert all(":" in svc["image"] and not svc["image"].endswith(":latest")
+               for svc in services.values()), "pin the images"
+
+
+def test_observe_mounts_exist_where_the_images_read_them() -> None:
+    services = observe_services()
+    mounts = {name: dict((target, host) for host, target in bind_mounts(svc))
+              for name, svc in services.items()}
+    for name, found in mounts.items():
+        for target, host in found.items():
+            assert host.exists(), f"{name}: {host} (mounted at {target}) does not exist"
+    prom = mounts["prometheus"]
+    assert prom["/etc/prometheus/prometheus.yml"] == OBS / "prometheus.yml"
+    assert prom["/etc/prometheus/alerts.yml"] == OBS / "alerts.yml"
+    command = services["prometheus"]["command"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in command
+    assert mounts["otel-collector"]["/etc/otelcol/config.yaml"] == OBS / "otel-collector.yaml"
+    assert "--config=/etc/otelcol/config.yaml" in services["otel-collector"]["command"]
+    grafana = mounts["grafana"]
+    assert grafana["/etc/grafana/provisioning"] == OBS / "grafana" / "provisioning"
+    provider = yaml.safe_load(
+        (OBS / "grafana" / "provisioning" / "dashboards" / "libra.yaml").read_text())
+    (folder,) = [p["options"]["path"] for p in provider["providers"]]
+    assert grafana[folder] == OBS / "grafana" / "dashboards"
+
+
+def test_grafana_and_the_collector_reach_compose_services() -> None:
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    datasource = yaml.safe_load(
+        (OBS / "grafana" / "provisioning" / "datasources" / "libra.yaml").read_text())
+    (url,) = [d["url"] for d in datasource["datasources"]]
+    host, port = url.removeprefix("http://").split(":")
+    assert host in services and "--config.file" in " ".join(services[host]["command"])
+    assert port == "9090"  # Prometheus's listen port (its image's default)
+    backend = services["otel-collector"]["environment"]["LIBRA_TRACE_BACKEND"]
+    assert backend.split(":")[0] in services, backend
+    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+
+
+def test_every_service_exports_traces_to_one_configurable_endpoint() -> None:
+    """LIBRA_OTLP_ENDPOINT (empty by default: no export) reaches every Libra service."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    libra = {name for name, svc in services.items()
+             if " ".join(svc.get("command") or []).startswith("python -m services.")}
+    assert len(libra) == 6
+    for name in libra:
+        env = services[name]["environment"]
+        (value,) = [v for k, v in env.items() if k.endswith("_TELEMETRY__OTLP_ENDPOINT")]
+        assert value == "${LIBRA_OTLP_ENDPOINT:-}", name
 
 
 def test_collector_pipelines_name_defined_components() -> None:
