@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import tomllib
@@ -130,16 +131,21 @@ def as_json(name: str, line: str) -> str:
 
 def _lines(path: Path) -> Iterator[str]:
     with path.open(encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            yield line.rstrip("\n")
+        yield from _read_lines(fh)
 
 
-def follow(path: Path, out: TextIO, render: Any, poll_s: float = FOLLOW_POLL_S) -> None:
-    """Print what is appended to ``path`` until interrupted; a rotation (the file
-    replaced or shrunk) is followed into the new file from its start."""
-    fh = path.open(encoding="utf-8", errors="replace")
-    fh.seek(0, 2)
-    inode = path.stat().st_ino
+def _read_lines(fh: TextIO) -> Iterator[str]:
+    # readline, not iteration: follow() calls tell() on this handle afterwards.
+    while line := fh.readline():
+        yield line.rstrip("\n")
+
+
+def follow(fh: TextIO, path: Path, out: TextIO, render: Any,
+           poll_s: float = FOLLOW_POLL_S) -> None:
+    """Print what is appended to ``path`` from ``fh``'s position (``fh`` is ``path``
+    opened) until interrupted; a rotation (the file replaced or shrunk) is followed into
+    the new file from its start."""
+    inode = os.fstat(fh.fileno()).st_ino
     partial = ""
     try:
         while True:
@@ -183,18 +189,34 @@ def cmd_logs(args: argparse.Namespace, out: TextIO | None = None) -> int:
     def render(line: str) -> str:
         return as_json(args.service, line) if args.json else line
 
-    for path in files:
-        for line in select(_lines(path), since_s):
-            out.write(render(line) + "\n")
-    out.flush()
-    if args.follow:
-        while not current.exists():  # the service has not logged yet: wait for it
-            time.sleep(FOLLOW_POLL_S)
+    if not args.follow:
+        _print_files(files, since_s, out, render)
+        return 0
+    while not current.exists():  # the service has not logged yet: wait for it
+        time.sleep(FOLLOW_POLL_S)
+    # The current file is opened before the log so far is printed, and followed from
+    # where that print stopped: a line written (or a rotation) in between is not lost.
+    with current.open(encoding="utf-8", errors="replace") as fh:
+        _print_files([f for f in log_files(current) if f != current], since_s, out, render)
+        _print_lines(_read_lines(fh), since_s, out, render)
         try:
-            follow(current, out, render)
+            follow(fh, current, out, render)
         except KeyboardInterrupt:
             return 0
     return 0
+
+
+def _print_files(files: list[Path], since_s: float | None, out: TextIO,
+                 render: Any) -> None:
+    for path in files:
+        _print_lines(_lines(path), since_s, out, render)
+
+
+def _print_lines(lines: Iterator[str], since_s: float | None, out: TextIO,
+                 render: Any) -> None:
+    for line in select(lines, since_s):
+        out.write(render(line) + "\n")
+    out.flush()
 
 
 def register(sub: Any) -> None:
