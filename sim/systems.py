@@ -88,7 +88,9 @@ class SystemConfig:
     consumption: str = "barrier"
     """``barrier``: step s trains on step s's trajectories once all finished (the
     reference, verl, slime); ``stream``: on the first trajectories to finish, whatever
-    their step (AReaL, verl fully-async). See ``sim.trainer.BatchSource``."""
+    their step (AReaL, verl fully-async); ``bounded``: streaming under a per-trajectory
+    staleness bound with partial rollout (libra; ``scheduling.staleness``). See
+    ``sim.trainer.BatchSource``."""
 
     def __post_init__(self) -> None:
         if self.consumption not in CONSUMPTION_MODES:
@@ -96,7 +98,7 @@ class SystemConfig:
                 f"system {self.name!r}: consumption must be one of "
                 f"{', '.join(CONSUMPTION_MODES)}, got {self.consumption!r}"
             )
-        if self.consumption == "stream" and self.mode == "sync":
+        if self.consumption != "barrier" and self.mode == "sync":
             raise ValueError(f"system {self.name!r}: a synchronous loop cannot stream")
 
     def with_split(self, train_gpus: int, pattern: tuple[int, ...], label: str) -> SystemConfig:
@@ -195,6 +197,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         enable_elastic=True,
         planner_config=_LIBRA_PLANNER,
         planner_twin=True,
+        consumption="bounded",
     ),
 }
 SYSTEM_NAMES = tuple(SYSTEMS)
