@@ -115,8 +115,14 @@ def steady_throughput(
     first, last = pipeline_depth - 1, len(train_log) - 1 - pipeline_depth
     if last <= first:
         return None
+    per_step: dict[int, int] = {}
+    for t in trace:
+        per_step[t.step] = per_step.get(t.step, 0) + 1
     end_s = [r["start_s"] + r["train_s"] for r in train_log]
-    done = sum(r["trajectories"] for r in train_log[first + 1 : last + 1])
+    # A bounded batch may be larger than its step's share: count what it trained.
+    done = sum(
+        r.get("trajectories", per_step[r["step"]]) for r in train_log[first + 1 : last + 1]
+    )
     return done / (end_s[last] - end_s[first])
 
 

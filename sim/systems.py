@@ -9,8 +9,9 @@ default (``sim.run.initial_plan``), or their own best split and layout from
 
 ``stream-lb`` is the AReaL / verl-fully-async-like peer: least-loaded on homogeneous TP2
 instances, streaming consumption (a step trains on the first trajectories to finish,
-the staleness bound gating releases); partial rollout (interrupting generations at a
-weight update and continuing them) is not modelled.
+the staleness bound gating releases, no per-trajectory cut-off). ``libra`` consumes
+``bounded``: streaming under a per-trajectory staleness bound, with partial rollout's
+version accounting (``scheduling.staleness``, ``sim.weight_sync``).
 
 ``toolcount`` is not compared: its priority orders two queues. In the scheduler's
 pending queue (where the service applies it) no trajectory has begun, so every
