@@ -23,7 +23,7 @@ from collections import Counter
 from typing import Any
 
 from libra import types as lt
-from scheduling.planner import GlobalResourcePlanner, Plan
+from scheduling.planner import GlobalResourcePlanner, Plan, pipeline_depth
 from scheduling.policy import BucketLayout, TrajectoryDescriptor, make_policy
 from scheduling.policy.base import Reason
 from scheduling.policy.thresholds import idle_while_queued
@@ -104,7 +104,8 @@ class Simulator:
         self.batches = BatchSource(self.system.consumption, self.by_step)
         self.step_complete_s: dict[int, float] = {}
         self.consumed: dict[int, list[TrajState]] = {}
-        self.batch_span_s: dict[int, float] = {}
+        self.batch_span_s: dict[int, float | None] = {}
+        self.release_s: dict[int, float] = {}
         self.migrations = 0
         self.rejected = 0
         self.idle_while_queued: Counter[str] = Counter()
@@ -162,6 +163,7 @@ class Simulator:
     def _release_step(self, step_index: int, now: float) -> None:
         step = self.steps[step_index]
         self.batches.on_release(step, self.version)
+        self.release_s[step] = now
         for t in self.by_step[step]:
             t.released_s = now
             self._queue(t)
@@ -303,13 +305,27 @@ class Simulator:
         if batch is None:
             return
         self.consumed[step] = batch
-        # Release to completion: the step's own completion under a barrier, the batch
-        # becoming ready when streaming.
-        end = self.step_complete_s[step] if self.system.consumption == "barrier" else now
-        self.batch_span_s[step] = end - min(t.released_s for t in batch)
+        self.batch_span_s[step] = self._span_s(step, batch, now)
         tokens = [t.rec.total_tokens for t in batch]
         train_s = self.trainer.start(step, tokens, self.plan.train, len(self.pool.active), now)
         self._push(now + train_s, TRAIN_DONE, step)
+
+    def _span_s(self, step: int, batch: list[TrajState], now: float) -> float | None:
+        """Release to completion of a step (the elastic trigger's rollout signal).
+
+        Barrier: until the step's own completion; stream: until the batch is ready.
+        Bounded: from the step's release until a step's worth is ready, once the
+        pipeline is full (``None`` before: the first batches are the first finishers,
+        the shortest, and would read as a fast rollout stage).
+        """
+        mode = self.system.consumption
+        if mode == "barrier":
+            return self.step_complete_s[step] - min(t.released_s for t in batch)
+        if mode == "stream":
+            return now - min(t.released_s for t in batch)
+        if self.trainer.version < pipeline_depth(self.system.staleness):
+            return None
+        return now - self.release_s[step]
 
     @property
     def version(self) -> int:
