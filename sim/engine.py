@@ -10,7 +10,9 @@ Events (a heap of ``(time, seq, kind, payload)``):
 - ``JOIN_ACTIVE``: a hybrid node lent to training is ready to contribute.
 
 The placement policy is the project's (``make_policy``); the loop only applies its
-load deltas, as the scheduler service does with ``HINCRBY``.
+load deltas, as the scheduler service does with ``HINCRBY``. Elsewhere: cluster changes
+(``sim.replan``), weight sync and partial rollout (``sim.weight_sync``), batches
+(``sim.trainer``), the result (``sim.results``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from sim.instance import Instance, Seq, SimInfeasible
 from sim.nodes import NodeRegistry
 from sim.pool import HybridPool
 from sim.presets import ClusterSpec
-from sim.results import raw_result
+from sim.results import simulator_result
 from sim.state import SimClock, TrajState
 from sim.systems import SystemConfig
 from sim.trace import TraceTrajectory
@@ -312,12 +314,9 @@ class Simulator:
 
     def _span_s(self, step: int, batch: list[TrajState], now: float) -> float | None:
         """Release to completion of a step (the elastic trigger's rollout signal).
-
-        Barrier: until the step's own completion; stream: until the batch is ready.
-        Bounded: from the step's release until a step's worth is ready, once the
-        pipeline is full (``None`` before: the first batches are the first finishers,
-        the shortest, and would read as a fast rollout stage).
-        """
+        Barrier: until the step's own completion; stream: until the batch is ready;
+        bounded: from the step's release until a step's worth is ready, once the pipeline
+        is full (before, ``None``: the first finishers are the shortest)."""
         mode = self.system.consumption
         if mode == "barrier":
             return self.step_complete_s[step] - min(t.released_s for t in batch)
@@ -396,18 +395,4 @@ class Simulator:
                 f"simulation stalled after {self.version} of {len(self.steps)} steps "
                 f"({self.finished} trajectories finished, {len(self.pending)} queued)"
             )
-        return raw_result(
-            self.instances, self.nodes.created_s, self.nodes.retired_by_bucket, self.trainer.log,
-            self.trajs, counters={
-                "idle_while_queued": dict(self.idle_while_queued),
-                "retired_busy_gpu_s": self.nodes.retired_busy_gpu_s,
-                "train_busy_gpu_s": self.trainer.busy_gpu_s,
-                "migrations": self.migrations,
-                "planner_moves": self.planner_moves + self.pool.moves,
-                "consumed_staleness": self.batches.staleness,
-                "partial_rollouts": self.partial_rollouts,
-                "rejected": self.rejected,
-                "plan_events": self.plan_events,
-                "policy_stats": self.policy.stats(),
-            },
-        )
+        return simulator_result(self)
