@@ -25,8 +25,8 @@ from scheduling.planner.costmodel import (
     MAX_BATCH_SEQS,
     PREFILL_CHUNK_TOKENS,
     kv_capacity_tokens,
-    step_s,
 )
+from scheduling.planner.roofline import step_timer
 from scheduling.planner.specs import HardwareSpec, ModelSpec
 
 
@@ -71,19 +71,22 @@ class Instance:
     seg_chunk: int = 0
     version: int = 0
     pause_until: float = 0.0
-    _cache: dict = field(default_factory=dict)
+    _timer: Any = None
+    """``step_timer`` of this TP degree (``step_s`` with its constants folded)."""
 
     @classmethod
     def create(
         cls, iid: str, tp: int, bucket: str, node: int, hw: HardwareSpec, model: ModelSpec
     ) -> Instance:
         """A fresh, empty instance."""
-        return cls(iid, tp, bucket, node, kv_capacity_tokens(hw, model, tp), hw, model)
+        inst = cls(iid, tp, bucket, node, kv_capacity_tokens(hw, model, tp), hw, model)
+        inst._timer = step_timer(hw, model, tp)
+        return inst
 
     # Timing.
 
     def _step(self, num_decode: int, kv_tokens: float, chunk: int, chunk_ctx: float) -> float:
-        return step_s(self.hw, self.model, self.tp, num_decode, kv_tokens, chunk, chunk_ctx)
+        return self._timer(num_decode, kv_tokens, chunk, chunk_ctx)
 
     def seg_elapsed(self, k: int) -> float:
         """Time of the first ``k`` steps of the current segment."""
@@ -165,18 +168,27 @@ class Instance:
         if not self.running or not self.alive:
             self.seg_steps = 0
             return None
-        decoding = [s for s in self.running if s.prefill_left <= 0]
-        head = next((s for s in self.running if s.prefill_left > 0), None)
-        n_dec = len(decoding)
-        kv = float(sum(s.ctx for s in decoding))
+        # One pass: the decoding turns' count, context (ints: the sum is exact in any
+        # order) and fewest tokens left; the first turn still prefilling.
+        n_dec, kv_tokens, fewest_left, head = 0, 0, math.inf, None
+        for s in self.running:
+            if s.prefill_left > 0:
+                if head is None:
+                    head = s
+                continue
+            n_dec += 1
+            kv_tokens += s.ctx
+            if s.decode_left < fewest_left:
+                fewest_left = s.decode_left
+        kv = float(kv_tokens)
         if head is not None:
             n = -(-head.prefill_left // PREFILL_CHUNK_TOKENS)
             chunk = min(PREFILL_CHUNK_TOKENS, head.prefill_left)
             ctx = float(head.ctx)
         else:
             n, chunk, ctx = math.inf, 0, 0.0
-        if decoding:
-            n = min(n, min(s.decode_left for s in decoding))
+        if n_dec:
+            n = min(n, fewest_left)
         n = max(1, int(n))
         s0 = self._step(n_dec, kv, chunk, ctx)
         if n > 1:

@@ -20,7 +20,7 @@ def step_metrics(
     rejected: int,
     hybrid_active: int,
     hybrid_joining: int,
-    span_s: float,
+    span_s: float | None,
 ) -> StepMetrics:
     """The step's times, pressures (over the live instances' pinned caps), length history
     and the release-to-completion span of its rollouts."""

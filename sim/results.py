@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.instance import Instance
 from sim.state import TrajState
+
+if TYPE_CHECKING:
+    from sim.engine import Simulator
+
+
+def simulator_result(sim: Simulator) -> dict[str, Any]:
+    """The raw result of a finished run: ``raw_result`` over the loop's tallies."""
+    return raw_result(
+        sim.instances, sim.nodes.created_s, sim.nodes.retired_by_bucket, sim.trainer.log,
+        sim.trajs, counters={
+            "idle_while_queued": dict(sim.idle_while_queued),
+            "retired_busy_gpu_s": sim.nodes.retired_busy_gpu_s,
+            "train_busy_gpu_s": sim.trainer.busy_gpu_s,
+            "migrations": sim.migrations,
+            "planner_moves": sim.planner_moves + sim.pool.moves,
+            "consumed_staleness": sim.batches.staleness,
+            "partial_rollouts": sim.partial_rollouts,
+            "rejected": sim.rejected,
+            "plan_events": sim.plan_events,
+            "policy_stats": sim.policy.stats(),
+        },
+    )
 
 
 def raw_result(

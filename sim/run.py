@@ -119,7 +119,10 @@ def steady_throughput(
     for t in trace:
         per_step[t.step] = per_step.get(t.step, 0) + 1
     end_s = [r["start_s"] + r["train_s"] for r in train_log]
-    done = sum(per_step[r["step"]] for r in train_log[first + 1 : last + 1])
+    # A bounded batch may be larger than its step's share: count what it trained.
+    done = sum(
+        r.get("trajectories", per_step[r["step"]]) for r in train_log[first + 1 : last + 1]
+    )
     return done / (end_s[last] - end_s[first])
 
 
@@ -143,7 +146,7 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         return {**base, "feasible": False, "reason": str(exc)}
     staleness = 0 if fitted.mode == "sync" else fitted.staleness
     twin_runs = twin.runs if twin is not None else 0
-    bound = lower_bound_s(cluster, trace, staleness, stream=fitted.consumption == "stream")
+    bound = lower_bound_s(cluster, trace, staleness, stream=fitted.consumption != "barrier")
     makespan = raw["makespan_s"]
     lat = np.array(raw["latencies_s"])
     tokens = sum(t.total_tokens for t in trace)
@@ -178,5 +181,6 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         "consumption": fitted.consumption,
         "max_consumed_staleness": max(raw["consumed_staleness"], default=0),
         "mean_consumed_staleness": float(np.mean(raw["consumed_staleness"] or [0])),
+        "partial_rollouts": raw["partial_rollouts"],
         "sim_wall_s": time.perf_counter() - started,
     }

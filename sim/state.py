@@ -34,6 +34,11 @@ class TrajState:
     placed: bool = False
     needs_full_prefill: bool = True
     in_tool: bool = False
+    first_version: int = -1
+    """Policy version of the oldest model token (-1: not started)."""
+    last_version: int = -1
+    """Policy version of the newest model token: a weight update landing while a turn
+    generates (partial rollout) or before the next turn moves it on."""
 
     @property
     def ctx(self) -> int:

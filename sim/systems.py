@@ -9,8 +9,9 @@ default (``sim.run.initial_plan``), or their own best split and layout from
 
 ``stream-lb`` is the AReaL / verl-fully-async-like peer: least-loaded on homogeneous TP2
 instances, streaming consumption (a step trains on the first trajectories to finish,
-the staleness bound gating releases); partial rollout (interrupting generations at a
-weight update and continuing them) is not modelled.
+the staleness bound gating releases, no per-trajectory cut-off). ``libra`` consumes
+``bounded``: streaming under a per-trajectory staleness bound, with partial rollout's
+version accounting (``scheduling.staleness``, ``sim.weight_sync``).
 
 ``toolcount`` is not compared: its priority orders two queues. In the scheduler's
 pending queue (where the service applies it) no trajectory has begun, so every
@@ -88,7 +89,9 @@ class SystemConfig:
     consumption: str = "barrier"
     """``barrier``: step s trains on step s's trajectories once all finished (the
     reference, verl, slime); ``stream``: on the first trajectories to finish, whatever
-    their step (AReaL, verl fully-async). See ``sim.trainer.BatchSource``."""
+    their step (AReaL, verl fully-async); ``bounded``: streaming under a per-trajectory
+    staleness bound with partial rollout (libra; ``scheduling.staleness``). See
+    ``sim.trainer.BatchSource``."""
 
     def __post_init__(self) -> None:
         if self.consumption not in CONSUMPTION_MODES:
@@ -96,7 +99,7 @@ class SystemConfig:
                 f"system {self.name!r}: consumption must be one of "
                 f"{', '.join(CONSUMPTION_MODES)}, got {self.consumption!r}"
             )
-        if self.consumption == "stream" and self.mode == "sync":
+        if self.consumption != "barrier" and self.mode == "sync":
             raise ValueError(f"system {self.name!r}: a synchronous loop cannot stream")
 
     def with_split(self, train_gpus: int, pattern: tuple[int, ...], label: str) -> SystemConfig:
@@ -195,6 +198,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         enable_elastic=True,
         planner_config=_LIBRA_PLANNER,
         planner_twin=True,
+        consumption="bounded",
     ),
 }
 SYSTEM_NAMES = tuple(SYSTEMS)

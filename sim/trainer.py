@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scheduling.planner import HardwareSpec, ModelSpec, TrainParallelism, train_step_s
+from scheduling.staleness import bounded_batch
 
 
 class SimTrainer:
@@ -53,6 +54,7 @@ class SimTrainer:
         self.log.append({
             "step": step, "start_s": now, "train_s": train_s,
             "rollout_s": now - self._last_complete_s, "train_gpus": par.num_gpus,
+            "trajectories": len(tokens),
         })
         self._last_complete_s = now
         return train_s
@@ -63,7 +65,7 @@ class SimTrainer:
         self.version += 1
 
 
-CONSUMPTION_MODES = ("barrier", "stream")
+CONSUMPTION_MODES = ("barrier", "stream", "bounded")
 
 
 class BatchSource:
@@ -92,6 +94,8 @@ class BatchSource:
         self._done: dict[int, int] = {}
         self._ready: list[Any] = []
         self.released_version: dict[int, int] = {}
+        self.consumed = 0
+        """Trajectories handed to training so far."""
         self.staleness: list[int] = []
         """Per consumed trajectory: versions between its step's release and its use."""
 
@@ -106,9 +110,27 @@ class BatchSource:
         self._ready.append(traj)
         return self._done[step] == len(self._by_step[step])
 
-    def take(self, step: int, complete: bool, version: int) -> list[Any] | None:
+    def take(
+        self, step: int, complete: bool, version: int, *, in_flight: Any = (),
+        max_staleness: int = 0, last: bool = False,
+    ) -> list[Any] | None:
         """The batch of training step ``step`` if it can start (``complete``: all of
-        step ``step``'s trajectories finished), else ``None``."""
+        step ``step``'s trajectories finished), else ``None``. ``bounded`` also takes
+        the oldest-token versions ``in_flight``, the bound and ``last`` (nothing more
+        will finish)."""
+        if self._mode == "bounded":
+            versions = [t.first_version for t in self._ready]
+            picked = bounded_batch(
+                versions, in_flight, version, len(self._by_step[step]), max_staleness, last=last
+            )
+            if picked is None:
+                return None
+            chosen = set(picked)
+            batch = [self._ready[i] for i in picked]
+            self._ready = [t for i, t in enumerate(self._ready) if i not in chosen]
+            self.staleness += [version - t.first_version for t in batch]
+            self.consumed += len(batch)
+            return batch
         if self._mode == "barrier":
             if not complete:
                 return None
@@ -121,4 +143,5 @@ class BatchSource:
                 return None
             batch, self._ready = self._ready[:size], self._ready[size:]
         self.staleness += [version - self.released_version[t.rec.step] for t in batch]
+        self.consumed += len(batch)
         return batch

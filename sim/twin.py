@@ -96,4 +96,6 @@ class TwinRefiner:
             return math.inf
         ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]
         first = self._depth - 1
+        if len(ends) - 1 <= first:
+            return math.inf  # too few steps trained after the fill to measure
         return (ends[-1] - ends[first]) / (len(ends) - 1 - first)

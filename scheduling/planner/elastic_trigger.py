@@ -103,6 +103,11 @@ class ElasticTrigger:
             return min(capacity, extra), "candidate_wants_training"
         if not cfg.core_replan and event.applied:
             return max(0, min(capacity, current + extra)), "approved_plan"
+        if cfg.elastic_span_alpha > 0 and self.span_ema_s is None:
+            # Smoothing asked for but no span reported yet (a streaming job's pipeline
+            # is still filling, its first batches being the shortest trajectories): the
+            # step gaps would read as a fast rollout stage and lend it away (issue 20).
+            return current, "no_span_yet"
         if ratio >= cfg.elastic_borrow_ratio:
             return capacity, "borrow"
         if ratio <= cfg.elastic_release_ratio:

@@ -11,6 +11,9 @@ weights are divided once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from scheduling.planner.specs import HardwareSpec, ModelSpec
 
 PREFILL_CHUNK_TOKENS = 1024
@@ -125,3 +128,42 @@ def prefill_s(
         total += step_s(hw, model, tp, 0, 0.0, chunk, ctx_tokens + done)
         done += chunk
     return total
+
+
+def step_timer(hw: HardwareSpec, model: ModelSpec, tp: int) -> Callable[..., float]:
+    """``step_s`` for one device, model and TP degree, with its per-call constants
+    computed once. The arithmetic is ``step_s``'s, in the same order, so the results
+    are identical to the last bit (the simulator calls it on every segment)."""
+    if model.is_moe:  # the weights read depend on the step's tokens
+        return partial(step_s, hw, model, tp)
+    weights = weights_read_per_gpu(model, tp, 1)
+    kv_bytes = kv_bytes_per_token(model, tp)
+    attn_unit = 4.0 * model.num_layers * model.num_heads * model.head_dim
+    flops_per_token = 2.0 * model.num_active_params
+    mem_rate = hw.hbm_bw_bytes_per_s * hw.hbm_efficiency
+    flop_rate = hw.peak_flops * hw.prefill_mfu
+    interference, overhead = hw.mixed_batch_interference, hw.engine_step_overhead_s
+    ring = 2.0 * (tp - 1) / tp
+    bus_bw = hw.allreduce_bus_bw_bytes_per_s or hw.intra_node_bw_bytes_per_s
+    latency, layers2 = hw.allreduce_latency_s, 2.0 * model.num_layers
+    hidden, dtype = model.hidden_size, model.dtype_bytes
+
+    def timer(
+        num_decode: int, kv_tokens: float, prefill_tokens: int = 0,
+        prefill_ctx_tokens: float = 0.0,
+    ) -> float:
+        num_tokens = num_decode + prefill_tokens
+        if num_tokens <= 0:
+            return 0.0
+        bytes_read = weights + kv_tokens * kv_bytes
+        flops = flops_per_token * num_tokens + attn_unit * kv_tokens
+        if prefill_tokens:
+            flops += attn_unit * prefill_tokens * (prefill_ctx_tokens + prefill_tokens / 2.0)
+        t_mem = bytes_read / mem_rate
+        t_flop = flops / tp / flop_rate
+        comm = 0.0
+        if tp > 1:
+            comm = layers2 * (latency + ring * (num_tokens * hidden * dtype) / bus_bw)
+        return max(t_mem, t_flop) + interference * min(t_mem, t_flop) + comm + overhead
+
+    return timer

@@ -27,6 +27,7 @@ reference behaviour one setting away):
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 from dataclasses import dataclass
@@ -160,6 +161,9 @@ class CmlfqPolicy(PinningPolicy):
         self._decision_lengths: collections.deque[float] = collections.deque(
             maxlen=LENGTH_WINDOW_SAMPLES
         )
+        # The same lengths kept sorted: the thresholds re-sort them after every finish,
+        # which is linear on a sorted list instead of n log n.
+        self._sorted_lengths: list[float] = []
         self._num_lengths = 0
         self._tree = CausalPrefixTree(config.p90_window_samples)
         self._finishes_since_persist = 0
@@ -187,7 +191,7 @@ class CmlfqPolicy(PinningPolicy):
         key = (tuple(self._shares.items()), self._num_lengths, self._tree_epoch)
         if self._threshold_cache is None or self._threshold_cache[0] != key:
             derived = live_thresholds(
-                self._layout, self._shares, self._decision_lengths, self._config.min_node_visits
+                self._layout, self._shares, self._sorted_lengths, self._config.min_node_visits
             )
             self._threshold_cache = (key, derived)
         return self._threshold_cache[1]
@@ -345,6 +349,7 @@ class CmlfqPolicy(PinningPolicy):
     def _rebuild(self, recent: list[dict[str, Any]]) -> None:
         self._tree.rebuild(())
         self._decision_lengths.clear()
+        self._sorted_lengths.clear()
         for data in recent:
             self._insert(RecentTrajectory.from_dict(data))
         self._tree_epoch += 1
@@ -352,8 +357,12 @@ class CmlfqPolicy(PinningPolicy):
 
     def _remember_lengths(self, recent: RecentTrajectory) -> None:
         # Lengths as C-MLFQ maps them: the total at entry, the remaining after each return.
-        self._decision_lengths.append(float(recent.total_tokens))
-        self._decision_lengths.extend(float(r) for r in recent.remaining_tokens)
+        for length in (recent.total_tokens, *recent.remaining_tokens):
+            if len(self._decision_lengths) == self._decision_lengths.maxlen:
+                oldest = self._decision_lengths[0]  # the deque drops it on append
+                del self._sorted_lengths[bisect.bisect_left(self._sorted_lengths, oldest)]
+            self._decision_lengths.append(float(length))
+            bisect.insort(self._sorted_lengths, float(length))
         self._num_lengths += 1
 
     def _insert(self, recent: RecentTrajectory) -> None:

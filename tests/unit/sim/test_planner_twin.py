@@ -30,9 +30,9 @@ SPEC = cluster("a800x48")
 HISTORY_STEPS = 5
 
 
-def _setup(shape: str, seed: int):
+def _setup(shape: str, seed: int, consumption: str = "bounded"):
     trace = generate(GeneratorConfig(shape=shape, num_steps=20, prompts_per_step=16, seed=seed))
-    libra = system("libra")
+    libra = replace(system("libra"), consumption=consumption)
     twin = TwinRefiner(SPEC, libra)
     history = []
     for step in range(HISTORY_STEPS):
@@ -57,7 +57,8 @@ def _simulated_step_s(trace, libra, plan) -> float:
 
 
 def test_twin_agrees_with_the_simulation_on_the_candidates_it_ranks() -> None:
-    trace, libra, twin, search, work = _setup("r2e", 0)
+    # The closed form models a per-step barrier (a step waits for its own trajectories).
+    trace, libra, twin, search, work = _setup("r2e", 0, consumption="barrier")
     model = search.cost_model(work)
     candidates = search._closed_form_top_k(model, work, 1.0, 1.0)
     candidates += search._best_uniform(model, work, candidates)

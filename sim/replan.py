@@ -1,0 +1,76 @@
+"""Online replanning and the elastic pool inside a simulated run.
+
+After each training step the planner observes the step (``sim.planner_step``), decides,
+and the run applies what it chose: a new split and rollout layout (nodes whose
+pattern changed are torn down and re-created, loading weights before they serve) and
+the elastic pool's size. These functions act on a ``sim.engine.Simulator``; they are
+kept apart from the event loop because they change the cluster, not a trajectory.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scheduling.planner import Plan
+from sim.planner_step import step_metrics
+from sim.presets import WEIGHT_LOAD_BW_BYTES_PER_S
+
+if TYPE_CHECKING:
+    from sim.engine import Simulator
+
+
+def run_planner(sim: Simulator, step: int, now: float) -> None:
+    """Feed step ``step`` to the planner (and its twin); apply its plan and pool size."""
+    batch = [t.rec for t in sim.consumed[step]]
+    if sim.twin is not None:
+        sim.twin.observe_step(batch)
+    metrics = step_metrics(
+        version=sim.version,
+        log=sim.trainer.log[-1],
+        trajectories=batch,
+        pinned_caps=(
+            sim.layout.get(inst.bucket).max_trajectories_per_instance
+            for inst in sim.instances.values()
+            if inst.alive
+        ),
+        loads=sim.load_list,
+        pending=len(sim.pending),
+        rejected=sim.rejected,
+        hybrid_active=len(sim.pool.active),
+        hybrid_joining=sim.pool.joining,
+        span_s=sim.batch_span_s[step],
+    )
+    sim.planner.observe(metrics)
+    event = sim.planner.decide(sim.version)
+    sim.plan_events.append(event.to_dict())
+    if event.applied and sim.system.enable_replan:
+        apply_plan(sim, sim.planner.current, now)
+    if event.elastic is not None and sim.system.enable_elastic:
+        sim.pool.resize(event.elastic.desired_replicas, sorted(sim.node_patterns), now)
+        sim.admit_pending(now)
+
+
+def apply_plan(sim: Simulator, plan: Plan, now: float) -> None:
+    """Re-create rollout nodes whose pattern changed; training nodes change at the next step."""
+    sim.planner_moves += 1
+    old_train = sim.train_nodes
+    new_train = plan.train_gpus // sim.cluster.gpus_per_node
+    sim.pool.release_all(now)
+    wanted = {new_train + i: p for i, p in enumerate(plan.rollout_nodes)}
+    for node in range(min(old_train, new_train), sim.cluster.num_nodes):
+        if sim.node_patterns.get(node) != wanted.get(node):
+            if node in sim.node_patterns:
+                sim.teardown_node(node, now)
+            if node in wanted:
+                bring_up(sim, node, wanted[node], now)
+    sim.train_nodes, sim.plan = new_train, plan
+    sim.admit_pending(now)
+
+
+def bring_up(sim: Simulator, node: int, pattern: tuple[int, ...], now: float) -> None:
+    """Create a node's instances, not serving until its weights are loaded (``NODE_UP``)."""
+    sim.nodes.build(node, pattern, False, now)
+    load_s = (
+        sim.model.num_params * sim.model.dtype_bytes / min(pattern) / WEIGHT_LOAD_BW_BYTES_PER_S
+    )
+    sim.node_up_at(now + load_s, node)
