@@ -1,0 +1,245 @@
+"""Where a rollout instance reads a published version from: the shared path, or a
+local copy fetched from the trainer over gRPC (no shared filesystem).
+
+:class:`WeightSource` decides (config ``weights_source``): ``filesystem`` reads the
+path the policy pointer names; ``grpc`` always fetches; ``auto`` reads the path when it
+is there and readable, else fetches. :class:`WeightFetcher` copies a version into the
+instance's cache directory:
+
+1. the manifest, checked against the sha256 the pointer in Redis carries (so every
+   chunk hash in it is trusted);
+2. the chunks, into ``<file>.part``, each checked against its sha256 before it is
+   written; a bad chunk is fetched once more, and a second bad copy fails the version
+   loudly (WeightSyncError: the loader refuses it and the old weights keep serving);
+3. a broken stream (the trainer died or restarted) is reopened from the last good
+   chunk, with backoff, a bounded number of times; a full server (ResourceExhausted)
+   is asked again after its hint, without limit but within the loader's deadline;
+4. the whole-file sha256, then ``<file>.part`` -> ``<file>`` and the manifest beside it
+   (temp file + rename): a copy under its final name is always complete.
+
+A ``.part`` left by an earlier attempt (this process or one before a restart) is
+re-checked chunk by chunk and the transfer resumes after its last good chunk.
+
+Pure, like the core: the trainer comes in as a WeightApi; file I/O runs in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from libra.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from libra.weight_sync import MANIFEST_SUFFIX, WeightManifest, WeightSyncError, parse_manifest
+
+if TYPE_CHECKING:  # the client's type only: no grpc at run time
+    from libra import types as t
+    from libra.clients.api import WeightApi
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_SOURCES = ("auto", "filesystem", "grpc")
+PART_SUFFIX = ".part"
+# Versions kept in the cache per job: the one serving and the one being loaded.
+KEEP_CACHED_VERSIONS = 2
+
+
+@dataclass
+class FetchStats:
+    """What the last fetch did (tests and the benchmark read it)."""
+
+    resumed_from_chunk: int = 0
+    num_chunks_fetched: int = 0
+    num_chunks_refetched: int = 0
+    num_stream_retries: int = 0
+    num_refused: int = 0
+
+
+class WeightFetcher:
+    """Copies published versions from the trainer into ``cache_dir/<job_id>/``."""
+
+    def __init__(self, client: WeightApi, cache_dir: Path, *, max_stream_retries: int = 5,
+                 retry_backoff_s: float = 0.2) -> None:
+        self._client = client
+        self._cache_dir = cache_dir
+        self._max_stream_retries = max_stream_retries
+        self._retry_backoff_s = retry_backoff_s
+        self.last = FetchStats()
+
+    async def fetch(self, job_id: str, version: int, manifest_sha256: str) -> Path:
+        """The local manifest path of ``version``, fetched and verified.
+
+        Raises:
+            WeightSyncError: The manifest or a chunk (twice) does not match its sha256.
+            Unavailable: The trainer stayed unreachable through every retry; the next
+                call resumes from the last good chunk.
+        """
+        self.last = FetchStats()
+        body = await self._manifest(job_id, version)
+        if hashlib.sha256(body).hexdigest() != manifest_sha256:
+            raise WeightSyncError(f"weights manifest of version {version} from the trainer: "
+                                  "sha256 does not match the published pointer")
+        manifest = parse_manifest(body)
+        job_dir = self._cache_dir / _plain_name(job_id, "job_id")
+        final = job_dir / _plain_name(manifest.file, "manifest file")
+        local_manifest = final.with_name(final.name + MANIFEST_SUFFIX)
+        if await asyncio.to_thread(_is_cached, local_manifest, body):
+            return local_manifest
+        await asyncio.to_thread(job_dir.mkdir, parents=True, exist_ok=True)
+        part = final.with_name(final.name + PART_SUFFIX)
+        await self._fetch_file(job_id, manifest, part)
+        await asyncio.to_thread(_install, part, final, local_manifest, body)
+        await asyncio.to_thread(_prune_cache, job_dir, KEEP_CACHED_VERSIONS)
+        return local_manifest
+
+    async def _manifest(self, job_id: str, version: int) -> bytes:
+        attempt = 0
+        while True:
+            try:
+                return await self._client.get_manifest(job_id, version)
+            except ResourceExhausted as exc:
+                self.last.num_refused += 1
+                await asyncio.sleep(exc.retry_after_ms / 1000)
+            except (Unavailable, DeadlineExceeded):
+                attempt = await self._backoff(attempt, version, 0)
+
+    async def _fetch_file(self, job_id: str, manifest: WeightManifest, part: Path) -> None:
+        whole, next_chunk = await asyncio.to_thread(_resume_point, part, manifest)
+        self.last.resumed_from_chunk = next_chunk
+        refetched: set[int] = set()
+        attempt = 0
+        with part.open("ab") as out:
+            while next_chunk < len(manifest.chunks):
+                try:
+                    next_chunk = await self._stream(job_id, manifest, next_chunk, out, whole,
+                                                    refetched)
+                except ResourceExhausted as exc:
+                    self.last.num_refused += 1
+                    await asyncio.sleep(exc.retry_after_ms / 1000)
+                except (Unavailable, DeadlineExceeded):
+                    attempt = await self._backoff(attempt, manifest.version, next_chunk)
+        if whole.hexdigest() != manifest.sha256:
+            part.unlink(missing_ok=True)
+            raise WeightSyncError(f"weights version {manifest.version} from the trainer: "
+                                  "whole-file sha256 mismatch")
+
+    async def _stream(self, job_id: str, manifest: WeightManifest, next_chunk: int,
+                      out, whole, refetched: set[int]) -> int:  # noqa: ANN001
+        """Append good chunks from one stream; returns the next chunk wanted (a bad
+        chunk ends the stream early, to be asked for once more)."""
+        async for chunk in self._client.fetch_chunks(job_id, manifest.version, next_chunk):
+            spec = manifest.chunks[next_chunk]
+            if (chunk.index != next_chunk
+                    or hashlib.sha256(chunk.data).hexdigest() != spec.sha256):
+                if next_chunk in refetched:
+                    raise WeightSyncError(
+                        f"weights version {manifest.version} from the trainer: chunk "
+                        f"{next_chunk} (offset {spec.offset}) failed its sha256 twice")
+                logger.warning("[weights] chunk %d of version %d failed its sha256; "
+                               "fetching it again", next_chunk, manifest.version)
+                refetched.add(next_chunk)
+                self.last.num_chunks_refetched += 1
+                return next_chunk
+            await asyncio.to_thread(_append, out, chunk.data)
+            whole.update(chunk.data)
+            self.last.num_chunks_fetched += 1
+            next_chunk += 1
+        return next_chunk
+
+    async def _backoff(self, attempt: int, version: int, next_chunk: int) -> int:
+        """Wait before retrying a broken call; raise once the retries are spent."""
+        attempt += 1
+        self.last.num_stream_retries += 1
+        if attempt > self._max_stream_retries:
+            raise Unavailable(f"trainer unreachable while fetching weights version {version} "
+                              f"({self._max_stream_retries} retries); the next attempt "
+                              f"resumes from chunk {next_chunk}")
+        logger.warning("[weights] fetch of version %d broke at chunk %d; retry %d",
+                       version, next_chunk, attempt)
+        await asyncio.sleep(self._retry_backoff_s * 2 ** (attempt - 1))
+        return attempt
+
+
+class WeightSource:
+    """Resolves a published version to a manifest path this instance can read."""
+
+    def __init__(self, mode: str, fetcher: WeightFetcher | None) -> None:
+        if mode not in WEIGHT_SOURCES:
+            raise ValueError(f"config weights_source: expected one of {WEIGHT_SOURCES}, "
+                             f"got {mode!r}")
+        if mode != "filesystem" and fetcher is None:
+            raise ValueError(f"config weights_source={mode} needs a weight fetcher")
+        self.mode = mode
+        self._fetcher = fetcher
+
+    async def manifest_path(self, job_id: str, policy: t.PolicyInfo) -> Path:
+        """The shared path when allowed and readable, else a fetched local copy."""
+        shared = Path(policy.weights_path)
+        if self.mode == "filesystem" or (
+                self.mode == "auto" and await asyncio.to_thread(_is_readable, shared)):
+            return shared
+        assert self._fetcher is not None  # checked in __init__
+        return await self._fetcher.fetch(job_id, policy.version, policy.sha256)
+
+
+def _plain_name(name: str, what: str) -> str:
+    """``name`` when it is one path component (it comes from the network)."""
+    if not name or name in (".", "..") or Path(name).name != name:
+        raise WeightSyncError(f"{what} {name!r} is not a plain file name")
+    return name
+
+
+def _is_readable(manifest: Path) -> bool:
+    weights = manifest.with_name(manifest.name.removesuffix(MANIFEST_SUFFIX))
+    return all(p.is_file() and os.access(p, os.R_OK) for p in (manifest, weights))
+
+
+def _is_cached(local_manifest: Path, body: bytes) -> bool:
+    try:
+        return local_manifest.read_bytes() == body and _is_readable(local_manifest)
+    except OSError:
+        return False
+
+
+def _resume_point(part: Path, manifest: WeightManifest):  # noqa: ANN202
+    """The whole-file hash over the good chunks already in ``part`` and the next chunk
+    index; ``part`` is cut after its last good chunk."""
+    whole = hashlib.sha256()
+    good_bytes, index = 0, 0
+    if part.exists():
+        with part.open("rb") as fh:
+            for index, spec in enumerate(manifest.chunks):  # noqa: B007
+                data = fh.read(spec.length)
+                if len(data) != spec.length or hashlib.sha256(data).hexdigest() != spec.sha256:
+                    break
+                whole.update(data)
+                good_bytes += len(data)
+            else:
+                index = len(manifest.chunks)
+        os.truncate(part, good_bytes)
+    return whole, index
+
+
+def _append(out, data: bytes) -> None:  # noqa: ANN001
+    out.write(data)
+    out.flush()
+
+
+def _install(part: Path, final: Path, local_manifest: Path, body: bytes) -> None:
+    os.replace(part, final)
+    tmp = local_manifest.with_name(local_manifest.name + ".tmp")
+    tmp.write_bytes(body)
+    os.replace(tmp, local_manifest)
+
+
+def _prune_cache(job_dir: Path, keep: int) -> None:
+    """Delete cached versions beyond the newest ``keep`` (names sort by version)."""
+    manifests = sorted(job_dir.glob("*" + MANIFEST_SUFFIX))
+    for manifest in manifests[:-keep]:
+        weights = manifest.with_name(manifest.name.removesuffix(MANIFEST_SUFFIX))
+        manifest.unlink(missing_ok=True)
+        weights.unlink(missing_ok=True)
