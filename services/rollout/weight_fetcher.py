@@ -29,9 +29,9 @@ import asyncio
 import hashlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from libra.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from libra.weight_sync import MANIFEST_SUFFIX, WeightManifest, WeightSyncError, parse_manifest
@@ -57,6 +57,17 @@ class FetchStats:
     num_chunks_refetched: int = 0
     num_stream_retries: int = 0
     num_refused: int = 0
+
+
+@dataclass
+class _Transfer:
+    """One version's transfer in progress: where it stands survives a broken stream."""
+
+    manifest: WeightManifest
+    out: BinaryIO
+    whole: Any  # hashlib sha256 over the chunks written so far
+    next_chunk: int
+    refetched: set[int] = field(default_factory=set)
 
 
 class WeightFetcher:
@@ -110,45 +121,45 @@ class WeightFetcher:
     async def _fetch_file(self, job_id: str, manifest: WeightManifest, part: Path) -> None:
         whole, next_chunk = await asyncio.to_thread(_resume_point, part, manifest)
         self.last.resumed_from_chunk = next_chunk
-        refetched: set[int] = set()
         attempt = 0
         with part.open("ab") as out:
-            while next_chunk < len(manifest.chunks):
+            transfer = _Transfer(manifest, out, whole, next_chunk)
+            while transfer.next_chunk < len(manifest.chunks):
                 try:
-                    next_chunk = await self._stream(job_id, manifest, next_chunk, out, whole,
-                                                    refetched)
+                    await self._stream(job_id, transfer)
                 except ResourceExhausted as exc:
                     self.last.num_refused += 1
                     await asyncio.sleep(exc.retry_after_ms / 1000)
                 except (Unavailable, DeadlineExceeded):
-                    attempt = await self._backoff(attempt, manifest.version, next_chunk)
+                    attempt = await self._backoff(attempt, manifest.version,
+                                                  transfer.next_chunk)
         if whole.hexdigest() != manifest.sha256:
             part.unlink(missing_ok=True)
             raise WeightSyncError(f"weights version {manifest.version} from the trainer: "
                                   "whole-file sha256 mismatch")
 
-    async def _stream(self, job_id: str, manifest: WeightManifest, next_chunk: int,
-                      out, whole, refetched: set[int]) -> int:  # noqa: ANN001
-        """Append good chunks from one stream; returns the next chunk wanted (a bad
+    async def _stream(self, job_id: str, transfer: _Transfer) -> None:
+        """Append good chunks from one stream, advancing ``transfer.next_chunk`` (a bad
         chunk ends the stream early, to be asked for once more)."""
-        async for chunk in self._client.fetch_chunks(job_id, manifest.version, next_chunk):
-            spec = manifest.chunks[next_chunk]
-            if (chunk.index != next_chunk
-                    or hashlib.sha256(chunk.data).hexdigest() != spec.sha256):
-                if next_chunk in refetched:
+        manifest = transfer.manifest
+        async for chunk in self._client.fetch_chunks(job_id, manifest.version,
+                                                     transfer.next_chunk):
+            index = transfer.next_chunk
+            spec = manifest.chunks[index]
+            if chunk.index != index or hashlib.sha256(chunk.data).hexdigest() != spec.sha256:
+                if index in transfer.refetched:
                     raise WeightSyncError(
                         f"weights version {manifest.version} from the trainer: chunk "
-                        f"{next_chunk} (offset {spec.offset}) failed its sha256 twice")
+                        f"{index} (offset {spec.offset}) failed its sha256 twice")
                 logger.warning("[weights] chunk %d of version %d failed its sha256; "
-                               "fetching it again", next_chunk, manifest.version)
-                refetched.add(next_chunk)
+                               "fetching it again", index, manifest.version)
+                transfer.refetched.add(index)
                 self.last.num_chunks_refetched += 1
-                return next_chunk
-            await asyncio.to_thread(_append, out, chunk.data)
-            whole.update(chunk.data)
+                return
+            await asyncio.to_thread(_append, transfer.out, chunk.data)
+            transfer.whole.update(chunk.data)
             self.last.num_chunks_fetched += 1
-            next_chunk += 1
-        return next_chunk
+            transfer.next_chunk = index + 1
 
     async def _backoff(self, attempt: int, version: int, next_chunk: int) -> int:
         """Wait before retrying a broken call; raise once the retries are spent."""
@@ -224,7 +235,7 @@ def _resume_point(part: Path, manifest: WeightManifest):  # noqa: ANN202
     return whole, index
 
 
-def _append(out, data: bytes) -> None:  # noqa: ANN001
+def _append(out: BinaryIO, data: bytes) -> None:
     out.write(data)
     out.flush()
 
