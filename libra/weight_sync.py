@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST_SUFFIX = ".manifest.json"
-CHUNK_BYTES = 4 << 20
+# 1 MiB: also the message size of the gRPC weight stream (services/trainer/weight_server.py),
+# where grpc.aio moved 1 MiB messages at 400-560 MB/s and 4 MiB ones at 75-170 MB/s on one
+# loopback stream (benchmarks/bench_weight_fetch.py, docs/weights.md).
+CHUNK_BYTES = 1 << 20
 
 
 class WeightSyncError(RuntimeError):

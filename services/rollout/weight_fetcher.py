@@ -146,7 +146,10 @@ class WeightFetcher:
                                                      transfer.next_chunk):
             index = transfer.next_chunk
             spec = manifest.chunks[index]
-            if chunk.index != index or hashlib.sha256(chunk.data).hexdigest() != spec.sha256:
+            # Hashing and writing run in a thread (hashlib releases the GIL): the event
+            # loop keeps serving the instance's other work during a chunk.
+            if chunk.index != index or not await asyncio.to_thread(_append_checked, transfer,
+                                                                   spec.sha256, chunk.data):
                 if index in transfer.refetched:
                     raise WeightSyncError(
                         f"weights version {manifest.version} from the trainer: chunk "
@@ -156,8 +159,6 @@ class WeightFetcher:
                 transfer.refetched.add(index)
                 self.last.num_chunks_refetched += 1
                 return
-            await asyncio.to_thread(_append, transfer.out, chunk.data)
-            transfer.whole.update(chunk.data)
             self.last.num_chunks_fetched += 1
             transfer.next_chunk = index + 1
 
@@ -235,9 +236,14 @@ def _resume_point(part: Path, manifest: WeightManifest):  # noqa: ANN202
     return whole, index
 
 
-def _append(out: BinaryIO, data: bytes) -> None:
-    out.write(data)
-    out.flush()
+def _append_checked(transfer: _Transfer, sha256: str, data: bytes) -> bool:
+    """Append ``data`` when its sha256 matches; False (nothing written) when not."""
+    if hashlib.sha256(data).hexdigest() != sha256:
+        return False
+    transfer.out.write(data)
+    transfer.out.flush()
+    transfer.whole.update(data)
+    return True
 
 
 def _install(part: Path, final: Path, local_manifest: Path, body: bytes) -> None:

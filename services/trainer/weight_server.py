@@ -30,7 +30,7 @@ from libra.weight_sync import MANIFEST_SUFFIX, WeightChunk, WeightSyncError, par
 
 logger = logging.getLogger(__name__)
 
-# How long a refused client waits before asking again: about one 4 MiB chunk on a
+# How long a refused client waits before asking again: a few 1 MiB chunks on a
 # loaded host, so a freed slot is taken soon without a storm of retries.
 RETRY_AFTER_MS = 50
 
