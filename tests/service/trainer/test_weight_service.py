@@ -21,6 +21,7 @@ from libra.errors import InvalidArgument, NotFound, ResourceExhausted
 from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from libra.run_dir import weights_file
 from libra.weight_sync import WeightSyncError, read_verified, write_manifest
+from libra_cli.redis_server import free_ports
 from services.rollout.memory_store import MemoryRolloutStore
 from services.rollout.weight_fetcher import WeightFetcher, WeightSource
 from services.rollout.weight_loader import WeightLoader
@@ -225,3 +226,22 @@ async def test_bad_requests_are_refused_naming_the_field(serve, job_id: str, ver
         assert raised.value.field == field
     assert trainer.server.num_streams == 0
 
+
+
+async def test_an_unreachable_trainer_is_reported_and_the_version_is_not_refused(
+        tmp_path: Path) -> None:
+    (port,) = free_ports(1)  # nothing serves there
+    client = GrpcWeightClient(f"127.0.0.1:{port}", 5.0)
+    store = MemoryRolloutStore()
+    engine = FakeEngine(make_tokenizer(), policy_version=0)
+    source = WeightSource("grpc", WeightFetcher(client, tmp_path, max_stream_retries=0))
+    loader = WeightLoader("rollout-w", store, 30.0, source)
+    policy = t.PolicyInfo(1, "/not/shared/v000001.safetensors.manifest.json", "ab" * 32, "",
+                          0)
+    try:
+        await loader.load_verified(JOB, engine, policy)
+    finally:
+        await client.close()
+    (event,) = store.events(JOB, "weights_fetch_failed")
+    assert "trainer unreachable" in event["error"]
+    assert engine.policy_version == 0 and not loader.is_rejected(JOB, policy)
