@@ -125,14 +125,21 @@ class WeightFetcher:
         with part.open("ab") as out:
             transfer = _Transfer(manifest, out, whole, next_chunk)
             while transfer.next_chunk < len(manifest.chunks):
+                started_at = transfer.next_chunk
                 try:
                     await self._stream(job_id, transfer)
                 except ResourceExhausted as exc:
                     self.last.num_refused += 1
                     await asyncio.sleep(exc.retry_after_ms / 1000)
                 except (Unavailable, DeadlineExceeded):
+                    # Retries count breaks in a row: a stream that made progress
+                    # before it broke starts the count again.
+                    attempt = 0 if transfer.next_chunk > started_at else attempt
                     attempt = await self._backoff(attempt, manifest.version,
                                                   transfer.next_chunk)
+                except WeightSyncError:
+                    part.unlink(missing_ok=True)  # a refused version leaves nothing behind
+                    raise
         if whole.hexdigest() != manifest.sha256:
             part.unlink(missing_ok=True)
             raise WeightSyncError(f"weights version {manifest.version} from the trainer: "

@@ -119,7 +119,7 @@ async def test_a_chunk_bad_twice_fails_loudly_naming_it(serve, tmp_path: Path) -
     trainer, client = await serve(faults=WeightFaults(corrupt_chunk=3, corrupt_times=2))
     with pytest.raises(WeightSyncError, match="chunk 3 .* failed its sha256 twice"):
         await fetcher(client, tmp_path).fetch(JOB, 1, trainer.digest)
-    assert not list((tmp_path / "cache" / JOB).glob("*.safetensors"))
+    assert not list((tmp_path / "cache" / JOB).glob("*.safetensors*"))  # no .part either
 
 
 async def test_a_version_bad_twice_is_refused_and_the_old_weights_keep_serving(
