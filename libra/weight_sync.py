@@ -57,6 +57,15 @@ class WeightChunk:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class ModelFile:
+    """One file of a job's model directory (config, tokenizer, starting weights)."""
+
+    name: str
+    size_bytes: int
+    sha256: str
+
+
 def parse_manifest(body: bytes) -> WeightManifest:
     """The manifest in ``body`` (checked against its sha256 by the caller first).
 

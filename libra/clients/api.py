@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from libra import types as t
 from libra.types import InstanceStatus as InstanceStatus  # re-exported
 from libra.types import LendResult as LendResult  # re-exported
-from libra.weight_sync import WeightChunk
+from libra.weight_sync import ModelFile, WeightChunk
 
 
 class CoordinatorApi(Protocol):
@@ -179,4 +179,12 @@ class WeightApi(Protocol):
     def fetch_chunks(self, job_id: str, version: int,
                      from_chunk: int) -> AsyncIterator[WeightChunk]:
         """The chunks of the weights file from ``from_chunk`` on, in order."""
+        ...
+
+    async def list_model_files(self, job_id: str) -> list[ModelFile]:
+        """The files of the job's model directory (NotFound when it has none)."""
+        ...
+
+    def fetch_model_file(self, job_id: str, name: str) -> AsyncIterator[WeightChunk]:
+        """One file of the job's model directory, in chunks."""
         ...

@@ -16,8 +16,8 @@ from libra.clients.base import GrpcClientBase
 from libra.errors import error_from_status
 from libra.proto.trainer.v1 import trainer_pb2 as pb
 from libra.proto.trainer.v1 import trainer_pb2_grpc as pb_grpc
-from libra.weight_sync import WeightChunk
-from libra.wire.weights import chunk_from_proto
+from libra.weight_sync import ModelFile, WeightChunk
+from libra.wire.weights import chunk_from_proto, model_files_from_proto
 
 # Deadline of one chunk stream: a whole checkpoint over a slow link. The fetcher's own
 # deadline (the rollout's weight_load_deadline_s) is what bounds a load.
@@ -46,10 +46,29 @@ class GrpcWeightClient(GrpcClientBase):
             pb.FetchWeightChunksRequest(job_id=job_id, version=version,
                                         from_chunk=from_chunk),
             timeout=STREAM_TIMEOUT_S)
-        try:
-            async for msg in call:
-                yield chunk_from_proto(msg)
-        except grpc.aio.AioRpcError as exc:
-            raise error_from_status(exc.code().name, exc.details() or "") from exc
-        finally:
-            call.cancel()
+        async for chunk in _chunks(call):
+            yield chunk
+
+    async def list_model_files(self, job_id: str) -> list[ModelFile]:
+        """The files of the job's model directory (NotFound when it has none)."""
+        reply = await self._call(self._stub.ListModelFiles,
+                                 pb.ListModelFilesRequest(job_id=job_id), idempotent=True)
+        return model_files_from_proto(reply)
+
+    async def fetch_model_file(self, job_id: str, name: str) -> AsyncIterator[WeightChunk]:
+        """One file of the job's model directory, in chunks (errors as fetch_chunks)."""
+        call = self._stub.FetchModelFile(pb.FetchModelFileRequest(job_id=job_id, name=name),
+                                         timeout=STREAM_TIMEOUT_S)
+        async for chunk in _chunks(call):
+            yield chunk
+
+
+async def _chunks(call) -> AsyncIterator[WeightChunk]:  # noqa: ANN001
+    """The chunks of a server stream, its failure as the domain error."""
+    try:
+        async for msg in call:
+            yield chunk_from_proto(msg)
+    except grpc.aio.AioRpcError as exc:
+        raise error_from_status(exc.code().name, exc.details() or "") from exc
+    finally:
+        call.cancel()

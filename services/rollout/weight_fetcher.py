@@ -29,12 +29,21 @@ import asyncio
 import hashlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from libra.errors import DeadlineExceeded, ResourceExhausted, Unavailable
-from libra.weight_sync import MANIFEST_SUFFIX, WeightManifest, WeightSyncError, parse_manifest
+from libra.run_dir import MODEL_DIR
+from libra.weight_sync import (
+    MANIFEST_SUFFIX,
+    ModelFile,
+    WeightManifest,
+    WeightSyncError,
+    parse_manifest,
+    sha256_file,
+)
 
 if TYPE_CHECKING:  # the client's type only: no grpc at run time
     from libra import types as t
@@ -46,6 +55,7 @@ WEIGHT_SOURCES = ("auto", "filesystem", "grpc")
 PART_SUFFIX = ".part"
 # Versions kept in the cache per job: the one serving and the one being loaded.
 KEEP_CACHED_VERSIONS = 2
+R = TypeVar("R")
 
 
 @dataclass
@@ -107,16 +117,48 @@ class WeightFetcher:
         await asyncio.to_thread(_prune_cache, job_dir, KEEP_CACHED_VERSIONS)
         return local_manifest
 
+    async def fetch_model_dir(self, job_id: str) -> Path:
+        """A local copy of the job's model directory (config, tokenizer, starting
+        weights): each file checked against the sha256 the trainer lists, files already
+        here and equal kept."""
+        files = await self._retrying(lambda: self._client.list_model_files(job_id),
+                                     f"the model files of job {job_id}")
+        folder = self._cache_dir / _plain_name(job_id, "job_id") / MODEL_DIR
+        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+        for file in files:
+            target = folder / _plain_name(file.name, "model file")
+            if not await asyncio.to_thread(_is_same, target, file):
+                await self._retrying(lambda f=file, t=target: self._download(job_id, f, t),
+                                     f"model file {file.name}")
+        return folder
+
+    async def _download(self, job_id: str, file: ModelFile, target: Path) -> None:
+        part = target.with_name(target.name + PART_SUFFIX)
+        whole = hashlib.sha256()
+        with part.open("wb") as out:
+            async for chunk in self._client.fetch_model_file(job_id, file.name):
+                await asyncio.to_thread(_write_hashed, out, whole, chunk.data)
+        if whole.hexdigest() != file.sha256 or part.stat().st_size != file.size_bytes:
+            part.unlink(missing_ok=True)
+            raise WeightSyncError(f"model file {file.name} from the trainer: size or sha256 "
+                                  "mismatch")
+        os.replace(part, target)
+
     async def _manifest(self, job_id: str, version: int) -> bytes:
+        return await self._retrying(lambda: self._client.get_manifest(job_id, version),
+                                    f"weights version {version}")
+
+    async def _retrying(self, call: Callable[[], Awaitable[R]], what: str) -> R:
+        """``call()``, again after a full server's hint or a broken connection."""
         attempt = 0
         while True:
             try:
-                return await self._client.get_manifest(job_id, version)
+                return await call()
             except ResourceExhausted as exc:
                 self.last.num_refused += 1
                 await asyncio.sleep(exc.retry_after_ms / 1000)
             except (Unavailable, DeadlineExceeded):
-                attempt = await self._backoff(attempt, version, 0)
+                attempt = await self._backoff(attempt, what)
 
     async def _fetch_file(self, job_id: str, manifest: WeightManifest, part: Path) -> None:
         whole, next_chunk = await asyncio.to_thread(_resume_point, part, manifest)
@@ -135,8 +177,9 @@ class WeightFetcher:
                     # Retries count breaks in a row: a stream that made progress
                     # before it broke starts the count again.
                     attempt = 0 if transfer.next_chunk > started_at else attempt
-                    attempt = await self._backoff(attempt, manifest.version,
-                                                  transfer.next_chunk)
+                    attempt = await self._backoff(
+                        attempt, f"weights version {manifest.version}",
+                        f"; the next attempt resumes from chunk {transfer.next_chunk}")
                 except WeightSyncError:
                     part.unlink(missing_ok=True)  # a refused version leaves nothing behind
                     raise
@@ -169,16 +212,14 @@ class WeightFetcher:
             self.last.num_chunks_fetched += 1
             transfer.next_chunk = index + 1
 
-    async def _backoff(self, attempt: int, version: int, next_chunk: int) -> int:
+    async def _backoff(self, attempt: int, what: str, note: str = "") -> int:
         """Wait before retrying a broken call; raise once the retries are spent."""
         attempt += 1
         self.last.num_stream_retries += 1
         if attempt > self._max_stream_retries:
-            raise Unavailable(f"trainer unreachable while fetching weights version {version} "
-                              f"({self._max_stream_retries} retries); the next attempt "
-                              f"resumes from chunk {next_chunk}")
-        logger.warning("[weights] fetch of version %d broke at chunk %d; retry %d",
-                       version, next_chunk, attempt)
+            raise Unavailable(f"trainer unreachable while fetching {what} "
+                              f"({self._max_stream_retries} retries){note}")
+        logger.warning("[weights] fetch of %s broke; retry %d", what, attempt)
         await asyncio.sleep(self._retry_backoff_s * 2 ** (attempt - 1))
         return attempt
 
@@ -204,6 +245,16 @@ class WeightSource:
         assert self._fetcher is not None  # checked in __init__
         return await self._fetcher.fetch(job_id, policy.version, policy.sha256)
 
+    async def model_dir(self, job_id: str, policy: t.PolicyInfo) -> str:
+        """The job's model directory: the shared one when allowed and readable, else a
+        fetched local copy."""
+        shared = Path(policy.model_dir)
+        if self.mode == "filesystem" or (
+                self.mode == "auto" and await asyncio.to_thread(_is_model_dir, shared)):
+            return policy.model_dir
+        assert self._fetcher is not None  # checked in __init__
+        return str(await self._fetcher.fetch_model_dir(job_id))
+
 
 def _plain_name(name: str, what: str) -> str:
     """``name`` when it is one path component (it comes from the network)."""
@@ -215,6 +266,23 @@ def _plain_name(name: str, what: str) -> str:
 def _is_readable(manifest: Path) -> bool:
     weights = manifest.with_name(manifest.name.removesuffix(MANIFEST_SUFFIX))
     return all(p.is_file() and os.access(p, os.R_OK) for p in (manifest, weights))
+
+
+def _is_model_dir(folder: Path) -> bool:
+    config = folder / "config.json"
+    return config.is_file() and os.access(config, os.R_OK)
+
+
+def _is_same(target: Path, file: ModelFile) -> bool:
+    try:
+        return target.stat().st_size == file.size_bytes and sha256_file(target) == file.sha256
+    except OSError:
+        return False
+
+
+def _write_hashed(out: BinaryIO, whole: Any, data: bytes) -> None:
+    out.write(data)
+    whole.update(data)
 
 
 def _is_cached(local_manifest: Path, body: bytes) -> bool:

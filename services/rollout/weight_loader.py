@@ -45,6 +45,13 @@ class WeightLoader:
         # once, not on every pass of the loop.
         self._rejected: set[tuple[str, int, str]] = set()
 
+    async def model_dir(self, job_id: str, policy: t.PolicyInfo) -> str:
+        """The job's model directory an engine is built from: the shared path, or a copy
+        fetched from the trainer (the WeightSource decides)."""
+        if self._source is None:
+            return policy.model_dir
+        return await self._source.model_dir(job_id, policy)
+
     def is_rejected(self, job_id: str, policy: t.PolicyInfo) -> bool:
         return (job_id, policy.version, policy.sha256) in self._rejected
 

@@ -1,4 +1,5 @@
-"""Serving published policy versions to rollout instances without a shared filesystem.
+"""Serving published policy versions (and the job's model directory) to rollout
+instances without a shared filesystem.
 
 A rollout instance that cannot read the trainer's run directory asks for a version's
 manifest (:meth:`WeightServer.get_manifest`), then streams the weights file chunk by
@@ -18,15 +19,24 @@ Pure, like the core: file reads run in threads; no grpc here (the servicer conve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from libra.errors import InvalidArgument, NotFound, ResourceExhausted
-from libra.run_dir import weights_file
-from libra.weight_sync import MANIFEST_SUFFIX, WeightChunk, WeightSyncError, parse_manifest
+from libra.run_dir import MODEL_DIR, weights_file
+from libra.weight_sync import (
+    CHUNK_BYTES,
+    MANIFEST_SUFFIX,
+    ModelFile,
+    WeightChunk,
+    WeightSyncError,
+    parse_manifest,
+    sha256_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +72,7 @@ class WeightServer:
         self.num_streams = 0
         self.num_refused = 0
         self._pins: Counter[tuple[str, int]] = Counter()
+        self._hashes: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> sha256
 
     def pinned(self, job_id: str) -> set[int]:
         """Versions of ``job_id`` a stream is reading now (never pruned meanwhile)."""
@@ -85,24 +96,71 @@ class WeightServer:
         if not 0 <= from_chunk < len(manifest.chunks):
             raise InvalidArgument("from_chunk", f"must be in [0, {len(manifest.chunks)}), "
                                   f"got {from_chunk}")
+        path = (await self._manifest_path(job_id, version)).with_name(manifest.file)
+        with self._stream_slot():
+            self._pins[(job_id, version)] += 1
+            try:
+                with path.open("rb") as handle:
+                    for index in range(from_chunk, len(manifest.chunks)):
+                        await self._hold_if_asked(index - from_chunk)
+                        spec = manifest.chunks[index]
+                        data = await asyncio.to_thread(_read_at, handle, spec.offset,
+                                                       spec.length)
+                        yield WeightChunk(index, self._maybe_corrupt(index, data))
+            finally:
+                self._pins[(job_id, version)] -= 1
+
+    async def list_model_files(self, job_id: str) -> list[ModelFile]:
+        """The files of the job's model directory with their sizes and sha256 (hashed
+        once per file version: a directory is written once per job)."""
+        folder = await self._model_dir(job_id)
+        return await asyncio.to_thread(self._describe, folder)
+
+    async def fetch_model_file(self, job_id: str, name: str) -> AsyncIterator[WeightChunk]:
+        """One file of the job's model directory in ``CHUNK_BYTES`` chunks (the caller
+        checks the whole file against :meth:`list_model_files`)."""
+        if not name or Path(name).name != name or name in (".", ".."):
+            raise InvalidArgument("name", f"must be a file name in the model directory, "
+                                  f"got {name!r}")
+        path = await self._model_dir(job_id) / name
+        if not path.is_file():
+            raise NotFound(f"job {job_id}: no model file {name}")
+        with self._stream_slot(), path.open("rb") as handle:
+            index = 0
+            while data := await asyncio.to_thread(handle.read, CHUNK_BYTES):
+                yield WeightChunk(index, data)
+                index += 1
+
+    @contextlib.contextmanager
+    def _stream_slot(self) -> Iterator[None]:
+        """One of ``max_streams`` slots, or ResourceExhausted with a retry hint."""
         if self.num_streams >= self.max_streams:
             self.num_refused += 1
             raise ResourceExhausted(
                 f"weight streams full ({self.max_streams}); retry after {RETRY_AFTER_MS} ms",
                 retry_after_ms=RETRY_AFTER_MS)
-        path = (await self._manifest_path(job_id, version)).with_name(manifest.file)
         self.num_streams += 1
-        self._pins[(job_id, version)] += 1
         try:
-            with path.open("rb") as handle:
-                for index in range(from_chunk, len(manifest.chunks)):
-                    await self._hold_if_asked(index - from_chunk)
-                    spec = manifest.chunks[index]
-                    data = await asyncio.to_thread(_read_at, handle, spec.offset, spec.length)
-                    yield WeightChunk(index, self._maybe_corrupt(index, data))
+            yield
         finally:
             self.num_streams -= 1
-            self._pins[(job_id, version)] -= 1
+
+    async def _model_dir(self, job_id: str) -> Path:
+        manifest = await self._manifest_path(job_id, 0)
+        folder = manifest.parent.parent / MODEL_DIR
+        if not folder.is_dir():
+            raise NotFound(f"job {job_id}: no model directory on this trainer")
+        return folder
+
+    def _describe(self, folder: Path) -> list[ModelFile]:
+        files = []
+        for path in sorted(p for p in folder.iterdir() if p.is_file()):
+            stat = path.stat()
+            key = (str(path), stat.st_size, stat.st_mtime_ns)
+            if key not in self._hashes:
+                self._hashes[key] = sha256_file(path)
+            files.append(ModelFile(path.name, stat.st_size, self._hashes[key]))
+        return files
 
     async def _manifest_path(self, job_id: str, version: int) -> Path:
         if not job_id:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from libra.proto.trainer.v1 import trainer_pb2 as pb
 from libra.proto.trainer.v1 import trainer_pb2_grpc as pb_grpc
-from libra.wire.weights import chunk_to_proto
+from libra.wire.weights import chunk_to_proto, model_files_to_proto
 from services.trainer.weight_server import WeightServer
 
 
@@ -19,4 +19,11 @@ class WeightServicer(pb_grpc.WeightServiceServicer):
     async def FetchWeightChunks(self, request, context):  # noqa: N802, ANN001
         async for chunk in self._server.fetch_chunks(request.job_id, request.version,
                                                      request.from_chunk):
+            yield chunk_to_proto(chunk)
+
+    async def ListModelFiles(self, request, context):  # noqa: N802, ANN001
+        return model_files_to_proto(await self._server.list_model_files(request.job_id))
+
+    async def FetchModelFile(self, request, context):  # noqa: N802, ANN001
+        async for chunk in self._server.fetch_model_file(request.job_id, request.name):
             yield chunk_to_proto(chunk)

@@ -53,6 +53,11 @@ class Trainer:
     def __init__(self, tmp: Path, max_streams: int = 4, faults: WeightFaults | None = None):
         self.run_dir = tmp / "run"
         self.data, self.digest = publish(self.run_dir, 1)
+        self.model_files = {"config.json": b'{"model_type": "llama"}',
+                            "model.safetensors": os.urandom(5 * (1 << 19) + 7)}  # 3 chunks
+        (self.run_dir / "model").mkdir()
+        for name, body in self.model_files.items():
+            (self.run_dir / "model" / name).write_bytes(body)
         self.server = WeightServer(self._run_dir_of, max_streams, faults)
         self.address = ""
 
@@ -245,3 +250,40 @@ async def test_an_unreachable_trainer_is_reported_and_the_version_is_not_refused
     (event,) = store.events(JOB, "weights_fetch_failed")
     assert "trainer unreachable" in event["error"]
     assert engine.policy_version == 0 and not loader.is_rejected(JOB, policy)
+
+
+async def test_the_model_dir_is_fetched_byte_exact(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    folder = await fetcher(client, tmp_path).fetch_model_dir(JOB)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == trainer.model_files
+
+
+async def test_a_model_file_already_here_is_not_fetched_again(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    fetch = fetcher(client, tmp_path)
+    folder = await fetch.fetch_model_dir(JOB)
+    before = (folder / "model.safetensors").stat().st_mtime_ns
+    (folder / "config.json").write_bytes(b"{}")  # a stale copy is replaced
+    await fetch.fetch_model_dir(JOB)
+    assert (folder / "model.safetensors").stat().st_mtime_ns == before
+    assert (folder / "config.json").read_bytes() == trainer.model_files["config.json"]
+
+
+async def test_auto_source_fetches_the_model_dir_only_when_not_shared(serve,
+                                                                     tmp_path: Path) -> None:
+    trainer, client = await serve()
+    source = WeightSource("auto", fetcher(client, tmp_path))
+    shared = str(trainer.run_dir / "model")
+    here = await source.model_dir(JOB, t.PolicyInfo(1, "", trainer.digest, shared, 0))
+    assert here == shared and not (tmp_path / "cache").exists()
+    elsewhere = str(tmp_path / "elsewhere" / "model")
+    fetched = await source.model_dir(JOB, t.PolicyInfo(1, "", trainer.digest, elsewhere, 0))
+    assert fetched == str(tmp_path / "cache" / JOB / "model")
+
+
+@pytest.mark.parametrize("name", ["../v000001.safetensors", "", "model/x"])
+async def test_a_model_file_outside_the_model_dir_is_refused(serve, name: str) -> None:
+    _, client = await serve()
+    with pytest.raises(InvalidArgument) as raised:
+        await first_chunk(client.fetch_model_file(JOB, name))
+    assert raised.value.field == "name"

@@ -288,6 +288,16 @@ class WeightServiceStub:
                 request_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchWeightChunksRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.FromString,
                 _registered_method=True)
+        self.ListModelFiles = channel.unary_unary(
+                '/libra.proto.trainer.v1.WeightService/ListModelFiles',
+                request_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesResponse.FromString,
+                _registered_method=True)
+        self.FetchModelFile = channel.unary_stream(
+                '/libra.proto.trainer.v1.WeightService/FetchModelFile',
+                request_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchModelFileRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.FromString,
+                _registered_method=True)
 
 
 class WeightServiceServicer:
@@ -311,6 +321,20 @@ class WeightServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModelFiles(self, request, context):
+        """The job's model directory (config, tokenizer, starting weights) that an engine is
+        built from before the first version loads: its files, then one file's bytes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchModelFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WeightServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -322,6 +346,16 @@ def add_WeightServiceServicer_to_server(servicer, server):
             'FetchWeightChunks': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchWeightChunks,
                     request_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchWeightChunksRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.SerializeToString,
+            ),
+            'ListModelFiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModelFiles,
+                    request_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesResponse.SerializeToString,
+            ),
+            'FetchModelFile': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchModelFile,
+                    request_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchModelFileRequest.FromString,
                     response_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.SerializeToString,
             ),
     }
@@ -382,6 +416,60 @@ class WeightService:
             target,
             '/libra.proto.trainer.v1.WeightService/FetchWeightChunks',
             libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchWeightChunksRequest.SerializeToString,
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModelFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.trainer.v1.WeightService/ListModelFiles',
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesRequest.SerializeToString,
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchModelFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/libra.proto.trainer.v1.WeightService/FetchModelFile',
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchModelFileRequest.SerializeToString,
             libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.FromString,
             options,
             channel_credentials,

@@ -122,6 +122,11 @@ class WeightServiceStub:
     """The chunks of the version's weights file, in order, from `from_chunk` on (a
     client resumes a broken transfer from its last good chunk).
     """
+    ListModelFiles: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.ListModelFilesRequest, _trainer_pb2.ListModelFilesResponse]
+    """The job's model directory (config, tokenizer, starting weights) that an engine is
+    built from before the first version loads: its files, then one file's bytes.
+    """
+    FetchModelFile: _grpc.UnaryStreamMultiCallable[_trainer_pb2.FetchModelFileRequest, _trainer_pb2.WeightChunk]
 
 @_typing.type_check_only
 class WeightServiceAsyncStub(WeightServiceStub):
@@ -137,6 +142,11 @@ class WeightServiceAsyncStub(WeightServiceStub):
     """The chunks of the version's weights file, in order, from `from_chunk` on (a
     client resumes a broken transfer from its last good chunk).
     """
+    ListModelFiles: _aio.UnaryUnaryMultiCallable[_trainer_pb2.ListModelFilesRequest, _trainer_pb2.ListModelFilesResponse]  # type: ignore[assignment]
+    """The job's model directory (config, tokenizer, starting weights) that an engine is
+    built from before the first version loads: its files, then one file's bytes.
+    """
+    FetchModelFile: _aio.UnaryStreamMultiCallable[_trainer_pb2.FetchModelFileRequest, _trainer_pb2.WeightChunk]  # type: ignore[assignment]
 
 class WeightServiceServicer(metaclass=_abc_1.ABCMeta):
     """Published policy versions, served to rollout instances that share no filesystem with
@@ -161,5 +171,22 @@ class WeightServiceServicer(metaclass=_abc_1.ABCMeta):
         """The chunks of the version's weights file, in order, from `from_chunk` on (a
         client resumes a broken transfer from its last good chunk).
         """
+
+    @_abc_1.abstractmethod
+    def ListModelFiles(
+        self,
+        request: _trainer_pb2.ListModelFilesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.ListModelFilesResponse, _abc.Awaitable[_trainer_pb2.ListModelFilesResponse]]:
+        """The job's model directory (config, tokenizer, starting weights) that an engine is
+        built from before the first version loads: its files, then one file's bytes.
+        """
+
+    @_abc_1.abstractmethod
+    def FetchModelFile(
+        self,
+        request: _trainer_pb2.FetchModelFileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_trainer_pb2.WeightChunk], _abc.AsyncIterator[_trainer_pb2.WeightChunk]]: ...
 
 def add_WeightServiceServicer_to_server(servicer: WeightServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
