@@ -38,7 +38,8 @@ class RolloutConfig:
         30.0, "deadline to fetch and verify a published policy version; past it the "
         "version is refused (error event) and the old weights keep serving")
     weights_source: str = knob(
-        "auto", "where published weights are read: filesystem (the shared run dir path), "
+        "auto", "where published weights and the job's model dir are read: filesystem (the "
+        "shared run dir path), "
         "grpc (fetched from the trainer at peers.trainer into weight_cache_dir), or auto "
         "(the path when readable here, else grpc); docs/weights.md")
     weight_cache_dir: str = knob(

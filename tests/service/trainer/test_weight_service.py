@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from libra import types as t
 from libra.clients.weights import GrpcWeightClient
@@ -22,6 +24,7 @@ from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from libra.run_dir import weights_file
 from libra.weight_sync import WeightSyncError, read_verified, write_manifest
 from libra_cli.redis_server import free_ports
+from services.rollout.backend import TorchEngineLoader
 from services.rollout.memory_store import MemoryRolloutStore
 from services.rollout.weight_fetcher import WeightFetcher, WeightSource
 from services.rollout.weight_loader import WeightLoader
@@ -287,3 +290,20 @@ async def test_a_model_file_outside_the_model_dir_is_refused(serve, name: str) -
     with pytest.raises(InvalidArgument) as raised:
         await first_chunk(client.fetch_model_file(JOB, name))
     assert raised.value.field == "name"
+
+
+
+async def test_an_engine_is_built_from_a_fetched_model_dir(serve, tmp_path: Path,
+                                                           hf_model_dir) -> None:
+    trainer, client = await serve()
+    original = hf_model_dir("llama")
+    shutil.rmtree(trainer.run_dir / "model")
+    shutil.copytree(original, trainer.run_dir / "model")
+    folder = await fetcher(client, tmp_path).fetch_model_dir(JOB)
+    loader = TorchEngineLoader()
+    engine, tokenizer = await asyncio.to_thread(loader.load, str(folder), None)
+    reference, reference_tokenizer = await asyncio.to_thread(loader.load, str(original), None)
+    fetched, expected = engine._model.state_dict(), reference._model.state_dict()
+    assert fetched.keys() == expected.keys()
+    assert all(torch.equal(fetched[k], expected[k]) for k in expected)
+    assert tokenizer.encode("2+2=4") == reference_tokenizer.encode("2+2=4")
