@@ -60,7 +60,8 @@ class WeightFaults:
 
 
 class WeightServer:
-    """Streams of one trainer's published versions (job id -> run directory)."""
+    """Streams of one trainer's published versions and model directories (job id ->
+    run directory)."""
 
     def __init__(self, run_dir_of: Callable[[str], Awaitable[str]], max_streams: int,
                  faults: WeightFaults | None = None) -> None:
@@ -89,8 +90,8 @@ class WeightServer:
 
     async def fetch_chunks(self, job_id: str, version: int,
                            from_chunk: int) -> AsyncIterator[WeightChunk]:
-        """The chunks of ``version`` from ``from_chunk`` on, each checked against the
-        manifest before it is sent (a file changed under the server fails the stream)."""
+        """The chunks of ``version`` from ``from_chunk`` on, read at the manifest's offsets
+        (unhashed: the client checks each; a file shorter than its manifest fails)."""
         # Checked before the slot is taken: a bad request never holds one.
         manifest = parse_manifest(await self.get_manifest(job_id, version))
         if not 0 <= from_chunk < len(manifest.chunks):
