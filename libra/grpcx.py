@@ -85,7 +85,8 @@ async def _checked(request_iterator: Any) -> Any:
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps domain errors to status codes and counts every RPC (unary and bidi streams)."""
+    """Maps domain errors to status codes and counts every RPC (unary, server and bidi
+    streams)."""
 
     def __init__(self, service: str) -> None:
         self._service = service
@@ -95,6 +96,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is not None and handler.stream_stream is not None:
             return self._wrap_stream(handler, handler_call_details.method.rsplit("/", 1)[-1])
+        if handler is not None and handler.unary_stream is not None:
+            return self._wrap_stream(handler, handler_call_details.method.rsplit("/", 1)[-1],
+                                     unary_request=True)
         if handler is None or handler.unary_unary is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
@@ -130,13 +134,18 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             wrapped, request_deserializer=_lenient(handler.request_deserializer),
             response_serializer=handler.response_serializer)
 
-    def _wrap_stream(self, handler: Any, method: str) -> Any:
-        inner, service = handler.stream_stream, self._service
+    def _wrap_stream(self, handler: Any, method: str, unary_request: bool = False) -> Any:
+        """A server-streaming method (``unary_request``: one request, a response stream)."""
+        inner = handler.unary_stream if unary_request else handler.stream_stream
+        service = self._service
 
-        async def wrapped(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             code = "OK"
             try:
-                async for response in inner(_checked(request_iterator), context):
+                if unary_request and isinstance(request, _Undecodable):
+                    raise request.error
+                responses = inner(request if unary_request else _checked(request), context)
+                async for response in responses:
                     yield response
             except asyncio.CancelledError:
                 code = "CANCELLED"
@@ -152,9 +161,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             finally:
                 RPC_TOTAL.labels(service, method, code).inc()
 
-        return grpc.stream_stream_rpc_method_handler(
-            wrapped, request_deserializer=_lenient(handler.request_deserializer),
-            response_serializer=handler.response_serializer)
+        make = (grpc.unary_stream_rpc_method_handler if unary_request
+                else grpc.stream_stream_rpc_method_handler)
+        return make(wrapped, request_deserializer=_lenient(handler.request_deserializer),
+                    response_serializer=handler.response_serializer)
 
 
 @dataclass

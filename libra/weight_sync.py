@@ -14,14 +14,73 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST_SUFFIX = ".manifest.json"
-CHUNK_BYTES = 4 << 20
+# 1 MiB: also the message size of the gRPC weight stream (services/trainer/weight_server.py),
+# where grpc.aio moved 1 MiB messages at 400-560 MB/s and 4 MiB ones at 75-170 MB/s on one
+# loopback stream (benchmarks/bench_weight_fetch.py, docs/weights.md).
+CHUNK_BYTES = 1 << 20
 
 
 class WeightSyncError(RuntimeError):
     """Published weights that must not be loaded; the message names the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """One chunk of a weights file: where it lies and its sha256."""
+
+    offset: int
+    length: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class WeightManifest:
+    """A published version's manifest (the JSON :func:`write_manifest` writes)."""
+
+    version: int
+    file: str
+    size_bytes: int
+    sha256: str
+    chunks: tuple[ChunkSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightChunk:
+    """One chunk of a version's weights file as served over gRPC (``index`` counts from
+    0 in the manifest's order)."""
+
+    index: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFile:
+    """One file of a job's model directory (config, tokenizer, starting weights)."""
+
+    name: str
+    size_bytes: int
+    sha256: str
+
+
+def parse_manifest(body: bytes) -> WeightManifest:
+    """The manifest in ``body`` (checked against its sha256 by the caller first).
+
+    Raises:
+        WeightSyncError: ``body`` is not a manifest.
+    """
+    try:
+        raw = json.loads(body)
+        return WeightManifest(
+            version=int(raw["version"]), file=str(raw["file"]),
+            size_bytes=int(raw["size_bytes"]), sha256=str(raw["sha256"]),
+            chunks=tuple(ChunkSpec(int(c["offset"]), int(c["length"]), str(c["sha256"]))
+                         for c in raw["chunks"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WeightSyncError(f"not a weights manifest: {exc}") from exc
 
 
 def sha256_file(path: Path) -> str:

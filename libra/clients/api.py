@@ -9,11 +9,13 @@ pure (the import contract in pyproject.toml), not just free of those imports at 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from libra import types as t
 from libra.types import InstanceStatus as InstanceStatus  # re-exported
 from libra.types import LendResult as LendResult  # re-exported
+from libra.weight_sync import ModelFile, WeightChunk
 
 
 class CoordinatorApi(Protocol):
@@ -163,4 +165,26 @@ class ToolGatewayApi(Protocol):
     async def score(self, request: t.ScoreInput, timeout_s: float | None = None
                     ) -> t.ScoreOutput:
         """Score a finished trajectory with the job's reward."""
+        ...
+
+
+class WeightApi(Protocol):
+    """The trainer's published versions, as a rollout's weight fetcher reads them
+    (``libra/clients/weights.py``)."""
+
+    async def get_manifest(self, job_id: str, version: int) -> bytes:
+        """The exact bytes of ``version``'s manifest (NotFound when not published)."""
+        ...
+
+    def fetch_chunks(self, job_id: str, version: int,
+                     from_chunk: int) -> AsyncIterator[WeightChunk]:
+        """The chunks of the weights file from ``from_chunk`` on, in order."""
+        ...
+
+    async def list_model_files(self, job_id: str) -> list[ModelFile]:
+        """The files of the job's model directory (NotFound when it has none)."""
+        ...
+
+    def fetch_model_file(self, job_id: str, name: str) -> AsyncIterator[WeightChunk]:
+        """One file of the job's model directory, in chunks."""
         ...

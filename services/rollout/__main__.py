@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import tempfile
+from pathlib import Path
 
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -18,6 +20,7 @@ from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clients.gradient import GrpcGradientChannel
 from libra.clients.runner import GrpcSchedulerClient
 from libra.clients.toolgateway import GrpcToolGatewayClient
+from libra.clients.weights import GrpcWeightClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
 from libra.grpc_auth import ClientAuth
@@ -34,6 +37,7 @@ from services.rollout.episode_channel import RedisEpisodeChannel
 from services.rollout.hybrid_backend import TorchHybridTrainer
 from services.rollout.servicer import RolloutServicer
 from services.rollout.store import RedisRolloutStore
+from services.rollout.weight_fetcher import WeightFetcher, WeightSource
 
 logger = logging.getLogger("services.rollout")
 REDIS_RETRIES = 20  # per command, with the backoff below: ~15 s
@@ -74,6 +78,16 @@ def context_usage(loader: EngineLoader,
         loader.calls, lambda: loader.context_limit_tokens, max_batch_size)
 
 
+def weight_source(cfg: RolloutConfig, auth: ClientAuth) -> WeightSource:
+    """The shared path, or a copy fetched from the trainer (``cfg.weights_source``)."""
+    if cfg.weights_source == "filesystem":
+        return WeightSource("filesystem", None)
+    cache_dir = (Path(cfg.weight_cache_dir) if cfg.weight_cache_dir else
+                 Path(tempfile.gettempdir()) / "libra-weights" / cfg.instance_id)
+    client = GrpcWeightClient(cfg.peers.trainer, cfg.peers.rpc_timeout_s, auth=auth)
+    return WeightSource(cfg.weights_source, WeightFetcher(client, cache_dir))
+
+
 def worker_role(value: str) -> t.WorkerRole:
     """The lease role a rollout instance may take: core-rollout or hybrid-rollout."""
     allowed = (t.WorkerRole.CORE_ROLLOUT, t.WorkerRole.HYBRID_ROLLOUT)
@@ -109,7 +123,8 @@ async def main(cfg: RolloutConfig) -> None:
         GrpcCoordinatorClient(peers.coordinator, peers.rpc_timeout_s, auth=auth), SystemClock(),
         opener=GrpcGradientChannel(auth),
         load_trainer=lambda snapshot: TorchHybridTrainer(snapshot, cfg.num_threads),
-        episodes=RedisEpisodeChannel(redis, SystemClock()))
+        episodes=RedisEpisodeChannel(redis, SystemClock()),
+        weight_source=weight_source(cfg, auth))
 
     rollout_metrics.register(core, context_usage(loader, cfg.max_batch_size))
 

@@ -37,6 +37,14 @@ class RolloutConfig:
     weight_load_deadline_s: float = knob(
         30.0, "deadline to fetch and verify a published policy version; past it the "
         "version is refused (error event) and the old weights keep serving")
+    weights_source: str = knob(
+        "auto", "where published weights and the job's model dir are read: filesystem (the "
+        "shared run dir path), "
+        "grpc (fetched from the trainer at peers.trainer into weight_cache_dir), or auto "
+        "(the path when readable here, else grpc); docs/weights.md")
+    weight_cache_dir: str = knob(
+        "", "local folder for weights fetched over gRPC (empty: <tmp>/libra-weights/"
+        "<instance_id>)")
     num_threads: int = knob(1, "torch intra-op threads")
     seed: int = knob(0, "sampling seed")
     engine: str = knob("torch", "inference engine: torch (built in) or vllm (optional extra: "

@@ -65,6 +65,7 @@ from services.rollout.weight_loader import WeightLoader
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from libra.clients.api import CoordinatorApi, ToolGatewayApi
     from services.rollout.store_protocol import RolloutStore
+    from services.rollout.weight_fetcher import WeightSource
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,8 @@ class RolloutCore:
                  tools: ToolGatewayApi, scheduler: SchedulerApi, coordinator: CoordinatorApi,
                  clock: Clock, opener: ChannelOpener | None = None,
                  load_trainer: TrainerLoader | None = None,
-                 episodes: EpisodeChannel | None = None) -> None:
+                 episodes: EpisodeChannel | None = None,
+                 weight_source: WeightSource | None = None) -> None:
         self._settings = settings
         self._store = store
         self._tool_calls = ToolCaller(tools, clock, settings.tool_deadline_s)
@@ -109,7 +111,8 @@ class RolloutCore:
                               busy=lambda: self._stepping or bool(self._tasks),
                               wake=self._wakeup.set)
         self._keeper = LeaseKeeper(settings, store, coordinator, self._held, self._drop_work)
-        self.weights = WeightLoader(sid, store, settings.weight_load_deadline_s)
+        self.weights = WeightLoader(sid, store, settings.weight_load_deadline_s,
+                                    weight_source)
         self._finisher = Finisher(sid, tools, store, self._held, clock, self.profile)
         self._intake = Intake(settings, store, loader, self.weights, self._finisher, episodes,
                               job=lambda: self._job, serve=self._serve,

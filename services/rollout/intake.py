@@ -98,8 +98,9 @@ class Intake:
             logger.warning("[job] task for unknown or unpublished job_id=%s dropped", job_id)
             return None
         spec = job_spec_from_json(spec_json)
+        model_dir = await self._weights.model_dir(job_id, policy)
         engine, tokenizer = await asyncio.to_thread(
-            self.loader.load, policy.model_dir, policy, self._tp_degree(spec), spec.model)
+            self.loader.load, model_dir, policy, self._tp_degree(spec), spec.model)
         job_agent = await asyncio.to_thread(build_agent_or_stand_in, spec, tokenizer)
         if isinstance(job_agent, ExternalAgent) and self._episodes is not None:
             job_agent.attach(self._episodes)

@@ -2,10 +2,12 @@
 
 A version is loaded only when its checksum matches: a single safetensors file is hashed
 on the host; a chunked version (a manifest) is fetched and verified chunk by chunk within
-the weight-load deadline, then swapped in whole. A refused version is remembered and
-reported once (an error event), and the old weights keep serving until a newer version
-is published. The versions held and fetched are announced around the load, so the
-trainer never prunes a file this instance is still reading.
+the weight-load deadline, then swapped in whole. Where a manifest is read from - the
+shared path or a copy fetched from the trainer over gRPC - is the WeightSource's choice
+(services/rollout/weight_fetcher.py); without one, the shared path. A refused version
+is remembered and reported once (an error event), and the old weights keep serving
+until a newer version is published. The versions held and fetched are announced around
+the load, so the trainer never prunes a file this instance is still reading.
 
 Pure, like the core: the store comes in as a collaborator.
 """
@@ -20,11 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from libra import types as t
+from libra.errors import LibraError
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout.loop_types import Engine
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.rollout.store_protocol import RolloutStore
+    from services.rollout.weight_fetcher import WeightSource
 
 logger = logging.getLogger(__name__)
 
@@ -33,16 +37,24 @@ class WeightLoader:
     """Verified weight loads of one instance; remembers the versions it refused."""
 
     def __init__(self, instance_id: str, store: RolloutStore,
-                 load_deadline_s: float) -> None:
+                 load_deadline_s: float, source: WeightSource | None = None) -> None:
         self._instance_id = instance_id
         self._store = store
         self.load_deadline_s = load_deadline_s
+        self._source = source
         # (job, version, sha256) whose weights failed verification: checked and reported
         # once, not on every pass of the loop.
         self._rejected: set[tuple[str, int, str]] = set()
         self.on_reload: Callable[[float], None] | None = None
         """Told each completed load's seconds (verify + swap): set by the metrics view
         (services/rollout/metrics.py), so this module stays free of metrics code."""
+
+    async def model_dir(self, job_id: str, policy: t.PolicyInfo) -> str:
+        """The job's model directory an engine is built from: the shared path, or a copy
+        fetched from the trainer (the WeightSource decides)."""
+        if self._source is None:
+            return policy.model_dir
+        return await self._source.model_dir(job_id, policy)
 
     def is_rejected(self, job_id: str, policy: t.PolicyInfo) -> bool:
         return (job_id, policy.version, policy.sha256) in self._rejected
@@ -113,9 +125,17 @@ class WeightLoader:
         key = (job_id, policy.version, policy.sha256)
         started = time.perf_counter()
         try:
-            data = await asyncio.wait_for(
-                asyncio.to_thread(read_verified, Path(policy.weights_path), policy.sha256),
-                self.load_deadline_s)
+            data = await asyncio.wait_for(self._fetch_verified(job_id, policy),
+                                          self.load_deadline_s)
+        except LibraError as exc:
+            # The trainer unreachable through the fetcher's retries: not the version's
+            # fault, so it is not refused; the next pass resumes the transfer.
+            logger.error("[weights] weights_fetch_failed version=%d error=%s",
+                         policy.version, exc)
+            await self._store.record_event(job_id, "weights_fetch_failed",
+                                           version=str(policy.version),
+                                           instance=self._instance_id, error=str(exc))
+            return
         except (WeightSyncError, TimeoutError) as exc:
             self._rejected.add(key)
             kind = ("weights_load_timeout" if isinstance(exc, TimeoutError)
@@ -131,3 +151,9 @@ class WeightLoader:
                                        instance=self._instance_id,
                                        reload_s=f"{reload_s:.4f}",
                                        size_bytes=str(len(data)))
+
+    async def _fetch_verified(self, job_id: str, policy: t.PolicyInfo) -> bytes:
+        """The version's bytes from the shared path or a fetched copy, verified."""
+        path = (Path(policy.weights_path) if self._source is None
+                else await self._source.manifest_path(job_id, policy))
+        return await asyncio.to_thread(read_verified, path, policy.sha256)

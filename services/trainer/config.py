@@ -33,12 +33,33 @@ class RendezvousConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class WeightServeConfig:
+    """Serving published versions over gRPC to rollout instances without a shared
+    filesystem (docs/weights.md). The fault_* options inject faults, for drills."""
+
+    max_streams: int = knob(
+        4, "weight chunk streams served at once; more are refused (RESOURCE_EXHAUSTED) and "
+           "the rollout retries after a short wait, so many instances never stall the trainer")
+    fault_corrupt_chunk: int = knob(-1, "fault drill: serve this chunk index corrupted "
+                                        "(-1: never)")
+    fault_corrupt_times: int = knob(1, "fault drill: how many times fault_corrupt_chunk is "
+                                       "served corrupted")
+    fault_hold_after_chunks: int = knob(
+        -1, "fault drill: every stream stops after this many chunks (hangs; -1: never)")
+
+    def __post_init__(self) -> None:
+        if self.max_streams < 1:
+            raise ValueError(f"weights.max_streams must be >= 1, got {self.max_streams}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainerConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=50053))
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     peers: PeersConfig = field(default_factory=PeersConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     rendezvous: RendezvousConfig = field(default_factory=RendezvousConfig)
+    weights: WeightServeConfig = field(default_factory=WeightServeConfig)
     redis_url: str = knob("redis://127.0.0.1:6379/0", "Redis holding the trajectory stream")
     worker_id: str = knob("trainer-0", "consumer name in the trajectory stream's group")
     num_threads: int = knob(1, "torch intra-op threads")

@@ -115,7 +115,8 @@ class TrainerCore:
     def __init__(self, store: TrainerStore, factory: BackendFactory,
                  coordinator: CoordinatorApi, clock: Clock, consumer: str = "trainer-0",
                  block_ms: int = 200, report_retry: RetryPolicy | None = None,
-                 sleep: Sleep = asyncio.sleep) -> None:
+                 sleep: Sleep = asyncio.sleep,
+                 weight_pins: Callable[[str], set[int]] | None = None) -> None:
         self._store = store
         self._factory = factory
         self._coordinator = coordinator
@@ -123,7 +124,7 @@ class TrainerCore:
         self._consumer = consumer
         self._block_ms = block_ms
         self._reports = CoordinatorReporter(coordinator, clock, report_retry, sleep)
-        self._publisher = WeightPublisher(store, clock)
+        self._publisher = WeightPublisher(store, clock, weight_pins)
         self._task: asyncio.Task | None = None
         self._cleaning_up = False  # the job's task is in its final cleanup
         # Set by a stop: the warm start (minutes in a thread that cancellation cannot

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,9 +32,12 @@ class SaveBackend(Protocol):
 class WeightPublisher:
     """Publishes, prunes and checkpoints for one trainer."""
 
-    def __init__(self, store: TrainerStore, clock: Clock) -> None:
+    def __init__(self, store: TrainerStore, clock: Clock,
+                 pinned: Callable[[str], set[int]] | None = None) -> None:
         self._store = store
         self._clock = clock
+        # Versions the weight service is streaming now (services/trainer/weight_server.py).
+        self._pinned = pinned or (lambda _job_id: set())
 
     async def publish(self, job_id: str, backend: SaveBackend, run_dir: Path, model_dir: str,
                       version: int) -> float:
@@ -52,7 +56,7 @@ class WeightPublisher:
         instance holds or fetches; returns how many went."""
         if keep == 0:
             return 0
-        in_use = await self._store.weights_in_use(job_id)
+        in_use = await self._store.weights_in_use(job_id) | self._pinned(job_id)
         pruned = await asyncio.to_thread(prune_weight_versions, run_dir, keep, in_use)
         if pruned:
             logger.info("[weights] pruned job_id=%s versions=%s kept_in_use=%s", job_id,

@@ -52,7 +52,8 @@ PROCESSES: dict[str, list[tuple[Any, Any, Any, str]]] = {
     "coordinator": [(coordinator_pb2, coordinator_pb2_grpc, "CoordinatorService", "")],
     "scheduler": [(scheduler_pb2, scheduler_pb2_grpc, "SchedulerService", "")],
     "trainer": [(trainer_pb2, trainer_pb2_grpc, "TrainerService", ""),
-                (trainer_pb2, trainer_pb2_grpc, "GradientChannel", "")],
+                (trainer_pb2, trainer_pb2_grpc, "GradientChannel", ""),
+                (trainer_pb2, trainer_pb2_grpc, "WeightService", "")],
     "toolgateway": [(toolgateway_pb2, toolgateway_pb2_grpc, "ToolGatewayService", "")],
     "rollout": [(rollout_pb2, rollout_pb2_grpc, "RolloutService", "")],
 }

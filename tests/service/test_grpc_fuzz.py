@@ -59,6 +59,8 @@ from services.toolgateway.servicer import ToolGatewayServicer
 from services.trainer.core import TrainerCore
 from services.trainer.servicer import GradientChannelServicer, TrainerServicer
 from services.trainer.store import RedisTrainerStore
+from services.trainer.weight_server import WeightServer
+from services.trainer.weight_servicer import WeightServicer
 from tests.fakes.coordinator import FakeCoordinator
 from tests.fakes.engine import FakeEngine, FakeEngineLoader, make_tokenizer
 from tests.fakes.runner import FakeRunner
@@ -175,6 +177,7 @@ class Method:
 
 SERVICES = [(coordinator_pb2, "CoordinatorService"), (scheduler_pb2, "SchedulerService"),
             (trainer_pb2, "TrainerService"), (trainer_pb2, "GradientChannel"),
+            (trainer_pb2, "WeightService"),
             (toolgateway_pb2, "ToolGatewayService"), (rollout_pb2, "RolloutService")]
 
 
@@ -207,6 +210,8 @@ def _servicers(r_text: aioredis.Redis, r_bytes: aioredis.Redis, tmp_path: Path,
          SchedulerServicer(SchedulerCore(RedisSchedulerStore(r_bytes), FakeClock()))),
         (trainer_pb2_grpc, "TrainerService", "trainer", TrainerServicer(trainer)),
         (trainer_pb2_grpc, "GradientChannel", "trainer", GradientChannelServicer(trainer)),
+        (trainer_pb2_grpc, "WeightService", "trainer", WeightServicer(
+            WeightServer(RedisTrainerStore(r_bytes).job_run_dir, max_streams=4))),
         (toolgateway_pb2_grpc, "ToolGatewayService", "toolgateway",
          ToolGatewayServicer(gateway)),
         (rollout_pb2_grpc, "RolloutService", "rollout", RolloutServicer(rollout)),
@@ -318,7 +323,7 @@ async def test_no_handler_answers_unknown_or_internal(
     await asyncio.to_thread(fuzz_all)
     print(f"\n[grpc-fuzz] methods={len(methods)} cases={tally.cases} "
           f"unnamed={len(tally.failures or [])}")
-    assert len(methods) == 29
+    assert len(methods) == 33
     first: dict[str, str] = {}
     for failure in tally.failures or []:
         first.setdefault(" ".join(failure.split(" ", 2)[:2]), failure)

@@ -44,10 +44,13 @@ SNAPSHOT: dict[type, list[str]] = {
         "report_max_unanswered", "role", "seed",
         "tool_deadline_s",
         "vllm_dtype", "vllm_enforce_eager", "vllm_gpu_memory_utilization",
-        "vllm_tensor_parallel_size", "weight_load_deadline_s"]),
+        "vllm_tensor_parallel_size", "weight_cache_dir", "weight_load_deadline_s",
+        "weights_source"]),
     TrainerConfig: sorted([
         *SHARED, *PEERS, "coordinator_retry_s", "num_ranks", "num_threads", "parallelism",
-        "redis_url", "rendezvous.address", "rendezvous.timeout_s", "worker_id"]),
+        "redis_url", "rendezvous.address", "rendezvous.timeout_s",
+        "weights.fault_corrupt_chunk", "weights.fault_corrupt_times",
+        "weights.fault_hold_after_chunks", "weights.max_streams", "worker_id"]),
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "data_roots", "extra_rewards",
         "extra_tools", "file_read_gid", "file_read_uid",

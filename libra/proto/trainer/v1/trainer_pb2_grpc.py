@@ -263,3 +263,220 @@ class GradientChannel:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WeightServiceStub:
+    """Published policy versions, served to rollout instances that share no filesystem with
+    the trainer (docs/weights.md). Read-only; a version is pinned (never pruned) while a
+    stream reads it. Streams beyond the trainer's limit are refused with
+    RESOURCE_EXHAUSTED ("retry after N ms"), so a hundred instances cannot stall it.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetWeightManifest = channel.unary_unary(
+                '/libra.proto.trainer.v1.WeightService/GetWeightManifest',
+                request_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.GetWeightManifestRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.GetWeightManifestResponse.FromString,
+                _registered_method=True)
+        self.FetchWeightChunks = channel.unary_stream(
+                '/libra.proto.trainer.v1.WeightService/FetchWeightChunks',
+                request_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchWeightChunksRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.FromString,
+                _registered_method=True)
+        self.ListModelFiles = channel.unary_unary(
+                '/libra.proto.trainer.v1.WeightService/ListModelFiles',
+                request_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesResponse.FromString,
+                _registered_method=True)
+        self.FetchModelFile = channel.unary_stream(
+                '/libra.proto.trainer.v1.WeightService/FetchModelFile',
+                request_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchModelFileRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.FromString,
+                _registered_method=True)
+
+
+class WeightServiceServicer:
+    """Published policy versions, served to rollout instances that share no filesystem with
+    the trainer (docs/weights.md). Read-only; a version is pinned (never pruned) while a
+    stream reads it. Streams beyond the trainer's limit are refused with
+    RESOURCE_EXHAUSTED ("retry after N ms"), so a hundred instances cannot stall it.
+    """
+
+    def GetWeightManifest(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchWeightChunks(self, request, context):
+        """The chunks of the version's weights file, in order, from `from_chunk` on (a
+        client resumes a broken transfer from its last good chunk).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModelFiles(self, request, context):
+        """The job's model directory (config, tokenizer, starting weights) that an engine is
+        built from before the first version loads: its files, then one file's bytes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchModelFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WeightServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetWeightManifest': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWeightManifest,
+                    request_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.GetWeightManifestRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.GetWeightManifestResponse.SerializeToString,
+            ),
+            'FetchWeightChunks': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchWeightChunks,
+                    request_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchWeightChunksRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.SerializeToString,
+            ),
+            'ListModelFiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModelFiles,
+                    request_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesResponse.SerializeToString,
+            ),
+            'FetchModelFile': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchModelFile,
+                    request_deserializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchModelFileRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'libra.proto.trainer.v1.WeightService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('libra.proto.trainer.v1.WeightService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WeightService:
+    """Published policy versions, served to rollout instances that share no filesystem with
+    the trainer (docs/weights.md). Read-only; a version is pinned (never pruned) while a
+    stream reads it. Streams beyond the trainer's limit are refused with
+    RESOURCE_EXHAUSTED ("retry after N ms"), so a hundred instances cannot stall it.
+    """
+
+    @staticmethod
+    def GetWeightManifest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.trainer.v1.WeightService/GetWeightManifest',
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.GetWeightManifestRequest.SerializeToString,
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.GetWeightManifestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchWeightChunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/libra.proto.trainer.v1.WeightService/FetchWeightChunks',
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchWeightChunksRequest.SerializeToString,
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModelFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.trainer.v1.WeightService/ListModelFiles',
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesRequest.SerializeToString,
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.ListModelFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchModelFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/libra.proto.trainer.v1.WeightService/FetchModelFile',
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.FetchModelFileRequest.SerializeToString,
+            libra_dot_proto_dot_trainer_dot_v1_dot_trainer__pb2.WeightChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

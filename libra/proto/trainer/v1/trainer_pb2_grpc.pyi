@@ -105,3 +105,88 @@ class GradientChannelServicer(metaclass=_abc_1.ABCMeta):
         """The hybrid opens the stream with a hello and keeps it open while it is lent."""
 
 def add_GradientChannelServicer_to_server(servicer: GradientChannelServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class WeightServiceStub:
+    """Published policy versions, served to rollout instances that share no filesystem with
+    the trainer (docs/weights.md). Read-only; a version is pinned (never pruned) while a
+    stream reads it. Streams beyond the trainer's limit are refused with
+    RESOURCE_EXHAUSTED ("retry after N ms"), so a hundred instances cannot stall it.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> WeightServiceAsyncStub: ...
+    GetWeightManifest: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.GetWeightManifestRequest, _trainer_pb2.GetWeightManifestResponse]
+    FetchWeightChunks: _grpc.UnaryStreamMultiCallable[_trainer_pb2.FetchWeightChunksRequest, _trainer_pb2.WeightChunk]
+    """The chunks of the version's weights file, in order, from `from_chunk` on (a
+    client resumes a broken transfer from its last good chunk).
+    """
+    ListModelFiles: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.ListModelFilesRequest, _trainer_pb2.ListModelFilesResponse]
+    """The job's model directory (config, tokenizer, starting weights) that an engine is
+    built from before the first version loads: its files, then one file's bytes.
+    """
+    FetchModelFile: _grpc.UnaryStreamMultiCallable[_trainer_pb2.FetchModelFileRequest, _trainer_pb2.WeightChunk]
+
+@_typing.type_check_only
+class WeightServiceAsyncStub(WeightServiceStub):
+    """Published policy versions, served to rollout instances that share no filesystem with
+    the trainer (docs/weights.md). Read-only; a version is pinned (never pruned) while a
+    stream reads it. Streams beyond the trainer's limit are refused with
+    RESOURCE_EXHAUSTED ("retry after N ms"), so a hundred instances cannot stall it.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    GetWeightManifest: _aio.UnaryUnaryMultiCallable[_trainer_pb2.GetWeightManifestRequest, _trainer_pb2.GetWeightManifestResponse]  # type: ignore[assignment]
+    FetchWeightChunks: _aio.UnaryStreamMultiCallable[_trainer_pb2.FetchWeightChunksRequest, _trainer_pb2.WeightChunk]  # type: ignore[assignment]
+    """The chunks of the version's weights file, in order, from `from_chunk` on (a
+    client resumes a broken transfer from its last good chunk).
+    """
+    ListModelFiles: _aio.UnaryUnaryMultiCallable[_trainer_pb2.ListModelFilesRequest, _trainer_pb2.ListModelFilesResponse]  # type: ignore[assignment]
+    """The job's model directory (config, tokenizer, starting weights) that an engine is
+    built from before the first version loads: its files, then one file's bytes.
+    """
+    FetchModelFile: _aio.UnaryStreamMultiCallable[_trainer_pb2.FetchModelFileRequest, _trainer_pb2.WeightChunk]  # type: ignore[assignment]
+
+class WeightServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Published policy versions, served to rollout instances that share no filesystem with
+    the trainer (docs/weights.md). Read-only; a version is pinned (never pruned) while a
+    stream reads it. Streams beyond the trainer's limit are refused with
+    RESOURCE_EXHAUSTED ("retry after N ms"), so a hundred instances cannot stall it.
+    """
+
+    @_abc_1.abstractmethod
+    def GetWeightManifest(
+        self,
+        request: _trainer_pb2.GetWeightManifestRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.GetWeightManifestResponse, _abc.Awaitable[_trainer_pb2.GetWeightManifestResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def FetchWeightChunks(
+        self,
+        request: _trainer_pb2.FetchWeightChunksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_trainer_pb2.WeightChunk], _abc.AsyncIterator[_trainer_pb2.WeightChunk]]:
+        """The chunks of the version's weights file, in order, from `from_chunk` on (a
+        client resumes a broken transfer from its last good chunk).
+        """
+
+    @_abc_1.abstractmethod
+    def ListModelFiles(
+        self,
+        request: _trainer_pb2.ListModelFilesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.ListModelFilesResponse, _abc.Awaitable[_trainer_pb2.ListModelFilesResponse]]:
+        """The job's model directory (config, tokenizer, starting weights) that an engine is
+        built from before the first version loads: its files, then one file's bytes.
+        """
+
+    @_abc_1.abstractmethod
+    def FetchModelFile(
+        self,
+        request: _trainer_pb2.FetchModelFileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_trainer_pb2.WeightChunk], _abc.AsyncIterator[_trainer_pb2.WeightChunk]]: ...
+
+def add_WeightServiceServicer_to_server(servicer: WeightServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

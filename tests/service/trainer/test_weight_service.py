@@ -1,0 +1,309 @@
+"""The trainer's WeightService and the rollout's weight fetcher, over real gRPC.
+
+Real parts: the grpc.aio server on a loopback port, the typed client, the fetcher writing
+to a real cache directory, the manifest writer the trainer publishes with, the rollout's
+memory store. Faults are the server's own options (WeightFaults), not mocks; the only
+fake is the inference engine at the loader's edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from libra import types as t
+from libra.clients.weights import GrpcWeightClient
+from libra.errors import InvalidArgument, NotFound, ResourceExhausted
+from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from libra.run_dir import weights_file
+from libra.weight_sync import WeightSyncError, read_verified, write_manifest
+from libra_cli.redis_server import free_ports
+from services.rollout.backend import TorchEngineLoader
+from services.rollout.memory_store import MemoryRolloutStore
+from services.rollout.weight_fetcher import WeightFetcher, WeightSource
+from services.rollout.weight_loader import WeightLoader
+from services.trainer.weight_server import WeightFaults, WeightServer
+from services.trainer.weight_servicer import WeightServicer
+from tests.fakes.engine import FakeEngine, make_tokenizer
+from tests.service.grpc_harness import serving
+from tests.waiting import wait_until
+
+JOB = "job-w"
+CHUNK_BYTES = 64 * 1024
+NUM_CHUNKS = 10
+
+
+def publish(run_dir: Path, version: int) -> tuple[bytes, str]:
+    """A published version of NUM_CHUNKS chunks, as the trainer writes it; returns the
+    weights bytes and the manifest's sha256 (what the Redis pointer carries)."""
+    path = weights_file(run_dir, version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(CHUNK_BYTES * NUM_CHUNKS - 123)  # a short last chunk
+    path.write_bytes(data)
+    _, digest = write_manifest(path, version, chunk_bytes=CHUNK_BYTES)
+    return data, digest
+
+
+class Trainer:
+    """A WeightServer over one run directory, served on a loopback port."""
+
+    def __init__(self, tmp: Path, max_streams: int = 4, faults: WeightFaults | None = None):
+        self.run_dir = tmp / "run"
+        self.data, self.digest = publish(self.run_dir, 1)
+        self.model_files = {"config.json": b'{"model_type": "llama"}',
+                            "model.safetensors": os.urandom(5 * (1 << 19) + 7)}  # 3 chunks
+        (self.run_dir / "model").mkdir()
+        for name, body in self.model_files.items():
+            (self.run_dir / "model" / name).write_bytes(body)
+        self.server = WeightServer(self._run_dir_of, max_streams, faults)
+        self.address = ""
+
+    async def _run_dir_of(self, job_id: str) -> str:
+        if job_id != JOB:
+            raise RuntimeError(f"job {job_id} has no run_dir")
+        return str(self.run_dir)
+
+
+@pytest.fixture
+async def serve(tmp_path: Path):  # noqa: ANN201
+    """``await serve(**kwargs)`` -> (Trainer, client) served until the test ends."""
+    stack: list = []
+
+    async def start(**kwargs) -> tuple[Trainer, GrpcWeightClient]:  # noqa: ANN003
+        trainer = Trainer(tmp_path, **kwargs)
+        ctx = serving("trainer", trainer_pb2_grpc.add_WeightServiceServicer_to_server,
+                      WeightServicer(trainer.server), trainer_pb2.DESCRIPTOR, "WeightService")
+        trainer.address = await ctx.__aenter__()
+        client = GrpcWeightClient(trainer.address, 5.0)
+        stack.append((ctx, client))
+        return trainer, client
+
+    yield start
+    for ctx, client in stack:
+        await client.close()
+        await ctx.__aexit__(None, None, None)
+
+
+def fetcher(client: GrpcWeightClient, tmp: Path) -> WeightFetcher:
+    return WeightFetcher(client, tmp / "cache", max_stream_retries=2, retry_backoff_s=0.01)
+
+
+async def first_chunk(stream: AsyncIterator) -> int:
+    return (await anext(stream)).index
+
+
+async def test_fetch_copies_the_version_byte_exact(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    fetch = fetcher(client, tmp_path)
+    manifest = await fetch.fetch(JOB, 1, trainer.digest)
+    assert read_verified(manifest, trainer.digest) == trainer.data
+    assert fetch.last.num_chunks_fetched == NUM_CHUNKS
+    assert not list((tmp_path / "cache" / JOB).glob("*.part"))
+
+
+async def test_a_cached_version_is_not_fetched_again(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    fetch = fetcher(client, tmp_path)
+    await fetch.fetch(JOB, 1, trainer.digest)
+    await fetch.fetch(JOB, 1, trainer.digest)
+    assert fetch.last.num_chunks_fetched == 0
+
+
+async def test_a_chunk_with_a_bad_checksum_is_fetched_again(serve, tmp_path: Path) -> None:
+    trainer, client = await serve(faults=WeightFaults(corrupt_chunk=3, corrupt_times=1))
+    fetch = fetcher(client, tmp_path)
+    manifest = await fetch.fetch(JOB, 1, trainer.digest)
+    assert read_verified(manifest, trainer.digest) == trainer.data
+    assert (fetch.last.num_chunks_refetched, fetch.last.num_chunks_fetched) == (1, NUM_CHUNKS)
+
+
+async def test_a_chunk_bad_twice_fails_loudly_naming_it(serve, tmp_path: Path) -> None:
+    trainer, client = await serve(faults=WeightFaults(corrupt_chunk=3, corrupt_times=2))
+    with pytest.raises(WeightSyncError, match="chunk 3 .* failed its sha256 twice"):
+        await fetcher(client, tmp_path).fetch(JOB, 1, trainer.digest)
+    assert not list((tmp_path / "cache" / JOB).glob("*.safetensors*"))  # no .part either
+
+
+async def test_a_version_bad_twice_is_refused_and_the_old_weights_keep_serving(
+        serve, tmp_path: Path) -> None:
+    trainer, client = await serve(faults=WeightFaults(corrupt_chunk=0, corrupt_times=2))
+    store = MemoryRolloutStore()
+    engine = FakeEngine(make_tokenizer(), policy_version=0)
+    loader = WeightLoader("rollout-w", store, 30.0,
+                          WeightSource("grpc", fetcher(client, tmp_path)))
+    policy = t.PolicyInfo(1, "/not/shared/v000001.safetensors.manifest.json", trainer.digest,
+                          "/not/shared/model", 0)
+    await loader.load_verified(JOB, engine, policy)
+    assert engine.policy_version == 0 and loader.is_rejected(JOB, policy)
+    (event,) = store.events(JOB, "weights_checksum_mismatch")
+    assert "chunk 0" in event["error"]
+
+
+async def test_auto_source_fetches_when_the_path_is_not_shared(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    store = MemoryRolloutStore()
+    engine = FakeEngine(make_tokenizer(), policy_version=0)
+    loader = WeightLoader("rollout-w", store, 30.0,
+                          WeightSource("auto", fetcher(client, tmp_path)))
+    policy = t.PolicyInfo(1, str(tmp_path / "elsewhere" / "v000001.safetensors.manifest.json"),
+                          trainer.digest, "", 0)
+    await loader.load_verified(JOB, engine, policy)
+    assert engine.policy_version == 1
+    (event,) = store.events(JOB, "weights_loaded")
+    assert event["size_bytes"] == str(len(trainer.data))
+
+
+async def test_auto_source_reads_a_shared_path_without_fetching(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    source = WeightSource("auto", fetcher(client, tmp_path))
+    shared = weights_file(trainer.run_dir, 1)
+    manifest = shared.with_name(shared.name + ".manifest.json")
+    policy = t.PolicyInfo(1, str(manifest), trainer.digest, "", 0)
+    assert await source.manifest_path(JOB, policy) == manifest
+    assert trainer.server.num_streams == 0 and not (tmp_path / "cache").exists()
+
+
+async def test_a_manifest_not_matching_the_pointer_is_refused(serve, tmp_path: Path) -> None:
+    _, client = await serve()
+    with pytest.raises(WeightSyncError, match="does not match the published pointer"):
+        await fetcher(client, tmp_path).fetch(JOB, 1, "0" * 64)
+
+
+async def test_a_part_file_resumes_after_its_last_good_chunk(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    part = tmp_path / "cache" / JOB / "v000001.safetensors.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(trainer.data[:4 * CHUNK_BYTES] + b"torn write")
+    fetch = fetcher(client, tmp_path)
+    manifest = await fetch.fetch(JOB, 1, trainer.digest)
+    assert read_verified(manifest, trainer.digest) == trainer.data
+    assert (fetch.last.resumed_from_chunk, fetch.last.num_chunks_fetched) == (4, 6)
+
+
+async def test_a_stream_past_the_limit_is_refused_with_a_retry_hint(serve) -> None:
+    faults = WeightFaults(hold_after_chunks=1)
+    trainer, client = await serve(max_streams=2, faults=faults)
+    held = [client.fetch_chunks(JOB, 1, 0) for _ in range(2)]
+    assert [await first_chunk(s) for s in held] == [0, 0]  # both slots taken and held
+    with pytest.raises(ResourceExhausted) as refused:
+        await first_chunk(client.fetch_chunks(JOB, 1, 0))
+    assert refused.value.retry_after_ms > 0 and trainer.server.num_refused == 1
+    assert trainer.server.pinned(JOB) == {1}  # never pruned while streamed
+    faults.release.set()
+    rest = [[c.index async for c in s] for s in held]
+    assert rest == [list(range(1, NUM_CHUNKS))] * 2
+    assert trainer.server.num_streams == 0 and trainer.server.pinned(JOB) == set()
+
+
+async def test_a_refused_fetcher_waits_for_a_free_slot(serve, tmp_path: Path) -> None:
+    faults = WeightFaults(hold_after_chunks=1)
+    trainer, client = await serve(max_streams=1, faults=faults)
+    held = client.fetch_chunks(JOB, 1, 0)
+    await first_chunk(held)
+    fetch = fetcher(client, tmp_path)
+    task = asyncio.create_task(fetch.fetch(JOB, 1, trainer.digest))
+    await wait_until(lambda: trainer.server.num_refused >= 2)  # asked, waited, asked again
+    faults.hold_after_chunks = -1  # the next stream is not held
+    faults.release.set()
+    [c async for c in held]
+    manifest = await task
+    assert read_verified(manifest, trainer.digest) == trainer.data
+    assert fetch.last.num_refused >= 2 and fetch.last.num_stream_retries == 0
+
+
+@pytest.mark.parametrize(("job_id", "version", "from_chunk", "error", "field"), [
+    ("", 1, 0, InvalidArgument, "job_id"),
+    (JOB, -1, 0, InvalidArgument, "version"),
+    (JOB, 1, NUM_CHUNKS, InvalidArgument, "from_chunk"),
+    (JOB, 7, 0, NotFound, None),
+    ("job-other", 1, 0, NotFound, None),
+])
+async def test_bad_requests_are_refused_naming_the_field(serve, job_id: str, version: int,
+                                                         from_chunk: int, error: type,
+                                                         field: str | None) -> None:
+    trainer, client = await serve()
+    with pytest.raises(error) as raised:
+        await first_chunk(client.fetch_chunks(job_id, version, from_chunk))
+    if field is not None:
+        assert raised.value.field == field
+    assert trainer.server.num_streams == 0
+
+
+
+async def test_an_unreachable_trainer_is_reported_and_the_version_is_not_refused(
+        tmp_path: Path) -> None:
+    (port,) = free_ports(1)  # nothing serves there
+    client = GrpcWeightClient(f"127.0.0.1:{port}", 5.0)
+    store = MemoryRolloutStore()
+    engine = FakeEngine(make_tokenizer(), policy_version=0)
+    source = WeightSource("grpc", WeightFetcher(client, tmp_path, max_stream_retries=0))
+    loader = WeightLoader("rollout-w", store, 30.0, source)
+    policy = t.PolicyInfo(1, "/not/shared/v000001.safetensors.manifest.json", "ab" * 32, "",
+                          0)
+    try:
+        await loader.load_verified(JOB, engine, policy)
+    finally:
+        await client.close()
+    (event,) = store.events(JOB, "weights_fetch_failed")
+    assert "trainer unreachable" in event["error"]
+    assert engine.policy_version == 0 and not loader.is_rejected(JOB, policy)
+
+
+async def test_the_model_dir_is_fetched_byte_exact(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    folder = await fetcher(client, tmp_path).fetch_model_dir(JOB)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == trainer.model_files
+
+
+async def test_a_model_file_already_here_is_not_fetched_again(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    fetch = fetcher(client, tmp_path)
+    folder = await fetch.fetch_model_dir(JOB)
+    before = (folder / "model.safetensors").stat().st_mtime_ns
+    (folder / "config.json").write_bytes(b"{}")  # a stale copy is replaced
+    await fetch.fetch_model_dir(JOB)
+    assert (folder / "model.safetensors").stat().st_mtime_ns == before
+    assert (folder / "config.json").read_bytes() == trainer.model_files["config.json"]
+
+
+async def test_auto_source_fetches_the_model_dir_only_when_not_shared(serve,
+                                                                     tmp_path: Path) -> None:
+    trainer, client = await serve()
+    source = WeightSource("auto", fetcher(client, tmp_path))
+    shared = str(trainer.run_dir / "model")
+    here = await source.model_dir(JOB, t.PolicyInfo(1, "", trainer.digest, shared, 0))
+    assert here == shared and not (tmp_path / "cache").exists()
+    elsewhere = str(tmp_path / "elsewhere" / "model")
+    fetched = await source.model_dir(JOB, t.PolicyInfo(1, "", trainer.digest, elsewhere, 0))
+    assert fetched == str(tmp_path / "cache" / JOB / "model")
+
+
+@pytest.mark.parametrize("name", ["../v000001.safetensors", "", "model/x"])
+async def test_a_model_file_outside_the_model_dir_is_refused(serve, name: str) -> None:
+    _, client = await serve()
+    with pytest.raises(InvalidArgument) as raised:
+        await first_chunk(client.fetch_model_file(JOB, name))
+    assert raised.value.field == "name"
+
+
+
+async def test_an_engine_is_built_from_a_fetched_model_dir(serve, tmp_path: Path,
+                                                           hf_model_dir) -> None:
+    trainer, client = await serve()
+    original = hf_model_dir("llama")
+    shutil.rmtree(trainer.run_dir / "model")
+    shutil.copytree(original, trainer.run_dir / "model")
+    folder = await fetcher(client, tmp_path).fetch_model_dir(JOB)
+    loader = TorchEngineLoader()
+    engine, tokenizer = await asyncio.to_thread(loader.load, str(folder), None)
+    reference, reference_tokenizer = await asyncio.to_thread(loader.load, str(original), None)
+    fetched, expected = engine._model.state_dict(), reference._model.state_dict()
+    assert fetched.keys() == expected.keys()
+    assert all(torch.equal(fetched[k], expected[k]) for k in expected)
+    assert tokenizer.encode("2+2=4") == reference_tokenizer.encode("2+2=4")
