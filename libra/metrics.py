@@ -64,6 +64,9 @@ DEFINITIONS: tuple[MetricDef, ...] = (
               ("service", "method", "code"), "all"),
     MetricDef("libra_rpc_server_seconds", "histogram", "RPC latency",
               ("service", "method"), "all"),
+    MetricDef("libra_trace_spans_dropped", "counter",
+              "Trace spans dropped, by reason (export_failed: OTLP endpoint down or refusing)",
+              ("service", "reason"), "all"),
     # -- coordinator: the job queue, and each new StepRecord it stores --------------------
     MetricDef("libra_coordinator_queued_jobs", "gauge",
               "Jobs queued PENDING, waiting for the running job to end (pending admissions)",
