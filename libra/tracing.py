@@ -19,11 +19,12 @@ Cores call :func:`record_child` and :func:`end_trajectory`; with no exporter ins
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 AttributeValue = str | int | float | bool
 
@@ -159,3 +160,17 @@ def end_trajectory(traceparent: str, start_ms: int, end_ms: int, outcome: str, *
     _sink.record_root(traceparent, SpanRecord(
         "trajectory", "", start_ms, end_ms, {"libra.outcome": outcome, **attributes},
         tuple(links), error))
+
+
+def record_event(name: str, at_ms: int, fields: Mapping[str, Any]) -> str:
+    """A point event (an elastic join or release, a planner decision) as a span of its own
+    trace, its fields as ``libra.<key>`` attributes (nested values as JSON text)."""
+    if _sink is None:
+        return ""
+    attributes: dict[str, AttributeValue] = {}
+    for key, value in fields.items():
+        if isinstance(value, str | int | float | bool):
+            attributes[f"libra.{key}"] = value
+        elif value is not None:
+            attributes[f"libra.{key}"] = json.dumps(value, sort_keys=True, default=str)
+    return _sink.record(SpanRecord(name, "", at_ms, at_ms, attributes))

@@ -43,6 +43,9 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
          [("queued", "libra_coordinator_queued_jobs")]),
         ("RPC errors /s by service", "ops",
          [("{{service}}", f'sum by (service) (rate(libra_rpc_server_total{{code!="OK"}}{W}))')]),
+        ("Trace spans dropped /s by service", "ops",
+         [("{{service}} {{reason}}",
+           f"sum by (service, reason) (rate(libra_trace_spans_dropped_total{W}))")]),
     ]),
     "rollout-scheduler": ("Libra: rollout and scheduler", [
         ("Tokens /s per instance", "ops",
