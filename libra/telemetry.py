@@ -27,7 +27,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from libra import tracing
 from libra.log_hygiene import RepeatLimiter, SafeMessages
 from libra.service_config import TelemetryConfig
-from libra.trace_export import CountingExporter, OtelSpanSink
+from libra.trace_export import (
+    QUEUE_FULL,
+    CountingBatchProcessor,
+    CountingExporter,
+    DropCounter,
+    OtelSpanSink,
+)
 
 _instrumented = False
 # One OTLP export's deadline, retries included (the SDK default is 10 s): while the
@@ -113,14 +119,17 @@ def build_provider(service: str, cfg: TelemetryConfig,
     if cfg.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        # The exporter logs every failed batch (and every retry); CountingExporter says
-        # it once and counts the rest.
+        # The exporter logs every failed batch (and every retry), the batch processor
+        # every span a full queue drops: DropCounter says it once and counts the rest.
         logging.getLogger("opentelemetry.exporter.otlp.proto.grpc.exporter").setLevel(
             logging.CRITICAL)
+        drops = DropCounter(service, cfg.otlp_endpoint)
+        queue_logger = logging.getLogger("opentelemetry.sdk._shared_internal")
+        if QUEUE_FULL not in queue_logger.filters:
+            queue_logger.addFilter(QUEUE_FULL)
         exporter = OTLPSpanExporter(endpoint=cfg.otlp_endpoint, insecure=True,
                                     timeout=OTLP_EXPORT_TIMEOUT_S)
-        processors.append(BatchSpanProcessor(
-            CountingExporter(exporter, service, cfg.otlp_endpoint)))
+        processors.append(CountingBatchProcessor(CountingExporter(exporter, drops), drops))
     if cfg.trace_console:
         processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
     if extra_processor is not None:

@@ -9,8 +9,9 @@ that one call.
 
 :class:`CountingExporter` wraps the OTLP exporter: an export that fails (collector down
 or unreachable) drops its spans, counts them in ``libra_trace_spans_dropped_total`` and
-logs one warning per process; the services never wait on it (the batch processor
-exports from its own thread).
+logs one warning per process; so do spans the batch processor drops because its queue
+is full (exports stuck on a dead collector). The services never wait on it (the batch
+processor exports from its own thread).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
@@ -112,16 +113,34 @@ class OtelSpanSink:
         return TraceParent(context.trace_id, context.span_id, True).format()
 
 
-class CountingExporter(SpanExporter):
-    """Exports through ``inner``; a failed export's spans are counted as dropped and the
-    first failure is logged once (the collector may be down for hours)."""
+class DropCounter:
+    """Counts dropped spans (``libra_trace_spans_dropped_total{service, reason}``) and
+    warns once per process: the collector may be down for hours."""
 
-    def __init__(self, inner: SpanExporter, service: str, endpoint: str) -> None:
-        self._inner = inner
+    def __init__(self, service: str, endpoint: str) -> None:
         self._service = service
         self._endpoint = endpoint
         self._warned = False
         self.num_dropped = 0
+
+    def dropped(self, num_spans: int, reason: str) -> None:
+        """``num_spans`` were lost for ``reason`` (export_failed, queue_full)."""
+        self.num_dropped += num_spans
+        metrics.counter("libra_trace_spans_dropped").labels(self._service, reason).inc(
+            num_spans)
+        if not self._warned:
+            self._warned = True
+            logger.warning("[trace] spans dropped (%s): OTLP endpoint %s unreachable or "
+                           "slow; counting them in libra_trace_spans_dropped_total and "
+                           "warning only once", reason, self._endpoint)
+
+
+class CountingExporter(SpanExporter):
+    """Exports through ``inner``; a failed export's spans are counted as dropped."""
+
+    def __init__(self, inner: SpanExporter, drops: DropCounter) -> None:
+        self._inner = inner
+        self._drops = drops
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Export through the wrapped exporter; count a failed batch as dropped."""
@@ -131,14 +150,7 @@ class CountingExporter(SpanExporter):
             logger.debug("[trace] exporter raised", exc_info=True)
             result = SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
-            self.num_dropped += len(spans)
-            metrics.counter("libra_trace_spans_dropped").labels(
-                self._service, "export_failed").inc(len(spans))
-            if not self._warned:
-                self._warned = True
-                logger.warning("[trace] spans dropped: OTLP endpoint %s unreachable or "
-                               "refusing; counting them in libra_trace_spans_dropped_total "
-                               "and warning only once", self._endpoint)
+            self._drops.dropped(len(spans), "export_failed")
         return result
 
     def shutdown(self) -> None:
@@ -148,3 +160,33 @@ class CountingExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Flush the wrapped exporter."""
         return self._inner.force_flush(timeout_millis)
+
+
+class CountingBatchProcessor(BatchSpanProcessor):
+    """The SDK's batch processor, counting the spans it drops when its queue is full
+    (exports stuck on a dead collector; the SDK only logs them)."""
+
+    def __init__(self, exporter: SpanExporter, drops: DropCounter) -> None:
+        super().__init__(exporter)
+        self._drops = drops
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Queue the span; count it as dropped when the queue is full."""
+        inner = getattr(self, "_batch_processor", None)  # SDK internals: count if present
+        queue, size = getattr(inner, "_queue", None), getattr(inner, "_max_queue_size", 0)
+        if queue is not None and span.context.trace_flags.sampled and len(queue) >= size:
+            self._drops.dropped(1, "queue_full")
+        super().on_end(span)
+
+
+class QueueFullFilter(logging.Filter):
+    """Silences the batch processor's "Queue full" warnings (repeated every 20 s while
+    the collector is down): :class:`CountingBatchProcessor` counts those drops."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False (not logged) for a "Queue full" record."""
+        return not str(record.msg).startswith("Queue full")
+
+
+# One per process: the batch processor's logger is shared by every provider.
+QUEUE_FULL = QueueFullFilter()
