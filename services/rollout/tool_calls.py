@@ -64,8 +64,10 @@ class ToolCaller:
                                      "libra.tool": call.name, "libra.call_id": call_id,
                                      "libra.retries": retries[0]})
             raise
-        tracing.record_child("tool.call", traj.traceparent, started_ms, self._clock.now_ms(),
-                             **_call_attributes(call_id, result, retries[0]))
+        if tracing.is_recording(traj.traceparent):
+            tracing.record_child("tool.call", traj.traceparent, started_ms,
+                                 self._clock.now_ms(),
+                                 **_call_attributes(call_id, result, retries[0]))
         return agent.ToolTurnResult(call.name, result)
 
     async def _execute(self, spec: JobSpec, traj: t.Trajectory, call_id: str, tool: str,

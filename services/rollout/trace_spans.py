@@ -26,6 +26,8 @@ def turn(traj: t.Trajectory, instance_id: str, bucket: str, batch_size: int,
 def decision(traj: t.Trajectory, instance_id: str, state: t.ToolReturnState,
              answer: t.PlacementDecision, started_ms: int, ended_ms: int) -> None:
     """The scheduler's decision at a tool return, timed by the instance that asked."""
+    if not tracing.is_recording(traj.traceparent):
+        return
     tracing.record_child("scheduler.decision", traj.traceparent, started_ms, ended_ms, **{
         "libra.instance": instance_id, "libra.from_bucket": traj.bucket,
         "libra.tool_state": state.key, "libra.action": answer.action.value,
@@ -37,6 +39,8 @@ def move(traj: t.Trajectory, instance_id: str, from_bucket: str,
          answer: t.PlacementDecision, started_ms: int, ended_ms: int,
          is_committed: bool) -> None:
     """A handoff to another instance (refused when fenced)."""
+    if not tracing.is_recording(traj.traceparent):
+        return
     tracing.record_child(
         "rollout.move", traj.traceparent, started_ms, ended_ms,
         error="" if is_committed else "handoff refused (stale lease epoch or re-queued)",
@@ -49,6 +53,8 @@ def move(traj: t.Trajectory, instance_id: str, from_bucket: str,
 def publish(traj: t.Trajectory, instance_id: str, started_ms: int, ended_ms: int,
             is_published: bool) -> None:
     """The finished (or failed) trajectory written to the job's stream."""
+    if not tracing.is_recording(traj.traceparent):
+        return
     tracing.record_child(
         "rollout.publish", traj.traceparent, started_ms, ended_ms,
         error="" if is_published else "not published: stale lease epoch",
