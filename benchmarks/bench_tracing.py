@@ -14,10 +14,11 @@ shortened to ``--num-steps`` steps (its layout, C-MLFQ, prompts and samples per 
   ``--prompts-per-step`` to see a ratio below 1).
 
 Measured per run: the RL phase's wall time (the sum of the steps' ``wall_s``: what the
-trainer waited for and trained on, warm start and model loads excluded), the job's wall
-time, and the run's CPU seconds. Printed: per arm the median, and the ratio to ``off`` of
-the medians and of each round's pair (runs alternate off/full/default, so a slow minute
-of a shared machine hits all arms alike). Also the cost of one span through the exporter
+trainer waited for and trained on, warm start and model loads excluded); the wall and
+CPU seconds of the process from the first reported step to the job's end (steady
+state); the whole job's wall and CPU seconds (with the warm start). Printed: per arm
+the median, and the ratio to ``off`` of the medians and of each round's pair (runs
+alternate off/full/default, so a slow minute of a shared machine hits all arms alike). Also the cost of one span through the exporter
 path (micro), times the spans a traced trajectory makes.
 
 Usage: python benchmarks/bench_tracing.py [--rounds 3] [--num-steps 6]
@@ -108,6 +109,7 @@ async def one_run(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
         async with in_process_stack(Path(tmp), job_spec_from_json(spec_json)) as inproc:
             started, cpu0 = time.perf_counter(), time.process_time()
             job = await inproc.coordinator.create_job(spec_json, "json")
+            window = await rl_window(inproc.coordinator, job.job_id)
             job, steps, counters = await wait_for_job(inproc.coordinator, job.job_id,
                                                       timeout_s=1800)
             wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
@@ -115,8 +117,25 @@ async def one_run(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
         provider.force_flush()
         provider.shutdown()
     return {"arm": arm, "state": job.state.value, "rl_wall_s": sum(s["wall_s"] for s in steps),
+            "window_wall_s": window[0], "window_cpu_s": window[1],
             "job_wall_s": wall_s, "cpu_s": cpu_s, "trained": counters.get("trained", 0),
             "migrations": counters.get("migrations", 0)}
+
+
+async def rl_window(coordinator: Any, job_id: str) -> tuple[float, float]:
+    """Wall and CPU seconds from the first reported RL step to the job's end: steady
+    state, the warm start and the first step's model loads left out (polled every 0.1 s
+    in every arm alike)."""
+    first: tuple[float, float] | None = None
+    while True:
+        job, _steps, _counters = await coordinator.get_job(job_id)
+        if first is None and job.step >= 1:
+            first = (time.perf_counter(), time.process_time())
+        if job.state.is_terminal:
+            if first is None:
+                return 0.0, 0.0
+            return time.perf_counter() - first[0], time.process_time() - first[1]
+        await asyncio.sleep(0.1)
 
 
 # -- micro: one span through the exporter path ----------------------------------------------
@@ -166,7 +185,7 @@ def run_arm(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
 
 def summarise(runs: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for measure in ("rl_wall_s", "job_wall_s", "cpu_s"):
+    for measure in ("rl_wall_s", "window_wall_s", "window_cpu_s", "job_wall_s", "cpu_s"):
         med = {arm: statistics.median(r[measure] for r in runs if r["arm"] == arm)
                for arm in ARMS}
         paired = {arm: [runs[i * len(ARMS) + ARMS.index(arm)][measure]
@@ -229,7 +248,8 @@ def drive(args: argparse.Namespace, endpoint: str, port_file: Path) -> dict[str,
             run["spans"] = received_spans(port_file) - before
             run["round"] = round_index
             runs.append(run)
-            print(f"round {round_index} {arm}: rl {run['rl_wall_s']:.2f}s job "
+            print(f"round {round_index} {arm}: rl {run['rl_wall_s']:.2f}s window "
+                  f"{run['window_wall_s']:.2f}s/{run['window_cpu_s']:.2f}s cpu, job "
                   f"{run['job_wall_s']:.2f}s cpu {run['cpu_s']:.2f}s spans {run['spans']} "
                   f"trained {run['trained']} moves {run['migrations']} {run['state']}",
                   file=sys.stderr)
