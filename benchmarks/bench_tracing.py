@@ -18,8 +18,9 @@ trainer waited for and trained on, warm start and model loads excluded); the wal
 CPU seconds of the process from the first reported step to the job's end (steady
 state); the whole job's wall and CPU seconds (with the warm start). Printed: per arm
 the median, and the ratio to ``off`` of the medians and of each round's pair (runs
-alternate off/full/default, so a slow minute of a shared machine hits all arms alike). Also the cost of one span through the exporter
-path (micro), times the spans a traced trajectory makes.
+alternate off/full/default, so a slow minute of a shared machine hits all arms alike).
+Also the cost of one span through the exporter path (micro), and the spans a traced
+trajectory makes.
 
 Usage: python benchmarks/bench_tracing.py [--rounds 3] [--num-steps 6]
        [--prompts-per-step 8] [--sft-steps 300] [--json]
