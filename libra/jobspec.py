@@ -26,6 +26,7 @@ from libra.spec_document import parse_document as parse_document
 from libra.spec_limits import validate_limits
 from libra.tasks import TASKS
 from libra.taskspec import TaskSpec, normalise_task, validate_task_source
+from libra.tracing import AUTO_SAMPLE_RATIO
 from libra.types import Bucket
 
 SUPPORTED_MODELS = ("tiny-llama", "hf")
@@ -196,6 +197,15 @@ class ElasticSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ObservabilitySpec:
+    """``[observability]``: the job's trajectory traces (docs/observability.md)."""
+
+    # Share of trajectories traced, decided at admission; -1: every trajectory while a
+    # step trains on at most 64, else about 64 per step (libra.tracing).
+    trace_sample_ratio: float = AUTO_SAMPLE_RATIO
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A whole job spec, validated (``parse_job_spec``); every service reads the job from it."""
 
@@ -207,6 +217,7 @@ class JobSpec:
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec)
     layout: LayoutSpec = field(default_factory=LayoutSpec)
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
+    observability: ObservabilitySpec = field(default_factory=ObservabilitySpec)
 
     def to_json(self) -> str:
         """The normalised spec as sorted JSON: what the coordinator stores and the services
@@ -271,6 +282,9 @@ def _validate_ranges(spec: JobSpec) -> None:
     _require(0 < a.clip_eps < 1, "algorithm.clip_eps", "must be in (0, 1)")
     _require(a.temperature > 0, "algorithm.temperature", "must be > 0")
     _require(0 < a.top_p <= 1, "algorithm.top_p", "must be in (0, 1]")
+    ratio = spec.observability.trace_sample_ratio
+    _require(ratio == AUTO_SAMPLE_RATIO or 0.0 <= ratio <= 1.0,
+             "observability.trace_sample_ratio", "must be in [0, 1], or -1 (automatic)")
 
 
 def _validate_model(spec: JobSpec) -> None:

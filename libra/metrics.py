@@ -76,6 +76,9 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("libra_redis_roundtrip_seconds", "histogram",
               "Redis round trip (the health loop's PING, once a second)", ("service",),
               "all", ROUNDTRIP_BUCKETS),
+    MetricDef("libra_trace_spans_dropped", "counter",
+              "Trace spans dropped, by reason (export_failed: OTLP endpoint down or refusing)",
+              ("service", "reason"), "all"),
     # -- coordinator: the job queue, and each new StepRecord it stores --------------------
     MetricDef("libra_coordinator_queued_jobs", "gauge",
               "Jobs queued PENDING, waiting for the running job to end (pending admissions)",

@@ -24,10 +24,21 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
+from libra import tracing
 from libra.log_hygiene import RepeatLimiter, SafeMessages
 from libra.service_config import TelemetryConfig
+from libra.trace_export import (
+    QUEUE_FULL,
+    CountingBatchProcessor,
+    CountingExporter,
+    DropCounter,
+    OtelSpanSink,
+)
 
 _instrumented = False
+# One OTLP export's deadline, retries included (the SDK default is 10 s): while the
+# collector is down the export thread gives a batch up sooner, so fewer spans wait.
+OTLP_EXPORT_TIMEOUT_S = 5.0
 
 
 class _JsonFormatter(logging.Formatter):
@@ -90,12 +101,35 @@ def init_tracing(service: str, cfg: TelemetryConfig,
                  extra_processor: SpanProcessor | None = None) -> TracerProvider | None:
     """Install the tracer provider and instrument gRPC (client and server) and Redis,
     when spans go somewhere; None (the no-op provider stays) when nothing exports."""
+    provider = build_provider(service, cfg, extra_processor)
+    if provider is None:
+        return None
+    trace.set_tracer_provider(provider)
+    instrument_libraries()
+    tracing.set_sink(OtelSpanSink(provider))  # trajectory spans (libra/tracing.py)
+    return provider
+
+
+def build_provider(service: str, cfg: TelemetryConfig,
+                   extra_processor: SpanProcessor | None = None) -> TracerProvider | None:
+    """A tracer provider with the configured exporters (not installed); None when
+    nothing exports. A failed OTLP export drops and counts its spans
+    (``libra_trace_spans_dropped_total``) and warns once; it never blocks a service."""
     processors: list[SpanProcessor] = []
     if cfg.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        processors.append(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=cfg.otlp_endpoint, insecure=True)))
+        # The exporter logs every failed batch (and every retry), the batch processor
+        # every span a full queue drops: DropCounter says it once and counts the rest.
+        logging.getLogger("opentelemetry.exporter.otlp.proto.grpc.exporter").setLevel(
+            logging.CRITICAL)
+        drops = DropCounter(service, cfg.otlp_endpoint)
+        queue_logger = logging.getLogger("opentelemetry.sdk._shared_internal")
+        if QUEUE_FULL not in queue_logger.filters:
+            queue_logger.addFilter(QUEUE_FULL)
+        exporter = OTLPSpanExporter(endpoint=cfg.otlp_endpoint, insecure=True,
+                                    timeout=OTLP_EXPORT_TIMEOUT_S)
+        processors.append(CountingBatchProcessor(CountingExporter(exporter, drops), drops))
     if cfg.trace_console:
         processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
     if extra_processor is not None:
@@ -105,8 +139,6 @@ def init_tracing(service: str, cfg: TelemetryConfig,
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     for processor in processors:
         provider.add_span_processor(processor)
-    trace.set_tracer_provider(provider)
-    instrument_libraries()
     return provider
 
 

@@ -180,6 +180,9 @@ class Trajectory:
     # to (>= 1), or 0 for a training trajectory. Eval trajectories run the real path but
     # are never trained on and are counted apart from the training accounting.
     eval_round: int = 0
+    # The trajectory's W3C trace context (libra/tracing.py), set at admission; "" when
+    # not traced. Every service records its spans under it.
+    traceparent: str = ""
 
     @property
     def is_eval(self) -> bool:

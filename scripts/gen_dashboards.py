@@ -52,6 +52,9 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
                               f"(rate(libra_redis_roundtrip_seconds_bucket{W})))"),
           ("p99 {{service}}", "histogram_quantile(0.99, sum by (service, le) "
                               f"(rate(libra_redis_roundtrip_seconds_bucket{W})))")]),
+        ("Trace spans dropped /s by service", "ops",
+         [("{{service}} {{reason}}",
+           f"sum by (service, reason) (rate(libra_trace_spans_dropped_total{W}))")]),
     ]),
     "rollout-scheduler": ("Libra: rollout and scheduler", [
         ("Tokens /s per instance", "ops",

@@ -81,7 +81,7 @@ _TRAJ_SCALARS = ("trajectory_id", "job_id", "group_id", "prompt_id", "prompt_tex
                  "reference", "failure_reason", "num_prompt_tokens", "reward", "num_turns",
                  "instance_id", "bucket", "num_migrations", "created_at_ms",
                  "finished_at_ms", "final_text", "attempt", "partial_turn_tokens",
-                 "prompt_messages_json", "metadata_json", "eval_round")
+                 "prompt_messages_json", "metadata_json", "eval_round", "traceparent")
 _TRAJ_LISTS = ("token_ids", "loss_mask", "logprobs", "token_versions",
                "tool_return_positions")
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from libra import tracing
 from libra import types as t
 from libra.jobspec import ElasticSpec
 
@@ -79,7 +80,10 @@ class EventSink(Protocol):
 
 
 async def record_quietly(sink: EventSink, job_id: str, event: dict[str, Any]) -> None:
-    """Record an event; losing one (events store down) must not stop the executor."""
+    """Record an event (and a span of it, when traces are exported: libra/tracing.py);
+    losing one (events store down) must not stop the executor."""
+    tracing.record_event(f"elastic.{event.get('kind', 'event')}",
+                         int(event.get("ts_ms", 0)), {"job_id": job_id, **event})
     try:
         await sink.record_event(job_id, event)
     except Exception:  # noqa: BLE001 - the event is logged above; the pass goes on

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import LibraError
-from services.rollout import agent
+from services.rollout import agent, trace_spans
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.external_agent import EpisodeChannel, EpisodeEnded
 from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
@@ -105,7 +105,8 @@ class RolloutCore:
         self._stepping = False  # an engine call is in flight
         self.profile = LoopProfile()  # the loop's own costs (GetInstanceStatus)
         sid = settings.instance_id
-        self._mover = Mover(sid, scheduler, store, self._held, self.profile, self._spawn)
+        self._mover = Mover(sid, scheduler, store, self._held, self.profile, self._spawn,
+                            clock)
         self._lender = Lender(settings, store, coordinator, clock, self._held, opener,
                               load_trainer, job=lambda: self._job,
                               busy=lambda: self._stepping or bool(self._tasks),
@@ -286,15 +287,18 @@ class RolloutCore:
             return True
         for row, act in enumerate(batch):
             act.row = row
-        self._stepping = True
+        self._stepping, started_ms = True, self._clock.now_ms()
         try:
             results = await self._generate(job_id, ctx, requests)
         finally:
             self._stepping = False
             for act in batch:
                 act.row = None
+        ended_ms = self._clock.now_ms()
         for act, result in zip(batch, results, strict=True):
             self.tokens_generated += len(result.token_ids)
+            trace_spans.turn(act.traj, self.settings.instance_id, self.settings.bucket,
+                             len(batch), result, started_ms, ended_ms)
             self._after_turn(ctx, act, result)
         self.profile.end_pass()
         return True

@@ -18,6 +18,7 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import LibraError
 from libra.rewardspec import REWARD_FAILURE_PREFIX
+from services.rollout import trace_spans
 from services.rollout.loop_types import ActiveTrajectory, JobContext, LeaseHolder
 from services.rollout.profile import LoopProfile
 
@@ -81,8 +82,11 @@ class Finisher:
         # Fenced: refused when this instance's lease expired or was granted anew (the
         # scheduler re-placed the trajectory). The scheduler learns the finish from the
         # stream, so there is no call to make here.
-        epoch = self._held.epoch
-        if not await self._profile.timed("publish", self._store.publish(
-                traj, self._instance_id, act.entry.entry_id, epoch), traj.trajectory_id):
+        epoch, started_ms = self._held.epoch, self._clock.now_ms()
+        is_published = await self._profile.timed("publish", self._store.publish(
+            traj, self._instance_id, act.entry.entry_id, epoch), traj.trajectory_id)
+        trace_spans.publish(traj, self._instance_id, started_ms, self._clock.now_ms(),
+                            is_published)
+        if not is_published:
             logger.warning("[lease] stale epoch=%d: result of trajectory_id=%s not published",
                            epoch, traj.trajectory_id)

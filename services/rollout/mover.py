@@ -16,8 +16,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from libra import tracing
 from libra import types as t
+from libra.clock import Clock
 from libra.errors import LibraError
+from services.rollout import trace_spans
 from services.rollout.loop_types import ActiveTrajectory, JobContext, LeaseHolder, SchedulerApi
 from services.rollout.profile import LoopProfile
 
@@ -35,8 +38,9 @@ class Mover:
 
     def __init__(self, instance_id: str, scheduler: SchedulerApi, store: RolloutStore,
                  held: LeaseHolder, profile: LoopProfile,
-                 spawn: Callable[[Any], None]) -> None:
+                 spawn: Callable[[Any], None], clock: Clock) -> None:
         self._instance_id = instance_id
+        self._clock = clock
         self._scheduler = scheduler
         self._store = store
         self._held = held
@@ -58,9 +62,20 @@ class Mover:
         """The report of a tool return, its arguments (token count, lease epoch) taken
         now, before the trajectory moves on; awaited by ``decide``. Only a caller that
         waits on the decision needs a stay answered (it costs the scheduler a message)."""
-        return self._profile.timed("report", self._scheduler.report_tool_return(
+        sent = self._profile.timed("report", self._scheduler.report_tool_return(
             traj.job_id, traj.trajectory_id, state, traj.num_generated_tokens,
             self._instance_id, self._held.epoch, needs_answer=needs_answer))
+        if not tracing.is_recording(traj.traceparent):
+            return sent
+        return self._traced(traj, state, sent)
+
+    async def _traced(self, traj: t.Trajectory, state: t.ToolReturnState,
+                      sent: Awaitable[t.PlacementDecision]) -> t.PlacementDecision:
+        started_ms = self._clock.now_ms()
+        answer = await sent  # an error is decide's to handle (no decision, no span)
+        trace_spans.decision(traj, self._instance_id, state, answer, started_ms,
+                             self._clock.now_ms())
+        return answer
 
     async def decide(self, report: Awaitable[t.PlacementDecision]) -> t.PlacementDecision:
         try:
@@ -114,9 +129,13 @@ class Mover:
             return  # dropped meanwhile (lease lost, job ended): must not be re-injected
         act.traj.num_migrations += 1
         epoch = self._held.epoch
-        if not await self._store.handoff(act.state_to_hand_over(), self._instance_id,
-                                         act.entry.entry_id, decision.target_instance,
-                                         decision.target_bucket, epoch):
+        started_ms, from_bucket = self._clock.now_ms(), act.traj.bucket
+        is_committed = await self._store.handoff(
+            act.state_to_hand_over(), self._instance_id, act.entry.entry_id,
+            decision.target_instance, decision.target_bucket, epoch)
+        trace_spans.move(act.traj, self._instance_id, from_bucket, decision, started_ms,
+                         self._clock.now_ms(), is_committed)
+        if not is_committed:
             # Fenced: this lease moved on, or the scheduler re-queued the trajectory.
             logger.warning("[move] refused (stale epoch=%d or re-queued) trajectory_id=%s",
                            epoch, act.traj.trajectory_id)

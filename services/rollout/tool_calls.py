@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from libra import tracing
 from libra import types as t
 from libra.chat.toolcalls import ToolCall
 from libra.clock import Clock
@@ -50,16 +51,29 @@ class ToolCaller:
         # The first call of a turn keeps the id it always had (the calculator's injected
         # failures are a function of the call id).
         call_id = f"{traj.trajectory_id}:t{traj.num_turns}" + (f".{index}" if index else "")
+        started_ms, retries = self._clock.now_ms(), [0]
         try:
-            result = await self._execute(spec, traj, call_id, call.name, call.arguments)
+            result = await self._execute(spec, traj, call_id, call.name, call.arguments,
+                                         retries)
         except (InvalidArgument, NotFound) as exc:
             return agent.ToolTurnResult(call.name, agent.invalid_call_result(
                 f"bad call of {call.name}: {exc}", tool_type=call.name))
+        except LibraError as exc:
+            tracing.record_child("tool.call", traj.traceparent, started_ms,
+                                 self._clock.now_ms(), error=str(exc), **{
+                                     "libra.tool": call.name, "libra.call_id": call_id,
+                                     "libra.retries": retries[0]})
+            raise
+        if tracing.is_recording(traj.traceparent):
+            tracing.record_child("tool.call", traj.traceparent, started_ms,
+                                 self._clock.now_ms(),
+                                 **_call_attributes(call_id, result, retries[0]))
         return agent.ToolTurnResult(call.name, result)
 
     async def _execute(self, spec: JobSpec, traj: t.Trajectory, call_id: str, tool: str,
-                       args: dict[str, Any]) -> t.ToolResult:
-        """Call the tool, retrying retryable errors (gateway down) until the deadline."""
+                       args: dict[str, Any], retries: list[int]) -> t.ToolResult:
+        """Call the tool, retrying retryable errors (gateway down) until the deadline;
+        ``retries[0]`` counts the retries."""
         budget_s = min(self._deadline_s, spec.tools.call_timeout_s)
         deadline_s = self._clock.now_s() + budget_s
         delay_s = 0.1
@@ -73,4 +87,14 @@ class ToolCaller:
                 if not exc.retryable or self._clock.now_s() + delay_s >= deadline_s:
                     raise
             await asyncio.sleep(delay_s)
+            retries[0] += 1
             delay_s = min(delay_s * 2, 1.0)
+
+
+def _call_attributes(call_id: str, result: t.ToolResult,
+                     retries: int) -> dict[str, str | int]:
+    """A tool call span's attributes: the causal signal and its cost."""
+    return {"libra.tool": result.state.tool_type, "libra.call_id": call_id,
+            "libra.status": result.status.value, "libra.size_class": result.size_class.value,
+            "libra.payload_tokens": result.payload_tokens,
+            "libra.latency_ms": result.latency_ms, "libra.retries": retries}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from libra import tracing
 from libra import types as t
 from libra.clock import Clock
 from libra.data import DatasetRow
@@ -39,7 +40,8 @@ class Admission:
         # Stop once a group does not fit: queue at most one group beyond capacity.
         while admitted - consumed < budget_groups and not run.pending:
             group = self.make_group(run, admitted)
-            placed += assign(run, group, run.instances)
+            placed += _traced_placements(assign(run, group, run.instances),
+                                         self._clock.now_ms())
             unplaced = [traj for traj in group if not traj.instance_id]
             queued += unplaced
             admitted += 1
@@ -74,12 +76,28 @@ class Admission:
         row = _next_row(run)
         gid = group_id(run.job_id, group_index, row.prompt_id)
         now_ms = self._clock.now_ms()
+        algo = run.spec.algorithm
+        # Traced or not is decided here, once: the traceparent's flag tells every service.
+        ratio = tracing.effective_sample_ratio(run.spec.observability.trace_sample_ratio,
+                                               algo.prompts_per_step * algo.samples_per_prompt)
+        ids = [trajectory_id(gid, sample) for sample in range(algo.samples_per_prompt)]
         return [t.Trajectory(
-            trajectory_id=trajectory_id(gid, sample), job_id=t.JobId(run.job_id),
+            trajectory_id=tid, job_id=t.JobId(run.job_id),
             group_id=gid, prompt_id=row.prompt_id, prompt_text=row.prompt_text,
             reference=row.reference, prompt_messages_json=row.prompt_messages_json,
-            metadata_json=row.metadata_json, created_at_ms=now_ms)
-            for sample in range(run.spec.algorithm.samples_per_prompt)]
+            metadata_json=row.metadata_json, created_at_ms=now_ms,
+            traceparent=tracing.new_traceparent(tracing.is_sampled(tid, ratio)))
+            for tid in ids]
+
+
+def _traced_placements(placed: list[t.Trajectory], now_ms: int) -> list[t.Trajectory]:
+    """The admission's placement decision, as a span of each traced trajectory."""
+    for traj in placed:
+        tracing.record_child("scheduler.place", traj.traceparent, traj.created_at_ms, now_ms,
+                             **{"libra.job_id": traj.job_id, "libra.to_bucket": traj.bucket,
+                                "libra.to_instance": traj.instance_id,
+                                "libra.reason": "admission"})
+    return placed
 
 
 def _next_row(run: JobRun) -> DatasetRow:

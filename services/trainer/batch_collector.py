@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 
 from libra import metrics
 from libra import types as t
+from libra.clock import Clock
 from libra.jobspec import JobSpec
+from services.trainer import trace_spans
 from services.trainer.evaluation import EvalRouter
 from services.trainer.failures import RewardFailureBudget
 from services.trainer.grpo import GroupBuffer, staleness
@@ -43,8 +45,9 @@ class BatchCollector:
 
     def __init__(self, store: TrainerStore, job_id: str, spec: JobSpec, consumer: str,
                  block_ms: int, failures: RewardFailureBudget, evals: EvalRouter | None,
-                 policy_version: Callable[[], int]) -> None:
+                 policy_version: Callable[[], int], clock: Clock) -> None:
         self._store = store
+        self._clock = clock
         self._job_id = job_id
         self._spec = spec
         self._consumer = consumer
@@ -126,6 +129,7 @@ class BatchCollector:
                 batch.dropped_failed += 1
             await self._store.consume(self._job_id, [d_entry], [d_traj.trajectory_id],
                                       **{d_reason: 1})
+            trace_spans.dropped(d_traj, d_reason, self._clock.now_ms())
 
     def _drop_reason(self, traj: t.Trajectory) -> str | None:
         problem = traj.check_aligned()

@@ -45,6 +45,7 @@ from libra.retry import RetryPolicy, Sleep
 from libra.rewardspec import RewardSpec
 from libra.training import channel as ch
 from libra.training.samples import TrainSample
+from services.trainer import trace_spans
 from services.trainer.batch_collector import Batch, BatchCollector
 from services.trainer.elastic import GradientDomain, HybridSession
 from services.trainer.elastic_step import ElasticTrainer
@@ -279,7 +280,8 @@ class TrainerCore:
         evals = self._evals = EvalRouter(job_id, spec, self._store, self._clock,
                                          self._consumer, self._block_ms)
         collector = BatchCollector(self._store, job_id, spec, self._consumer, self._block_ms,
-                                   self._failures, evals, lambda: self.policy_version)
+                                   self._failures, evals, lambda: self.policy_version,
+                                   self._clock)
         buffer = GroupBuffer(spec.algorithm.samples_per_prompt)
         first = True
         placements = await self._store.counters(job_id)
@@ -343,7 +345,7 @@ class TrainerCore:
         """Train on the batch, ack and count it; returns the step record's fields so far."""
         trajs = [tr for _, tr in batch.entries]
         samples = to_samples(trajs)
-        started = time.perf_counter()
+        started, started_ms = time.perf_counter(), self._clock.now_ms()
         hybrids = {"hybrid_workers": 0, "hybrid_joining": 0}
         if self._elastic is None:
             metrics = await asyncio.to_thread(backend.train_step, samples)
@@ -361,6 +363,8 @@ class TrainerCore:
         await self._store.consume(job_id, [e for e, _ in batch.entries],
                                   [tr.trajectory_id for tr in trajs], trained=len(trajs),
                                   trained_groups=spec.algorithm.prompts_per_step)
+        trace_spans.trained(job_id, self.step + 1, self.policy_version, trajs, started_ms,
+                            self._clock.now_ms())
         rewards = [tr.reward for tr in trajs]
         return {"reward_mean": sum(rewards) / len(rewards), "num_trajectories": len(trajs),
                 "rollout_s": round(batch.wait_s, 4), "train_s": round(train_s, 4),

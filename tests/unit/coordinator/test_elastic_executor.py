@@ -383,3 +383,43 @@ def test_live_planner_releases_under_rollout_pressure() -> None:
     assert (decision["trigger"], decision["inputs"]["queue_pressure"]) == (
         "queue_pressure", 0.9)
     assert decision["elastic"]["reason"] == "rollout_pressure"
+
+
+async def test_plans_joins_and_releases_are_spans_when_traces_are_exported() -> None:
+    import json
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from libra import tracing
+    from libra.trace_export import OtelSpanSink
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing.set_sink(OtelSpanSink(provider))
+    try:
+        rig = await make({"r0": ROLLOUT, "h1": HYBRID}, warmup_steps=0,
+                         plan_interval_steps=1, transition_cost_s=0.5)
+        loop = ElasticLoop(job_id=JOB, planner=live_planner(rig.spec),
+                           executor=rig.executor, events=rig.store,
+                           leases=rig.store.live_leases, clock=rig.clock)
+        await loop.on_step(step_record_from_dict(trainer_record(1, train_s=3.0,
+                                                                rollout_s=1.0)))
+        await loop.idle()
+        rig.executor.set_signal(release())
+        await rig.reconcile(step=2)
+    finally:
+        tracing.set_sink(None)
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert {"elastic.plan", "elastic.join_requested", "elastic.join_acked",
+            "elastic.release_requested", "elastic.released"} <= set(spans)
+    plan = spans["elastic.plan"].attributes
+    assert plan["libra.job_id"] == JOB and plan["libra.applied"] is True
+    assert plan["libra.net_gain_s"] == pytest.approx(0.5)
+    assert json.loads(plan["libra.inputs"])["train_s"] == 3.0
+    joined = spans["elastic.join_acked"].attributes
+    assert (joined["libra.worker_id"], joined["libra.step"]) == ("h1", 1)
+    assert spans["elastic.released"].attributes["libra.worker_id"] == "h1"
+    assert spans["elastic.released"].start_time == rig.clock.now_ms() * 10**6

@@ -42,7 +42,8 @@ def make_trajectory(num_turns: int = 2, reward: float = 1.0) -> t.Trajectory:
         partial_turn_tokens=1,
         prompt_messages_json='[{"content": "2+2?", "role": "user"}]',
         reward_components={"exact_match": 1.0, "format": 0.5},
-        metadata_json='{"source": "gsm8k"}', eval_round=3)
+        metadata_json='{"source": "gsm8k"}', eval_round=3,
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
 
 
 def test_trajectory_builder_sets_every_field() -> None:

@@ -191,6 +191,7 @@ class Trajectory(_message.Message):
     REWARD_COMPONENTS_FIELD_NUMBER: _builtins.int
     METADATA_JSON_FIELD_NUMBER: _builtins.int
     EVAL_ROUND_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     job_id: _builtins.str
     group_id: _builtins.str
@@ -227,6 +228,12 @@ class Trajectory(_message.Message):
     """Held-out evaluation: the eval round (>= 1) this trajectory belongs to; 0 for a
     training trajectory. Eval trajectories are never trained on and are counted apart.
     (Numbered 40 to leave 27.. to parallel additions.)
+    """
+    traceparent: _builtins.str
+    """W3C trace context of the trajectory's trace ("00-<trace>-<root span>-<flags>"), set
+    at admission; the sampled flag says whether services record its spans. Empty: not
+    traced (records written before tracing). (Numbered 44 to leave 41.. to parallel
+    additions.)
     """
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -286,10 +293,11 @@ class Trajectory(_message.Message):
         reward_components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         metadata_json: _builtins.str = ...,
         eval_round: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bucket", b"bucket", "created_at_ms", b"created_at_ms", "eval_round", b"eval_round", "failure_reason", b"failure_reason", "final_text", b"final_text", "finished_at_ms", b"finished_at_ms", "group_id", b"group_id", "instance_id", b"instance_id", "job_id", b"job_id", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "metadata_json", b"metadata_json", "num_migrations", b"num_migrations", "num_prompt_tokens", b"num_prompt_tokens", "num_turns", b"num_turns", "partial_turn_tokens", b"partial_turn_tokens", "prompt_id", b"prompt_id", "prompt_messages_json", b"prompt_messages_json", "prompt_text", b"prompt_text", "reference", b"reference", "reward", b"reward", "reward_components", b"reward_components", "status", b"status", "token_ids", b"token_ids", "token_versions", b"token_versions", "tool_return_positions", b"tool_return_positions", "tool_states", b"tool_states", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bucket", b"bucket", "created_at_ms", b"created_at_ms", "eval_round", b"eval_round", "failure_reason", b"failure_reason", "final_text", b"final_text", "finished_at_ms", b"finished_at_ms", "group_id", b"group_id", "instance_id", b"instance_id", "job_id", b"job_id", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "metadata_json", b"metadata_json", "num_migrations", b"num_migrations", "num_prompt_tokens", b"num_prompt_tokens", "num_turns", b"num_turns", "partial_turn_tokens", b"partial_turn_tokens", "prompt_id", b"prompt_id", "prompt_messages_json", b"prompt_messages_json", "prompt_text", b"prompt_text", "reference", b"reference", "reward", b"reward", "reward_components", b"reward_components", "status", b"status", "token_ids", b"token_ids", "token_versions", b"token_versions", "tool_return_positions", b"tool_return_positions", "tool_states", b"tool_states", "traceparent", b"traceparent", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

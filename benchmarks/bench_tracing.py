@@ -1,0 +1,281 @@
+"""What trajectory traces cost: the demo job with tracing off, with every trajectory
+traced, and with the default sampling, in alternated runs.
+
+Each run is a fresh process running the in-process loop (``libra run --in-process``: the
+five real cores, one embedded Redis, the demo's tiny model on CPU) on the demo spec
+shortened to ``--num-steps`` steps (its layout, C-MLFQ, prompts and samples per step;
+``--sft-steps`` of warm start so the model calls tools and trajectories move). Arms:
+
+- ``off``: no exporter (the services' default: the port returns at once);
+- ``full``: ``trace_sample_ratio = 1.0``, spans batched and exported over OTLP/gRPC to a
+  receiver in another process (a minimal TraceService that counts spans);
+- ``default``: the job's default sampling (every trajectory while a step trains on at most
+  64; the demo's 8 x 4 = 32 is under that, so on the demo it equals ``full``; raise
+  ``--prompts-per-step`` to see a ratio below 1).
+
+Measured per run: the RL phase's wall time (the sum of the steps' ``wall_s``: what the
+trainer waited for and trained on, warm start and model loads excluded); the wall and
+CPU seconds of the process from the first reported step to the job's end (steady
+state); the whole job's wall and CPU seconds (with the warm start). Printed: per arm
+the median, and the ratio to ``off`` of the medians and of each round's pair (runs
+alternate off/full/default, so a slow minute of a shared machine hits all arms alike).
+Also the cost of one span through the exporter path (micro), and the spans a traced
+trajectory makes.
+
+Usage: python benchmarks/bench_tracing.py [--rounds 3] [--num-steps 6]
+       [--prompts-per-step 8] [--sft-steps 300] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ARMS = ("off", "full", "default")
+
+
+# -- the OTLP receiver (its own process) -------------------------------------------------
+
+def serve_receiver(port_file: Path) -> None:
+    """A TraceService that counts the spans it is sent (written to ``port_file``.count)."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
+
+    count_file = port_file.with_suffix(".count")
+    received = [0]
+
+    class Receiver(pb_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802, ANN001
+            received[0] += sum(len(scope.spans) for res in request.resource_spans
+                               for scope in res.scope_spans)
+            tmp = count_file.with_suffix(".tmp")
+            tmp.write_text(str(received[0]))
+            tmp.replace(count_file)
+            return pb.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_TraceServiceServicer_to_server(Receiver(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    port_file.write_text(str(port))
+    server.wait_for_termination()
+
+
+def received_spans(port_file: Path) -> int:
+    count_file = port_file.with_suffix(".count")
+    return int(count_file.read_text()) if count_file.exists() else 0
+
+
+# -- one run (its own process) -------------------------------------------------------------
+
+def bench_spec(num_steps: int, prompts_per_step: int, sft_steps: int, arm: str) -> str:
+    spec = tomllib.loads((ROOT / "deploy" / "configs" / "demo.toml").read_text())
+    spec["name"] = f"bench-tracing-{arm}"
+    spec["algorithm"].update({"num_steps": num_steps, "prompts_per_step": prompts_per_step,
+                              "sft_steps": sft_steps})
+    if arm == "full":
+        spec["observability"] = {"trace_sample_ratio": 1.0}
+    return json.dumps(spec)
+
+
+async def one_run(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
+    from libra import telemetry, tracing
+    from libra.jobspec import job_spec_from_json
+    from libra.service_config import TelemetryConfig
+    from libra.trace_export import OtelSpanSink
+    from libra_cli.inprocess_loop import in_process_stack
+    from tests.integration.stack_helpers import wait_for_job
+
+    provider = None
+    if arm != "off":
+        provider = telemetry.build_provider("bench", TelemetryConfig(otlp_endpoint=endpoint))
+        assert provider is not None
+        tracing.set_sink(OtelSpanSink(provider))
+    with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
+        async with in_process_stack(Path(tmp), job_spec_from_json(spec_json)) as inproc:
+            started, cpu0 = time.perf_counter(), time.process_time()
+            job = await inproc.coordinator.create_job(spec_json, "json")
+            window = await rl_window(inproc.coordinator, job.job_id)
+            job, steps, counters = await wait_for_job(inproc.coordinator, job.job_id,
+                                                      timeout_s=1800)
+            wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
+    if provider is not None:
+        provider.force_flush()
+        provider.shutdown()
+    return {"arm": arm, "state": job.state.value, "rl_wall_s": sum(s["wall_s"] for s in steps),
+            "window_wall_s": window[0], "window_cpu_s": window[1],
+            "job_wall_s": wall_s, "cpu_s": cpu_s, "trained": counters.get("trained", 0),
+            "migrations": counters.get("migrations", 0)}
+
+
+async def rl_window(coordinator: Any, job_id: str) -> tuple[float, float]:
+    """Wall and CPU seconds from the first reported RL step to the job's end: steady
+    state, the warm start and the first step's model loads left out (polled every 0.1 s
+    in every arm alike)."""
+    first: tuple[float, float] | None = None
+    while True:
+        job, _steps, _counters = await coordinator.get_job(job_id)
+        if first is None and job.step >= 1:
+            first = (time.perf_counter(), time.process_time())
+        if job.state.is_terminal:
+            if first is None:
+                return 0.0, 0.0
+            return time.perf_counter() - first[0], time.process_time() - first[1]
+        await asyncio.sleep(0.1)
+
+
+# -- micro: one span through the exporter path ----------------------------------------------
+
+def span_cost_us(endpoint: str, num_spans: int = 20_000, chunk: int = 500
+                 ) -> dict[str, float]:
+    """Microseconds per child span (OtelSpanSink -> batch processor -> OTLP export):
+    ``record`` the caller's wall time in ``record_child``; ``cpu`` the process's CPU
+    including the export thread's (spans recorded in chunks, each flushed, so the queue
+    never overflows)."""
+    from libra import telemetry, tracing
+    from libra.service_config import TelemetryConfig
+    from libra.trace_export import OtelSpanSink
+
+    provider = telemetry.build_provider("bench-micro", TelemetryConfig(otlp_endpoint=endpoint))
+    assert provider is not None
+    tracing.set_sink(OtelSpanSink(provider))
+    parent = tracing.new_traceparent(sampled=True)
+    record_s, cpu0 = 0.0, time.process_time()
+    for start in range(0, num_spans, chunk):
+        started = time.perf_counter()
+        for i in range(start, start + chunk):
+            tracing.record_child("rollout.generate", parent, i, i + 1, **{
+                "libra.instance": "rollout-0", "libra.bucket": "short", "libra.turn": 1,
+                "libra.batch_size": 8, "libra.tokens": 40, "libra.policy_version": 3,
+                "libra.finish_reason": "stop"})
+        record_s += time.perf_counter() - started
+        provider.force_flush()
+    cpu_s = time.process_time() - cpu0
+    provider.shutdown()
+    tracing.set_sink(None)
+    return {"record": record_s / num_spans * 1e6, "cpu": cpu_s / num_spans * 1e6}
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+def run_arm(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, __file__, "--one-run", arm, "--endpoint", endpoint,
+                          "--spec", spec_json], capture_output=True, text=True, env=env,
+                         timeout=3600, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"run {arm} failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def summarise(runs: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for measure in ("rl_wall_s", "window_wall_s", "window_cpu_s", "job_wall_s", "cpu_s"):
+        med = {arm: statistics.median(r[measure] for r in runs if r["arm"] == arm)
+               for arm in ARMS}
+        paired = {arm: [runs[i * len(ARMS) + ARMS.index(arm)][measure]
+                        / runs[i * len(ARMS)][measure] for i in range(rounds)]
+                  for arm in ARMS[1:]}
+        out[measure] = {"median": med,
+                        "ratio_of_medians": {a: med[a] / med["off"] for a in ARMS[1:]},
+                        "paired_ratios": paired,
+                        "median_paired_ratio": {a: statistics.median(v)
+                                                for a, v in paired.items()}}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of the arms")
+    parser.add_argument("--num-steps", type=int, default=6, help="RL steps per run")
+    parser.add_argument("--prompts-per-step", type=int, default=8,
+                        help="prompts per step (the demo's 8; 4 samples each)")
+    parser.add_argument("--sft-steps", type=int, default=300,
+                        help="warm-start steps (so the model calls tools)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--one-run", choices=ARMS, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    parser.add_argument("--receiver", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.receiver:
+        serve_receiver(Path(args.receiver))
+        return 0
+    if args.one_run:
+        print(json.dumps(asyncio.run(one_run(args.one_run, args.endpoint, args.spec))))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-tracing-rx-") as tmp:
+        port_file = Path(tmp) / "receiver.port"
+        receiver = subprocess.Popen([sys.executable, __file__, "--receiver", str(port_file)],
+                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            while not port_file.exists():
+                time.sleep(0.1)
+            endpoint = f"127.0.0.1:{port_file.read_text().strip()}"
+            result = drive(args, endpoint, port_file)
+        finally:
+            receiver.terminate()  # by pid: the process this driver started
+            receiver.wait(timeout=10)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+    return 0
+
+
+def drive(args: argparse.Namespace, endpoint: str, port_file: Path) -> dict[str, Any]:
+    runs = []
+    for round_index in range(args.rounds):
+        for arm in ARMS:
+            before = received_spans(port_file)
+            spec_json = bench_spec(args.num_steps, args.prompts_per_step, args.sft_steps, arm)
+            run = run_arm(arm, endpoint, spec_json)
+            run["spans"] = received_spans(port_file) - before
+            run["round"] = round_index
+            runs.append(run)
+            print(f"round {round_index} {arm}: rl {run['rl_wall_s']:.2f}s window "
+                  f"{run['window_wall_s']:.2f}s/{run['window_cpu_s']:.2f}s cpu, job "
+                  f"{run['job_wall_s']:.2f}s cpu {run['cpu_s']:.2f}s spans {run['spans']} "
+                  f"trained {run['trained']} moves {run['migrations']} {run['state']}",
+                  file=sys.stderr)
+    full = [r for r in runs if r["arm"] == "full"]
+    spans_per_trained = statistics.median(r["spans"] / max(r["trained"], 1) for r in full)
+    return {"runs": runs, "summary": summarise(runs, args.rounds),
+            "span_cost_us": span_cost_us(endpoint),
+            "spans_per_trained_trajectory": spans_per_trained,
+            "config": {"rounds": args.rounds, "num_steps": args.num_steps,
+                       "prompts_per_step": args.prompts_per_step,
+                       "sft_steps": args.sft_steps}}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    for measure, s in result["summary"].items():
+        print(f"{measure}: medians " + ", ".join(f"{a} {v:.2f}" for a, v in s["median"].items()))
+        for arm in ARMS[1:]:
+            paired = ", ".join(f"{x:.3f}" for x in s["paired_ratios"][arm])
+            print(f"  {arm}/off: ratio of medians {s['ratio_of_medians'][arm]:.3f}; "
+                  f"paired {paired} (median {s['median_paired_ratio'][arm]:.3f})")
+    cost = result["span_cost_us"]
+    print(f"one span: {cost['record']:.1f} us in the caller, {cost['cpu']:.1f} us of CPU "
+          f"with its export; spans exported per trained trajectory (full): "
+          f"{result['spans_per_trained_trajectory']:.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
