@@ -67,6 +67,10 @@ class EpisodeCall:
     """0: the job's ``task.max_new_tokens_per_turn``; else the smaller of the two."""
     has_reward: bool = False
     reward: float = 0.0
+    stop: tuple[str, ...] = ()
+    """The call's stop strings (besides the template's): the turn ends at one."""
+    seed: int | None = None
+    """The call's sampling seed (None: the engine's RNG)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,4 +152,6 @@ def decode(cls: type[Record], data: str | bytes) -> Record:
     values = {k: v for k, v in raw.items() if k in names}
     if cls is EpisodeReply:
         values["tool_calls"] = tuple(ToolCallOut(**c) for c in values.get("tool_calls", ()))
+    if cls is EpisodeCall:
+        values["stop"] = tuple(values.get("stop", ()))
     return cls(**values)

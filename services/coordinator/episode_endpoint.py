@@ -165,7 +165,8 @@ class EpisodeEndpoint:
         self._busy.add(episode_id)
         try:
             state = await self.authenticate(api_key)  # as the previous call left it
-            request = parse_request(body, state.model)
+            algorithm = (await self._spec(state.job_id)).algorithm
+            request = parse_request(body, state.model, algorithm.temperature, algorithm.top_p)
             return await self._complete(state, request, is_disconnected)
         finally:
             self._busy.discard(episode_id)
