@@ -71,6 +71,8 @@ class EpisodeCall:
     """The call's stop strings (besides the template's): the turn ends at one."""
     seed: int | None = None
     """The call's sampling seed (None: the engine's RNG)."""
+    stream: bool = False
+    """Send the turn's text as it is sampled (delta replies before the final one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,9 @@ class EpisodeReply:
     policy_version: int = -1
     error_code: str = ""
     error_message: str = ""
+    is_delta: bool = False
+    """A streamed piece of the turn's text (``content``), sent while it is sampled; the
+    final reply (``is_delta`` False) follows with the whole turn."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,10 +248,11 @@ def plan_call(state: ep.EpisodeState, request: ChatRequest) -> ep.EpisodeCall:
     if extends:
         return ep.EpisodeCall(ep.CALL, index, json.dumps(new), tools_json,
                               max_tokens=request.max_tokens, stop=request.stop,
-                              seed=request.seed)
+                              seed=request.seed, stream=request.stream)
     return ep.EpisodeCall(ep.CALL, index, json.dumps(request.messages), tools_json,
                           is_whole=True, is_split=bool(previous),
-                          max_tokens=request.max_tokens, stop=request.stop, seed=request.seed)
+                          max_tokens=request.max_tokens, stop=request.stop, seed=request.seed,
+                          stream=request.stream)
 
 
 def after_call(state: ep.EpisodeState, request: ChatRequest, call: ep.EpisodeCall,
@@ -314,9 +315,10 @@ def completion_body(reply: ep.EpisodeReply, model: str, completion_id: str,
 
 
 def stream_chunks(reply: ep.EpisodeReply, model: str, completion_id: str,
-                  created_s: int | None = None) -> list[dict[str, Any]]:
-    """The reply as ``chat.completion.chunk`` events: the role, the content, the tool
-    calls, then the finish reason (the turn is sampled whole, then streamed)."""
+                  created_s: int | None = None, with_role: bool = True) -> list[dict[str, Any]]:
+    """A reply as ``chat.completion.chunk`` events: the role (first reply only), the
+    content; for the final reply (not ``is_delta``) also the tool calls and the finish
+    reason."""
     created = int(time.time()) if created_s is None else created_s
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -324,9 +326,11 @@ def stream_chunks(reply: ep.EpisodeReply, model: str, completion_id: str,
                 "model": model, "choices": [{"index": 0, "delta": delta,
                                              "finish_reason": finish, "logprobs": None}]}
 
-    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks = [chunk({"role": "assistant", "content": ""})] if with_role else []
     if reply.content:
         chunks.append(chunk({"content": reply.content}))
+    if reply.is_delta:
+        return chunks
     if reply.tool_calls:
         chunks.append(chunk({"tool_calls": _openai_calls(reply, with_index=True)}))
     chunks.append(chunk({}, reply.finish_reason))

@@ -299,12 +299,13 @@ class RolloutCore:
     async def _generate(self, job_id: str, ctx: JobContext, requests: list[GenerationRequest],
                         batch: list[ActiveTrajectory]) -> list[GenerationResult]:
         """One engine call, aborted at a token boundary if a newer policy is published
-        (and, for external agents, a row whose client went away)."""
+        (and, for external agents, a row whose client went away; their streamed turns
+        are relayed meanwhile)."""
         watchers = [asyncio.create_task(self.weights.abort_on_newer(
             job_id, ctx.engine, self.settings.policy_poll_s))]
-        watch_clients = getattr(ctx.agent, "watch_gone_clients", None)
-        if watch_clients is not None:
-            watchers.append(asyncio.create_task(watch_clients(
+        during = getattr(ctx.agent, "during_engine_call", None)  # an external agent's
+        if during is not None:
+            watchers.append(asyncio.create_task(during(
                 ctx.engine, [act.traj for act in batch], self.settings.policy_poll_s)))
         try:
             return await self.profile.engine_call(ctx.engine, requests)

@@ -32,11 +32,10 @@ which happen on the same instance.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,6 +52,7 @@ from services.rollout.agent import (
     apply_partial,
 )
 from services.rollout.engine_types import GenerationRequest, GenerationResult
+from services.rollout.episode_stream import EngineCallWatch, RowAborter, TurnStream
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +77,6 @@ class EpisodeChannel(Protocol):
     async def aborted(self, episode_ids: list[str]) -> dict[str, list[int]]: ...
 
     async def count(self, job_id: str, name: str) -> None: ...
-
-
-class RowAborter(Protocol):
-    """The engine's per-row stop (both engines have it)."""
-
-    def abort_rows(self, rows: Iterable[int]) -> None: ...
 
 
 class EpisodeEnded(LibraError):
@@ -114,6 +108,8 @@ class _Turn:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     pending: _Pending | None = None
+    stream: TurnStream | None = None
+    """The call asked for ``stream``: its turn's text goes out as it is sampled."""
     client_gone: bool = False
     """The call's client went away while its turn was sampled: the engine row was
     stopped, and the turn is taken back when the abort is read (no reply goes out)."""
@@ -217,28 +213,35 @@ class ExternalAgent(ChatAgent):
             return None
         return traj.final_text
 
-    # -- clients gone mid-turn: stop their engine rows ---------------------------------
+    # -- while an engine call samples: streamed text out, gone clients' rows stopped ------
 
     def client_gone(self, traj: t.Trajectory) -> bool:
         """True when the turn being sampled answers a call whose client went away (its
         engine row was stopped: the turn is not resumed but taken back)."""
         return self._turn(traj).client_gone
 
-    async def watch_gone_clients(self, engine: RowAborter, batch: Sequence[t.Trajectory],
-                                 poll_s: float) -> None:
-        """Stop the engine row of every episode in ``batch`` (row i: ``batch[i]``) whose
-        call is aborted while the batch is sampled, so a gone client's turn frees its
-        row at the next token instead of running to its end. Runs until cancelled."""
+    def during_engine_call(self, engine: RowAborter, batch: Sequence[t.Trajectory],
+                           poll_s: float) -> Coroutine[Any, Any, None]:
+        """The watch of one engine call over ``batch`` (row i: ``batch[i]``), to run
+        until the call ends (episode_stream.py). Called before the call starts: the
+        engine gets its token sink now."""
         assert self._channel is not None, "attach() the episode channel first"
-        waiting = {traj.trajectory_id: row for row, traj in enumerate(batch)}
-        while waiting:
-            await asyncio.sleep(poll_s)
-            aborted = await self._channel.aborted(list(waiting))
-            for episode_id, indices in aborted.items():
-                state = self._turns.get(episode_id)
-                if state is not None and (state.call_index in indices or not state.call_index):
-                    state.client_gone = True
-                    engine.abort_rows([waiting.pop(episode_id)])
+        episodes = [traj.trajectory_id for traj in batch]
+        turns = [self._turns.get(episode_id) for episode_id in episodes]
+        watch = EngineCallWatch(
+            self._channel, engine, episodes,
+            streams={row: turn.stream for row, turn in enumerate(turns)
+                     if turn is not None and turn.stream is not None},
+            call_indices={e: turn.call_index for e, turn in zip(episodes, turns, strict=True)
+                          if turn is not None},
+            decode=self._turn_text, on_gone=self._mark_gone,
+            ttl_s=self._spec.task.episode_idle_timeout_s)
+        watch.start()
+        return watch.run(poll_s)
+
+    def _mark_gone(self, episode_id: str) -> None:
+        if episode_id in self._turns:
+            self._turns[episode_id].client_gone = True
 
     # -- the "tool call": hand the turn to the program, wait for its next call ------------
 
@@ -297,6 +300,7 @@ class ExternalAgent(ChatAgent):
             await self._channel.count(traj.job_id, "episode_splits")  # type: ignore[union-attr]
         state.pending, state.max_tokens = pending, call.max_tokens
         state.stop, state.seed = call.stop, call.seed
+        state.stream = TurnStream(call.call_index, call.stop) if call.stream else None
         state.call_index = call.call_index
         if pending.is_whole:
             return [_result(EPISODE_START, len(pending.ids))]

@@ -6,7 +6,9 @@ agent_stack.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from typing import Any
 
 import openai
@@ -14,6 +16,7 @@ import pytest
 
 from libra import types as t
 from services.trainer.grpo import to_samples
+from tests.fakes.engine import StreamUntil
 from tests.service.coordinator.agent_stack import (
     MAX_CONTEXT_TOKENS,
     TOOLS,
@@ -69,20 +72,40 @@ async def test_a_multi_turn_tool_calling_episode_is_recorded_token_exact(stack: 
         await client.models.list()
 
 
-async def test_streaming_returns_the_turn_as_chunks(stack: Stack) -> None:
-    stack.rig.engine.queue(call_text("2+3"))
+async def test_streaming_sends_the_turn_as_it_is_sampled(stack: Stack) -> None:
+    """The text goes out while the engine is still sampling the turn (the fake engine
+    holds the turn mid-way); the tool call follows with the final reply, and what the
+    program assembled from the pieces extends the conversation (no split)."""
+    release = threading.Event()
+    stack.rig.engine.queue(StreamUntil("Let me compute. ", release, call_text("2+3")),
+                           "It is 5.<|im_end|>")
     await stack.rig.place(make_task(0))
     stack.rig.start()
     episode = await stack.open()
-    stream = await stack.client(episode).chat.completions.create(
-        model=stack.model, messages=[{"role": "user", "content": "2+3?"}], tools=TOOLS, stream=True)
-    chunks = [chunk async for chunk in stream]
-    deltas = [c.choices[0].delta for c in chunks]
-    assert deltas[0].role == "assistant"
-    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    client = stack.client(episode)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "2+3?"}]
+    stream = await client.chat.completions.create(
+        model=stack.model, messages=messages, tools=TOOLS, stream=True)
+    chunks = aiter(stream)
+    assert (await anext(chunks)).choices[0].delta.role == "assistant"
+    # The engine holds the turn for 30 s: a piece before that was sent mid-turn.
+    piece = (await asyncio.wait_for(anext(chunks), timeout=20.0)).choices[0].delta
+    assert piece.content == "Let me compute." and not release.is_set()
+    release.set()
+    rest = [chunk async for chunk in chunks]
+    content = piece.content + "".join(c.choices[0].delta.content or "" for c in rest)
+    calls = [tc for c in rest for tc in (c.choices[0].delta.tool_calls or [])]
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("calculator", {"expression": "2+3"})]
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert rest[-1].choices[0].finish_reason == "tool_calls"
+    messages += [{"role": "assistant", "content": content, "tool_calls": [
+        {"id": calls[0].id, "type": "function", "function": {
+            "name": "calculator", "arguments": calls[0].function.arguments}}]},
+                 {"role": "tool", "tool_call_id": calls[0].id, "content": "5"}]
+    answer = await client.chat.completions.create(model=stack.model, messages=messages,
+                                                  tools=TOOLS)
+    assert answer.choices[0].message.content == "It is 5."
+    assert await stack.counter("episode_splits") == 0
 
 
 async def test_a_rewritten_history_trains_every_segment_and_is_counted(stack: Stack) -> None:

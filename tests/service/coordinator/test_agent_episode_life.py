@@ -22,7 +22,13 @@ from services.rollout.core import RolloutCore, RolloutSettings
 from services.rollout.episode_channel import RedisEpisodeChannel
 from services.rollout.store import RedisRolloutStore
 from tests.fakes.coordinator import FakeCoordinator
-from tests.fakes.engine import BlockUntilAbort, FakeEngine, FakeEngineLoader, HoldUntil
+from tests.fakes.engine import (
+    BlockUntilAbort,
+    FakeEngine,
+    FakeEngineLoader,
+    HoldUntil,
+    StreamUntil,
+)
 from tests.fakes.scheduler import FakeScheduler
 from tests.fakes.toolgateway import FakeToolGateway
 from tests.service.coordinator.agent_stack import (
@@ -97,6 +103,36 @@ async def test_a_client_gone_mid_call_aborts_it_and_its_turn_never_reaches_train
                               + tok.encode("It is 25.<|im_end|>"))
     assert traj.check_aligned() is None and traj.num_turns == 2
     assert [s.tool_type for s in traj.tool_states] == ["calculator"]
+
+
+async def test_a_client_gone_mid_stream_aborts_the_call_and_nothing_leaks(
+        stack: Stack) -> None:
+    """The program reads the first piece of a streamed turn and hangs up: the call is
+    aborted, the turn's pieces already sent are never trained nor shown again."""
+    release = threading.Event()
+    stack.rig.engine.queue(StreamUntil("Thinking it over ", release, "LEAKED<|im_end|>"),
+                           "It is 4.<|im_end|>")
+    await stack.rig.place(make_task(0))
+    stack.rig.start()
+    episode = await stack.open()
+    client = stack.client(episode)
+    messages = [{"role": "user", "content": "2+2?"}]
+    stream = await client.chat.completions.create(model=stack.model, messages=messages,
+                                                  tools=TOOLS, stream=True)
+    chunks = aiter(stream)
+    await anext(chunks)  # the role
+    assert (await anext(chunks)).choices[0].delta.content == "Thinking it over"
+    await stream.close()
+    await wait_until(lambda: stack.counter("episode_calls_aborted"), timeout_s=10.0)
+    release.set()
+    again = await client.with_options(max_retries=3).chat.completions.create(
+        model=stack.model, messages=messages, tools=TOOLS)
+    assert again.choices[0].message.content == "It is 4."
+    await stack.close(episode, {"reward": 1.0})
+    (traj,) = await stack.rig.run_until_published(1)
+    prompt = stack.chat().prompt_ids(messages)
+    assert traj.token_ids == prompt + stack.tokenizer.encode("It is 4.<|im_end|>")
+    assert traj.segments == [] and traj.num_turns == 1
 
 
 async def test_a_second_call_while_one_is_in_flight_is_a_conflict(stack: Stack) -> None:
