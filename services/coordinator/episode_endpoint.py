@@ -142,8 +142,16 @@ class EpisodeEndpoint:
         Raises:
             Unauthenticated: No key, an unknown one, or one whose episode expired/closed.
         """
+        return await self._state(await self._episode_of(api_key))
+
+    async def _episode_of(self, api_key: str) -> str:
         episode_id = await self._store.episode_of_key(key_digest(api_key)) if api_key else None
-        state = await self._store.load(episode_id) if episode_id else None
+        if not episode_id:
+            raise Unauthenticated("unknown or expired episode API key")
+        return episode_id
+
+    async def _state(self, episode_id: str) -> ep.EpisodeState:
+        state = await self._store.load(episode_id)
         if state is None or state.is_closed:
             raise Unauthenticated("unknown or expired episode API key")
         return state
@@ -166,13 +174,14 @@ class EpisodeEndpoint:
                 ``openai`` client retries it after a backoff).
             DeadlineExceeded: No reply within ``REPLY_DEADLINE_MIN_S`` (or the idle timeout).
         """
-        episode_id = (await self.authenticate(api_key)).episode_id
+        episode_id = await self._episode_of(api_key)
         if episode_id in self._busy:
             raise FailedPrecondition("a call of this episode is in flight: one at a time")
         self._busy.add(episode_id)
         streaming = False
         try:
-            state = await self.authenticate(api_key)  # as the previous call left it
+            # Read once the episode is ours: as the previous call left it.
+            state = await self._state(episode_id)
             algorithm = (await self._spec(state.job_id)).algorithm
             request = parse_request(body, state.model, algorithm.temperature, algorithm.top_p)
             call = plan_call(state, request)

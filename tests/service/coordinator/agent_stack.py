@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ import uvicorn
 from libra import types as t
 from libra.chat.protocol import ChatFormat
 from libra.chat.toolcalls import get_parser
-from libra.clock import SystemClock
+from libra.clock import FakeClock, SystemClock
 from libra.jobspec import JobSpec, ModelSpec, TaskSpec, ToolSchema, ToolsSpec
 from libra.models.hf import load_tokenizer
 from libra_cli.redis_server import free_port
@@ -74,6 +75,8 @@ class Stack:
     http: httpx.AsyncClient
     tokenizer: HfTokenizer
     model: str
+    episode_clock: FakeClock
+    """The rollout's episode idle timer (advance it to time an episode out)."""
 
     async def open(self) -> dict[str, Any]:
         response = await self.http.post(f"{self.base_url}/v1/episodes",
@@ -99,15 +102,18 @@ class Stack:
 
 
 @pytest.fixture
-async def stack(redis_server, tmp_path: Path, hf_model_dir, request) -> AsyncIterator[Stack]:
+async def stack(redis_server, tmp_path: Path, hf_model_dir) -> AsyncIterator[Stack]:
     model_dir = hf_model_dir("qwen2")
     hf = load_tokenizer(str(model_dir))
     tokenizer = HfTokenizer(hf, [hf.eos_token_id], MAX_CONTEXT_TOKENS)
-    idle_timeout_s = getattr(request, "param", 30.0)
+    # The rollout's idle timer runs on a clock the test advances (an episode times out
+    # when the test says so, never because the machine was slow), starting at the real
+    # time so offers stay live for the endpoint's real clock.
+    episode_clock = FakeClock(start_s=time.time())
     r = aioredis.from_url(redis_server.url, decode_responses=False)
-    spec = external_spec(model_dir, idle_timeout_s)
+    spec = external_spec(model_dir)
     async with started_rig(tmp_path, redis=r, spec=spec, tokenizer=tokenizer,
-                           episodes=RedisEpisodeChannel(r, SystemClock())) as rig:
+                           episodes=RedisEpisodeChannel(r, episode_clock)) as rig:
         coord_redis = aioredis.from_url(redis_server.url, decode_responses=True)
         coord_store = RedisCoordinatorStore(coord_redis, SystemClock())
         # The job as the coordinator keeps it (GET /v1/jobs/{id}, which the driver reads).
@@ -123,7 +129,8 @@ async def stack(redis_server, tmp_path: Path, hf_model_dir, request) -> AsyncIte
         serving = asyncio.create_task(server.serve())
         await wait_until(lambda: server.started)
         async with httpx.AsyncClient(timeout=30.0) as http:
-            yield Stack(rig, f"http://127.0.0.1:{port}", http, tokenizer, model_dir.name)
+            yield Stack(rig, f"http://127.0.0.1:{port}", http, tokenizer, model_dir.name,
+                        episode_clock)
         await rig.stop()
         rig.task = None  # stopped (the rig's own exit would stop it again)
         # Episodes still waiting for a call are the core's tasks: end them with the

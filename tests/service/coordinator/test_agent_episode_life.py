@@ -41,7 +41,6 @@ from tests.unit.rollout.rig import JOB, THERE, make_task
 from tests.waiting import wait_until
 
 
-@pytest.mark.parametrize("stack", [0.5], indirect=True)
 async def test_an_episode_never_closed_times_out_and_is_dropped_and_counted(
         stack: Stack) -> None:
     stack.rig.engine.queue("thinking<|im_end|>")
@@ -50,7 +49,9 @@ async def test_an_episode_never_closed_times_out_and_is_dropped_and_counted(
     episode = await stack.open()
     await stack.client(episode).chat.completions.create(
         model=stack.model, messages=[{"role": "user", "content": "hi"}])
-    (traj,) = await stack.rig.run_until_published(1)  # the program never calls again
+    # The program never calls again: past task.episode_idle_timeout_s (30 s) it fails.
+    stack.episode_clock.advance(31.0)
+    (traj,) = await stack.rig.run_until_published(1)
     assert traj.status is t.TrajectoryStatus.FAILED
     assert traj.failure_reason.startswith("episode timed out")
     assert await stack.counter("episodes_timed_out") == 1
