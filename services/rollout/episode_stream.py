@@ -57,15 +57,18 @@ class TurnStream:
         return delta
 
 
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` before the first of ``stops`` it holds (all of it when none)."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]
+
+
 def streamable_text(text: str, stops: Sequence[str]) -> str:
     """The part of a turn's text that the final reply's content starts with: before a
     tool call's tag or a stop string, stripped, less a tail that may begin one."""
-    text = text.lstrip()
+    text = cut_at_stop(text, (TOOL_CALL_OPEN, *stops)).lstrip()
     cut = len(text)
     for tag in (TOOL_CALL_OPEN, *stops):
-        at = text.find(tag)
-        if at >= 0:
-            cut = min(cut, at)
         for size in range(min(len(tag) - 1, len(text)), 0, -1):
             if text.endswith(tag[:size]):
                 cut = min(cut, len(text) - size)

@@ -52,7 +52,12 @@ from services.rollout.agent import (
     apply_partial,
 )
 from services.rollout.engine_types import GenerationRequest, GenerationResult
-from services.rollout.episode_stream import EngineCallWatch, RowAborter, TurnStream
+from services.rollout.episode_stream import (
+    EngineCallWatch,
+    RowAborter,
+    TurnStream,
+    cut_at_stop,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +173,7 @@ class ExternalAgent(ChatAgent):
         ids = list(turn_prefix) + result.token_ids
         # The program reads the turn up to the call's stop string, as OpenAI returns it;
         # the sampled tokens (through the stop) are what trains.
-        text = _cut_at_stop(self._turn_text(ids), state.stop)
+        text = cut_at_stop(self._turn_text(ids), state.stop)
         parsed = self._parser.parse(text)
         calls = tuple(ep.ToolCallOut(f"call_{traj.trajectory_id[-8:]}_{traj.num_turns}_{i}",
                                      c.name, json.dumps(c.arguments))
@@ -372,12 +377,6 @@ class ExternalAgent(ChatAgent):
             group_id=traj.group_id, prompt_text=traj.prompt_text,
             prompt_messages_json=traj.prompt_messages_json, metadata_json=traj.metadata_json,
             max_context_tokens=self.max_context_tokens)
-
-
-def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """``text`` before the first of ``stops`` it holds (all of it when none)."""
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
-    return text[:cut]
 
 
 def _keep_as_segment(traj: t.Trajectory) -> None:
