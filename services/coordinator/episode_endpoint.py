@@ -172,7 +172,8 @@ class EpisodeEndpoint:
             ClientGone: The caller disconnected first (the call is aborted).
             FailedPrecondition: Another call of the episode is in flight (409: the
                 ``openai`` client retries it after a backoff).
-            DeadlineExceeded: No reply within ``REPLY_DEADLINE_MIN_S`` (or the idle timeout).
+            DeadlineExceeded: No reply within ``REPLY_DEADLINE_MIN_S`` (or the idle
+                timeout); the call is aborted as for a gone client.
         """
         episode_id = await self._episode_of(api_key)
         if episode_id in self._busy:
@@ -202,7 +203,9 @@ class EpisodeEndpoint:
                            is_disconnected: Callable[[], Awaitable[bool]]) -> ep.EpisodeReply:
         try:
             reply = await self._wait_reply(state, call, is_disconnected)
-        except ClientGone:
+        except (ClientGone, DeadlineExceeded):
+            # Either way the caller gets no reply: abort the call, so a retry is a new
+            # call and not the same messages appended twice.
             await self._abort(state, request, call)
             raise
         if reply.error_code:
