@@ -16,8 +16,11 @@ gap between a trajectory's consecutive gateway calls; external = the program's
 wall time per chat-completion call. Printed: p50/p99 of both, the added p50/p99, and the
 throughput (turns/s over the arm's wall time) ratio external/internal.
 
+CPU per turn is measured per process from /proc (rollout, endpoint, the agents together):
+load-independent, unlike the wall-clock figures on a shared machine.
+
 Usage: python benchmarks/bench_agent_endpoint.py [--agents 32] [--episodes-per-agent 3]
-       [--tool-turns 3] [--engine-ms 20] [--rounds 2] [--json]
+       [--tool-turns 3] [--engine-ms 20] [--rounds 2] [--client openai|raw] [--json]
 """
 
 from __future__ import annotations
@@ -157,8 +160,9 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
     workers = []
     if arm == "external":  # started (imports done) before the clock starts
         workers = [subprocess.Popen([sys.executable, __file__, "--worker", endpoint_url,
-                                     str(args.episodes_per_agent)], stdout=subprocess.PIPE,
-                                    text=True) for _ in range(args.agents)]
+                                     str(args.episodes_per_agent), args.client],
+                                    stdout=subprocess.PIPE, text=True)
+                   for _ in range(args.agents)]
         for worker_proc in workers:
             assert worker_proc.stdout is not None
             await asyncio.to_thread(worker_proc.stdout.readline)
@@ -186,6 +190,8 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
             record = json.loads(out.splitlines()[-1])
             gaps.extend(record["latencies_s"])
             cpu["agents"] += record["cpu_s"]
+    sizes = core.profile.batch_sizes  # batch size -> engine calls
+    engine_calls = sum(sizes.values())
     await core.drain(0.0)
     loop_task.cancel()
     await asyncio.gather(loop_task, return_exceptions=True)
@@ -194,42 +200,85 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
     await r.aclose()
     turns = total * (args.tool_turns + 1)
     return {"arm": arm, "wall_s": wall_s, "turns_per_s": turns / wall_s, "cycles": gaps,
+            # The engine costs engine_ms per call whatever its batch: rows that arrive
+            # apart (the endpoint's latency spreads them) cost more calls.
+            "engine_calls": engine_calls,
+            "mean_batch": round(sum(k * v for k, v in sizes.items()) / max(engine_calls, 1), 2),
             "cpu_ms_per_turn": {k: round(v * 1000 / turns, 2) for k, v in cpu.items()}}
 
 
-def worker(url: str, episodes: int) -> None:
-    """One agent process: take episodes, run every call through the openai client."""
+def worker(url: str, episodes: int, client_kind: str) -> None:
+    """One agent process: take episodes, run every call through the openai client, or
+    (``raw``) one keep-alive stdlib HTTP connection and json, the least an agent can
+    spend per call, so that what remains is the endpoint's cost and the rollout's."""
     import httpx
-    import openai
+
+    if client_kind == "openai":
+        import openai  # noqa: F401  (imported before "ready": seconds on a busy machine)
 
     latencies: list[float] = []
+    call_cpu_s = 0.0  # CPU inside the chat-completion calls only (not setup, not opens)
     print("ready", flush=True)
-    cpu_start_s = time.process_time()
     with httpx.Client(timeout=60.0) as http:
         for _ in range(episodes):
             response = http.post(f"{url}/v1/episodes", json={"job_id": JOB, "wait_s": 30})
             response.raise_for_status()
             episode = response.json()
-            client = openai.OpenAI(base_url=episode["base_url"], api_key=episode["api_key"])
+            complete = (_openai_caller(episode) if client_kind == "openai"
+                        else _raw_caller(url, episode))
             messages: list[dict[str, Any]] = [{"role": "user", "content": "2+3?"}]
             for index in range(1_000):
-                started = time.perf_counter()
-                reply = client.chat.completions.create(model=episode["model"],
-                                                       messages=messages, tools=TOOLS)
-                message = reply.choices[0].message
+                started, cpu_started_s = time.perf_counter(), time.process_time()
+                message = complete(messages)
+                call_cpu_s += time.process_time() - cpu_started_s
                 # Like the internal gaps: from a tool result to the next tool call (the
                 # first call renders the prompt and has no internal counterpart).
-                if index > 0 and message.tool_calls:
+                if index > 0 and message.get("tool_calls"):
                     latencies.append(time.perf_counter() - started)
-                messages.append(message.model_dump(exclude_none=True))
-                if not message.tool_calls:
+                messages.append(message)
+                if not message.get("tool_calls"):
                     break
-                for call in message.tool_calls:
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": "5"})
+                for call in message["tool_calls"]:
+                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": "5"})
             http.post(f"{episode['base_url']}/episodes/{episode['episode_id']}/reward",
                       json={"reward": 1.0},
                       headers={"Authorization": f"Bearer {episode['api_key']}"})
-    print(json.dumps({"latencies_s": latencies, "cpu_s": time.process_time() - cpu_start_s}))
+    print(json.dumps({"latencies_s": latencies, "cpu_s": call_cpu_s}))
+
+
+def _openai_caller(episode: dict[str, Any]) -> Any:
+    import openai
+
+    client = openai.OpenAI(base_url=episode["base_url"], api_key=episode["api_key"])
+
+    def complete(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        reply = client.chat.completions.create(model=episode["model"], messages=messages,
+                                               tools=TOOLS)
+        return reply.choices[0].message.model_dump(exclude_none=True)
+
+    return complete
+
+
+def _raw_caller(url: str, episode: dict[str, Any]) -> Any:
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    headers = {"Authorization": f"Bearer {episode['api_key']}",
+               "Content-Type": "application/json"}
+
+    def complete(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = json.dumps({"model": episode["model"], "messages": messages, "tools": TOOLS})
+        connection.request("POST", "/v1/chat/completions", body, headers)
+        response = connection.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{response.status}: {data[:200]!r}")
+        message: dict[str, Any] = json.loads(data)["choices"][0]["message"]
+        return message
+
+    return complete
 
 
 def serve_endpoint(port: int, redis_url: str) -> None:
@@ -264,11 +313,15 @@ def main() -> int:
     parser.add_argument("--engine-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--worker", nargs=2, metavar=("URL", "EPISODES"), help=argparse.SUPPRESS)
+    parser.add_argument("--client", choices=("openai", "raw"), default="openai",
+                        help="the agents' HTTP client: the openai package, or a raw "
+                        "keep-alive connection (separates our cost from the client's)")
+    parser.add_argument("--worker", nargs=3, metavar=("URL", "EPISODES", "CLIENT"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "REDIS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker[0], int(args.worker[1]))
+        worker(args.worker[0], int(args.worker[1]), args.worker[2])
         return 0
     if args.serve:
         serve_endpoint(int(args.serve[0]), args.serve[1])
@@ -317,13 +370,16 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     rate = {arm: statistics.mean(r["turns_per_s"] for r in rs) for arm, rs in by_arm.items()}
     out: dict[str, Any] = {"agents": args.agents, "episodes": args.agents * args.episodes_per_agent,
                            "tool_turns": args.tool_turns, "engine_ms": args.engine_ms,
-                           "rounds": args.rounds, "cpus": os.cpu_count()}
+                           "rounds": args.rounds, "cpus": os.cpu_count(),
+                           "client": args.client, "load_avg_1m": round(os.getloadavg()[0], 1)}
     for arm in ("internal", "external"):
         out[f"{arm}_cycle_p50_ms"] = round(pct(cycles[arm], 0.5) * 1000, 2)
         out[f"{arm}_cycle_p99_ms"] = round(pct(cycles[arm], 0.99) * 1000, 2)
         out[f"{arm}_turns_per_s"] = round(rate[arm], 2)
         out[f"{arm}_wall_s"] = [round(r["wall_s"], 2) for r in by_arm[arm]]
         out[f"{arm}_cpu_ms_per_turn"] = by_arm[arm][-1]["cpu_ms_per_turn"]
+        out[f"{arm}_engine_calls"] = [r["engine_calls"] for r in by_arm[arm]]
+        out[f"{arm}_mean_batch"] = [r["mean_batch"] for r in by_arm[arm]]
     out["added_p50_ms"] = round(out["external_cycle_p50_ms"] - out["internal_cycle_p50_ms"], 2)
     out["added_p99_ms"] = round(out["external_cycle_p99_ms"] - out["internal_cycle_p99_ms"], 2)
     out["throughput_ratio"] = round(rate["external"] / rate["internal"], 3)

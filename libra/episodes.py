@@ -67,6 +67,12 @@ class EpisodeCall:
     """0: the job's ``task.max_new_tokens_per_turn``; else the smaller of the two."""
     has_reward: bool = False
     reward: float = 0.0
+    stop: tuple[str, ...] = ()
+    """The call's stop strings (besides the template's): the turn ends at one."""
+    seed: int | None = None
+    """The call's sampling seed (None: the engine's RNG)."""
+    stream: bool = False
+    """Send the turn's text as it is sampled (delta replies before the final one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,9 @@ class EpisodeReply:
     policy_version: int = -1
     error_code: str = ""
     error_message: str = ""
+    is_delta: bool = False
+    """A streamed piece of the turn's text (``content``), sent while it is sampled; the
+    final reply (``is_delta`` False) follows with the whole turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,4 +157,6 @@ def decode(cls: type[Record], data: str | bytes) -> Record:
     values = {k: v for k, v in raw.items() if k in names}
     if cls is EpisodeReply:
         values["tool_calls"] = tuple(ToolCallOut(**c) for c in values.get("tool_calls", ()))
+    if cls is EpisodeCall:
+        values["stop"] = tuple(values.get("stop", ()))
     return cls(**values)

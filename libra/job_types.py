@@ -124,6 +124,8 @@ class StepRecord:
     policy_version: int | None = None
     reward_mean: float | None = None
     num_trajectories: int | None = None
+    num_sequences: int | None = None
+    """Sequences trained: num_trajectories plus the earlier segments of split episodes."""
     rollout_s: float | None = None
     """Waiting for complete, fresh groups."""
     train_s: float | None = None

@@ -138,6 +138,19 @@ class TrajectoryStatus(enum.Enum):
 
 
 @dataclass(slots=True)
+class Segment:
+    """An earlier training sequence of a trajectory: what an external agent's episode
+    had sampled before the program rewrote its history (libra/episodes.py). It is trained
+    as its own sequence, with the trajectory's group and reward. Lists are aligned."""
+
+    token_ids: list[int] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Trajectory:
     """One trajectory: the task a rollout instance runs and, once finished, the record
     the trainer consumes. Token-level lists are aligned with ``token_ids``."""
@@ -183,6 +196,10 @@ class Trajectory:
     # The trajectory's W3C trace context (libra/tracing.py), set at admission; "" when
     # not traced. Every service records its spans under it.
     traceparent: str = ""
+    # Earlier training sequences, oldest first (an external agent that rewrote its
+    # history); ``token_ids`` and its aligned lists are the last sequence. One trajectory
+    # still counts once (produced, trained, dropped); each segment is one more sequence.
+    segments: list[Segment] = field(default_factory=list)
 
     @property
     def is_eval(self) -> bool:
@@ -197,17 +214,21 @@ class Trajectory:
     @property
     def min_version(self) -> int:
         """Oldest policy version among model-generated tokens (-1 if none)."""
-        versions = [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
+        versions = [v for seq in (*self.segments, self)
+                    for v, m in zip(seq.token_versions, seq.loss_mask, strict=True) if m]
         return min(versions) if versions else -1
 
     def check_aligned(self) -> str | None:
         """A reason string when token-level arrays disagree in length, else None."""
+        for index, seq in enumerate((*self.segments, self)):
+            where = f"segments[{index}]." if index < len(self.segments) else ""
+            n = len(seq.token_ids)
+            for name in ("loss_mask", "logprobs", "token_versions"):
+                if len(getattr(seq, name)) != n:
+                    return f"{where}{name} has {len(getattr(seq, name))} entries, token_ids has {n}"
+            if not 0 <= seq.num_prompt_tokens <= n:
+                return f"{where}num_prompt_tokens {seq.num_prompt_tokens} outside [0, {n}]"
         n = len(self.token_ids)
-        for name in ("loss_mask", "logprobs", "token_versions"):
-            if len(getattr(self, name)) != n:
-                return f"{name} has {len(getattr(self, name))} entries, token_ids has {n}"
-        if not 0 <= self.num_prompt_tokens <= n:
-            return f"num_prompt_tokens {self.num_prompt_tokens} outside [0, {n}]"
         if not 0 <= self.partial_turn_tokens <= n - self.num_prompt_tokens:
             return (f"partial_turn_tokens {self.partial_turn_tokens} outside "
                     f"[0, {n - self.num_prompt_tokens}]")

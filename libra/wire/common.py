@@ -94,7 +94,23 @@ def trajectory_to_proto(traj: t.Trajectory) -> pb.Trajectory:
         getattr(msg, name).extend(getattr(traj, name))
     msg.tool_states.extend(tool_state_to_proto(s) for s in traj.tool_states)
     msg.reward_components.update(traj.reward_components)
+    msg.segments.extend(_segment_to_proto(seg) for seg in traj.segments)
     return msg
+
+
+_SEGMENT_LISTS = ("token_ids", "loss_mask", "logprobs", "token_versions")
+
+
+def _segment_to_proto(seg: t.Segment) -> pb.TrajectorySegment:
+    msg = pb.TrajectorySegment(num_prompt_tokens=seg.num_prompt_tokens)
+    for name in _SEGMENT_LISTS:
+        getattr(msg, name).extend(getattr(seg, name))
+    return msg
+
+
+def _segment_from_proto(msg: pb.TrajectorySegment) -> t.Segment:
+    return t.Segment(num_prompt_tokens=msg.num_prompt_tokens,
+                     **{name: list(getattr(msg, name)) for name in _SEGMENT_LISTS})
 
 
 def trajectory_from_proto(msg: pb.Trajectory) -> t.Trajectory:
@@ -105,6 +121,7 @@ def trajectory_from_proto(msg: pb.Trajectory) -> t.Trajectory:
         setattr(traj, name, list(getattr(msg, name)))
     traj.tool_states = [tool_state_from_proto(s) for s in msg.tool_states]
     traj.reward_components = dict(msg.reward_components)
+    traj.segments = [_segment_from_proto(s) for s in msg.segments]
     return traj
 
 

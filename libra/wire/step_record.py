@@ -21,9 +21,9 @@ from libra.types import StepRecord
 FIELD = "step_json"
 _NAMED = tuple(f.name for f in fields(StepRecord) if f.name != "metrics")
 _NAMED_SET = frozenset(_NAMED)
-_INTS = frozenset({"step", "policy_version", "num_trajectories", "dropped_stale",
-                   "dropped_failed", "hybrid_workers", "hybrid_joining", "migrations",
-                   "weights_pruned"})
+_INTS = frozenset({"step", "policy_version", "num_trajectories", "num_sequences",
+                   "dropped_stale", "dropped_failed", "hybrid_workers", "hybrid_joining",
+                   "migrations", "weights_pruned"})
 _MAPS = {"reward_components": "a number", "bucket_occupancy": "an integer"}
 _MAX_VERSION = 1 << 62
 

@@ -20,6 +20,7 @@ from fastapi.params import Depends
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from libra.episodes import EpisodeReply
 from libra.errors import LibraError
 from services.coordinator.episode_core import completion_body, openai_error, stream_chunks
 from services.coordinator.episode_endpoint import MAX_OPEN_WAIT_S, ClientGone, EpisodeEndpoint
@@ -94,16 +95,17 @@ def agent_router(endpoint: EpisodeEndpoint, job_api: Sequence[Depends]) -> APIRo
         except json.JSONDecodeError as exc:
             return JSONResponse(openai_error(400, f"body is not JSON: {exc}", "body"), 400)
         try:
-            chat, state, reply = await endpoint.complete(_bearer(request), body,
-                                                         request.is_disconnected)
+            chat, state, replies = await endpoint.complete(_bearer(request), body,
+                                                           request.is_disconnected)
         except LibraError as exc:
             return _openai_error(exc)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         if not chat.stream:
+            (reply,) = [reply async for reply in replies]
             return JSONResponse(completion_body(reply, state.model, completion_id))
-        return StreamingResponse(_sse(stream_chunks(reply, state.model, completion_id)),
+        return StreamingResponse(_sse(replies, state.model, completion_id),
                                  media_type="text/event-stream")
 
     @router.get("/v1/models", summary="The model this episode's job serves (episode key)")
@@ -128,7 +130,13 @@ def agent_router(endpoint: EpisodeEndpoint, job_api: Sequence[Depends]) -> APIRo
     return router
 
 
-async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[str]:
-    for chunk in chunks:
-        yield f"data: {json.dumps(chunk)}\n\n"
+async def _sse(replies: AsyncIterator[EpisodeReply], model: str,
+               completion_id: str) -> AsyncIterator[str]:
+    """The replies as SSE events: the role first, each piece of text as it comes, then
+    the final reply's rest, tool calls and finish reason."""
+    first = True
+    async for reply in replies:
+        for chunk in stream_chunks(reply, model, completion_id, with_role=first):
+            yield f"data: {json.dumps(chunk)}\n\n"
+        first = False
     yield "data: [DONE]\n\n"

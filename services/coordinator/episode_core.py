@@ -58,13 +58,25 @@ class ChatRequest:
     tools: list[dict[str, Any]]
     stream: bool = False
     max_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
 
 
-def parse_request(body: Any, model: str) -> ChatRequest:
-    """Check a chat-completions body against the episode's model.
+# OpenAI allows at most this many stop sequences per request.
+MAX_STOP_STRINGS = 4
+# Fields that reshape the sampling distribution and their neutral values: anything else
+# is refused (see _check_sampling).
+NEUTRAL_FIELDS = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}}
+
+
+def parse_request(body: Any, model: str, temperature: float = 1.0,
+                  top_p: float = 1.0) -> ChatRequest:
+    """Check a chat-completions body against the episode's model and its job's sampling
+    (``temperature``, ``top_p``: the job's ``algorithm.temperature``/``top_p``).
 
     Raises:
-        InvalidArgument: A malformed field (named: ``messages[2].role``, ``tools[0]``...).
+        InvalidArgument: A malformed field (named: ``messages[2].role``, ``tools[0]``...),
+            or a sampling field the trainer cannot account for (``temperature``...).
         ModelNotFound: ``model`` is not the episode's.
     """
     if not isinstance(body, dict):
@@ -82,11 +94,52 @@ def parse_request(body: Any, model: str) -> ChatRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidArgument("stream", "must be a boolean")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or 0
-    if not isinstance(max_tokens, int) or max_tokens < 0:
-        raise InvalidArgument("max_tokens", "must be a positive integer")
+    limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    max_tokens = body.get(limit) or 0
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise InvalidArgument(limit, "must be a positive integer")
+    _check_sampling(body, temperature, top_p)
     return ChatRequest(asked, canonical_messages(body.get("messages")), tools, stream,
-                       max_tokens)
+                       max_tokens, _checked_stop(body.get("stop")), _checked_seed(body))
+
+
+def _check_sampling(body: dict[str, Any], temperature: float, top_p: float) -> None:
+    """Refuse sampling the trainer cannot account for. The trainer takes the recorded
+    log-probs as the behaviour policy's and recomputes them under the job's sampling;
+    a per-call temperature, nucleus or penalty would sample from another distribution
+    than the one recorded (the engines record the raw softmax log-prob). The job's own
+    values (or none) are accepted."""
+    for name, job_value in (("temperature", temperature), ("top_p", top_p)):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidArgument(name, "must be a number")
+        if abs(value - job_value) > 1e-9:
+            raise InvalidArgument(name, (
+                f"{value:g} differs from the job's algorithm.{name} = {job_value:g}: "
+                "training needs the policy's own samples; leave it out or send the job's"))
+    for name, neutral in NEUTRAL_FIELDS.items():
+        if body.get(name) not in (None, neutral):
+            raise InvalidArgument(name, f"only {neutral!r} is supported: it would change "
+                                  "the sampling distribution the trainer accounts for")
+
+
+def _checked_stop(raw: Any) -> tuple[str, ...]:
+    stops = [raw] if isinstance(raw, str) else [] if raw is None else raw
+    if (not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise InvalidArgument("stop", f"a non-empty string or a list of at most "
+                              f"{MAX_STOP_STRINGS} non-empty strings")
+    return tuple(stops)
+
+
+def _checked_seed(body: dict[str, Any]) -> int | None:
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise InvalidArgument("seed", "must be an integer")
+    return seed
 
 
 def canonical_messages(raw: Any) -> list[dict[str, Any]]:
@@ -194,10 +247,12 @@ def plan_call(state: ep.EpisodeState, request: ChatRequest) -> ep.EpisodeCall:
                and tools_json == state.tools_json)
     if extends:
         return ep.EpisodeCall(ep.CALL, index, json.dumps(new), tools_json,
-                              max_tokens=request.max_tokens)
+                              max_tokens=request.max_tokens, stop=request.stop,
+                              seed=request.seed, stream=request.stream)
     return ep.EpisodeCall(ep.CALL, index, json.dumps(request.messages), tools_json,
                           is_whole=True, is_split=bool(previous),
-                          max_tokens=request.max_tokens)
+                          max_tokens=request.max_tokens, stop=request.stop, seed=request.seed,
+                          stream=request.stream)
 
 
 def after_call(state: ep.EpisodeState, request: ChatRequest, call: ep.EpisodeCall,
@@ -260,9 +315,10 @@ def completion_body(reply: ep.EpisodeReply, model: str, completion_id: str,
 
 
 def stream_chunks(reply: ep.EpisodeReply, model: str, completion_id: str,
-                  created_s: int | None = None) -> list[dict[str, Any]]:
-    """The reply as ``chat.completion.chunk`` events: the role, the content, the tool
-    calls, then the finish reason (the turn is sampled whole, then streamed)."""
+                  created_s: int | None = None, with_role: bool = True) -> list[dict[str, Any]]:
+    """A reply as ``chat.completion.chunk`` events: the role (first reply only), the
+    content; for the final reply (not ``is_delta``) also the tool calls and the finish
+    reason."""
     created = int(time.time()) if created_s is None else created_s
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -270,9 +326,11 @@ def stream_chunks(reply: ep.EpisodeReply, model: str, completion_id: str,
                 "model": model, "choices": [{"index": 0, "delta": delta,
                                              "finish_reason": finish, "logprobs": None}]}
 
-    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks = [chunk({"role": "assistant", "content": ""})] if with_role else []
     if reply.content:
         chunks.append(chunk({"content": reply.content}))
+    if reply.is_delta:
+        return chunks
     if reply.tool_calls:
         chunks.append(chunk({"tool_calls": _openai_calls(reply, with_index=True)}))
     chunks.append(chunk({}, reply.finish_reason))

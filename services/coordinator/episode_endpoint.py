@@ -10,10 +10,12 @@ expired key is ``Unauthenticated`` (401); a valid key naming another episode is
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Protocol
 
 from libra import agents
@@ -88,6 +90,7 @@ class EpisodeEndpoint:
         # Episodes with a call in flight here (one coordinator serves the endpoint).
         self._busy: set[str] = set()
         self._specs: dict[str, JobSpec] = {}  # parsed once per job, oldest first
+        self._cleanups: set[asyncio.Task] = set()  # aborts of streams left early
 
     async def open_episode(self, job_id: str, wait_s: float) -> ep.EpisodeGrant:
         """The next episode the scheduler admitted for ``job_id`` (waits up to ``wait_s``).
@@ -139,16 +142,28 @@ class EpisodeEndpoint:
         Raises:
             Unauthenticated: No key, an unknown one, or one whose episode expired/closed.
         """
+        return await self._state(await self._episode_of(api_key))
+
+    async def _episode_of(self, api_key: str) -> str:
         episode_id = await self._store.episode_of_key(key_digest(api_key)) if api_key else None
-        state = await self._store.load(episode_id) if episode_id else None
+        if not episode_id:
+            raise Unauthenticated("unknown or expired episode API key")
+        return episode_id
+
+    async def _state(self, episode_id: str) -> ep.EpisodeState:
+        state = await self._store.load(episode_id)
         if state is None or state.is_closed:
             raise Unauthenticated("unknown or expired episode API key")
         return state
 
     async def complete(self, api_key: str, body: object,
                        is_disconnected: Callable[[], Awaitable[bool]]
-                       ) -> tuple[ChatRequest, ep.EpisodeState, ep.EpisodeReply]:
-        """One chat completion of an episode: its sampled reply.
+                       ) -> tuple[ChatRequest, ep.EpisodeState, AsyncIterator[ep.EpisodeReply]]:
+        """One chat completion of an episode: its replies, in order. Without ``stream``
+        (or from a rollout that cannot stream) that is the final reply alone; with it,
+        the turn's text pieces (``is_delta``) as they are sampled, then the final reply
+        carrying what the pieces did not (the content's rest, the tool calls). Errors are
+        raised before the first reply.
 
         Raises:
             Unauthenticated, InvalidArgument, ModelNotFound: See the module and
@@ -157,37 +172,83 @@ class EpisodeEndpoint:
             ClientGone: The caller disconnected first (the call is aborted).
             FailedPrecondition: Another call of the episode is in flight (409: the
                 ``openai`` client retries it after a backoff).
-            DeadlineExceeded: No reply within ``REPLY_DEADLINE_MIN_S`` (or the idle timeout).
+            DeadlineExceeded: No reply within ``REPLY_DEADLINE_MIN_S`` (or the idle
+                timeout); the call is aborted as for a gone client.
         """
-        episode_id = (await self.authenticate(api_key)).episode_id
+        episode_id = await self._episode_of(api_key)
         if episode_id in self._busy:
             raise FailedPrecondition("a call of this episode is in flight: one at a time")
         self._busy.add(episode_id)
+        streaming = False
         try:
-            state = await self.authenticate(api_key)  # as the previous call left it
-            request = parse_request(body, state.model)
-            return await self._complete(state, request, is_disconnected)
+            # Read once the episode is ours: as the previous call left it.
+            state = await self._state(episode_id)
+            algorithm = (await self._spec(state.job_id)).algorithm
+            request = parse_request(body, state.model, algorithm.temperature, algorithm.top_p)
+            call = plan_call(state, request)
+            await self._store.push_call(state, call)
+            first = await self._first_reply(state, request, call, is_disconnected)
+            if not first.is_delta:
+                state = after_call(state, request, call, first)
+                await self._store.save(state)
+                return request, state, _one(first)
+            streaming = True
+            return request, state, self._stream(state, request, call, first, is_disconnected)
         finally:
-            self._busy.discard(episode_id)
+            if not streaming:  # a stream frees the episode when it ends
+                self._busy.discard(episode_id)
 
-    async def _complete(self, state: ep.EpisodeState, request: ChatRequest,
-                        is_disconnected: Callable[[], Awaitable[bool]]
-                        ) -> tuple[ChatRequest, ep.EpisodeState, ep.EpisodeReply]:
-        call = plan_call(state, request)
-        await self._store.push_call(state, call)
+    async def _first_reply(self, state: ep.EpisodeState, request: ChatRequest,
+                           call: ep.EpisodeCall,
+                           is_disconnected: Callable[[], Awaitable[bool]]) -> ep.EpisodeReply:
         try:
             reply = await self._wait_reply(state, call, is_disconnected)
-        except ClientGone:
-            await self._store.push_call(state, ep.EpisodeCall(ep.ABORT, call.call_index))
-            await self._store.save(after_call(state, request, call, None))
-            await self._store.count(state.job_id, "episode_calls_aborted")
+        except (ClientGone, DeadlineExceeded):
+            # Either way the caller gets no reply: abort the call, so a retry is a new
+            # call and not the same messages appended twice.
+            await self._abort(state, request, call)
             raise
         if reply.error_code:
             await self._store.save(after_call(state, request, call, None))
             raise reply_error(reply)
-        state = after_call(state, request, call, reply)
-        await self._store.save(state)
-        return request, state, reply
+        return reply
+
+    async def _stream(self, state: ep.EpisodeState, request: ChatRequest, call: ep.EpisodeCall,
+                      reply: ep.EpisodeReply, is_disconnected: Callable[[], Awaitable[bool]]
+                      ) -> AsyncIterator[ep.EpisodeReply]:
+        """The pieces, then the final reply with the content's rest. The conversation
+        records the content as the program assembled it from the pieces, so its next
+        call extends it. A stream left early (client gone, deadline) aborts the call."""
+        shown, done = "", False
+        try:
+            while reply.is_delta:
+                shown += reply.content
+                yield reply
+                reply = await self._wait_reply(state, call, is_disconnected)
+            rest = reply.content[len(shown):] if reply.content.startswith(shown) else ""
+            await self._store.save(after_call(state, request, call,
+                                              replace(reply, content=shown + rest)))
+            done = True
+            yield replace(reply, content=rest)
+        finally:
+            if done:
+                self._busy.discard(state.episode_id)
+            else:
+                # Not awaited here: a cancelled response must not be cancelled again
+                # mid-cleanup. The task frees the episode once the abort is queued, so a
+                # next call always comes after it.
+                task = asyncio.ensure_future(self._abort(state, request, call))
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
+
+    async def _abort(self, state: ep.EpisodeState, request: ChatRequest,
+                     call: ep.EpisodeCall) -> None:
+        try:
+            await self._store.push_call(state, ep.EpisodeCall(ep.ABORT, call.call_index))
+            await self._store.save(after_call(state, request, call, None))
+            await self._store.count(state.job_id, "episode_calls_aborted")
+        finally:
+            self._busy.discard(state.episode_id)
 
     async def _wait_reply(self, state: ep.EpisodeState, call: ep.EpisodeCall,
                           is_disconnected: Callable[[], Awaitable[bool]]) -> ep.EpisodeReply:
@@ -219,3 +280,7 @@ class EpisodeEndpoint:
             reward=0.0 if reward is None else float(reward)))
         await self._store.forget(state)
         logger.info("[episode] closed episode_id=%s reward=%s", episode_id, reward)
+
+
+async def _one(reply: ep.EpisodeReply) -> AsyncIterator[ep.EpisodeReply]:
+    yield reply

@@ -289,7 +289,7 @@ class RolloutCore:
             act.row = row
         self._stepping, started_ms = True, self._clock.now_ms()
         try:
-            results = await self._generate(job_id, ctx, requests)
+            results = await self._generate(job_id, ctx, requests, batch)
         finally:
             self._stepping = False
             for act in batch:
@@ -303,20 +303,29 @@ class RolloutCore:
         self.profile.end_pass()
         return True
 
-    async def _generate(self, job_id: str, ctx: JobContext,
-                        requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """One engine call, aborted at a token boundary if a newer policy is published."""
-        watcher = asyncio.create_task(self.weights.abort_on_newer(
-            job_id, ctx.engine, self.settings.policy_poll_s))
+    async def _generate(self, job_id: str, ctx: JobContext, requests: list[GenerationRequest],
+                        batch: list[ActiveTrajectory]) -> list[GenerationResult]:
+        """One engine call, aborted at a token boundary if a newer policy is published
+        (and, for external agents, a row whose client went away; their streamed turns
+        are relayed meanwhile)."""
+        watchers = [asyncio.create_task(self.weights.abort_on_newer(
+            job_id, ctx.engine, self.settings.policy_poll_s))]
+        during = getattr(ctx.agent, "during_engine_call", None)  # an external agent's
+        if during is not None:
+            watchers.append(asyncio.create_task(during(
+                ctx.engine, [act.traj for act in batch], self.settings.policy_poll_s)))
         try:
             return await self.profile.engine_call(ctx.engine, requests)
         finally:
-            watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
 
     def _after_turn(self, ctx: JobContext, act: ActiveTrajectory,
                     result: GenerationResult) -> None:
-        if result.finish_reason == "aborted":
-            # Not a finished turn: keep the tokens and resume it on the new weights next
+        client_gone = getattr(ctx.agent, "client_gone", None)
+        if result.finish_reason == "aborted" and not (client_gone and client_gone(act.traj)):
+            # Not a finished turn (a turn whose client went away ends here and is taken
+            # back by its agent): keep the tokens and resume it on the new weights next
             # pass, or on the target instance when it was stopped for a move.
             agent.apply_partial(act.traj, result)
             act.turn_prefix.extend(result.token_ids)

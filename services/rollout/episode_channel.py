@@ -39,6 +39,20 @@ class RedisEpisodeChannel:
             if got is not None:
                 return ep.decode(ep.EpisodeCall, got[1])
 
+    async def aborted(self, episode_ids: list[str]) -> dict[str, list[int]]:
+        """Episode id -> call indices of the aborts waiting on its call list (one round
+        trip for all; the aborts stay there for ``next_call`` to take in order)."""
+        async with self._r.pipeline(transaction=False) as pipe:
+            for episode_id in episode_ids:
+                pipe.lrange(keys.episode_calls(episode_id), 0, -1)
+            lists = await pipe.execute()
+        out: dict[str, list[int]] = {}
+        for episode_id, items in zip(episode_ids, lists, strict=True):
+            calls = [ep.decode(ep.EpisodeCall, item) for item in items]
+            if any(call.kind == ep.ABORT for call in calls):
+                out[episode_id] = [c.call_index for c in calls if c.kind == ep.ABORT]
+        return out
+
     async def reply(self, episode_id: str, reply: ep.EpisodeReply, ttl_s: float) -> None:
         key = keys.episode_replies(episode_id)
         async with self._r.pipeline(transaction=True) as pipe:

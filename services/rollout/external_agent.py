@@ -15,7 +15,8 @@ changes; only what a "tool call" is:
   each of these returns as for any tool (tool type: the tool message's name);
 - a call whose messages do not extend the previous call's conversation (the endpoint
   compares message by message: the program rewrote history) starts a new sequence from
-  the full render; the earlier segment is dropped and counted (``episode_splits``);
+  the full render; the sequence so far is kept in ``traj.segments`` and trained as its
+  own sequence with the episode's group and reward (counted: ``episode_splits``);
 - the close (``POST /v1/episodes/{id}/reward``) ends the trajectory with the given
   reward, or, without one, scores the last reply with the job's reward;
 - no call within ``task.episode_idle_timeout_s``: the trajectory fails ("episode timed
@@ -31,9 +32,10 @@ which happen on the same instance.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +52,12 @@ from services.rollout.agent import (
     apply_partial,
 )
 from services.rollout.engine_types import GenerationRequest, GenerationResult
+from services.rollout.episode_stream import (
+    EngineCallWatch,
+    RowAborter,
+    TurnStream,
+    cut_at_stop,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +78,8 @@ class EpisodeChannel(Protocol):
     async def next_call(self, episode_id: str, timeout_s: float) -> ep.EpisodeCall | None: ...
 
     async def reply(self, episode_id: str, reply: ep.EpisodeReply, ttl_s: float) -> None: ...
+
+    async def aborted(self, episode_ids: list[str]) -> dict[str, list[int]]: ...
 
     async def count(self, job_id: str, name: str) -> None: ...
 
@@ -100,7 +110,14 @@ class _Turn:
     answer to the call it waits for)."""
     reply: ep.EpisodeReply | None = None
     max_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
     pending: _Pending | None = None
+    stream: TurnStream | None = None
+    """The call asked for ``stream``: its turn's text goes out as it is sampled."""
+    client_gone: bool = False
+    """The call's client went away while its turn was sampled: the engine row was
+    stopped, and the turn is taken back when the abort is read (no reply goes out)."""
     call_start: tuple[int, int] | None = None
     """Tokens and tool states before the last call's new messages were appended: an
     aborted call takes them back too (the program sends them again)."""
@@ -135,10 +152,16 @@ class ExternalAgent(ChatAgent):
         if traj.status is t.TrajectoryStatus.FINISHED:  # closed (see apply_tool_results)
             return None
         request = super().next_request(traj, seed, num_turn_tokens)
-        asked = self._turn(traj).max_tokens
-        if request is not None and asked:
-            request.max_new_tokens = min(request.max_new_tokens, max(asked - num_turn_tokens, 1))
-        return request
+        state = self._turn(traj)
+        if request is None or not (state.max_tokens or state.stop or state.seed is not None):
+            return request
+        # What the call asked for (only where it answers: a move loses it, see _Turn).
+        max_new = request.max_new_tokens
+        if state.max_tokens:
+            max_new = min(max_new, max(state.max_tokens - num_turn_tokens, 1))
+        return dataclasses.replace(
+            request, max_new_tokens=max_new, stop_strings=[*request.stop_strings, *state.stop],
+            seed=request.seed if state.seed is None else state.seed)
 
     def apply_generation(self, traj: t.Trajectory, result: GenerationResult,
                          turn_prefix: Sequence[int] = ()) -> TurnOutcome:
@@ -148,12 +171,15 @@ class ExternalAgent(ChatAgent):
         apply_partial(traj, result)
         traj.num_turns += 1
         ids = list(turn_prefix) + result.token_ids
-        parsed = self._parser.parse(self._turn_text(ids))
+        # The program reads the turn up to the call's stop string, as OpenAI returns it;
+        # the sampled tokens (through the stop) are what trains.
+        text = cut_at_stop(self._turn_text(ids), state.stop)
+        parsed = self._parser.parse(text)
         calls = tuple(ep.ToolCallOut(f"call_{traj.trajectory_id[-8:]}_{traj.num_turns}_{i}",
                                      c.name, json.dumps(c.arguments))
                       for i, c in enumerate(parsed.calls))
         # A malformed call is the model's words: the program reads them as content.
-        content = parsed.content if not parsed.errors else self._turn_text(ids).strip()
+        content = parsed.content if not parsed.errors else text.strip()
         reason = ("tool_calls" if calls else "length" if result.finish_reason == "length"
                   else "stop")
         state.reply = ep.EpisodeReply(
@@ -174,6 +200,7 @@ class ExternalAgent(ChatAgent):
             return
         if pending.is_whole:  # the first call, a rewritten history, a retried first call
             self._turn(traj).call_start = None
+            _keep_as_segment(traj)
             self._start_with(traj, pending.ids)
             traj.tool_states.clear()
             traj.tool_return_positions.clear()
@@ -191,6 +218,36 @@ class ExternalAgent(ChatAgent):
             return None
         return traj.final_text
 
+    # -- while an engine call samples: streamed text out, gone clients' rows stopped ------
+
+    def client_gone(self, traj: t.Trajectory) -> bool:
+        """True when the turn being sampled answers a call whose client went away (its
+        engine row was stopped: the turn is not resumed but taken back)."""
+        return self._turn(traj).client_gone
+
+    def during_engine_call(self, engine: RowAborter, batch: Sequence[t.Trajectory],
+                           poll_s: float) -> Coroutine[Any, Any, None]:
+        """The watch of one engine call over ``batch`` (row i: ``batch[i]``), to run
+        until the call ends (episode_stream.py). Called before the call starts: the
+        engine gets its token sink now."""
+        assert self._channel is not None, "attach() the episode channel first"
+        episodes = [traj.trajectory_id for traj in batch]
+        turns = [self._turns.get(episode_id) for episode_id in episodes]
+        watch = EngineCallWatch(
+            self._channel, engine, episodes,
+            streams={row: turn.stream for row, turn in enumerate(turns)
+                     if turn is not None and turn.stream is not None},
+            call_indices={e: turn.call_index for e, turn in zip(episodes, turns, strict=True)
+                          if turn is not None},
+            decode=self._turn_text, on_gone=self._mark_gone,
+            ttl_s=self._spec.task.episode_idle_timeout_s)
+        watch.start()
+        return watch.run(poll_s)
+
+    def _mark_gone(self, episode_id: str) -> None:
+        if episode_id in self._turns:
+            self._turns[episode_id].client_gone = True
+
     # -- the "tool call": hand the turn to the program, wait for its next call ------------
 
     async def run_turn(self, spec: JobSpec, traj: t.Trajectory,
@@ -205,7 +262,7 @@ class ExternalAgent(ChatAgent):
         timeout_s = spec.task.episode_idle_timeout_s
         if not traj.token_ids:
             await self._channel.offer(self._offer(traj))
-        elif state.reply is not None:
+        elif state.reply is not None and not state.client_gone:
             await self._channel.reply(traj.trajectory_id, state.reply, timeout_s)
         while True:
             call = await self._channel.next_call(traj.trajectory_id, timeout_s)
@@ -247,6 +304,8 @@ class ExternalAgent(ChatAgent):
         if pending.is_split:
             await self._channel.count(traj.job_id, "episode_splits")  # type: ignore[union-attr]
         state.pending, state.max_tokens = pending, call.max_tokens
+        state.stop, state.seed = call.stop, call.seed
+        state.stream = TurnStream(call.call_index, call.stop) if call.stream else None
         state.call_index = call.call_index
         if pending.is_whole:
             return [_result(EPISODE_START, len(pending.ids))]
@@ -275,7 +334,7 @@ class ExternalAgent(ChatAgent):
         del traj.tool_return_positions[num_states:]
         state.call_start = None
         traj.num_turns -= 1
-        state.reply = None
+        state.reply, state.client_gone = None, False
         logger.info("[episode] call aborted by its client; turn discarded episode_id=%s",
                     traj.trajectory_id)
 
@@ -318,6 +377,15 @@ class ExternalAgent(ChatAgent):
             group_id=traj.group_id, prompt_text=traj.prompt_text,
             prompt_messages_json=traj.prompt_messages_json, metadata_json=traj.metadata_json,
             max_context_tokens=self.max_context_tokens)
+
+
+def _keep_as_segment(traj: t.Trajectory) -> None:
+    """Keep the sequence so far as a segment trained on its own (the program rewrote its
+    history), unless nothing in it was sampled (a prompt only: a retried first call, or
+    a split whose turn was aborted)."""
+    if any(traj.loss_mask):
+        traj.segments.append(t.Segment(traj.token_ids, traj.num_prompt_tokens, traj.loss_mask,
+                                       traj.logprobs, traj.token_versions))
 
 
 def _tool_type(message: dict[str, Any]) -> str:

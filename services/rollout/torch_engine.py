@@ -103,6 +103,9 @@ class TorchEngine:
         # Rows of the call in flight to stop at their next token boundary (the others go
         # on); a set swapped whole, so reading it from the decode thread needs no lock.
         self._aborted_rows: frozenset[int] = frozenset()
+        # Called from the decode thread after every step with the step's (row, token id)
+        # pairs, so a caller can stream turns as they are sampled (None: nobody listens).
+        self.token_sink: Callable[[list[tuple[int, int]]], None] | None = None
         # A CPU generator on every device: see torch_sampling (reproducible uniforms).
         self._default_generator = torch.Generator().manual_seed(seed)
         self.call_log = call_log if call_log is not None else EngineCallLog()
@@ -318,7 +321,7 @@ class TorchEngine:
         # The step's one device-to-host copy (float64 holds every token id exactly).
         host_ids, host_logprobs = torch.stack(
             [token_ids.double(), logprobs.double()]).tolist()
-        aborted_rows = self._aborted_rows
+        aborted_rows, sampled = self._aborted_rows, []
         for index, row in enumerate(rows):
             if row.finish_reason is not None:
                 continue
@@ -326,6 +329,10 @@ class TorchEngine:
                 row.finish_reason = "aborted"
                 continue
             row.append(int(host_ids[index]), host_logprobs[index])
+            sampled.append((index, int(host_ids[index])))
+        sink = self.token_sink
+        if sink is not None and sampled:
+            sink(sampled)
         return token_ids
 
 

@@ -367,6 +367,8 @@ class TrainerCore:
                             self._clock.now_ms())
         rewards = [tr.reward for tr in trajs]
         return {"reward_mean": sum(rewards) / len(rewards), "num_trajectories": len(trajs),
+                # > num_trajectories when split episodes brought earlier segments.
+                "num_sequences": len(samples),
                 "rollout_s": round(batch.wait_s, 4), "train_s": round(train_s, 4),
                 "dropped_stale": batch.dropped_stale, "dropped_failed": batch.dropped_failed,
                 "reward_components": component_means(trajs),

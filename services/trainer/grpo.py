@@ -71,14 +71,20 @@ class GroupBuffer:
 
 
 def to_samples(trajs: list[t.Trajectory]) -> list[TrainSample]:
-    """Training samples of a batch, each with its advantage within its group."""
+    """Training samples of a batch, each with its advantage within its group.
+
+    A trajectory with earlier segments (an external agent that rewrote its history)
+    gives one sample per sequence, segments first, all with the trajectory's advantage:
+    the advantage is computed over trajectories (the group's episodes), so a split
+    episode weighs in its group's statistics once, like AReaL's split sequences."""
     by_group: dict[str, list[t.Trajectory]] = {}
     for tr in trajs:
         by_group.setdefault(tr.group_id, []).append(tr)
     samples = []
     for group in by_group.values():
         for tr, adv in zip(group, group_advantages([tr.reward for tr in group]), strict=True):
-            samples.append(TrainSample(token_ids=tr.token_ids, loss_mask=tr.loss_mask,
-                                       rollout_logprobs=tr.logprobs, advantage=adv,
-                                       group_id=tr.group_id, trajectory_id=tr.trajectory_id))
+            samples.extend(TrainSample(token_ids=seq.token_ids, loss_mask=seq.loss_mask,
+                                       rollout_logprobs=seq.logprobs, advantage=adv,
+                                       group_id=tr.group_id, trajectory_id=tr.trajectory_id)
+                           for seq in (*tr.segments, tr))
     return samples

@@ -50,6 +50,17 @@ class HoldUntil:
     release: threading.Event
 
 
+@dataclass(frozen=True)
+class StreamUntil:
+    """Script item: the tokens of ``before`` go to the engine's ``token_sink`` one step
+    at a time, then ``generate`` blocks until ``release`` is set (or 30 s), then
+    ``after``'s tokens go out and the whole turn is returned (a turn seen mid-way)."""
+
+    before: str
+    release: threading.Event
+    after: str
+
+
 @dataclass
 class FakeEngine:
     """Returns scripted turn texts, one per request, in order; records every call.
@@ -69,6 +80,8 @@ class FakeEngine:
     batch_sizes: list[int] = field(default_factory=list)
     num_aborts: int = 0
     aborted_rows: list[int] = field(default_factory=list)
+    token_sink: Any = None
+    """Called with each step's [(row, token id)] as TorchEngine.token_sink is."""
     _abort: threading.Event = field(default_factory=threading.Event)
     _rows: set[int] = field(default_factory=set)
 
@@ -98,6 +111,11 @@ class FakeEngine:
             if isinstance(item, HoldUntil):
                 item.release.wait(30.0)
                 item = item.text
+            elif isinstance(item, StreamUntil):
+                self._emit(row, self.tokenizer.encode(item.before))
+                item.release.wait(30.0)
+                self._emit(row, self.tokenizer.encode(item.after))
+                item = item.before + item.after
             elif isinstance(item, BlockUntilAbort):
                 self._block_until_aborted(row)
                 ids = self.tokenizer.encode(item.text)[: item.keep]
@@ -109,6 +127,11 @@ class FakeEngine:
             out.append(GenerationResult(token_ids=ids, logprobs=[self.logprob] * len(ids),
                                         finish_reason="stop", policy_version=self.policy_version))
         return out
+
+    def _emit(self, row: int, token_ids: list[int]) -> None:
+        for token_id in token_ids:
+            if self.token_sink is not None:
+                self.token_sink([(row, token_id)])
 
     def _block_until_aborted(self, row: int) -> None:
         deadline_s = time.monotonic() + 5.0

@@ -64,11 +64,39 @@ def first_exchange() -> tuple[ep.EpisodeState, list[dict]]:
     (body([{"role": "user", "content": "hi"}], n=2), "n"),
     (body([{"role": "user", "content": "hi"}], max_tokens=-1), "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+    (body([{"role": "user", "content": "hi"}], max_completion_tokens="8"),
+     "max_completion_tokens"),
+    (body([{"role": "user", "content": "hi"}], stop=["a", ""]), "stop"),
+    (body([{"role": "user", "content": "hi"}], stop=["a", "b", "c", "d", "e"]), "stop"),
+    (body([{"role": "user", "content": "hi"}], seed="7"), "seed"),
+    (body([{"role": "user", "content": "hi"}], temperature="hot"), "temperature"),
 ])
 def test_a_malformed_request_names_its_field(bad: dict, field: str) -> None:
     with pytest.raises(InvalidArgument) as refused:
         parse_request(bad, MODEL)
     assert refused.value.field == field
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", 0.0), ("temperature", 0.7), ("top_p", 0.9),
+    ("frequency_penalty", 0.5), ("presence_penalty", -1.0), ("logit_bias", {"50256": -100}),
+])
+def test_sampling_the_trainer_cannot_account_for_is_refused_naming_the_field(
+        field: str, value: object) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        parse_request(body([{"role": "user", "content": "hi"}], **{field: value}), MODEL,
+                      temperature=1.0, top_p=1.0)
+    assert refused.value.field == field
+
+
+def test_the_jobs_own_sampling_and_the_per_call_fields_are_taken() -> None:
+    request = parse_request(body([{"role": "user", "content": "hi"}], temperature=0.6,
+                                 top_p=0.95, frequency_penalty=0, stop="END", seed=7,
+                                 max_completion_tokens=12), MODEL, temperature=0.6, top_p=0.95)
+    assert (request.stop, request.seed, request.max_tokens) == (("END",), 7, 12)
+    call = plan_call(state(), request)
+    assert ep.decode(ep.EpisodeCall, ep.encode(call)) == call  # the codec keeps them
+    assert (call.stop, call.seed, call.max_tokens) == (("END",), 7, 12)
 
 
 def test_another_model_is_not_found_naming_it() -> None:

@@ -43,7 +43,10 @@ def make_trajectory(num_turns: int = 2, reward: float = 1.0) -> t.Trajectory:
         prompt_messages_json='[{"content": "2+2?", "role": "user"}]',
         reward_components={"exact_match": 1.0, "format": 0.5},
         metadata_json='{"source": "gsm8k"}', eval_round=3,
-        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        # (an earlier sequence of a split episode; none when nothing was sampled)
+        segments=[t.Segment([7, 8, 9], 1, [0, 1, 1], [0.0, -0.5, -0.25], [-1, 1, 1])]
+        if num_turns else [])
 
 
 def test_trajectory_builder_sets_every_field() -> None:

@@ -220,3 +220,15 @@ def test_every_call_is_recorded_with_its_shape_and_wall_time(tokenizer):
     assert len(log.calls()) == 2  # a ring buffer: the oldest calls go
     rows = json.loads(log.to_json())
     assert rows[0]["batch"] == 1 and set(rows[0]) >= {"at_s", "wall_s", "decode_steps"}
+
+
+def test_the_token_sink_gets_each_steps_tokens_as_they_are_sampled(tokenizer):
+    engine = _engine()
+    steps = []
+    engine.token_sink = steps.append
+    requests = [_request(tokenizer, "Q:5=", max_new_tokens=3),
+                _request(tokenizer, "Q:12*34-5=<calc>", seed=3, max_new_tokens=5)]
+    short, long = engine.generate(requests)
+    assert [len(step) for step in steps] == [2, 2, 2, 1, 1]  # the short row ended
+    assert [t for step in steps for row, t in step if row == 0] == short.token_ids
+    assert [t for step in steps for row, t in step if row == 1] == long.token_ids

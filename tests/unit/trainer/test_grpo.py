@@ -7,7 +7,7 @@ import math
 import pytest
 
 from libra import types as t
-from services.trainer.grpo import GroupBuffer, group_advantages, staleness
+from services.trainer.grpo import GroupBuffer, group_advantages, staleness, to_samples
 
 
 def make_trajectory(index: int = 0, group: str = "g-0", versions: tuple[int, ...] = (0, 0),
@@ -115,3 +115,29 @@ def test_other_groups_are_unaffected_by_a_broken_group() -> None:
     buf.break_group("g-0", "dropped_failed")
     buf.add("e1", make_trajectory(0, group="g-1"))
     assert buf.complete() == ["g-1"]
+
+
+# -- split episodes (earlier segments) ------------------------------------------------------
+
+def with_segment(traj: t.Trajectory, version: int = 0) -> t.Trajectory:
+    traj.segments = [t.Segment([1, 5, 6], 1, [0, 1, 1], [0.0, -0.2, -0.3], [-1, version, version])]
+    return traj
+
+
+def test_a_split_trajectory_gives_one_sample_per_sequence_with_its_advantage() -> None:
+    split = with_segment(make_trajectory(0, reward=1.0))
+    samples = to_samples([split, make_trajectory(1, reward=0.0)])
+    assert [(s.trajectory_id, s.token_ids, round(s.advantage, 4)) for s in samples] == [
+        ("tr-g-0-0", [1, 5, 6], 1.0), ("tr-g-0-0", [1, 2, 3, 3], 1.0),
+        ("tr-g-0-1", [1, 2, 3, 3], -1.0)]
+    assert samples[0].rollout_logprobs == [0.0, -0.2, -0.3]
+
+
+def test_staleness_counts_the_oldest_token_of_every_segment() -> None:
+    assert staleness(5, with_segment(make_trajectory(versions=(4, 4)), version=1)) == 4
+
+
+def test_a_misaligned_segment_is_named() -> None:
+    traj = with_segment(make_trajectory())
+    traj.segments[0].logprobs.pop()
+    assert traj.check_aligned() == "segments[0].logprobs has 2 entries, token_ids has 3"

@@ -150,6 +150,23 @@ async def test_everything_produced_is_trained_or_dropped(rig: Rig) -> None:
     assert await rig.pending() == 0
 
 
+async def test_a_split_episode_trains_each_sequence_and_counts_as_one_trajectory(
+        rig: Rig) -> None:
+    """An external agent's episode split by a rewritten history: its earlier segment is
+    a sequence of its own (same group, same advantage); the accounting counts episodes."""
+    split, other = make_group(0, rewards=(1.0, 0.0))
+    split.segments = [t.Segment([1, 30, 31], 1, [0, 1, 1], [0.0, -0.5, -0.5], [-1, 0, 0])]
+    await rig.write(split, other)
+    await rig.run_job()
+    (step,) = rig.backend.steps
+    assert [(s.trajectory_id, s.token_ids[:2], round(s.advantage, 4)) for s in step] == [
+        ("tr-0-0", [1, 30], 1.0), ("tr-0-0", [1, 20], 1.0), ("tr-0-1", [1, 20], -1.0)]
+    c = await rig.counters()
+    assert c["produced"] == c["trained"] == 2
+    ((_, record),) = rig.coordinator.steps
+    assert (record["num_trajectories"], record["num_sequences"]) == (2, 3)
+
+
 # -- steps, versions, job end --------------------------------------------------------------
 
 async def test_versions_advance_every_sync_interval(rig: Rig) -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"libra/proto/common/v1/common.proto\x12\x15libra.proto.common.v1\"\x8d\x01\n\x0fToolReturnState\x12\x11\n\ttool_type\x18\x01 \x01(\t\x12\x34\n\nsize_class\x18\x02 \x01(\x0e\x32 .libra.proto.common.v1.SizeClass\x12\x31\n\x06status\x18\x03 \x01(\x0e\x32!.libra.proto.common.v1.ToolStatus\"\xd4\x06\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x11\n\tprompt_id\x18\x04 \x01(\t\x12\x13\n\x0bprompt_text\x18\x05 \x01(\t\x12\x11\n\treference\x18\x06 \x01(\t\x12\x37\n\x06status\x18\x07 \x01(\x0e\x32\'.libra.proto.common.v1.TrajectoryStatus\x12\x16\n\x0e\x66\x61ilure_reason\x18\x08 \x01(\t\x12\x11\n\ttoken_ids\x18\t \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\n \x01(\x05\x12\x11\n\tloss_mask\x18\x0b \x03(\x05\x12\x10\n\x08logprobs\x18\x0c \x03(\x02\x12\x16\n\x0etoken_versions\x18\r \x03(\x05\x12\x0e\n\x06reward\x18\x0e \x01(\x02\x12\x11\n\tnum_turns\x18\x0f \x01(\x05\x12;\n\x0btool_states\x18\x10 \x03(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x1d\n\x15tool_return_positions\x18\x11 \x03(\x05\x12\x13\n\x0binstance_id\x18\x12 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x13 \x01(\t\x12\x16\n\x0enum_migrations\x18\x14 \x01(\x05\x12\x15\n\rcreated_at_ms\x18\x15 \x01(\x03\x12\x16\n\x0e\x66inished_at_ms\x18\x16 \x01(\x03\x12\x12\n\nfinal_text\x18\x17 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x18 \x01(\x05\x12\x1b\n\x13partial_turn_tokens\x18\x19 \x01(\x05\x12\x1c\n\x14prompt_messages_json\x18\x1a \x01(\t\x12R\n\x11reward_components\x18\x1b \x03(\x0b\x32\x37.libra.proto.common.v1.Trajectory.RewardComponentsEntry\x12\x15\n\rmetadata_json\x18\x1c \x01(\t\x12\x12\n\neval_round\x18( \x01(\x05\x12\x13\n\x0btraceparent\x18, \x01(\t\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"|\n\x06\x42ucket\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nmax_tokens\x18\x02 \x01(\x05\x12\x11\n\ttp_degree\x18\x03 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x05\x12%\n\x1dmax_trajectories_per_instance\x18\x05 \x01(\x05\"\xa2\x01\n\x05Lease\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12/\n\x04role\x18\x02 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\x12\x0e\n\x06\x62ucket\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x06 \x01(\x03\x12\x0e\n\x06ttl_ms\x18\x07 \x01(\x03*t\n\nToolStatus\x12\x1b\n\x17TOOL_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13TOOL_STATUS_SUCCESS\x10\x01\x12\x17\n\x13TOOL_STATUS_FAILURE\x10\x02\x12\x17\n\x13TOOL_STATUS_TIMEOUT\x10\x03*j\n\tSizeClass\x12\x1a\n\x16SIZE_CLASS_UNSPECIFIED\x10\x00\x12\x14\n\x10SIZE_CLASS_SMALL\x10\x01\x12\x15\n\x11SIZE_CLASS_MEDIUM\x10\x02\x12\x14\n\x10SIZE_CLASS_LARGE\x10\x03*\x92\x01\n\x10TrajectoryStatus\x12!\n\x1dTRAJECTORY_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19TRAJECTORY_STATUS_RUNNING\x10\x01\x12\x1e\n\x1aTRAJECTORY_STATUS_FINISHED\x10\x02\x12\x1c\n\x18TRAJECTORY_STATUS_FAILED\x10\x03*\xe0\x01\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x1c\n\x18WORKER_ROLE_CORE_ROLLOUT\x10\x01\x12\x1d\n\x19WORKER_ROLE_CORE_TRAINING\x10\x02\x12\x1e\n\x1aWORKER_ROLE_HYBRID_ROLLOUT\x10\x03\x12\x1e\n\x1aWORKER_ROLE_HYBRID_JOINING\x10\x04\x12\x1f\n\x1bWORKER_ROLE_HYBRID_TRAINING\x10\x05\x12\x17\n\x13WORKER_ROLE_SERVICE\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"libra/proto/common/v1/common.proto\x12\x15libra.proto.common.v1\"\x8d\x01\n\x0fToolReturnState\x12\x11\n\ttool_type\x18\x01 \x01(\t\x12\x34\n\nsize_class\x18\x02 \x01(\x0e\x32 .libra.proto.common.v1.SizeClass\x12\x31\n\x06status\x18\x03 \x01(\x0e\x32!.libra.proto.common.v1.ToolStatus\"\x90\x07\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x11\n\tprompt_id\x18\x04 \x01(\t\x12\x13\n\x0bprompt_text\x18\x05 \x01(\t\x12\x11\n\treference\x18\x06 \x01(\t\x12\x37\n\x06status\x18\x07 \x01(\x0e\x32\'.libra.proto.common.v1.TrajectoryStatus\x12\x16\n\x0e\x66\x61ilure_reason\x18\x08 \x01(\t\x12\x11\n\ttoken_ids\x18\t \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\n \x01(\x05\x12\x11\n\tloss_mask\x18\x0b \x03(\x05\x12\x10\n\x08logprobs\x18\x0c \x03(\x02\x12\x16\n\x0etoken_versions\x18\r \x03(\x05\x12\x0e\n\x06reward\x18\x0e \x01(\x02\x12\x11\n\tnum_turns\x18\x0f \x01(\x05\x12;\n\x0btool_states\x18\x10 \x03(\x0b\x32&.libra.proto.common.v1.ToolReturnState\x12\x1d\n\x15tool_return_positions\x18\x11 \x03(\x05\x12\x13\n\x0binstance_id\x18\x12 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x13 \x01(\t\x12\x16\n\x0enum_migrations\x18\x14 \x01(\x05\x12\x15\n\rcreated_at_ms\x18\x15 \x01(\x03\x12\x16\n\x0e\x66inished_at_ms\x18\x16 \x01(\x03\x12\x12\n\nfinal_text\x18\x17 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x18 \x01(\x05\x12\x1b\n\x13partial_turn_tokens\x18\x19 \x01(\x05\x12\x1c\n\x14prompt_messages_json\x18\x1a \x01(\t\x12R\n\x11reward_components\x18\x1b \x03(\x0b\x32\x37.libra.proto.common.v1.Trajectory.RewardComponentsEntry\x12\x15\n\rmetadata_json\x18\x1c \x01(\t\x12\x12\n\neval_round\x18( \x01(\x05\x12\x13\n\x0btraceparent\x18, \x01(\t\x12:\n\x08segments\x18- \x03(\x0b\x32(.libra.proto.common.v1.TrajectorySegment\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"~\n\x11TrajectorySegment\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\x05\x12\x11\n\tloss_mask\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x16\n\x0etoken_versions\x18\x05 \x03(\x05\"|\n\x06\x42ucket\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nmax_tokens\x18\x02 \x01(\x05\x12\x11\n\ttp_degree\x18\x03 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x05\x12%\n\x1dmax_trajectories_per_instance\x18\x05 \x01(\x05\"\xa2\x01\n\x05Lease\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12/\n\x04role\x18\x02 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\x12\x0e\n\x06\x62ucket\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x15\n\rexpires_at_ms\x18\x06 \x01(\x03\x12\x0e\n\x06ttl_ms\x18\x07 \x01(\x03*t\n\nToolStatus\x12\x1b\n\x17TOOL_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13TOOL_STATUS_SUCCESS\x10\x01\x12\x17\n\x13TOOL_STATUS_FAILURE\x10\x02\x12\x17\n\x13TOOL_STATUS_TIMEOUT\x10\x03*j\n\tSizeClass\x12\x1a\n\x16SIZE_CLASS_UNSPECIFIED\x10\x00\x12\x14\n\x10SIZE_CLASS_SMALL\x10\x01\x12\x15\n\x11SIZE_CLASS_MEDIUM\x10\x02\x12\x14\n\x10SIZE_CLASS_LARGE\x10\x03*\x92\x01\n\x10TrajectoryStatus\x12!\n\x1dTRAJECTORY_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19TRAJECTORY_STATUS_RUNNING\x10\x01\x12\x1e\n\x1aTRAJECTORY_STATUS_FINISHED\x10\x02\x12\x1c\n\x18TRAJECTORY_STATUS_FAILED\x10\x03*\xe0\x01\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x1c\n\x18WORKER_ROLE_CORE_ROLLOUT\x10\x01\x12\x1d\n\x19WORKER_ROLE_CORE_TRAINING\x10\x02\x12\x1e\n\x1aWORKER_ROLE_HYBRID_ROLLOUT\x10\x03\x12\x1e\n\x1aWORKER_ROLE_HYBRID_JOINING\x10\x04\x12\x1f\n\x1bWORKER_ROLE_HYBRID_TRAINING\x10\x05\x12\x17\n\x13WORKER_ROLE_SERVICE\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._loaded_options = None
   _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._serialized_options = b'8\001'
-  _globals['_TOOLSTATUS']._serialized_start=1351
-  _globals['_TOOLSTATUS']._serialized_end=1467
-  _globals['_SIZECLASS']._serialized_start=1469
-  _globals['_SIZECLASS']._serialized_end=1575
-  _globals['_TRAJECTORYSTATUS']._serialized_start=1578
-  _globals['_TRAJECTORYSTATUS']._serialized_end=1724
-  _globals['_WORKERROLE']._serialized_start=1727
-  _globals['_WORKERROLE']._serialized_end=1951
+  _globals['_TOOLSTATUS']._serialized_start=1539
+  _globals['_TOOLSTATUS']._serialized_end=1655
+  _globals['_SIZECLASS']._serialized_start=1657
+  _globals['_SIZECLASS']._serialized_end=1763
+  _globals['_TRAJECTORYSTATUS']._serialized_start=1766
+  _globals['_TRAJECTORYSTATUS']._serialized_end=1912
+  _globals['_WORKERROLE']._serialized_start=1915
+  _globals['_WORKERROLE']._serialized_end=2139
   _globals['_TOOLRETURNSTATE']._serialized_start=62
   _globals['_TOOLRETURNSTATE']._serialized_end=203
   _globals['_TRAJECTORY']._serialized_start=206
-  _globals['_TRAJECTORY']._serialized_end=1058
-  _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._serialized_start=1003
-  _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._serialized_end=1058
-  _globals['_BUCKET']._serialized_start=1060
-  _globals['_BUCKET']._serialized_end=1184
-  _globals['_LEASE']._serialized_start=1187
-  _globals['_LEASE']._serialized_end=1349
+  _globals['_TRAJECTORY']._serialized_end=1118
+  _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._serialized_start=1063
+  _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._serialized_end=1118
+  _globals['_TRAJECTORYSEGMENT']._serialized_start=1120
+  _globals['_TRAJECTORYSEGMENT']._serialized_end=1246
+  _globals['_BUCKET']._serialized_start=1248
+  _globals['_BUCKET']._serialized_end=1372
+  _globals['_LEASE']._serialized_start=1375
+  _globals['_LEASE']._serialized_end=1537
 # @@protoc_insertion_point(module_scope)

@@ -192,6 +192,7 @@ class Trajectory(_message.Message):
     METADATA_JSON_FIELD_NUMBER: _builtins.int
     EVAL_ROUND_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    SEGMENTS_FIELD_NUMBER: _builtins.int
     trajectory_id: _builtins.str
     job_id: _builtins.str
     group_id: _builtins.str
@@ -261,6 +262,14 @@ class Trajectory(_message.Message):
     def reward_components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Named parts of the reward (a composite reward's components), set with reward."""
 
+    @_builtins.property
+    def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrajectorySegment]:
+        """Earlier training sequences, oldest first: an external agent's episode whose
+        program rewrote its history (token_ids is then the last sequence). Each is trained
+        as its own sequence with the trajectory's group and reward. (Numbered 45 to leave
+        41.. to parallel additions.)
+        """
+
     def __init__(
         self,
         *,
@@ -294,14 +303,52 @@ class Trajectory(_message.Message):
         metadata_json: _builtins.str = ...,
         eval_round: _builtins.int = ...,
         traceparent: _builtins.str = ...,
+        segments: _abc.Iterable[Global___TrajectorySegment] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bucket", b"bucket", "created_at_ms", b"created_at_ms", "eval_round", b"eval_round", "failure_reason", b"failure_reason", "final_text", b"final_text", "finished_at_ms", b"finished_at_ms", "group_id", b"group_id", "instance_id", b"instance_id", "job_id", b"job_id", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "metadata_json", b"metadata_json", "num_migrations", b"num_migrations", "num_prompt_tokens", b"num_prompt_tokens", "num_turns", b"num_turns", "partial_turn_tokens", b"partial_turn_tokens", "prompt_id", b"prompt_id", "prompt_messages_json", b"prompt_messages_json", "prompt_text", b"prompt_text", "reference", b"reference", "reward", b"reward", "reward_components", b"reward_components", "status", b"status", "token_ids", b"token_ids", "token_versions", b"token_versions", "tool_return_positions", b"tool_return_positions", "tool_states", b"tool_states", "traceparent", b"traceparent", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "bucket", b"bucket", "created_at_ms", b"created_at_ms", "eval_round", b"eval_round", "failure_reason", b"failure_reason", "final_text", b"final_text", "finished_at_ms", b"finished_at_ms", "group_id", b"group_id", "instance_id", b"instance_id", "job_id", b"job_id", "logprobs", b"logprobs", "loss_mask", b"loss_mask", "metadata_json", b"metadata_json", "num_migrations", b"num_migrations", "num_prompt_tokens", b"num_prompt_tokens", "num_turns", b"num_turns", "partial_turn_tokens", b"partial_turn_tokens", "prompt_id", b"prompt_id", "prompt_messages_json", b"prompt_messages_json", "prompt_text", b"prompt_text", "reference", b"reference", "reward", b"reward", "reward_components", b"reward_components", "segments", b"segments", "status", b"status", "token_ids", b"token_ids", "token_versions", b"token_versions", "tool_return_positions", b"tool_return_positions", "tool_states", b"tool_states", "traceparent", b"traceparent", "trajectory_id", b"trajectory_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Trajectory: _TypeAlias = Trajectory  # noqa: Y015
+
+@_typing.final
+class TrajectorySegment(_message.Message):
+    """One earlier training sequence of a trajectory (Trajectory.segments); lists aligned."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    LOSS_MASK_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOKEN_VERSIONS_FIELD_NUMBER: _builtins.int
+    num_prompt_tokens: _builtins.int
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def loss_mask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def token_versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        num_prompt_tokens: _builtins.int = ...,
+        loss_mask: _abc.Iterable[_builtins.int] | None = ...,
+        logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        token_versions: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs", "loss_mask", b"loss_mask", "num_prompt_tokens", b"num_prompt_tokens", "token_ids", b"token_ids", "token_versions", b"token_versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrajectorySegment: _TypeAlias = TrajectorySegment  # noqa: Y015
 
 @_typing.final
 class Bucket(_message.Message):
