@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from libra import types as t
@@ -75,24 +76,33 @@ if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at ru
     from services.scheduler.store_protocol import SchedulerStore
 
 # Re-exported: other services, tests and the simulator import these from the core.
-__all__ = ["MAX_FINISHES_PER_TICK", "ORPHAN_SCAN_S", "JobRun", "SchedulerCore",
+__all__ = ["MAX_FINISHES_PER_TICK", "MAX_PLACED_PER_TICK", "ORPHAN_SCAN_S", "JobRun", "SchedulerCore",
            "ToolReturnReport", "build_layout", "build_policy_config"]
 
 logger = logging.getLogger(__name__)
 
 # Finished trajectories taken from the job's stream per tick (the rest wait a tick).
 MAX_FINISHES_PER_TICK = 1024
+# Trajectories a tick places or admits at most (the rest wait a tick): filling 1,000
+# instances at once was one tick of 100,000 placements - minutes without a decision
+# served, and one write that held Redis for seconds. A placement costs about 0.1-0.5 ms
+# at 1,000 instances, so this keeps a tick near its 100 ms target.
+MAX_PLACED_PER_TICK = 256
 
 
 class SchedulerCore:
     """Admission control and placement for every running job."""
 
     def __init__(self, store: SchedulerStore, clock: Clock, tick_s: float = 0.05,
-                 lease_snapshot_s: float = 0.0) -> None:
+                 lease_snapshot_s: float = 0.0,
+                 observe_tick_s: Callable[[float], None] | None = None) -> None:
         """``lease_snapshot_s``: how often a tick re-reads leases and loads (0: every
         tick). Loads are kept in memory between reads - this process is their only
-        writer - so the period only delays noticing a lease that came or went."""
+        writer - so the period only delays noticing a lease that came or went.
+        ``observe_tick_s`` receives each job's tick time in seconds (the service's
+        histogram; the core itself imports no metrics library)."""
         self._store = store
+        self._observe_tick_s = observe_tick_s
         self._clock = clock
         self._tick_s = tick_s
         self._lease_snapshot_s = lease_snapshot_s
@@ -170,10 +180,13 @@ class SchedulerCore:
             await self.start_job(job_id)
         while not self._stopping:
             for run in list(self._jobs.values()):
+                began_s = self._clock.now_s()
                 try:
                     await self._tick(run)
                 except Exception:
                     logger.exception("[loop] tick failed job_id=%s", run.job_id)
+                if self._observe_tick_s is not None:
+                    self._observe_tick_s(self._clock.now_s() - began_s)
             await asyncio.sleep(self._tick_s)
 
     async def drain(self, _grace_s: float) -> None:
@@ -209,7 +222,8 @@ class SchedulerCore:
         if status.published and run.eval_steps:
             self._admission.admit_eval(run, status.step, status.counters, writes)
         if not run.pending and status.published:
-            self._admission.admit(run, status.counters, writes)
+            self._admission.admit(run, status.counters, writes,
+                                  MAX_PLACED_PER_TICK - len(writes.placed_from_pending))
         # 6) Write what the tick decided, with what the policy changed.
         try:
             await self._store.commit_tick(run.job_id, writes, run.policy_store)
@@ -234,7 +248,8 @@ class SchedulerCore:
         if not run.pending:
             run.idle_while_queued = ()
             return
-        placed = assign(run, list(run.pending.values()), run.instances)
+        placed = assign(run, list(run.pending.values()), run.instances,
+                        limit=MAX_PLACED_PER_TICK)
         for traj in placed:
             del run.pending[traj.trajectory_id]
         check_idle(run)

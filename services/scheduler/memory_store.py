@@ -188,6 +188,14 @@ class MemorySchedulerStore:
     async def assignments(self, job_id: str) -> dict[str, str]:
         return dict(self._job(job_id).assignments)
 
+    async def assignments_page(self, job_id: str, cursor: int,
+                               count: int) -> tuple[int, dict[str, str]]:
+        # Pages by position (dicts keep insertion order); a change between pages may
+        # skip or repeat an entry, as HSCAN may repeat one: the next sweep sees it.
+        items = list(self._job(job_id).assignments.items())
+        page = dict(items[cursor:cursor + count])
+        return (0 if cursor + count >= len(items) else cursor + count), page
+
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None:
         return copy.deepcopy(self._job(job_id).tasks.get(trajectory_id))
 

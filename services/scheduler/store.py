@@ -237,6 +237,13 @@ class RedisSchedulerStore(JobRecordReader):
         raw = await self._r.hgetall(keys.assignments(job_id))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
+    async def assignments_page(self, job_id: str, cursor: int,
+                               count: int) -> tuple[int, dict[str, str]]:
+        """One HSCAN page of the assignments (a 100,000-entry HGETALL blocks Redis and
+        this process for tens of ms; a page costs a round trip of about ``count``)."""
+        cursor, raw = await self._r.hscan(keys.assignments(job_id), cursor, count=count)
+        return int(cursor), {k.decode(): v.decode() for k, v in raw.items()}
+
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None:
         raw = await self._r.hget(keys.tasks(job_id), trajectory_id)
         return decode_trajectory(raw) if raw else None

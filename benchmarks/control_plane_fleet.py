@@ -1,0 +1,248 @@
+"""Synthetic rollout instances for benchmarks/bench_control_plane.py: one child process
+runs many instances as asyncio tasks (its own event loop and GIL, as instances on other
+hosts would have), speaking the real protocol through the real clients and store.
+
+Two modes, one process each (the configuration arrives as one JSON line on stdin):
+
+- ``leases``: every instance's lease - AcquireLease, then RenewLease every TTL/3 (the
+  rollout ``LeaseKeeper``'s cadence) through ``GrpcCoordinatorClient``. It prints the
+  epochs it holds as its first line (the instances fence with them), and its summary
+  last. A lease is a few calls a second per instance; it runs apart from the
+  instances' work because on a real host one instance's lease keeper shares its loop
+  with one instance's work, not a thousand's.
+- ``instances``: a slice of the instances' work - take trajectories from the inbox
+  (``RedisRolloutStore.read_inbox``, a blocking XREADGROUP each), report tool returns
+  on the scheduler's ``ToolReturns`` stream (``GrpcSchedulerClient``, unanswered stays
+  as the rollout core sends them; a share sent as probes that wait for their answer,
+  timed at the client), hand a trajectory off when the answer is a MOVE
+  (``RedisRolloutStore.handoff``) and publish finished ones (``publish``, fenced).
+
+Then the parent writes ``mark`` (the measured window starts: counters reset) and
+``stop`` (the summary is printed, one JSON line) on stdin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import redis.asyncio as aioredis  # noqa: E402
+
+from libra import types as t  # noqa: E402
+from libra.clients.coordinator import GrpcCoordinatorClient  # noqa: E402
+from libra.clients.runner import GrpcSchedulerClient  # noqa: E402
+from libra.errors import LeaseLost, LibraError  # noqa: E402
+from services.rollout.store import RedisRolloutStore  # noqa: E402
+
+STATES = [t.ToolReturnState(tool, size, status) for tool in ("calculator", "search")
+          for size in t.SizeClass for status in t.ToolStatus]
+# A placed trajectory held by an instance: its inbox entry, its task, tokens so far.
+Held = dict[str, tuple[str, t.Trajectory, int]]
+
+
+def instance_id(index: int) -> str:
+    return f"synthetic-{index:05d}"
+
+
+def bucket_of(index: int, buckets: list[str]) -> str:
+    return buckets[index % len(buckets)]
+
+
+def percentiles_ms(samples_s: list[float]) -> dict[str, float]:
+    """p50, p99 and max in ms (all 0.0 without samples)."""
+    if not samples_s:
+        return {"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    lat = sorted(samples_s)
+    pick = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)  # noqa: E731
+    return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": round(1000 * lat[-1], 2)}
+
+
+class Control:
+    """The parent's commands on stdin: ``mark`` starts the window, ``stop`` ends it."""
+
+    def __init__(self) -> None:
+        self.marked = asyncio.Event()
+        self.stopped = asyncio.Event()
+
+    async def follow(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stopped.is_set():
+            line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+            if line == "mark":
+                self.marked.set()
+            elif line in ("stop", ""):  # "" is EOF: the parent is gone
+                self.stopped.set()
+
+
+# -- leases -------------------------------------------------------------------------------
+
+async def run_leases(cfg: dict[str, Any], control: Control) -> dict[str, Any]:
+    clients = [GrpcCoordinatorClient(cfg["coordinator"]) for _ in range(cfg["channels"])]
+    out: dict[str, Any] = {"lat": [], "lost": 0}
+    epochs: dict[str, int] = {}
+    indexes = range(cfg["instances"])
+    for lo in range(0, len(indexes), 100):  # in slices: a burst of 1,000 is no host's start
+        leases = await asyncio.gather(*(clients[i % len(clients)].acquire_lease(
+            instance_id(i), t.WorkerRole.CORE_ROLLOUT, bucket_of(i, cfg["buckets"]),
+            "127.0.0.1:1", cfg["ttl_ms"]) for i in indexes[lo:lo + 100]))
+        epochs.update((lease.worker_id, lease.epoch) for lease in leases)
+    print(json.dumps({"epochs": epochs}), flush=True)
+
+    async def keep(index: int) -> None:
+        worker, period_s = instance_id(index), cfg["ttl_ms"] / 3000
+        client = clients[index % len(clients)]
+        # Renewals spread over the period, as instances that started apart do.
+        await asyncio.sleep(period_s * index / cfg["instances"])
+        while not control.stopped.is_set():
+            began = time.perf_counter()
+            try:
+                await client.renew_lease(worker, epochs[worker])
+                if control.marked.is_set():
+                    out["lat"].append(time.perf_counter() - began)
+            except LeaseLost:
+                out["lost"] += control.marked.is_set()
+                lease = await client.acquire_lease(
+                    worker, t.WorkerRole.CORE_ROLLOUT, bucket_of(index, cfg["buckets"]),
+                    "127.0.0.1:1", cfg["ttl_ms"])
+                epochs[worker] = lease.epoch
+            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+
+    keepers = [asyncio.create_task(keep(i)) for i in indexes]
+    await control.stopped.wait()
+    await asyncio.gather(*keepers)
+    for client in clients:
+        await client.close()
+    return {"renewals": len(out["lat"]), "lost": out["lost"], **percentiles_ms(out["lat"])}
+
+
+# -- instances ----------------------------------------------------------------------------
+
+class Fleet:
+    """A slice of synthetic instances sharing this process's clients."""
+
+    def __init__(self, cfg: dict[str, Any], control: Control) -> None:
+        self.cfg = cfg
+        self.control = control
+        self.redis = aioredis.from_url(cfg["redis_url"], decode_responses=False,
+                                       max_connections=None)
+        self.store = RedisRolloutStore(self.redis)
+        self.schedulers = [GrpcSchedulerClient(cfg["scheduler"])
+                           for _ in range(cfg["channels"])]
+        self.counts = dict.fromkeys(("reports", "moves", "handoffs", "finished", "fenced",
+                                     "errors"), 0)
+        self.probe_s: list[float] = []
+        self.held: dict[str, Held] = {}
+
+    def count(self, name: str, by: int = 1) -> None:
+        if self.control.marked.is_set():
+            self.counts[name] += by
+
+    async def read_inbox(self, iid: str) -> None:
+        held = self.held[iid]
+        while not self.control.stopped.is_set():
+            entries = await self.store.read_inbox(iid, 256, self.cfg["block_ms"])
+            for entry in entries:
+                held[entry.trajectory.trajectory_id] = (entry.entry_id, entry.trajectory, 0)
+
+    async def work(self, index: int, epoch: int) -> None:
+        """Every period: report tool returns and finish trajectories at the set rates."""
+        iid, cfg = instance_id(index), self.cfg
+        rng = random.Random(cfg["seed"] * 100_003 + index)
+        held, scheduler = self.held[iid], self.schedulers[index % len(self.schedulers)]
+        period_s = cfg["period_s"]
+        credit = {"report": rng.random(), "finish": rng.random()}
+        await asyncio.sleep(period_s * rng.random())
+        while not self.control.stopped.is_set():
+            began = time.perf_counter()
+            credit["report"] += cfg["reports_per_s"] * period_s
+            credit["finish"] += cfg["finishes_per_s"] * period_s
+            for name in ("report", "finish"):
+                picked = rng.sample(sorted(held), min(len(held), int(credit[name])))
+                credit[name] -= int(credit[name])
+                for traj_id in picked:
+                    entry_id, traj, tokens = held[traj_id]
+                    tokens += rng.randint(20, 400)
+                    held[traj_id] = (entry_id, traj, tokens)
+                    if name == "report":
+                        asyncio.create_task(self.report(scheduler, iid, epoch, traj_id,
+                                                         rng.choice(STATES), rng.random()))
+                    else:
+                        del held[traj_id]
+                        asyncio.create_task(self.finish(iid, epoch, entry_id, traj, tokens))
+            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+
+    async def report(self, scheduler: GrpcSchedulerClient, iid: str, epoch: int,
+                     traj_id: str, state: t.ToolReturnState, draw: float) -> None:
+        is_probe = draw < self.cfg["probe_share"]
+        entry = self.held[iid].get(traj_id)
+        if entry is None:
+            return
+        began = time.perf_counter()
+        try:
+            decision = await scheduler.report_tool_return(
+                self.cfg["job_id"], traj_id, state, entry[2], iid, epoch,
+                needs_answer=is_probe)
+        except LibraError as exc:  # a refused batch (stale epoch) or a broken stream
+            self.count("fenced" if "stale lease epoch" in str(exc) else "errors")
+            return
+        self.count("reports")
+        if is_probe and self.control.marked.is_set():
+            self.probe_s.append(time.perf_counter() - began)
+        if decision.action is not t.DecisionAction.MOVE:
+            return
+        self.count("moves")
+        entry = self.held[iid].pop(traj_id, None)
+        if entry is None:  # finished meanwhile: the move never happens
+            return
+        entry_id, traj, _tokens = entry
+        handed = await self.store.handoff(traj, iid, entry_id, decision.target_instance,
+                                          decision.target_bucket, epoch)
+        self.count("handoffs" if handed else "fenced")
+
+    async def finish(self, iid: str, epoch: int, entry_id: str, traj: t.Trajectory,
+                     tokens: int) -> None:
+        traj.status = t.TrajectoryStatus.FINISHED
+        traj.num_prompt_tokens = 0
+        traj.token_ids = [1] * tokens  # the stream entry's total_tokens is their count
+        published = await self.store.publish(traj, iid, entry_id, epoch)
+        self.count("finished" if published else "fenced")
+
+    async def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        tasks = []
+        for index in range(cfg["first"], cfg["first"] + cfg["count"]):
+            iid = instance_id(index)
+            self.held[iid] = {}
+            await self.store.ensure_inbox(iid)
+            tasks.append(asyncio.create_task(self.read_inbox(iid)))
+            tasks.append(asyncio.create_task(self.work(index, cfg["epochs"][iid])))
+        await self.control.stopped.wait()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for scheduler in self.schedulers:
+            await scheduler.close()
+        await self.redis.aclose()
+        return {**self.counts, "held": sum(len(h) for h in self.held.values()),
+                "probes": len(self.probe_s), **percentiles_ms(self.probe_s)}
+
+
+async def main(cfg: dict[str, Any]) -> None:
+    control = Control()
+    follower = asyncio.create_task(control.follow())
+    if cfg["mode"] == "leases":
+        summary = await run_leases(cfg, control)
+    else:
+        summary = await Fleet(cfg, control).run()
+    print(json.dumps(summary), flush=True)
+    follower.cancel()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(json.loads(sys.stdin.readline())))
