@@ -76,8 +76,8 @@ if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at ru
     from services.scheduler.store_protocol import SchedulerStore
 
 # Re-exported: other services, tests and the simulator import these from the core.
-__all__ = ["MAX_FINISHES_PER_TICK", "MAX_PLACED_PER_TICK", "ORPHAN_SCAN_S", "JobRun", "SchedulerCore",
-           "ToolReturnReport", "build_layout", "build_policy_config"]
+__all__ = ["MAX_FINISHES_PER_TICK", "MAX_PLACED_PER_TICK", "ORPHAN_SCAN_S", "JobRun",
+           "SchedulerCore", "ToolReturnReport", "build_layout", "build_policy_config"]
 
 logger = logging.getLogger(__name__)
 
