@@ -32,6 +32,7 @@ Usage: ``python benchmarks/bench_control_plane.py [--instances 100 300 1000]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -48,13 +49,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import redis as redis_sync  # noqa: E402
+import redis.asyncio as aioredis  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from benchmarks.procstat import cpu_s  # noqa: E402
 from libra import redis_keys as keys  # noqa: E402
+from libra import types as t  # noqa: E402
+from libra.clients.runner import GrpcSchedulerClient  # noqa: E402
+from libra.clock import SystemClock  # noqa: E402
 from libra.jobspec import job_spec_from_dict  # noqa: E402
 from libra_cli.redis_server import free_ports, start_redis  # noqa: E402
 from libra_cli.stack import health  # noqa: E402
+from services.coordinator.store import RedisCoordinatorStore  # noqa: E402
 
 JOB = "ctrl-bench"
 BUCKETS = ["short", "long"]
@@ -172,20 +178,23 @@ def quantile_bound(before: dict[float, float], after: dict[float, float], q: flo
 
 
 def start_job(stack: Stack, args: argparse.Namespace, n: int) -> int:
-    """The job in Redis as the coordinator writes a submitted one, published weights,
-    and StartJob over gRPC; returns the trajectories in flight to wait for."""
-    from libra.clients.runner import GrpcSchedulerClient
+    """The job written by the coordinator's own store (RUNNING: no trainer runs here, and
+    the coordinator is told to wait for one), published weights, and StartJob over
+    gRPC; returns the trajectories in flight to wait for."""
     spec = job_spec_from_dict(job_spec(n, args.per_instance, args.samples))
-    stack.r.hset(keys.job(JOB), mapping={"spec_json": spec.to_json(), "state": "running",
-                                         "step": 0})
-    stack.r.zadd(keys.JOBS_INDEX, {JOB: 1})
-    stack.r.hset(keys.policy(JOB), mapping={"version": 0})
+    now_ms = int(time.time() * 1000)
+    job = t.Job(job_id=t.JobId(JOB), name=JOB, state=t.JobState.RUNNING,
+                spec_json=spec.to_json(), created_at_ms=now_ms, updated_at_ms=now_ms)
 
     async def start() -> None:
+        redis = aioredis.from_url(stack.redis.url, decode_responses=True)
+        await RedisCoordinatorStore(redis, SystemClock()).put_job(job)
+        await redis.aclose()
         client = GrpcSchedulerClient(stack.scheduler_address)
         await client.start_job(JOB)
         await client.close()
-    import asyncio
+
+    stack.r.hset(keys.policy(JOB), mapping={"version": 0})
     asyncio.run(start())
     return n * args.per_instance
 
@@ -266,6 +275,7 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
         "renewals_per_s": round(leases["renewals"] / wall_s, 1),
         "renew_p50_ms": leases["p50_ms"], "renew_p99_ms": leases["p99_ms"],
         "renew_max_ms": leases["max_ms"], "leases_lost": leases["lost"],
+        "leases_lost_with_fill": leases["lost_total"],
         "redis_ops_per_s": round((last["redis_cmds"] - first["redis_cmds"]) / wall_s),
         "redis_used_memory_mb": round(stack.r.info("memory")["used_memory"] / 2**20, 1),
     }
@@ -311,13 +321,17 @@ def main() -> None:
                              "ends after 20 decisions and 8 finishes")
     parser.add_argument("--quick-timeout-s", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="one JSON line per run")
+    parser.add_argument("--log-dir", help="keep the services' logs and Redis files here "
+                                          "(default: a temporary folder, removed)")
     args = parser.parse_args()
+    # SIGTERM ends the run like Ctrl-C: the services and drivers are stopped (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
         args.instances, args.per_instance, args.drivers = [4], 8, 1
         args.reports_per_s, args.finishes_per_s, args.ttl_ms = 5.0, 1.0, 30_000
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.instances:
-            result = run(n, args, Path(tmp))
+            result = run(n, args, Path(args.log_dir or tmp))
             print(json.dumps(result) if args.json else _text(result), flush=True)
 
 

@@ -86,7 +86,7 @@ class Control:
 
 async def run_leases(cfg: dict[str, Any], control: Control) -> dict[str, Any]:
     clients = [GrpcCoordinatorClient(cfg["coordinator"]) for _ in range(cfg["channels"])]
-    out: dict[str, Any] = {"lat": [], "lost": 0}
+    out: dict[str, Any] = {"lat": [], "lost": 0, "lost_total": 0}
     epochs: dict[str, int] = {}
     indexes = range(cfg["instances"])
     for lo in range(0, len(indexes), 100):  # in slices: a burst of 1,000 is no host's start
@@ -109,6 +109,7 @@ async def run_leases(cfg: dict[str, Any], control: Control) -> dict[str, Any]:
                     out["lat"].append(time.perf_counter() - began)
             except LeaseLost:
                 out["lost"] += control.marked.is_set()
+                out["lost_total"] += 1  # the fill included
                 lease = await client.acquire_lease(
                     worker, t.WorkerRole.CORE_ROLLOUT, bucket_of(index, cfg["buckets"]),
                     "127.0.0.1:1", cfg["ttl_ms"])
@@ -120,7 +121,8 @@ async def run_leases(cfg: dict[str, Any], control: Control) -> dict[str, Any]:
     await asyncio.gather(*keepers)
     for client in clients:
         await client.close()
-    return {"renewals": len(out["lat"]), "lost": out["lost"], **percentiles_ms(out["lat"])}
+    return {"renewals": len(out["lat"]), "lost": out["lost"], "lost_total": out["lost_total"],
+            **percentiles_ms(out["lat"])}
 
 
 # -- instances ----------------------------------------------------------------------------
@@ -131,8 +133,10 @@ class Fleet:
     def __init__(self, cfg: dict[str, Any], control: Control) -> None:
         self.cfg = cfg
         self.control = control
+        # A blocked inbox read holds a connection per instance (redis-py's pool
+        # defaults to 100), plus the publishes and handoffs in flight.
         self.redis = aioredis.from_url(cfg["redis_url"], decode_responses=False,
-                                       max_connections=None)
+                                       max_connections=cfg["count"] + 1024)
         self.store = RedisRolloutStore(self.redis)
         self.schedulers = [GrpcSchedulerClient(cfg["scheduler"])
                            for _ in range(cfg["channels"])]
@@ -140,6 +144,7 @@ class Fleet:
                                      "errors"), 0)
         self.probe_s: list[float] = []
         self.held: dict[str, Held] = {}
+        self.in_flight: set[asyncio.Task[None]] = set()
 
     def count(self, name: str, by: int = 1) -> None:
         if self.control.marked.is_set():
@@ -172,12 +177,25 @@ class Fleet:
                     tokens += rng.randint(20, 400)
                     held[traj_id] = (entry_id, traj, tokens)
                     if name == "report":
-                        asyncio.create_task(self.report(scheduler, iid, epoch, traj_id,
-                                                         rng.choice(STATES), rng.random()))
+                        self.spawn(self.report(scheduler, iid, epoch, traj_id,
+                                               rng.choice(STATES), rng.random()))
                     else:
                         del held[traj_id]
-                        asyncio.create_task(self.finish(iid, epoch, entry_id, traj, tokens))
+                        self.spawn(self.finish(iid, epoch, entry_id, traj, tokens))
             await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+
+    def spawn(self, call: Any) -> None:
+        """Run a report or a finish on its own (the loop goes on); a failure is counted."""
+        task = asyncio.create_task(call)
+        self.in_flight.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.counts["errors"] += 1  # counted in and before the window
+            if self.counts["errors"] <= 3:
+                print(f"instance call failed: {task.exception()!r}", file=sys.stderr)
 
     async def report(self, scheduler: GrpcSchedulerClient, iid: str, epoch: int,
                      traj_id: str, state: t.ToolReturnState, draw: float) -> None:

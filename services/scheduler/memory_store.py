@@ -232,6 +232,17 @@ class MemorySchedulerStore:
     def expire_lease(self, worker_id: str) -> None:
         self._leases.pop(worker_id, None)
 
+    def put_assignment(self, job_id: str, trajectory_id: str, instance_id: str) -> None:
+        """An assignment the scheduler did not write (a rollout's handoff commits one),
+        its task kept beside it, as a handoff leaves it."""
+        job = self._job(job_id)
+        job.assignments[trajectory_id] = instance_id
+        job.tasks[trajectory_id] = t.Trajectory(
+            trajectory_id=t.TrajectoryId(trajectory_id), job_id=t.JobId(job_id),
+            group_id=t.GroupId(f"{job_id}:handed"), prompt_id=t.PromptId("handed"),
+            prompt_text="", reference="")
+        job.load[instance_id] = job.load.get(instance_id, 0) + 1
+
     def add_finish(self, job_id: str, trajectory_id: str, total_tokens: int,
                    status: t.TrajectoryStatus = t.TrajectoryStatus.FINISHED) -> str:
         """A finished trajectory on the job's stream (the rollout publishes); its id."""
