@@ -2,17 +2,18 @@
 and scheduler processes over gRPC + Redis.
 
 Starts a real redis-server, ``python -m services.coordinator`` and ``python -m
-services.scheduler`` (their own processes, as deployed), then child processes whose
-asyncio tasks are the instances (benchmarks/control_plane_fleet.py): one keeps every
-instance's lease (AcquireLease, RenewLease every TTL/3 through the real client), and
-with ``--workload rollout`` (the default) ``--drivers`` more do the instances' work
+services.scheduler`` (their own processes, as deployed), then ``--drivers`` child
+processes whose asyncio tasks are the instances (benchmarks/control_plane_fleet.py).
+Every instance keeps its lease through the real client (AcquireLease, RenewLease every
+TTL/3). With ``--workload rollout`` (the default) they also do an instance's work
 through the real protocol: a job whose prompt set fills every instance to
-``--per-instance`` trajectories (100 x 1,000 instances = 100,000 in flight) is put in
-Redis and started over the scheduler's StartJob; the instances take trajectories from
-their inboxes, report tool returns on the ``ToolReturns`` stream (the scheduler decides
-stays and moves; a move is handed off), and publish finished trajectories, which the
-scheduler reads back to give their slots away again. This script stands in for the
-trainer: it counts finished groups as trained (``trained_groups``), so admission goes on.
+``--per-instance`` trajectories (100 x 1,000 instances = 100,000 in flight) is written
+by the coordinator's store and started over the scheduler's StartJob; the instances
+take trajectories from their inboxes, report tool returns on the ``ToolReturns``
+stream (the scheduler decides stays and moves; a move is handed off), and publish
+finished trajectories, which the scheduler reads back to give their slots away again.
+This script stands in for the trainer: it counts finished groups as trained
+(``trained_groups``), so admission goes on.
 
 Measured over the window, after the fill (``--workload leases``: leases only):
 
@@ -211,23 +212,22 @@ def run(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     stack = Stack(tmp, n)
     try:
         base = {"instances": n, "buckets": BUCKETS, "redis_url": stack.redis.url,
-                "job_id": JOB, "seed": 0, "ttl_ms": args.ttl_ms}
-        leases = stack.spawn({**base, "mode": "leases", "channels": 4,
-                              "coordinator": stack.coordinator_address})
-        assert leases.stdout is not None
-        epochs = json.loads(leases.stdout.readline())["epochs"]
+                "job_id": JOB, "seed": 0, "ttl_ms": args.ttl_ms, "channels": 2,
+                "coordinator": stack.coordinator_address,
+                "mode": "instances" if args.workload == "rollout" else "leases",
+                "scheduler": stack.scheduler_address, "block_ms": 1000, "period_s": 1.0,
+                "probe_share": 0.05, "reports_per_s": args.reports_per_s,
+                "finishes_per_s": args.finishes_per_s}
+        per_driver = math.ceil(n / args.drivers)
+        for first in range(0, n, per_driver):
+            stack.spawn({**base, "first": first, "count": min(per_driver, n - first)})
+        for driver in stack.drivers:  # every lease held
+            assert driver.stdout is not None
+            json.loads(driver.stdout.readline())["ready"]
         result: dict[str, Any] = {"instances": n, "workload": args.workload}
         if args.workload == "rollout":
             target = start_job(stack, args, n)
             began = time.monotonic()
-            per_driver = math.ceil(n / args.drivers)
-            for first in range(0, n, per_driver):
-                stack.spawn({**base, "mode": "instances", "first": first,
-                             "count": min(per_driver, n - first), "epochs": epochs,
-                             "channels": 2, "scheduler": stack.scheduler_address,
-                             "block_ms": 1000, "period_s": 1.0, "probe_share": 0.05,
-                             "reports_per_s": args.reports_per_s,
-                             "finishes_per_s": args.finishes_per_s})
             while stack.r.hlen(keys.assignments(JOB)) < target:
                 if time.monotonic() - began > args.fill_timeout_s:
                     raise RuntimeError(f"{target} in flight not reached in "
@@ -269,13 +269,16 @@ def _quick_done(stack: Stack, first: dict[str, Any]) -> bool:
 def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[str, Any]],
              stack: Stack) -> dict[str, Any]:
     wall_s = last["t"] - first["t"]
-    leases, fleet = summaries[0], summaries[1:]
+    fleet = [s for s in summaries if "reports" in s]
     out: dict[str, Any] = {
         "window_s": round(wall_s, 1),
-        "renewals_per_s": round(leases["renewals"] / wall_s, 1),
-        "renew_p50_ms": leases["p50_ms"], "renew_p99_ms": leases["p99_ms"],
-        "renew_max_ms": leases["max_ms"], "leases_lost": leases["lost"],
-        "leases_lost_with_fill": leases["lost_total"],
+        "renewals_per_s": round(sum(s["renewals"] for s in summaries) / wall_s, 1),
+        # The drivers' renewals together: the worst driver's (a conservative merge).
+        "renew_p50_ms": max(s["renew_p50_ms"] for s in summaries),
+        "renew_p99_ms": max(s["renew_p99_ms"] for s in summaries),
+        "renew_max_ms": max(s["renew_max_ms"] for s in summaries),
+        "leases_lost": sum(s["lost"] for s in summaries),
+        "leases_lost_with_fill": sum(s["lost_total"] for s in summaries),
         "redis_ops_per_s": round((last["redis_cmds"] - first["redis_cmds"]) / wall_s),
         "redis_used_memory_mb": round(stack.r.info("memory")["used_memory"] / 2**20, 1),
     }

@@ -2,22 +2,20 @@
 runs many instances as asyncio tasks (its own event loop and GIL, as instances on other
 hosts would have), speaking the real protocol through the real clients and store.
 
-Two modes, one process each (the configuration arrives as one JSON line on stdin):
-
-- ``leases``: every instance's lease - AcquireLease, then RenewLease every TTL/3 (the
-  rollout ``LeaseKeeper``'s cadence) through ``GrpcCoordinatorClient``. It prints the
-  epochs it holds as its first line (the instances fence with them), and its summary
-  last. A lease is a few calls a second per instance; it runs apart from the
-  instances' work because on a real host one instance's lease keeper shares its loop
-  with one instance's work, not a thousand's.
-- ``instances``: a slice of the instances' work - take trajectories from the inbox
+A process holds a slice of the instances (the configuration arrives as one JSON line
+on stdin). Each instance keeps its lease - AcquireLease, then RenewLease every TTL/3
+(the rollout ``LeaseKeeper``'s cadence) through ``GrpcCoordinatorClient``, on the same
+loop as its work, as in a rollout process; a lost lease is acquired again and the work
+held is dropped. In mode ``leases`` that is all; in mode ``instances`` each also does
+an instance's work - take trajectories from the inbox
   (``RedisRolloutStore.read_inbox``, a blocking XREADGROUP each), report tool returns
   on the scheduler's ``ToolReturns`` stream (``GrpcSchedulerClient``, unanswered stays
   as the rollout core sends them; a share sent as probes that wait for their answer,
   timed at the client), hand a trajectory off when the answer is a MOVE
   (``RedisRolloutStore.handoff``) and publish finished ones (``publish``, fenced).
 
-Then the parent writes ``mark`` (the measured window starts: counters reset) and
+The process prints ``{"ready": N}`` once its leases are held; then the parent writes
+``mark`` (the measured window starts: counters reset) and
 ``stop`` (the summary is printed, one JSON line) on stdin.
 """
 
@@ -84,45 +82,58 @@ class Control:
 
 # -- leases -------------------------------------------------------------------------------
 
-async def run_leases(cfg: dict[str, Any], control: Control) -> dict[str, Any]:
-    clients = [GrpcCoordinatorClient(cfg["coordinator"]) for _ in range(cfg["channels"])]
-    out: dict[str, Any] = {"lat": [], "lost": 0, "lost_total": 0}
-    epochs: dict[str, int] = {}
-    indexes = range(cfg["instances"])
-    for lo in range(0, len(indexes), 100):  # in slices: a burst of 1,000 is no host's start
-        leases = await asyncio.gather(*(clients[i % len(clients)].acquire_lease(
-            instance_id(i), t.WorkerRole.CORE_ROLLOUT, bucket_of(i, cfg["buckets"]),
-            "127.0.0.1:1", cfg["ttl_ms"]) for i in indexes[lo:lo + 100]))
-        epochs.update((lease.worker_id, lease.epoch) for lease in leases)
-    print(json.dumps({"epochs": epochs}), flush=True)
+class Leases:
+    """The leases of a slice of instances: AcquireLease, then RenewLease every TTL/3 (the
+    rollout ``LeaseKeeper``'s cadence); a lost lease is acquired again (a new epoch) and
+    the instance drops what it held, as the rollout core does."""
 
-    async def keep(index: int) -> None:
-        worker, period_s = instance_id(index), cfg["ttl_ms"] / 3000
-        client = clients[index % len(clients)]
+    def __init__(self, cfg: dict[str, Any], control: Control) -> None:
+        self.cfg, self.control = cfg, control
+        self.clients = [GrpcCoordinatorClient(cfg["coordinator"])
+                        for _ in range(cfg["channels"])]
+        self.epochs: dict[str, int] = {}
+        self.lat_s: list[float] = []
+        self.lost = self.lost_total = 0
+        self.on_lost: Any = None  # called with the instance id
+
+    def indexes(self) -> range:
+        return range(self.cfg["first"], self.cfg["first"] + self.cfg["count"])
+
+    async def acquire(self, index: int) -> None:
+        lease = await self.clients[index % len(self.clients)].acquire_lease(
+            instance_id(index), t.WorkerRole.CORE_ROLLOUT, bucket_of(index, self.cfg["buckets"]),
+            "127.0.0.1:1", self.cfg["ttl_ms"])
+        self.epochs[lease.worker_id] = lease.epoch
+
+    async def acquire_all(self) -> None:
+        indexes = self.indexes()
+        for lo in range(0, len(indexes), 100):  # in slices: 1,000 at once is no host's start
+            await asyncio.gather(*(self.acquire(i) for i in indexes[lo:lo + 100]))
+
+    async def keep(self, index: int) -> None:
+        worker, period_s = instance_id(index), self.cfg["ttl_ms"] / 3000
+        client = self.clients[index % len(self.clients)]
         # Renewals spread over the period, as instances that started apart do.
-        await asyncio.sleep(period_s * index / cfg["instances"])
-        while not control.stopped.is_set():
+        await asyncio.sleep(period_s * (index - self.cfg["first"]) / self.cfg["count"])
+        while not self.control.stopped.is_set():
             began = time.perf_counter()
             try:
-                await client.renew_lease(worker, epochs[worker])
-                if control.marked.is_set():
-                    out["lat"].append(time.perf_counter() - began)
+                await client.renew_lease(worker, self.epochs[worker])
+                if self.control.marked.is_set():
+                    self.lat_s.append(time.perf_counter() - began)
             except LeaseLost:
-                out["lost"] += control.marked.is_set()
-                out["lost_total"] += 1  # the fill included
-                lease = await client.acquire_lease(
-                    worker, t.WorkerRole.CORE_ROLLOUT, bucket_of(index, cfg["buckets"]),
-                    "127.0.0.1:1", cfg["ttl_ms"])
-                epochs[worker] = lease.epoch
+                self.lost += self.control.marked.is_set()
+                self.lost_total += 1  # the fill included
+                await self.acquire(index)
+                if self.on_lost is not None:
+                    self.on_lost(worker)
             await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
 
-    keepers = [asyncio.create_task(keep(i)) for i in indexes]
-    await control.stopped.wait()
-    await asyncio.gather(*keepers)
-    for client in clients:
-        await client.close()
-    return {"renewals": len(out["lat"]), "lost": out["lost"], "lost_total": out["lost_total"],
-            **percentiles_ms(out["lat"])}
+    async def close(self) -> dict[str, Any]:
+        for client in self.clients:
+            await client.close()
+        return {"renewals": len(self.lat_s), "lost": self.lost, "lost_total": self.lost_total,
+                **{f"renew_{k}": v for k, v in percentiles_ms(self.lat_s).items()}}
 
 
 # -- instances ----------------------------------------------------------------------------
@@ -130,9 +141,11 @@ async def run_leases(cfg: dict[str, Any], control: Control) -> dict[str, Any]:
 class Fleet:
     """A slice of synthetic instances sharing this process's clients."""
 
-    def __init__(self, cfg: dict[str, Any], control: Control) -> None:
+    def __init__(self, cfg: dict[str, Any], control: Control, leases: Leases) -> None:
         self.cfg = cfg
         self.control = control
+        self.leases = leases
+        leases.on_lost = self.drop
         # A blocked inbox read holds a connection per instance (redis-py's pool
         # defaults to 100), plus the publishes and handoffs in flight.
         self.redis = aioredis.from_url(cfg["redis_url"], decode_responses=False,
@@ -146,6 +159,10 @@ class Fleet:
         self.held: dict[str, Held] = {}
         self.in_flight: set[asyncio.Task[None]] = set()
 
+    def drop(self, iid: str) -> None:
+        """The lease was lost: the scheduler re-places what this instance held."""
+        self.held[iid].clear()
+
     def count(self, name: str, by: int = 1) -> None:
         if self.control.marked.is_set():
             self.counts[name] += by
@@ -157,8 +174,9 @@ class Fleet:
             for entry in entries:
                 held[entry.trajectory.trajectory_id] = (entry.entry_id, entry.trajectory, 0)
 
-    async def work(self, index: int, epoch: int) -> None:
-        """Every period: report tool returns and finish trajectories at the set rates."""
+    async def work(self, index: int) -> None:
+        """Every period: report tool returns and finish trajectories at the set rates,
+        fenced by the instance's current lease epoch."""
         iid, cfg = instance_id(index), self.cfg
         rng = random.Random(cfg["seed"] * 100_003 + index)
         held, scheduler = self.held[iid], self.schedulers[index % len(self.schedulers)]
@@ -169,6 +187,7 @@ class Fleet:
             began = time.perf_counter()
             credit["report"] += cfg["reports_per_s"] * period_s
             credit["finish"] += cfg["finishes_per_s"] * period_s
+            epoch = self.leases.epochs[iid]
             for name in ("report", "finish"):
                 picked = rng.sample(sorted(held), min(len(held), int(credit[name])))
                 credit[name] -= int(credit[name])
@@ -233,15 +252,17 @@ class Fleet:
         published = await self.store.publish(traj, iid, entry_id, epoch)
         self.count("finished" if published else "fenced")
 
+    async def prepare(self) -> None:
+        """Every inbox's consumer group, before the lease (as ``LeaseKeeper.register``)."""
+        for index in self.leases.indexes():
+            self.held[instance_id(index)] = {}
+            await self.store.ensure_inbox(instance_id(index))
+
     async def run(self) -> dict[str, Any]:
-        cfg = self.cfg
         tasks = []
-        for index in range(cfg["first"], cfg["first"] + cfg["count"]):
-            iid = instance_id(index)
-            self.held[iid] = {}
-            await self.store.ensure_inbox(iid)
-            tasks.append(asyncio.create_task(self.read_inbox(iid)))
-            tasks.append(asyncio.create_task(self.work(index, cfg["epochs"][iid])))
+        for index in self.leases.indexes():
+            tasks.append(asyncio.create_task(self.read_inbox(instance_id(index))))
+            tasks.append(asyncio.create_task(self.work(index)))
         await self.control.stopped.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
         for scheduler in self.schedulers:
@@ -254,10 +275,20 @@ class Fleet:
 async def main(cfg: dict[str, Any]) -> None:
     control = Control()
     follower = asyncio.create_task(control.follow())
-    if cfg["mode"] == "leases":
-        summary = await run_leases(cfg, control)
+    leases = Leases(cfg, control)
+    fleet = Fleet(cfg, control, leases) if cfg["mode"] == "instances" else None
+    if fleet is not None:
+        await fleet.prepare()
+    await leases.acquire_all()
+    print(json.dumps({"ready": len(leases.epochs)}), flush=True)
+    keepers = [asyncio.create_task(leases.keep(i)) for i in leases.indexes()]
+    if fleet is not None:
+        work = await fleet.run()
     else:
-        summary = await Fleet(cfg, control).run()
+        await control.stopped.wait()
+        work = {}
+    await asyncio.gather(*keepers)
+    summary = {**await leases.close(), **work}
     print(json.dumps(summary), flush=True)
     follower.cancel()
 
