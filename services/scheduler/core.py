@@ -36,8 +36,8 @@ caps hold between ticks); for a move that never happens it is off until the next
 snapshot re-reads the loads.
 
 Fencing: every report carries the reporting instance's lease epoch, checked against the
-epochs of the last lease snapshot (re-read at most once per tick when a report claims a
-newer epoch than the snapshot knows); a stale one is refused with ``FailedPrecondition``.
+epochs of the last lease snapshot (that one lease is re-read when a report claims a newer
+epoch than the snapshot knows); a stale one is refused with ``FailedPrecondition``.
 Only instances whose lease role is a rollout role receive placements; what is assigned
 to an instance whose lease is gone or whose role left the rollout roles is re-queued.
 """
@@ -85,9 +85,9 @@ logger = logging.getLogger(__name__)
 MAX_FINISHES_PER_TICK = 1024
 # Trajectories a tick places or admits at most (the rest wait a tick): filling 1,000
 # instances at once was one tick of 100,000 placements - minutes without a decision
-# served, and one write that held Redis for seconds. A placement costs about 0.1-0.5 ms
-# at 1,000 instances, so this keeps a tick near its 100 ms target.
-MAX_PLACED_PER_TICK = 256
+# served, and one write that held Redis for seconds. A placement costs about 0.5 ms at
+# 1,000 instances (routing scans them), so 128 keep a tick's placing near 60 ms.
+MAX_PLACED_PER_TICK = 128
 
 
 class SchedulerCore:
@@ -112,7 +112,6 @@ class SchedulerCore:
         self._stopping = False
         # Lease epoch of every live worker as of the last lease snapshot (fencing).
         self._epochs: dict[str, int] = {}
-        self._epochs_at_s = float("-inf")
         # Collaborators with narrow state: admission needs the clock, re-queueing the store.
         self._admission = Admission(clock)
         self._requeuer = Requeuer(store, clock)
@@ -258,9 +257,18 @@ class SchedulerCore:
     async def _refresh_instances(self, run: JobRun) -> None:
         self._take_snapshot(run, await self._store.lease_snapshot(run.job_id))
 
+    async def _refresh_if_stale(self, run: JobRun) -> None:
+        """Re-read leases and loads when the loop is behind: one read for every report
+        that finds the snapshot stale at once (they wait for it), not one each."""
+        if self._clock.now_s() - run.instances_at_s <= self._snapshot_stale_s:
+            return
+        async with run.refresh_lock:
+            if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
+                await self._refresh_instances(run)
+
     def _take_snapshot(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
         run.instances = snapshot.instances
-        run.instances_at_s = self._epochs_at_s = self._clock.now_s()
+        run.instances_at_s = self._clock.now_s()
         self._epochs = snapshot.epochs
 
     def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
@@ -282,11 +290,14 @@ class SchedulerCore:
         check_id(instance_id, "instance_id")
         current = self._epochs.get(instance_id)
         behind = current is None or epoch > current  # the snapshot may predate a grant
-        if (current != epoch and behind
-                and self._clock.now_s() - self._epochs_at_s >= self._tick_s):
-            snapshot = await self._store.lease_snapshot("")
-            self._epochs, self._epochs_at_s = snapshot.epochs, self._clock.now_s()
-            current = self._epochs.get(instance_id)
+        if current != epoch and behind:
+            # This instance's lease alone (at 1,000 instances a full snapshot per stale
+            # report was most of the scheduler's time once leases churned).
+            current = await self._store.lease_epoch(instance_id)
+            if current is None:
+                self._epochs.pop(instance_id, None)
+            else:
+                self._epochs[instance_id] = current
         if current != epoch:
             held = "no live lease" if current is None else f"current epoch {current}"
             raise FailedPrecondition(
@@ -304,8 +315,7 @@ class SchedulerCore:
             if run is None:
                 out.append(FailedPrecondition(f"job {report.job_id!r} is not being scheduled"))
                 continue
-            if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
-                await self._refresh_instances(run)  # the loop is behind: read fresh loads
+            await self._refresh_if_stale(run)  # the loop is behind: read fresh loads
             out.append(self._decide(run, report))
         return out
 
@@ -314,8 +324,7 @@ class SchedulerCore:
     ) -> t.PlacementDecision:
         """One report, unfenced (callers in this process; the servicer fences first)."""
         run = self._run(job_id)
-        if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
-            await self._refresh_instances(run)
+        await self._refresh_if_stale(run)
         return self._decide(run, ToolReturnReport(job_id, traj_id, state, tokens_so_far))
 
     def _decide(self, run: JobRun, report: ToolReturnReport) -> t.PlacementDecision:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -53,6 +54,8 @@ class JobRun:
     eval_rows: list[DatasetRow] = field(default_factory=list)
     # Live instances holding nothing while work waited after the last placement pass.
     idle_while_queued: tuple[str, ...] = ()
+    # Held while reports re-read a stale snapshot of leases (one read for all of them).
+    refresh_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,10 @@ class MemorySchedulerStore:
         active = dict(self._job(job_id).load) if job_id else {}
         return lease_snapshot(list(self._leases.values()), active)
 
+    async def lease_epoch(self, worker_id: str) -> int | None:
+        lease = self._leases.get(worker_id)
+        return None if lease is None else lease.epoch
+
     async def counters(self, job_id: str) -> dict[str, int]:
         return dict(self._job(job_id).counters)
 
@@ -153,6 +157,14 @@ class MemorySchedulerStore:
         job.assignments.pop(traj.trajectory_id, None)
         job.pending[traj.trajectory_id] = copy.deepcopy(traj)
         job.counters["requeued"] += 1
+
+    async def requeue_many(self, job_id: str, trajs: list[t.Trajectory]) -> None:
+        for traj in trajs:
+            await self.requeue(job_id, traj)
+
+    async def tasks_of(self, job_id: str,
+                       trajectory_ids: list[str]) -> list[t.Trajectory | None]:
+        return [await self.task(job_id, traj_id) for traj_id in trajectory_ids]
 
     async def finish(self, job_id: str, trajectory_id: str) -> str | None:
         job = self._job(job_id)

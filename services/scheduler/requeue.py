@@ -55,8 +55,7 @@ class Requeuer:
                 orphaned.setdefault(instance_id, []).append(traj_id)
         for instance_id, traj_ids in orphaned.items():
             await self._store.forget_instance(run.job_id, instance_id)
-            for traj_id in traj_ids:
-                await self.requeue(run, traj_id)
+            await self.requeue_many(run, traj_ids)
             logger.warning(
                 "[requeue] instance lost its lease or left the rollout roles instance_id=%s "
                 "trajectories=%d",
@@ -70,10 +69,27 @@ class Requeuer:
         loads restart from zero. A copy still unread in an inbox may run too; the
         trainer keeps one copy per trajectory id (duplicates are acked, not trained)."""
         assigned = await self._store.assignments(run.job_id)
-        for traj_id in assigned:
-            await self.requeue(run, traj_id)
+        await self.requeue_many(run, list(assigned))
         await self._store.clear_load(run.job_id)
         logger.info("[job] resumed job_id=%s requeued=%d", run.job_id, len(assigned))
+
+    async def requeue_many(self, run: JobRun, traj_ids: list[str]) -> None:
+        """``requeue`` for many: one read of their tasks and one write."""
+        back = []
+        for traj_id, traj in zip(traj_ids, await self._store.tasks_of(run.job_id, traj_ids),
+                                 strict=True):
+            try:
+                run.policy.abort(t.TrajectoryId(traj_id))
+            except UnknownTrajectory:
+                pass
+            if traj is None:
+                await self._store.finish(run.job_id, traj_id)
+                continue
+            traj.attempt += 1
+            back.append(traj)
+        await self._store.requeue_many(run.job_id, back)
+        if run.pending is not None:
+            run.pending.update((traj.trajectory_id, traj) for traj in back)
 
     async def requeue(self, run: JobRun, traj_id: str) -> None:
         """One trajectory back to the queue (its attempt counted); forgotten when its

@@ -179,6 +179,12 @@ class RedisSchedulerStore(JobRecordReader):
         return lease_snapshot([lease_summary(worker_id, lease) for worker_id, lease
                                in zip(worker_ids, leases, strict=True)], _load(load))
 
+    async def lease_epoch(self, worker_id: str) -> int | None:
+        """One lease's epoch (a report's fence: not the 1,000 leases of a snapshot)."""
+        lease = lease_summary(worker_id, await self._r.hmget(keys.lease(worker_id),
+                                                             *LEASE_SUMMARY_FIELDS))
+        return None if lease is None else lease.epoch
+
     async def counters(self, job_id: str) -> dict[str, int]:
         raw = await self._r.hgetall(keys.counters(job_id))
         return {k.decode(): int(v) for k, v in raw.items()}
@@ -214,6 +220,27 @@ class RedisSchedulerStore(JobRecordReader):
             pipe.hset(keys.pending(job_id), traj.trajectory_id, encode_trajectory(traj))
             pipe.hincrby(keys.counters(job_id), "requeued", 1)
             await pipe.execute()
+
+    async def requeue_many(self, job_id: str, trajs: list[t.Trajectory]) -> None:
+        """Many trajectories back to the pending queue in one MULTI (an instance lost
+        with 100 trajectories was 300 round trips one by one)."""
+        if not trajs:
+            return
+        ids = [traj.trajectory_id for traj in trajs]
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hdel(keys.tasks(job_id), *ids)
+            pipe.hdel(keys.assignments(job_id), *ids)
+            pipe.hset(keys.pending(job_id), mapping={
+                traj.trajectory_id: encode_trajectory(traj) for traj in trajs})
+            pipe.hincrby(keys.counters(job_id), "requeued", len(trajs))
+            await pipe.execute()
+
+    async def tasks_of(self, job_id: str,
+                       trajectory_ids: list[str]) -> list[t.Trajectory | None]:
+        if not trajectory_ids:
+            return []
+        raw = await self._r.hmget(keys.tasks(job_id), trajectory_ids)
+        return [decode_trajectory(v) if v else None for v in raw]
 
     async def finish(self, job_id: str, trajectory_id: str) -> str | None:
         """Forget a trajectory's task and assignment; returns the instance it was on."""
