@@ -282,6 +282,7 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
         "renew_max_ms": max(s["renew_max_ms"] for s in summaries),
         "leases_lost": sum(s["lost"] for s in summaries),
         "leases_lost_with_fill": sum(s["lost_total"] for s in summaries),
+        "renew_errors": sum(s["renew_errors"] for s in summaries),
         "redis_ops_per_s": round((last["redis_cmds"] - first["redis_cmds"]) / wall_s),
         "redis_used_memory_mb": round(stack.r.info("memory")["used_memory"] / 2**20, 1),
     }

@@ -93,7 +93,7 @@ class Leases:
                         for _ in range(cfg["channels"])]
         self.epochs: dict[str, int] = {}
         self.lat_s: list[float] = []
-        self.lost = self.lost_total = 0
+        self.lost = self.lost_total = self.renew_errors = 0
         self.on_lost: Any = None  # called with the instance id
 
     def indexes(self) -> range:
@@ -104,6 +104,14 @@ class Leases:
             instance_id(index), t.WorkerRole.CORE_ROLLOUT, bucket_of(index, self.cfg["buckets"]),
             "127.0.0.1:1", self.cfg["ttl_ms"])
         self.epochs[lease.worker_id] = lease.epoch
+
+    async def acquire_again(self, index: int) -> bool:
+        try:
+            await self.acquire(index)
+            return True
+        except LibraError:  # the next beat renews at the old epoch: LeaseLost again
+            self.renew_errors += 1
+            return False
 
     async def acquire_all(self) -> None:
         indexes = self.indexes()
@@ -124,15 +132,17 @@ class Leases:
             except LeaseLost:
                 self.lost += self.control.marked.is_set()
                 self.lost_total += 1  # the fill included
-                await self.acquire(index)
-                if self.on_lost is not None:
+                if await self.acquire_again(index) and self.on_lost is not None:
                     self.on_lost(worker)
+            except LibraError:  # no answer within the client's deadline: try again
+                self.renew_errors += 1
             await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
 
     async def close(self) -> dict[str, Any]:
         for client in self.clients:
             await client.close()
         return {"renewals": len(self.lat_s), "lost": self.lost, "lost_total": self.lost_total,
+                "renew_errors": self.renew_errors,
                 **{f"renew_{k}": v for k, v in percentiles_ms(self.lat_s).items()}}
 
 
