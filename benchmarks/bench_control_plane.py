@@ -1,172 +1,364 @@
-"""The lease plane at scale: N synthetic rollout instances against the real coordinator
+"""The control plane at scale: N synthetic rollout instances against the real coordinator
 and scheduler processes over gRPC + Redis.
 
 Starts a real redis-server, ``python -m services.coordinator`` and ``python -m
-services.scheduler`` (their own processes, as deployed), then a driver process whose
-asyncio tasks are the instances. Each speaks the instances' lease protocol through the
-real client (``GrpcCoordinatorClient``): AcquireLease (core-rollout, a bucket, TTL
-3000 ms, as a rollout instance's default), then RenewLease every TTL/3 - the rollout
-core's own cadence - for the measured window. Reports, per N:
+services.scheduler`` (their own processes, as deployed), then ``--drivers`` child
+processes whose asyncio tasks are the instances (benchmarks/control_plane_fleet.py).
+Every instance keeps its lease through the real client (AcquireLease, RenewLease every
+TTL/3). With ``--workload rollout`` (the default) they also do an instance's work
+through the real protocol: a job whose prompt set fills every instance to
+``--per-instance`` trajectories (100 x 1,000 instances = 100,000 in flight) is written
+by the coordinator's store and started over the scheduler's StartJob; the instances
+take trajectories from their inboxes, report tool returns on the ``ToolReturns``
+stream (the scheduler decides stays and moves; a move is handed off), and publish
+finished trajectories, which the scheduler reads back to give their slots away again.
+This script stands in for the trainer: it counts finished groups as trained
+(``trained_groups``), so admission goes on.
 
-- renewals/s achieved, renewal latency p50/p99/max at the client (ms);
-- leases lost while their holder was alive (LeaseLost on renew; target 0);
-- coordinator and scheduler CPU (% of one core, /proc), Redis commands/s and memory.
+Measured over the window, after the fill (``--workload leases``: leases only):
 
-The scheduler has no job to place here: its load is its tick over N live leases (it
-re-reads leases and loads every 5th tick). Placement decisions under load are measured
-by benchmarks/bench_scheduler_grpc.py.
+- scheduler tick p50/p99 (``libra_scheduler_tick_seconds``, upper bucket bound), server
+  decision-batch p99 (``libra_scheduler_decide_batch_seconds``), decisions/s
+  (``libra_scheduler_decisions_total``) from the scheduler's /metrics;
+- client decision latency p50/p99 of probe reports (answered; the rest are unanswered
+  stays, as the rollout core sends them), moves, finishes, fenced reports;
+- renewals/s, renewal latency p50/p99/max, leases lost while their holder was alive;
+- coordinator/scheduler/Redis/driver CPU (% of one core, /proc), Redis commands/s and
+  memory (INFO), and the load average beside each figure.
 
-Usage: ``python benchmarks/bench_control_plane.py [--instances 100 300] [--seconds 20]
-[--json]``
+Usage: ``python benchmarks/bench_control_plane.py [--instances 100 300 1000]
+[--seconds 30] [--workload rollout|leases] [--quick] [--json]``
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import redis as redis_sync  # noqa: E402
+import redis.asyncio as aioredis  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from benchmarks.procstat import cpu_s  # noqa: E402
+from libra import redis_keys as keys  # noqa: E402
+from libra import types as t  # noqa: E402
+from libra.clients.runner import GrpcSchedulerClient  # noqa: E402
+from libra.clock import SystemClock  # noqa: E402
+from libra.jobspec import job_spec_from_dict  # noqa: E402
 from libra_cli.redis_server import free_ports, start_redis  # noqa: E402
 from libra_cli.stack import health  # noqa: E402
+from services.coordinator.store import RedisCoordinatorStore  # noqa: E402
 
-TTL_MS = 3000
-
-# The instances run in a child process (their own event loop and GIL, as instances on
-# other hosts would); arguments arrive as JSON on stdin, the summary leaves on stdout.
-DRIVER = r'''
-import asyncio, json, sys, time
-sys.path.insert(0, ROOT)
-from libra import types as t
-from libra.clients.coordinator import GrpcCoordinatorClient
-from libra.errors import LeaseLost
-
-async def instance(client, index, cfg, out):
-    worker = f"synthetic-{index}"
-    lease = await client.acquire_lease(worker, t.WorkerRole.CORE_ROLLOUT,
-                                       ("short", "long")[index % 2], "127.0.0.1:1",
-                                       cfg["ttl_ms"])
-    period = cfg["ttl_ms"] / 3000
-    # Renewals spread over the period, as instances that started apart do; only those
-    # inside the window [start, start + seconds) are counted.
-    await asyncio.sleep(period * index / cfg["n"])
-    end = cfg["start"] + cfg["seconds"]
-    while time.time() < end:
-        began, counted = time.perf_counter(), time.time() >= cfg["start"]
-        try:
-            lease = await client.renew_lease(worker, lease.epoch)
-            if counted:
-                out["lat"].append(time.perf_counter() - began)
-        except LeaseLost:
-            out["lost"] += 1
-            lease = await client.acquire_lease(worker, t.WorkerRole.CORE_ROLLOUT, "short",
-                                               "127.0.0.1:1", cfg["ttl_ms"])
-        await asyncio.sleep(max(0.0, period - (time.perf_counter() - began)))
-
-async def main(cfg):
-    clients = [GrpcCoordinatorClient(cfg["address"]) for _ in range(cfg["channels"])]
-    out = {"lat": [], "lost": 0}
-    await asyncio.gather(*(instance(clients[i % len(clients)], i, cfg, out)
-                           for i in range(cfg["n"])))
-    for c in clients:
-        await c.close()
-    lat = sorted(out["lat"])
-    pick = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)
-    print(json.dumps({"renewals": len(lat), "lost": out["lost"], "p50_ms": pick(0.5),
-                      "p99_ms": pick(0.99), "max_ms": round(1000 * lat[-1], 2)}))
-
-asyncio.run(main(json.loads(sys.stdin.read())))
-'''
+JOB = "ctrl-bench"
+BUCKETS = ["short", "long"]
+FLEET = str(ROOT / "benchmarks" / "control_plane_fleet.py")
 
 
-def _start(module: str, args: list[str], log: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIBRA_")}
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+def job_spec(instances: int, per_instance: int, samples: int) -> dict[str, Any]:
+    """A job whose staleness budget exceeds the instances' capacity by one step: the
+    caps bind, so every instance holds ``per_instance`` trajectories."""
+    capacity = instances * per_instance
+    per_step = min(4096, math.ceil(capacity / samples))
+    return {
+        "name": JOB,
+        "task": {"name": "arith", "num_prompts": min(per_step * 4, 100_000)},
+        "algorithm": {"prompts_per_step": per_step, "samples_per_prompt": samples,
+                      "max_staleness": math.ceil(capacity / (per_step * samples))},
+        "layout": {"policy": "cmlfq", "buckets": [
+            {"name": "short", "max_tokens": 2_000, "max_trajectories_per_instance": per_instance},
+            {"name": "long", "max_tokens": 16_000,
+             "max_trajectories_per_instance": per_instance}]},
+    }
 
 
-def _wait_serving(address: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while health(address, timeout_s=0.5) != "SERVING":
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{address} did not serve")
-        time.sleep(0.2)
+class Stack:
+    """redis-server, coordinator and scheduler as processes; the children that drive them."""
 
+    def __init__(self, tmp: Path, n: int, profile: bool = False) -> None:
+        self.tmp, self.procs, self.drivers = tmp, [], []
+        self.redis = start_redis(tmp / f"redis-{n}")
+        coord_port, sched_port, self.metrics_port = free_ports(3)
+        self.coordinator_address = f"127.0.0.1:{coord_port}"
+        self.scheduler_address = f"127.0.0.1:{sched_port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIBRA_")}
+        for name, args in (
+                ("coordinator", [f"--server.port={coord_port}", "--http-port=-1",
+                                 f"--run-root={tmp}", "--trainer-lost-s=1000000",
+                                 "--server.metrics-port=-1"]),
+                ("scheduler", [f"--server.port={sched_port}",
+                               f"--server.metrics-port={self.metrics_port}"])):
+            # --profile: the scheduler under cProfile (scheduler.prof in the log folder).
+            prof = ["-m", "cProfile", "-o", str(tmp / "scheduler.prof")] \
+                if profile and name == "scheduler" else []
+            self.procs.append(subprocess.Popen(
+                [sys.executable, *prof, "-m", f"services.{name}", *args,
+                 f"--redis-url={self.redis.url}"], cwd=ROOT, env=env,
+                stdout=(tmp / f"{name}-{n}.log").open("w"), stderr=subprocess.STDOUT))
+        self.coordinator, self.scheduler = self.procs
+        self.r = redis_sync.from_url(self.redis.url)
+        for address, proc in ((self.coordinator_address, self.coordinator),
+                              (self.scheduler_address, self.scheduler)):
+            deadline = time.monotonic() + 120.0
+            while health(address, timeout_s=0.5) != "SERVING":
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{address} did not serve (logs in {tmp})")
+                time.sleep(0.2)
 
-def run(n: int, seconds: float, tmp: Path) -> dict:
-    redis = start_redis(tmp / f"redis-{n}")
-    coord_port, sched_port = free_ports(2)
-    common = ["--server.metrics-port=-1", f"--redis-url={redis.url}"]
-    coordinator = _start("services.coordinator", [
-        f"--server.port={coord_port}", "--http-port=-1", f"--run-root={tmp}", *common],
-        tmp / f"coordinator-{n}.log")
-    scheduler = _start("services.scheduler", [f"--server.port={sched_port}", *common],
-                       tmp / f"scheduler-{n}.log")
-    r = redis_sync.from_url(redis.url)
-    try:
-        _wait_serving(f"127.0.0.1:{coord_port}", coordinator)
-        _wait_serving(f"127.0.0.1:{sched_port}", scheduler)
-        cfg = {"address": f"127.0.0.1:{coord_port}", "n": n, "ttl_ms": TTL_MS,
-               "seconds": seconds, "start": time.time() + 3.0, "channels": 4}
-        driver = subprocess.Popen([sys.executable, "-c", DRIVER.replace("ROOT", repr(
-            str(ROOT)), 1)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def spawn(self, cfg: dict[str, Any]) -> subprocess.Popen:
+        driver = subprocess.Popen([sys.executable, FLEET], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        self.command(driver, json.dumps(cfg))
+        self.drivers.append(driver)
+        return driver
+
+    @staticmethod
+    def command(driver: subprocess.Popen, line: str) -> None:
         assert driver.stdin is not None
-        driver.stdin.write(json.dumps(cfg))
-        driver.stdin.close()
-        time.sleep(max(0.0, cfg["start"] - time.time()) + 1.0)  # acquired, renewing
-        cpu0 = {p: cpu_s(p.pid) for p in (coordinator, scheduler)}
-        cmds0, t0 = r.info("stats")["total_commands_processed"], time.monotonic()
-        assert driver.stdout is not None
-        out = driver.stdout.read()  # until the driver ends (its summary is one line)
-        driver.wait(timeout=60)
-        wall = time.monotonic() - t0
-        stats, memory = r.info("stats"), r.info("memory")
-        result = json.loads(out)
-        result.update(
-            instances=n, seconds=seconds,
-            renewals_per_s=round(result["renewals"] / seconds, 1),
-            coordinator_cpu_pct=round(100 * (cpu_s(coordinator.pid) - cpu0[coordinator])
-                                      / wall, 1),
-            scheduler_cpu_pct=round(100 * (cpu_s(scheduler.pid) - cpu0[scheduler]) / wall, 1),
-            redis_ops_per_s=round((stats["total_commands_processed"] - cmds0) / wall),
-            redis_used_memory_mb=round(memory["used_memory"] / 2**20, 1))
+        driver.stdin.write(line + "\n")
+        driver.stdin.flush()
+
+    def scrape(self) -> dict[str, Any]:
+        """The scheduler's histograms (cumulative bucket counts) and decisions."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=30) as resp:
+            text = resp.read().decode()
+        out: dict[str, Any] = {"decisions": 0.0}
+        for family in text_string_to_metric_families(text):
+            if family.name == "libra_scheduler_decisions":
+                out["decisions"] = sum(s.value for s in family.samples
+                                       if s.name.endswith("_total"))
+            elif family.name in ("libra_scheduler_tick_seconds",
+                                 "libra_scheduler_decide_batch_seconds"):
+                out[family.name] = {float(s.labels["le"]): s.value for s in family.samples
+                                    if s.name.endswith("_bucket")}
+        return out
+
+    def sample(self) -> dict[str, Any]:
+        """Counters at one moment: CPU seconds, Redis commands, scheduler metrics."""
+        return {"t": time.monotonic(), "metrics": self.scrape(),
+                "cpu": {name: cpu_s(p.pid) for name, p in self.named().items()},
+                "redis_cmds": self.r.info("stats")["total_commands_processed"],
+                "produced": int(self.r.hget(keys.counters(JOB), "produced") or 0)}
+
+    def named(self) -> dict[str, Any]:
+        named = {"coordinator": self.coordinator, "scheduler": self.scheduler,
+                 "redis": self.redis.process}
+        named.update((f"driver{i}", d) for i, d in enumerate(self.drivers))
+        return named
+
+    def stop(self) -> None:
+        for proc in self.drivers:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        self.redis.stop()
+
+
+def quantile_bound(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The upper bound (ms) of the histogram bucket holding quantile ``q`` of what was
+    observed between the two scrapes."""
+    counts = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = counts[-1][1] if counts else 0.0
+    for le, cumulative in counts:
+        if total and cumulative >= q * total:
+            return round(1000 * le, 2)
+    return 0.0
+
+
+def start_job(stack: Stack, args: argparse.Namespace, n: int) -> int:
+    """The job written by the coordinator's own store (RUNNING: no trainer runs here, and
+    the coordinator is told to wait for one), published weights, and StartJob over
+    gRPC; returns the trajectories in flight to wait for."""
+    spec = job_spec_from_dict(job_spec(n, args.per_instance, args.samples))
+    now_ms = int(time.time() * 1000)
+    job = t.Job(job_id=t.JobId(JOB), name=JOB, state=t.JobState.RUNNING,
+                spec_json=spec.to_json(), created_at_ms=now_ms, updated_at_ms=now_ms)
+
+    async def start() -> None:
+        redis = aioredis.from_url(stack.redis.url, decode_responses=True)
+        await RedisCoordinatorStore(redis, SystemClock()).put_job(job)
+        await redis.aclose()
+        client = GrpcSchedulerClient(stack.scheduler_address)
+        await client.start_job(JOB)
+        await client.close()
+
+    stack.r.hset(keys.policy(JOB), mapping={"version": 0})
+    asyncio.run(start())
+    return n * args.per_instance
+
+
+def train(stack: Stack, samples: int) -> None:
+    """The trainer's part: every finished group is trained (the staleness budget moves)."""
+    produced = int(stack.r.hget(keys.counters(JOB), "produced") or 0)
+    trained = int(stack.r.hget(keys.counters(JOB), "trained_groups") or 0)
+    if produced // samples > trained:
+        stack.r.hincrby(keys.counters(JOB), "trained_groups", produced // samples - trained)
+
+
+def run(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    stack = Stack(tmp, n, args.profile)
+    try:
+        base = {"instances": n, "buckets": BUCKETS, "redis_url": stack.redis.url,
+                "job_id": JOB, "seed": 0, "ttl_ms": args.ttl_ms, "channels": 2,
+                "coordinator": stack.coordinator_address,
+                "mode": "instances" if args.workload == "rollout" else "leases",
+                "scheduler": stack.scheduler_address, "block_ms": 1000, "period_s": 1.0,
+                "probe_share": 0.05, "reports_per_s": args.reports_per_s,
+                "finishes_per_s": args.finishes_per_s}
+        per_driver = math.ceil(n / args.drivers)
+        for first in range(0, n, per_driver):
+            stack.spawn({**base, "first": first, "count": min(per_driver, n - first)})
+        for driver in stack.drivers:  # every lease held
+            assert driver.stdout is not None
+            json.loads(driver.stdout.readline())["ready"]
+        result: dict[str, Any] = {"instances": n, "workload": args.workload}
+        if args.workload == "rollout":
+            target = start_job(stack, args, n)
+            began = time.monotonic()
+            # Past the timeout the window is measured with what is in flight by then
+            # (``filled`` false says so).
+            while (filled := stack.r.hlen(keys.assignments(JOB)) >= target) is False \
+                    and time.monotonic() - began < args.fill_timeout_s:
+                train(stack, args.samples)
+                time.sleep(0.5)
+            result.update(in_flight_target=target, filled=filled,
+                          fill_s=round(time.monotonic() - began, 1))
+        time.sleep(2.0)  # every renewal loop started
+        for driver in stack.drivers:
+            stack.command(driver, "mark")
+        first, load_before = stack.sample(), os.getloadavg()[0]
+        deadline = time.monotonic() + (args.quick_timeout_s if args.quick else args.seconds)
+        while time.monotonic() < deadline:
+            train(stack, args.samples)
+            time.sleep(0.5)
+            if args.quick and _quick_done(stack, first):
+                break
+        last = stack.sample()
+        result["in_flight"] = stack.r.hlen(keys.assignments(JOB))
+        for driver in stack.drivers:
+            stack.command(driver, "stop")
+        summaries = [json.loads(d.communicate(timeout=120)[0].splitlines()[-1])
+                     for d in stack.drivers]
+        result.update(_figures(first, last, summaries, stack))
+        result["loadavg"] = [load_before, *os.getloadavg()]
         return result
     finally:
-        for proc in (coordinator, scheduler):
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-        redis.stop()
+        stack.stop()
+
+
+def _quick_done(stack: Stack, first: dict[str, Any]) -> bool:
+    """The smoke test's window: a few decisions and finishes seen (not a time)."""
+    now = stack.sample()
+    return (now["metrics"]["decisions"] - first["metrics"]["decisions"] >= 20
+            and now["produced"] - first["produced"] >= 8)
+
+
+def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[str, Any]],
+             stack: Stack) -> dict[str, Any]:
+    wall_s = last["t"] - first["t"]
+    fleet = [s for s in summaries if "reports" in s]
+    out: dict[str, Any] = {
+        "window_s": round(wall_s, 1),
+        "renewals_per_s": round(sum(s["renewals"] for s in summaries) / wall_s, 1),
+        # The drivers' renewals together: the worst driver's (a conservative merge).
+        "renew_p50_ms": max(s["renew_p50_ms"] for s in summaries),
+        "renew_p99_ms": max(s["renew_p99_ms"] for s in summaries),
+        "renew_max_ms": max(s["renew_max_ms"] for s in summaries),
+        "leases_lost": sum(s["lost"] for s in summaries),
+        "leases_lost_with_fill": sum(s["lost_total"] for s in summaries),
+        "renew_errors": sum(s["renew_errors"] for s in summaries),
+        "redis_ops_per_s": round((last["redis_cmds"] - first["redis_cmds"]) / wall_s),
+        "redis_used_memory_mb": round(stack.r.info("memory")["used_memory"] / 2**20, 1),
+    }
+    for name, cpu in last["cpu"].items():
+        out[f"{name}_cpu_pct"] = round(100 * (cpu - first["cpu"].get(name, 0.0)) / wall_s, 1)
+    m0, m1 = first["metrics"], last["metrics"]
+    for short, name in (("tick", "libra_scheduler_tick_seconds"),
+                        ("decide_batch", "libra_scheduler_decide_batch_seconds")):
+        if name in m1:
+            for q in (0.5, 0.99):
+                out[f"{short}_p{round(q * 100)}_ms"] = quantile_bound(m0.get(name, {}),
+                                                                      m1[name], q)
+    out["decisions_per_s"] = round((m1["decisions"] - m0["decisions"]) / wall_s, 1)
+    out["finished_per_s"] = round((last["produced"] - first["produced"]) / wall_s, 1)
+    if fleet:
+        for key in ("reports", "moves", "handoffs", "finished", "fenced", "errors",
+                    "probes", "held"):
+            out[key] = sum(s[key] for s in fleet)
+        # The drivers' probes together: the worst driver's p99 (a conservative merge).
+        out["client_decision_p50_ms"] = max(s["p50_ms"] for s in fleet)
+        out["client_decision_p99_ms"] = max(s["p99_ms"] for s in fleet)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--instances", type=int, nargs="+", default=[100, 300])
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--instances", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured window")
+    parser.add_argument("--workload", choices=("rollout", "leases"), default="rollout")
+    parser.add_argument("--per-instance", type=int, default=100,
+                        help="trajectories each instance holds (the bucket cap)")
+    parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--reports-per-s", type=float, default=2.0,
+                        help="tool-return reports per instance per second")
+    parser.add_argument("--finishes-per-s", type=float, default=0.2,
+                        help="finished trajectories per instance per second")
+    parser.add_argument("--drivers", type=int, default=2,
+                        help="processes running the instances' work")
+    parser.add_argument("--ttl-ms", type=int, default=3000, help="lease TTL")
+    parser.add_argument("--fill-timeout-s", type=float, default=600.0,
+                        help="measure anyway once the fill took this long")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 4 instances x 8 trajectories, a window that "
+                             "ends after 20 decisions and 8 finishes")
+    parser.add_argument("--quick-timeout-s", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="one JSON line per run")
+    parser.add_argument("--profile", action="store_true",
+                        help="run the scheduler under cProfile (scheduler.prof, --log-dir)")
+    parser.add_argument("--log-dir", help="keep the services' logs and Redis files here "
+                                          "(default: a temporary folder, removed)")
     args = parser.parse_args()
+    # SIGTERM ends the run like Ctrl-C: the services and drivers are stopped (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.quick:
+        args.instances, args.per_instance, args.drivers = [4], 8, 1
+        args.reports_per_s, args.finishes_per_s, args.ttl_ms = 5.0, 1.0, 30_000
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.instances:
-            result = run(n, args.seconds, Path(tmp))
-            if args.json:
-                print(json.dumps(result))
-                continue
-            print(f"{n:5d} instances: {result['renewals_per_s']:7.1f} renewals/s, "
-                  f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms, max "
-                  f"{result['max_ms']} ms, lost while alive {result['lost']}; coordinator "
-                  f"{result['coordinator_cpu_pct']}% CPU, scheduler "
-                  f"{result['scheduler_cpu_pct']}% CPU, Redis {result['redis_ops_per_s']} "
-                  f"ops/s, {result['redis_used_memory_mb']} MB")
+            result = run(n, args, Path(args.log_dir or tmp))
+            print(json.dumps(result) if args.json else _text(result), flush=True)
+
+
+def _text(r: dict[str, Any]) -> str:
+    lines = [f"{r['instances']} instances ({r['workload']}), window {r['window_s']} s, "
+             f"load {r['loadavg']}:"]
+    if r["workload"] == "rollout":
+        lines.append(f"  in flight {r['in_flight']} (fill {r['fill_s']} s); tick p50 "
+                     f"{r['tick_p50_ms']} ms p99 {r['tick_p99_ms']} ms; {r['decisions_per_s']}"
+                     f" decisions/s, batch p99 {r['decide_batch_p99_ms']} ms (server), "
+                     f"client p99 {r['client_decision_p99_ms']} ms; {r['finished_per_s']}"
+                     f" finished/s; moves {r['moves']}, fenced {r['fenced']}")
+    lines.append(f"  {r['renewals_per_s']} renewals/s, p99 {r['renew_p99_ms']} ms, lost "
+                 f"{r['leases_lost']}; Redis {r['redis_ops_per_s']} ops/s, "
+                 f"{r['redis_used_memory_mb']} MB; CPU % " + ", ".join(
+                     f"{k[:-8]} {v}" for k, v in r.items() if k.endswith("_cpu_pct")))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ Kind = Literal["counter", "gauge", "histogram"]
 # Seconds buckets from a fast tool call to a slow training step.
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                    60.0, 120.0, 300.0)
+# Seconds buckets for the scheduler's control loop: its targets are a tick <= 100 ms and a
+# decision <= 10 ms at p99 (docs/operations.md, scale), so the buckets resolve both.
+CONTROL_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
+                           0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Policy versions a trajectory lags behind the trained policy.
 STALENESS_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0)
 # Sequences in one engine forward (decode batch).
@@ -160,6 +164,12 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("libra_scheduler_decisions_total", "counter",
               "Placement decisions at tool returns, by reason and action",
               ("reason", "action"), "scheduler"),
+    MetricDef("libra_scheduler_tick_seconds", "histogram",
+              "Time of one scheduler tick for one job (read, admit, place, write)", (),
+              "scheduler", CONTROL_SECONDS_BUCKETS),
+    MetricDef("libra_scheduler_decide_batch_seconds", "histogram",
+              "Time to decide one batch of tool-return reports (server side, per batch)",
+              (), "scheduler", CONTROL_SECONDS_BUCKETS),
     MetricDef("libra_scheduler_queued_trajectories", "gauge",
               "Admitted trajectories waiting for an instance (queue depth)", ("job",),
               "scheduler"),

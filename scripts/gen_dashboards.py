@@ -79,6 +79,11 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
         ("Placement decisions /s", "ops",
          [("{{action}} {{reason}}",
            f"sum by (action, reason) (rate(libra_scheduler_decisions_total{W}))")]),
+        ("Scheduler tick and decision batch time (p99)", "s",
+         [("tick p99", "histogram_quantile(0.99, sum by (le) "
+                       f"(rate(libra_scheduler_tick_seconds_bucket{W})))"),
+          ("decide batch p99", "histogram_quantile(0.99, sum by (le) "
+                               f"(rate(libra_scheduler_decide_batch_seconds_bucket{W})))")]),
         ("Groups drawn /s", "ops",
          [("{{job}}", f"rate(libra_scheduler_groups_drawn_total{J}{W})")]),
         ("Policy version per instance", "short",

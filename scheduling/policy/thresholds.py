@@ -33,10 +33,11 @@ def live_gpu_shares(layout: BucketLayout, instances: Sequence[InstanceLoad]) -> 
     Buckets with no live instance are left out; if no bucket has one, every bucket counts
     once (nothing is live yet, so no bucket can be preferred).
     """
-    counts: dict[str, int] = {}
-    for instance in instances:
-        if instance.is_live and instance.bucket in layout:
-            counts[instance.bucket] = counts.get(instance.bucket, 0) + 1
+    counts = dict.fromkeys((bucket.name for bucket in layout.buckets), 0)
+    for instance in instances:  # per placement over every instance: kept to one lookup
+        if instance.is_live and instance.bucket in counts:
+            counts[instance.bucket] += 1
+    counts = {name: count for name, count in counts.items() if count}
     if not counts:
         return {bucket.name: bucket.tp_degree for bucket in layout.buckets}
     return {

@@ -28,7 +28,8 @@ async def main(cfg: SchedulerConfig) -> None:
     redis = redis_client(cfg.redis_url, decode_responses=False)
     # Leases and loads are re-read every 5th tick (loads are tracked in memory between).
     core = SchedulerCore(RedisSchedulerStore(redis), SystemClock(), tick_s=cfg.tick_s,
-                         lease_snapshot_s=5 * cfg.tick_s)
+                         lease_snapshot_s=5 * cfg.tick_s,
+                         observe_tick_s=scheduler_metrics.observe_tick)
     scheduler_metrics.register(core)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
     registration = Registration(

@@ -30,15 +30,22 @@ class Admission:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
 
-    def admit(self, run: JobRun, counters: dict[str, int], writes: TickWrites) -> None:
-        """Admit groups while the staleness budget allows and the instances take them."""
+    def admit(self, run: JobRun, counters: dict[str, int], writes: TickWrites,
+              max_trajectories: int | None = None) -> None:
+        """Admit groups while the staleness budget allows and the instances take them,
+        stopping before ``max_trajectories`` would be passed (at least one group is
+        admitted when the budget allows: a group larger than the bound still goes)."""
         algo = run.spec.algorithm
         budget_groups = (algo.max_staleness + 1) * algo.prompts_per_step
         consumed = counters.get("trained_groups", 0) + counters.get("dropped_groups", 0)
         admitted = counters.get("admitted_groups", 0)
         num_groups, placed, queued = 0, [], []
         # Stop once a group does not fit: queue at most one group beyond capacity.
+        group_size = algo.samples_per_prompt
         while admitted - consumed < budget_groups and not run.pending:
+            if (num_groups and max_trajectories is not None
+                    and len(placed) + len(queued) + group_size > max_trajectories):
+                break
             group = self.make_group(run, admitted)
             placed += _traced_placements(assign(run, group, run.instances),
                                          self._clock.now_ms())

@@ -36,8 +36,8 @@ caps hold between ticks); for a move that never happens it is off until the next
 snapshot re-reads the loads.
 
 Fencing: every report carries the reporting instance's lease epoch, checked against the
-epochs of the last lease snapshot (re-read at most once per tick when a report claims a
-newer epoch than the snapshot knows); a stale one is refused with ``FailedPrecondition``.
+epochs of the last lease snapshot (that one lease is re-read when a report claims a newer
+epoch than the snapshot knows); a stale one is refused with ``FailedPrecondition``.
 Only instances whose lease role is a rollout role receive placements; what is assigned
 to an instance whose lease is gone or whose role left the rollout roles is re-queued.
 """
@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from libra import types as t
@@ -75,24 +76,33 @@ if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at ru
     from services.scheduler.store_protocol import SchedulerStore
 
 # Re-exported: other services, tests and the simulator import these from the core.
-__all__ = ["MAX_FINISHES_PER_TICK", "ORPHAN_SCAN_S", "JobRun", "SchedulerCore",
-           "ToolReturnReport", "build_layout", "build_policy_config"]
+__all__ = ["MAX_FINISHES_PER_TICK", "MAX_PLACED_PER_TICK", "ORPHAN_SCAN_S", "JobRun",
+           "SchedulerCore", "ToolReturnReport", "build_layout", "build_policy_config"]
 
 logger = logging.getLogger(__name__)
 
 # Finished trajectories taken from the job's stream per tick (the rest wait a tick).
 MAX_FINISHES_PER_TICK = 1024
+# Trajectories a tick places or admits at most (the rest wait a tick): filling 1,000
+# instances at once was one tick of 100,000 placements - minutes without a decision
+# served, and one write that held Redis for seconds. A placement costs about 0.5 ms at
+# 1,000 instances (routing scans them), so 128 keep a tick's placing near 60 ms.
+MAX_PLACED_PER_TICK = 128
 
 
 class SchedulerCore:
     """Admission control and placement for every running job."""
 
     def __init__(self, store: SchedulerStore, clock: Clock, tick_s: float = 0.05,
-                 lease_snapshot_s: float = 0.0) -> None:
+                 lease_snapshot_s: float = 0.0,
+                 observe_tick_s: Callable[[float], None] | None = None) -> None:
         """``lease_snapshot_s``: how often a tick re-reads leases and loads (0: every
         tick). Loads are kept in memory between reads - this process is their only
-        writer - so the period only delays noticing a lease that came or went."""
+        writer - so the period only delays noticing a lease that came or went.
+        ``observe_tick_s`` receives each job's tick time in seconds (the service's
+        histogram; the core itself imports no metrics library)."""
         self._store = store
+        self._observe_tick_s = observe_tick_s
         self._clock = clock
         self._tick_s = tick_s
         self._lease_snapshot_s = lease_snapshot_s
@@ -102,7 +112,6 @@ class SchedulerCore:
         self._stopping = False
         # Lease epoch of every live worker as of the last lease snapshot (fencing).
         self._epochs: dict[str, int] = {}
-        self._epochs_at_s = float("-inf")
         # Collaborators with narrow state: admission needs the clock, re-queueing the store.
         self._admission = Admission(clock)
         self._requeuer = Requeuer(store, clock)
@@ -170,10 +179,13 @@ class SchedulerCore:
             await self.start_job(job_id)
         while not self._stopping:
             for run in list(self._jobs.values()):
+                began_s = self._clock.now_s()
                 try:
                     await self._tick(run)
                 except Exception:
                     logger.exception("[loop] tick failed job_id=%s", run.job_id)
+                if self._observe_tick_s is not None:
+                    self._observe_tick_s(self._clock.now_s() - began_s)
             await asyncio.sleep(self._tick_s)
 
     async def drain(self, _grace_s: float) -> None:
@@ -209,7 +221,8 @@ class SchedulerCore:
         if status.published and run.eval_steps:
             self._admission.admit_eval(run, status.step, status.counters, writes)
         if not run.pending and status.published:
-            self._admission.admit(run, status.counters, writes)
+            self._admission.admit(run, status.counters, writes,
+                                  MAX_PLACED_PER_TICK - len(writes.placed_from_pending))
         # 6) Write what the tick decided, with what the policy changed.
         try:
             await self._store.commit_tick(run.job_id, writes, run.policy_store)
@@ -234,7 +247,8 @@ class SchedulerCore:
         if not run.pending:
             run.idle_while_queued = ()
             return
-        placed = assign(run, list(run.pending.values()), run.instances)
+        placed = assign(run, list(run.pending.values()), run.instances,
+                        limit=MAX_PLACED_PER_TICK)
         for traj in placed:
             del run.pending[traj.trajectory_id]
         check_idle(run)
@@ -243,9 +257,18 @@ class SchedulerCore:
     async def _refresh_instances(self, run: JobRun) -> None:
         self._take_snapshot(run, await self._store.lease_snapshot(run.job_id))
 
+    async def _refresh_if_stale(self, run: JobRun) -> None:
+        """Re-read leases and loads when the loop is behind: one read for every report
+        that finds the snapshot stale at once (they wait for it), not one each."""
+        if self._clock.now_s() - run.instances_at_s <= self._snapshot_stale_s:
+            return
+        async with run.refresh_lock:
+            if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
+                await self._refresh_instances(run)
+
     def _take_snapshot(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
         run.instances = snapshot.instances
-        run.instances_at_s = self._epochs_at_s = self._clock.now_s()
+        run.instances_at_s = self._clock.now_s()
         self._epochs = snapshot.epochs
 
     def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
@@ -267,11 +290,14 @@ class SchedulerCore:
         check_id(instance_id, "instance_id")
         current = self._epochs.get(instance_id)
         behind = current is None or epoch > current  # the snapshot may predate a grant
-        if (current != epoch and behind
-                and self._clock.now_s() - self._epochs_at_s >= self._tick_s):
-            snapshot = await self._store.lease_snapshot("")
-            self._epochs, self._epochs_at_s = snapshot.epochs, self._clock.now_s()
-            current = self._epochs.get(instance_id)
+        if current != epoch and behind:
+            # This instance's lease alone (at 1,000 instances a full snapshot per stale
+            # report was most of the scheduler's time once leases churned).
+            current = await self._store.lease_epoch(instance_id)
+            if current is None:
+                self._epochs.pop(instance_id, None)
+            else:
+                self._epochs[instance_id] = current
         if current != epoch:
             held = "no live lease" if current is None else f"current epoch {current}"
             raise FailedPrecondition(
@@ -289,8 +315,7 @@ class SchedulerCore:
             if run is None:
                 out.append(FailedPrecondition(f"job {report.job_id!r} is not being scheduled"))
                 continue
-            if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
-                await self._refresh_instances(run)  # the loop is behind: read fresh loads
+            await self._refresh_if_stale(run)  # the loop is behind: read fresh loads
             out.append(self._decide(run, report))
         return out
 
@@ -299,8 +324,7 @@ class SchedulerCore:
     ) -> t.PlacementDecision:
         """One report, unfenced (callers in this process; the servicer fences first)."""
         run = self._run(job_id)
-        if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
-            await self._refresh_instances(run)
+        await self._refresh_if_stale(run)
         return self._decide(run, ToolReturnReport(job_id, traj_id, state, tokens_so_far))
 
     def _decide(self, run: JobRun, report: ToolReturnReport) -> t.PlacementDecision:

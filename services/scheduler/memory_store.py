@@ -110,6 +110,10 @@ class MemorySchedulerStore:
         active = dict(self._job(job_id).load) if job_id else {}
         return lease_snapshot(list(self._leases.values()), active)
 
+    async def lease_epoch(self, worker_id: str) -> int | None:
+        lease = self._leases.get(worker_id)
+        return None if lease is None else lease.epoch
+
     async def counters(self, job_id: str) -> dict[str, int]:
         return dict(self._job(job_id).counters)
 
@@ -154,6 +158,14 @@ class MemorySchedulerStore:
         job.pending[traj.trajectory_id] = copy.deepcopy(traj)
         job.counters["requeued"] += 1
 
+    async def requeue_many(self, job_id: str, trajs: list[t.Trajectory]) -> None:
+        for traj in trajs:
+            await self.requeue(job_id, traj)
+
+    async def tasks_of(self, job_id: str,
+                       trajectory_ids: list[str]) -> list[t.Trajectory | None]:
+        return [await self.task(job_id, traj_id) for traj_id in trajectory_ids]
+
     async def finish(self, job_id: str, trajectory_id: str) -> str | None:
         job = self._job(job_id)
         job.tasks.pop(trajectory_id, None)
@@ -187,6 +199,14 @@ class MemorySchedulerStore:
 
     async def assignments(self, job_id: str) -> dict[str, str]:
         return dict(self._job(job_id).assignments)
+
+    async def assignments_page(self, job_id: str, cursor: int,
+                               count: int) -> tuple[int, dict[str, str]]:
+        # Pages by position (dicts keep insertion order); a change between pages may
+        # skip or repeat an entry, as HSCAN may repeat one: the next sweep sees it.
+        items = list(self._job(job_id).assignments.items())
+        page = dict(items[cursor:cursor + count])
+        return (0 if cursor + count >= len(items) else cursor + count), page
 
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None:
         return copy.deepcopy(self._job(job_id).tasks.get(trajectory_id))
@@ -223,6 +243,17 @@ class MemorySchedulerStore:
 
     def expire_lease(self, worker_id: str) -> None:
         self._leases.pop(worker_id, None)
+
+    def put_assignment(self, job_id: str, trajectory_id: str, instance_id: str) -> None:
+        """An assignment the scheduler did not write (a rollout's handoff commits one),
+        its task kept beside it, as a handoff leaves it."""
+        job = self._job(job_id)
+        job.assignments[trajectory_id] = instance_id
+        job.tasks[trajectory_id] = t.Trajectory(
+            trajectory_id=t.TrajectoryId(trajectory_id), job_id=t.JobId(job_id),
+            group_id=t.GroupId(f"{job_id}:handed"), prompt_id=t.PromptId("handed"),
+            prompt_text="", reference="")
+        job.load[instance_id] = job.load.get(instance_id, 0) + 1
 
     def add_finish(self, job_id: str, trajectory_id: str, total_tokens: int,
                    status: t.TrajectoryStatus = t.TrajectoryStatus.FINISHED) -> str:

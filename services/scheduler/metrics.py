@@ -25,6 +25,18 @@ from libra import types as t
 from services.scheduler.core import SchedulerCore
 
 DECISIONS_TOTAL = metrics.counter("libra_scheduler_decisions_total")
+TICK_SECONDS = metrics.histogram("libra_scheduler_tick_seconds")
+DECIDE_BATCH_SECONDS = metrics.histogram("libra_scheduler_decide_batch_seconds")
+
+
+def observe_tick(seconds: float) -> None:
+    """One job's tick time (the core calls it after every tick)."""
+    TICK_SECONDS.observe(seconds)
+
+
+def observe_decide_batch(seconds: float) -> None:
+    """The time one batch of tool-return reports took to decide, fence included."""
+    DECIDE_BATCH_SECONDS.observe(seconds)
 
 ATTR_ACTION = "libra.decision.action"
 ATTR_REASON = "libra.decision.reason"

@@ -12,15 +12,16 @@ from services.scheduler.job_run import JobRun, apply_local_load
 logger = logging.getLogger("services.scheduler.core")
 
 
-def assign(run: JobRun, trajs: list[t.Trajectory],
-           instances: list[t.InstanceLoad]) -> list[t.Trajectory]:
-    """Ask the policy for a place for each (by priority, re-queued first); returns
-    the placed ones with ``instance_id``/``bucket`` set. Loads in ``instances`` are
-    bumped so per-instance caps hold within the pass without re-reading Redis."""
+def assign(run: JobRun, trajs: list[t.Trajectory], instances: list[t.InstanceLoad],
+           limit: int | None = None) -> list[t.Trajectory]:
+    """Ask the policy for a place for each (by priority, re-queued first), the first
+    ``limit`` of that order at most; returns the placed ones with ``instance_id``/
+    ``bucket`` set. Loads in ``instances`` are bumped so per-instance caps hold within
+    the pass without re-reading Redis."""
     order = sorted(trajs, key=lambda tr: (-run.policy.priority(tr.trajectory_id),
                                           tr.attempt == 0))
     placed = []
-    for traj in order:
+    for traj in order[:limit]:
         placement = run.policy.begin(TrajectoryDescriptor(
             traj.trajectory_id, traj.prompt_id, traj.group_id, len(traj.prompt_text)),
             instances)

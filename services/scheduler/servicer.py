@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from libra.errors import LibraError
 from libra.proto.scheduler.v1 import scheduler_pb2 as pb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -15,7 +17,7 @@ from libra.wire.scheduler import (
     stats_to_proto,
 )
 from services.scheduler.core import SchedulerCore
-from services.scheduler.metrics import record_decision, record_decisions
+from services.scheduler.metrics import observe_decide_batch, record_decision, record_decisions
 
 _TRACER = tracer(__name__)
 
@@ -61,6 +63,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
     async def _decide_batch(self, request: pb.ReportToolReturnsRequest,
                             ) -> pb.ReportToolReturnsResponse:
+        began_s = time.perf_counter()
         reports = [report_from_proto(r) for r in request.reports]
         try:
             results = await self._core.report_tool_returns(request.instance_id,
@@ -68,6 +71,8 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         except LibraError as exc:
             return pb.ReportToolReturnsResponse(batch_id=request.batch_id,
                                                 error=error_to_text(exc))
+        finally:
+            observe_decide_batch(time.perf_counter() - began_s)
         record_decisions([(report.trajectory_id, result) for report, result
                           in zip(reports, results, strict=True)
                           if not isinstance(result, LibraError)])

@@ -116,6 +116,22 @@ return {job, published, counters, finishes, leases, load, read_error}
 """
 
 
+# KEYS: 1 workers set, 2 the job's load hash. ARGV: 1 lease key prefix, 2 '1' to read the
+# load, 3.. the lease fields (``LEASE_SUMMARY_FIELDS``). Returns {leases, load} as the
+# tick script does: the loop over 1,000 leases runs in Redis, not as 1,000 pipelined
+# commands packed and parsed here (93 ms a snapshot at 1,000 instances on a busy host).
+_LEASES_LUA = """
+local leases = {}
+for _, worker in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local lease = redis.call('HMGET', ARGV[1] .. worker, unpack(ARGV, 3))
+  leases[#leases + 1] = {worker, lease[1], lease[2], lease[3]}
+end
+local load = {}
+if ARGV[2] == '1' then load = redis.call('HGETALL', KEYS[2]) end
+return {leases, load}
+"""
+
+
 class RedisSchedulerStore(JobRecordReader):
     """``SchedulerStore`` over a bytes-mode ``redis.asyncio`` client."""
 
@@ -123,6 +139,7 @@ class RedisSchedulerStore(JobRecordReader):
         self._r = redis
         self._release = redis.register_script(_RELEASE_LUA)
         self._tick = redis.register_script(_TICK_LUA)
+        self._leases = redis.register_script(_LEASES_LUA)
 
     async def job_step(self, job_id: str) -> int:
         """The last training step the coordinator recorded for the job (0 before any)."""
@@ -168,16 +185,17 @@ class RedisSchedulerStore(JobRecordReader):
     async def lease_snapshot(self, job_id: str) -> LeaseSnapshot:
         """Every live lease's epoch, and the rollout-role instances with the job's load
         (no load is read for ``job_id`` ``""``: epochs are all the caller needs)."""
-        worker_ids = [w.decode() for w in await self._r.smembers(keys.WORKERS)]
-        async with self._r.pipeline(transaction=False) as pipe:
-            for worker_id in worker_ids:
-                pipe.hmget(keys.lease(worker_id), *LEASE_SUMMARY_FIELDS)
-            if job_id:
-                pipe.hgetall(keys.load(job_id))
-            replies = await pipe.execute()
-        leases, load = (replies[:-1], replies[-1]) if job_id else (replies, {})
-        return lease_snapshot([lease_summary(worker_id, lease) for worker_id, lease
-                               in zip(worker_ids, leases, strict=True)], _load(load))
+        leases, load = await self._leases(
+            keys=[keys.WORKERS, keys.load(job_id or "-")],
+            args=[keys.lease(""), "1" if job_id else "0", *LEASE_SUMMARY_FIELDS])
+        return lease_snapshot([lease_summary(_text(row[0]), row[1:]) for row in leases],
+                              _load(load))
+
+    async def lease_epoch(self, worker_id: str) -> int | None:
+        """One lease's epoch (a report's fence: not the 1,000 leases of a snapshot)."""
+        lease = lease_summary(worker_id, await self._r.hmget(keys.lease(worker_id),
+                                                             *LEASE_SUMMARY_FIELDS))
+        return None if lease is None else lease.epoch
 
     async def counters(self, job_id: str) -> dict[str, int]:
         raw = await self._r.hgetall(keys.counters(job_id))
@@ -215,6 +233,27 @@ class RedisSchedulerStore(JobRecordReader):
             pipe.hincrby(keys.counters(job_id), "requeued", 1)
             await pipe.execute()
 
+    async def requeue_many(self, job_id: str, trajs: list[t.Trajectory]) -> None:
+        """Many trajectories back to the pending queue in one MULTI (an instance lost
+        with 100 trajectories was 300 round trips one by one)."""
+        if not trajs:
+            return
+        ids = [traj.trajectory_id for traj in trajs]
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hdel(keys.tasks(job_id), *ids)
+            pipe.hdel(keys.assignments(job_id), *ids)
+            pipe.hset(keys.pending(job_id), mapping={
+                traj.trajectory_id: encode_trajectory(traj) for traj in trajs})
+            pipe.hincrby(keys.counters(job_id), "requeued", len(trajs))
+            await pipe.execute()
+
+    async def tasks_of(self, job_id: str,
+                       trajectory_ids: list[str]) -> list[t.Trajectory | None]:
+        if not trajectory_ids:
+            return []
+        raw = await self._r.hmget(keys.tasks(job_id), trajectory_ids)
+        return [decode_trajectory(v) if v else None for v in raw]
+
     async def finish(self, job_id: str, trajectory_id: str) -> str | None:
         """Forget a trajectory's task and assignment; returns the instance it was on."""
         async with self._r.pipeline(transaction=True) as pipe:
@@ -236,6 +275,13 @@ class RedisSchedulerStore(JobRecordReader):
     async def assignments(self, job_id: str) -> dict[str, str]:
         raw = await self._r.hgetall(keys.assignments(job_id))
         return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def assignments_page(self, job_id: str, cursor: int,
+                               count: int) -> tuple[int, dict[str, str]]:
+        """One HSCAN page of the assignments (a 100,000-entry HGETALL blocks Redis and
+        this process for tens of ms; a page costs a round trip of about ``count``)."""
+        cursor, raw = await self._r.hscan(keys.assignments(job_id), cursor, count=count)
+        return int(cursor), {k.decode(): v.decode() for k, v in raw.items()}
 
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None:
         raw = await self._r.hget(keys.tasks(job_id), trajectory_id)

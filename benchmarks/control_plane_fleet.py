@@ -1,0 +1,307 @@
+"""Synthetic rollout instances for benchmarks/bench_control_plane.py: one child process
+runs many instances as asyncio tasks (its own event loop and GIL, as instances on other
+hosts would have), speaking the real protocol through the real clients and store.
+
+A process holds a slice of the instances (the configuration arrives as one JSON line
+on stdin). Each instance keeps its lease - AcquireLease, then RenewLease every TTL/3
+(the rollout ``LeaseKeeper``'s cadence) through ``GrpcCoordinatorClient``, on the same
+loop as its work, as in a rollout process; a lost lease is acquired again and the work
+held is dropped. In mode ``leases`` that is all; in mode ``instances`` each also does
+an instance's work - take trajectories from the inbox
+  (``RedisRolloutStore.read_inbox``, a blocking XREADGROUP each), report tool returns
+  on the scheduler's ``ToolReturns`` stream (``GrpcSchedulerClient``, unanswered stays
+  as the rollout core sends them; a share sent as probes that wait for their answer,
+  timed at the client), hand a trajectory off when the answer is a MOVE
+  (``RedisRolloutStore.handoff``) and publish finished ones (``publish``, fenced).
+
+The process prints ``{"ready": N}`` once its leases are held; then the parent writes
+``mark`` (the measured window starts: counters reset) and
+``stop`` (the summary is printed, one JSON line) on stdin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import redis.asyncio as aioredis  # noqa: E402
+
+from libra import types as t  # noqa: E402
+from libra.clients.coordinator import GrpcCoordinatorClient  # noqa: E402
+from libra.clients.runner import GrpcSchedulerClient  # noqa: E402
+from libra.errors import LeaseLost, LibraError  # noqa: E402
+from services.rollout.store import RedisRolloutStore  # noqa: E402
+
+STATES = [t.ToolReturnState(tool, size, status) for tool in ("calculator", "search")
+          for size in t.SizeClass for status in t.ToolStatus]
+# A placed trajectory held by an instance: its inbox entry, its task, tokens so far.
+Held = dict[str, tuple[str, t.Trajectory, int]]
+
+
+def instance_id(index: int) -> str:
+    return f"synthetic-{index:05d}"
+
+
+def bucket_of(index: int, buckets: list[str]) -> str:
+    return buckets[index % len(buckets)]
+
+
+def percentiles_ms(samples_s: list[float]) -> dict[str, float]:
+    """p50, p99 and max in ms (all 0.0 without samples)."""
+    if not samples_s:
+        return {"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    lat = sorted(samples_s)
+    pick = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)  # noqa: E731
+    return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": round(1000 * lat[-1], 2)}
+
+
+class Control:
+    """The parent's commands on stdin: ``mark`` starts the window, ``stop`` ends it."""
+
+    def __init__(self) -> None:
+        self.marked = asyncio.Event()
+        self.stopped = asyncio.Event()
+
+    async def follow(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stopped.is_set():
+            line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+            if line == "mark":
+                self.marked.set()
+            elif line in ("stop", ""):  # "" is EOF: the parent is gone
+                self.stopped.set()
+
+
+# -- leases -------------------------------------------------------------------------------
+
+class Leases:
+    """The leases of a slice of instances: AcquireLease, then RenewLease every TTL/3 (the
+    rollout ``LeaseKeeper``'s cadence); a lost lease is acquired again (a new epoch) and
+    the instance drops what it held, as the rollout core does."""
+
+    def __init__(self, cfg: dict[str, Any], control: Control) -> None:
+        self.cfg, self.control = cfg, control
+        self.clients = [GrpcCoordinatorClient(cfg["coordinator"])
+                        for _ in range(cfg["channels"])]
+        self.epochs: dict[str, int] = {}
+        self.lat_s: list[float] = []
+        self.lost = self.lost_total = self.renew_errors = 0
+        self.on_lost: Any = None  # called with the instance id
+
+    def indexes(self) -> range:
+        return range(self.cfg["first"], self.cfg["first"] + self.cfg["count"])
+
+    async def acquire(self, index: int) -> None:
+        lease = await self.clients[index % len(self.clients)].acquire_lease(
+            instance_id(index), t.WorkerRole.CORE_ROLLOUT, bucket_of(index, self.cfg["buckets"]),
+            "127.0.0.1:1", self.cfg["ttl_ms"])
+        self.epochs[lease.worker_id] = lease.epoch
+
+    async def acquire_again(self, index: int) -> bool:
+        try:
+            await self.acquire(index)
+            return True
+        except LibraError:  # the next beat renews at the old epoch: LeaseLost again
+            self.renew_errors += 1
+            return False
+
+    async def acquire_all(self) -> None:
+        indexes = self.indexes()
+        for lo in range(0, len(indexes), 100):  # in slices: 1,000 at once is no host's start
+            await asyncio.gather(*(self.acquire(i) for i in indexes[lo:lo + 100]))
+
+    async def keep(self, index: int) -> None:
+        worker, period_s = instance_id(index), self.cfg["ttl_ms"] / 3000
+        client = self.clients[index % len(self.clients)]
+        # Renewals spread over the period, as instances that started apart do.
+        await asyncio.sleep(period_s * (index - self.cfg["first"]) / self.cfg["count"])
+        while not self.control.stopped.is_set():
+            began = time.perf_counter()
+            try:
+                await client.renew_lease(worker, self.epochs[worker])
+                if self.control.marked.is_set():
+                    self.lat_s.append(time.perf_counter() - began)
+            except LeaseLost:
+                self.lost += self.control.marked.is_set()
+                self.lost_total += 1  # the fill included
+                if await self.acquire_again(index) and self.on_lost is not None:
+                    self.on_lost(worker)
+            except LibraError:  # no answer within the client's deadline: try again
+                self.renew_errors += 1
+            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+
+    async def close(self) -> dict[str, Any]:
+        for client in self.clients:
+            await client.close()
+        return {"renewals": len(self.lat_s), "lost": self.lost, "lost_total": self.lost_total,
+                "renew_errors": self.renew_errors,
+                **{f"renew_{k}": v for k, v in percentiles_ms(self.lat_s).items()}}
+
+
+# -- instances ----------------------------------------------------------------------------
+
+class Fleet:
+    """A slice of synthetic instances sharing this process's clients."""
+
+    def __init__(self, cfg: dict[str, Any], control: Control, leases: Leases) -> None:
+        self.cfg = cfg
+        self.control = control
+        self.leases = leases
+        leases.on_lost = self.drop
+        # A blocked inbox read holds a connection per instance (redis-py's pool
+        # defaults to 100), plus the publishes and handoffs in flight.
+        self.redis = aioredis.from_url(cfg["redis_url"], decode_responses=False,
+                                       max_connections=cfg["count"] + 1024)
+        self.store = RedisRolloutStore(self.redis)
+        self.schedulers = [GrpcSchedulerClient(cfg["scheduler"])
+                           for _ in range(cfg["channels"])]
+        self.counts = dict.fromkeys(("reports", "moves", "handoffs", "finished", "fenced",
+                                     "errors"), 0)
+        self.probe_s: list[float] = []
+        self.held: dict[str, Held] = {}
+        self.in_flight: set[asyncio.Task[None]] = set()
+
+    def drop(self, iid: str) -> None:
+        """The lease was lost: the scheduler re-places what this instance held."""
+        self.held[iid].clear()
+
+    def count(self, name: str, by: int = 1) -> None:
+        if self.control.marked.is_set():
+            self.counts[name] += by
+
+    async def read_inbox(self, iid: str) -> None:
+        held = self.held[iid]
+        while not self.control.stopped.is_set():
+            entries = await self.store.read_inbox(iid, 256, self.cfg["block_ms"])
+            for entry in entries:
+                held[entry.trajectory.trajectory_id] = (entry.entry_id, entry.trajectory, 0)
+
+    async def work(self, index: int) -> None:
+        """Every period: report tool returns and finish trajectories at the set rates,
+        fenced by the instance's current lease epoch."""
+        iid, cfg = instance_id(index), self.cfg
+        rng = random.Random(cfg["seed"] * 100_003 + index)
+        held, scheduler = self.held[iid], self.schedulers[index % len(self.schedulers)]
+        period_s = cfg["period_s"]
+        credit = {"report": rng.random(), "finish": rng.random()}
+        await asyncio.sleep(period_s * rng.random())
+        while not self.control.stopped.is_set():
+            began = time.perf_counter()
+            credit["report"] += cfg["reports_per_s"] * period_s
+            credit["finish"] += cfg["finishes_per_s"] * period_s
+            epoch = self.leases.epochs[iid]
+            for name in ("report", "finish"):
+                picked = rng.sample(sorted(held), min(len(held), int(credit[name])))
+                credit[name] -= int(credit[name])
+                for traj_id in picked:
+                    entry_id, traj, tokens = held[traj_id]
+                    tokens += rng.randint(20, 400)
+                    held[traj_id] = (entry_id, traj, tokens)
+                    if name == "report":
+                        self.spawn(self.report(scheduler, iid, epoch, traj_id,
+                                               rng.choice(STATES), rng.random()))
+                    else:
+                        del held[traj_id]
+                        self.spawn(self.finish(iid, epoch, entry_id, traj, tokens))
+            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+
+    def spawn(self, call: Any) -> None:
+        """Run a report or a finish on its own (the loop goes on); a failure is counted."""
+        task = asyncio.create_task(call)
+        self.in_flight.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.counts["errors"] += 1  # counted in and before the window
+            if self.counts["errors"] <= 3:
+                print(f"instance call failed: {task.exception()!r}", file=sys.stderr)
+
+    async def report(self, scheduler: GrpcSchedulerClient, iid: str, epoch: int,
+                     traj_id: str, state: t.ToolReturnState, draw: float) -> None:
+        is_probe = draw < self.cfg["probe_share"]
+        entry = self.held[iid].get(traj_id)
+        if entry is None:
+            return
+        began = time.perf_counter()
+        try:
+            decision = await scheduler.report_tool_return(
+                self.cfg["job_id"], traj_id, state, entry[2], iid, epoch,
+                needs_answer=is_probe)
+        except LibraError as exc:  # a refused batch (stale epoch) or a broken stream
+            self.count("fenced" if "stale lease epoch" in str(exc) else "errors")
+            return
+        self.count("reports")
+        if is_probe and self.control.marked.is_set():
+            self.probe_s.append(time.perf_counter() - began)
+        if decision.action is not t.DecisionAction.MOVE:
+            return
+        self.count("moves")
+        entry = self.held[iid].pop(traj_id, None)
+        if entry is None:  # finished meanwhile: the move never happens
+            return
+        entry_id, traj, _tokens = entry
+        handed = await self.store.handoff(traj, iid, entry_id, decision.target_instance,
+                                          decision.target_bucket, epoch)
+        self.count("handoffs" if handed else "fenced")
+
+    async def finish(self, iid: str, epoch: int, entry_id: str, traj: t.Trajectory,
+                     tokens: int) -> None:
+        traj.status = t.TrajectoryStatus.FINISHED
+        traj.num_prompt_tokens = 0
+        traj.token_ids = [1] * tokens  # the stream entry's total_tokens is their count
+        published = await self.store.publish(traj, iid, entry_id, epoch)
+        self.count("finished" if published else "fenced")
+
+    async def prepare(self) -> None:
+        """Every inbox's consumer group, before the lease (as ``LeaseKeeper.register``)."""
+        for index in self.leases.indexes():
+            self.held[instance_id(index)] = {}
+            await self.store.ensure_inbox(instance_id(index))
+
+    async def run(self) -> dict[str, Any]:
+        tasks = []
+        for index in self.leases.indexes():
+            tasks.append(asyncio.create_task(self.read_inbox(instance_id(index))))
+            tasks.append(asyncio.create_task(self.work(index)))
+        await self.control.stopped.wait()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for scheduler in self.schedulers:
+            await scheduler.close()
+        await self.redis.aclose()
+        return {**self.counts, "held": sum(len(h) for h in self.held.values()),
+                "probes": len(self.probe_s), **percentiles_ms(self.probe_s)}
+
+
+async def main(cfg: dict[str, Any]) -> None:
+    control = Control()
+    follower = asyncio.create_task(control.follow())
+    leases = Leases(cfg, control)
+    fleet = Fleet(cfg, control, leases) if cfg["mode"] == "instances" else None
+    if fleet is not None:
+        await fleet.prepare()
+    await leases.acquire_all()
+    print(json.dumps({"ready": len(leases.epochs)}), flush=True)
+    keepers = [asyncio.create_task(leases.keep(i)) for i in leases.indexes()]
+    if fleet is not None:
+        work = await fleet.run()
+    else:
+        await control.stopped.wait()
+        work = {}
+    await asyncio.gather(*keepers)
+    summary = {**await leases.close(), **work}
+    print(json.dumps(summary), flush=True)
+    follower.cancel()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(json.loads(sys.stdin.readline())))

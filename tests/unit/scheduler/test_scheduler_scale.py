@@ -1,0 +1,139 @@
+"""What keeps a scheduler tick bounded at 1,000 instances and 100,000 trajectories in
+flight (benchmarks/bench_control_plane.py measures it): placements per tick, the orphan
+sweep by pages, load changes by index, routing in one pass."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from libra import types as t
+from libra.clock import FakeClock
+from scheduling.policy.layout import BucketLayout
+from scheduling.policy.routing import RoundRobinCursor, RouteKind, RouteResult, route_by_load
+from scheduling.policy.thresholds import live_gpu_shares
+from services.scheduler import requeue
+from services.scheduler.core import MAX_PLACED_PER_TICK, ORPHAN_SCAN_S, SchedulerCore
+from services.scheduler.job_run import apply_local_load
+from services.scheduler.memory_store import MemorySchedulerStore
+from tests.unit.scheduler.test_scheduler_core import JOB, add_instance, counters, make_spec
+
+
+async def started(store: MemorySchedulerStore, clock: FakeClock, **spec: int) -> SchedulerCore:
+    store.put_job(JOB, make_spec(**spec).to_json(), published=True)
+    core = SchedulerCore(store, clock)
+    await core.start_job(JOB)
+    return core
+
+
+async def test_a_tick_places_a_bounded_number_and_the_next_tick_goes_on() -> None:
+    store, clock = MemorySchedulerStore(), FakeClock()
+    for i in range(4):
+        await add_instance(store, f"rollout-{i}", "short")
+    # A budget of 2 x 300 groups of 2 = 1,200 trajectories, room for all of them.
+    core = await started(store, clock, prompts=300, samples=2, staleness=1, cap=1000)
+    await core._tick(core._jobs[JOB])
+    first = await counters(store)
+    assert first["admitted"] == MAX_PLACED_PER_TICK
+    await core._tick(core._jobs[JOB])
+    assert (await counters(store))["admitted"] == 2 * MAX_PLACED_PER_TICK
+    for _ in range(1200 // MAX_PLACED_PER_TICK):
+        await core._tick(core._jobs[JOB])
+    assert (await counters(store))["admitted_groups"] == 600  # the whole budget, in time
+    assert len(await store.assignments(JOB)) == 1200
+
+
+async def test_the_pending_queue_is_placed_a_bounded_number_per_tick() -> None:
+    store, clock = MemorySchedulerStore(), FakeClock()
+    await add_instance(store, "rollout-0", "short")
+    core = await started(store, clock, prompts=300, samples=2, staleness=1, cap=1000)
+    for _ in range(1000 // MAX_PLACED_PER_TICK + 1):
+        await core._tick(core._jobs[JOB])
+    on_first, queued = len(await store.assignments(JOB)), len(await store.pending(JOB))
+    assert on_first == 1000  # the cap; one group waits beyond it
+    store.expire_lease("rollout-0")  # everything goes back to the queue
+    await core._tick(core._jobs[JOB])
+    assert len(await store.pending(JOB)) == on_first + queued
+    await add_instance(store, "rollout-1", "short")
+    await core._tick(core._jobs[JOB])
+    assert len(await store.assignments(JOB)) == MAX_PLACED_PER_TICK
+
+
+async def test_an_orphan_behind_an_unchanged_set_of_instances_is_found_by_the_sweep(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An assignment to an instance the scheduler never saw live (a handoff racing a
+    lease loss) is re-queued by the paged sweep, one page per tick."""
+    monkeypatch.setattr(requeue, "ORPHAN_SCAN_PAGE", 3)
+    store, clock = MemorySchedulerStore(), FakeClock()
+    await add_instance(store, "rollout-0", "short")
+    core = await started(store, clock, prompts=4, samples=2, cap=100)
+    await core._tick(core._jobs[JOB])  # 8 placed; the first tick scans them all
+    store.put_assignment(JOB, "handed-off", "rollout-gone")
+    await core._tick(core._jobs[JOB])
+    assert (await counters(store)).get("requeued", 0) == 0  # no sweep due yet
+    clock.advance(ORPHAN_SCAN_S)
+    ticks = 0
+    while (await counters(store)).get("requeued", 0) == 0:
+        await core._tick(core._jobs[JOB])
+        ticks += 1
+        assert ticks <= 3  # 9 assignments, 3 a page
+    assert ticks == 3  # the orphan was added last: the third page
+    assert (await store.assignments(JOB)).get("handed-off") == "rollout-0"  # re-placed
+
+
+def test_load_changes_follow_the_list_they_are_given() -> None:
+    first = [t.InstanceLoad(t.InstanceId(f"r-{i}"), "short", 0) for i in range(3)]
+    apply_local_load(first, (("r-1", 2), ("r-unknown", 5)))
+    assert [inst.active_trajectories for inst in first] == [0, 2, 0]
+    second = [t.InstanceLoad(t.InstanceId("r-1"), "short", 7)]  # a new snapshot
+    apply_local_load(second, (("r-1", -1),))
+    assert second[0].active_trajectories == 6 and first[1].active_trajectories == 2
+    first.append(t.InstanceLoad(t.InstanceId("r-3"), "short", 0))  # grown in place
+    apply_local_load(first, (("r-3", 1),))
+    assert first[3].active_trajectories == 1
+
+
+def _route_by_load_reference(instances: list[t.InstanceLoad], layout: BucketLayout,
+                             cursor: RoundRobinCursor) -> RouteResult | None:
+    """The former five-pass route_by_load, kept as the specification of the one pass."""
+    caps = {b.name: b.max_trajectories_per_instance for b in layout.buckets}
+    tp = {b.name: b.tp_degree for b in layout.buckets}
+    candidates = [i for i in instances if i.bucket in caps and i.is_live
+                  and i.active_trajectories < caps[i.bucket]]
+    if not candidates:
+        return None
+    least = min(i.active_trajectories / tp[i.bucket] for i in candidates)
+    tied = [i for i in candidates if i.active_trajectories / tp[i.bucket] == least]
+    level = min(layout.index(i.bucket) for i in tied)
+    name = layout.buckets[level].name
+    ids = sorted(i.instance_id for i in tied if i.bucket == name)
+    chosen = ids[0] if len(ids) == 1 else cursor.pick(name, ids)  # one: the cursor stays
+    return RouteResult(chosen, name, RouteKind.PREFERRED)
+
+
+def test_routing_by_load_in_one_pass_chooses_as_before() -> None:
+    layout = BucketLayout([
+        t.Bucket("short", 1_000, max_trajectories_per_instance=4, tp_degree=1),
+        t.Bucket("mid", 4_000, max_trajectories_per_instance=6, tp_degree=2),
+        t.Bucket("long", 16_000, max_trajectories_per_instance=8, tp_degree=4)])
+    rng = random.Random(7)
+    fast, slow = RoundRobinCursor(), RoundRobinCursor()
+    for trial in range(400):
+        instances = [t.InstanceLoad(t.InstanceId(f"r-{i:02d}"),
+                                    rng.choice(["short", "mid", "long", "gone"]),
+                                    rng.randint(0, 8), is_live=rng.random() > 0.1)
+                     for i in range(rng.randint(0, 12))]
+        expected = _route_by_load_reference(instances, layout, slow)
+        assert route_by_load(instances, layout, cursor=fast) == expected, trial
+
+
+def test_live_gpu_shares_count_live_instances_of_known_buckets() -> None:
+    layout = BucketLayout([t.Bucket("short", 1_000, tp_degree=1),
+                           t.Bucket("long", 16_000, tp_degree=4)])
+    loads = [t.InstanceLoad(t.InstanceId(f"r-{i}"), bucket, 0, is_live=live)
+             for i, (bucket, live) in enumerate(itertools.product(
+                 ["long", "short", "gone"], [True, False]))]
+    assert live_gpu_shares(layout, loads) == {"short": 1, "long": 4}
+    assert live_gpu_shares(layout, loads[1:2]) == {"short": 1, "long": 4}  # none live
