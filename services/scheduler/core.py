@@ -267,8 +267,7 @@ class SchedulerCore:
                 await self._refresh_instances(run)
 
     def _take_snapshot(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
-        run.instances = snapshot.instances
-        run.instances_at_s = self._clock.now_s()
+        run.set_instances(snapshot.instances, self._clock.now_s())
         self._epochs = snapshot.epochs
 
     def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
@@ -281,7 +280,7 @@ class SchedulerCore:
                 continue  # re-queued meanwhile (its slot is given back), or read twice
             self._learn_finish(run, finish.trajectory_id, finish.total_tokens,
                                finish.status)
-            apply_local_load(run.instances, ((finish.released_from, -1),))
+            apply_local_load(run, ((finish.released_from, -1),))
 
     # -- RPCs from rollout instances -----------------------------------------------------
 
@@ -341,7 +340,7 @@ class SchedulerCore:
         run.decisions[decision.reason.value] += 1
         action = t.DecisionAction.MOVE if decision.is_move else t.DecisionAction.STAY
         if decision.is_move:
-            apply_local_load(run.instances, decision.load_deltas)
+            apply_local_load(run, decision.load_deltas)
             run.migrations += 1  # decided; the job's ``migrations`` counter counts handoffs
         return t.PlacementDecision(action, decision.to_bucket, decision.to_instance_id,
                                    decision.reason.value)
@@ -357,7 +356,7 @@ class SchedulerCore:
         if run is None or instance_id is None:
             return  # not scheduled here, or re-queued meanwhile (its slot is given back)
         self._learn_finish(run, traj_id, total_tokens, status)
-        apply_local_load(run.instances, ((instance_id, -1),))
+        apply_local_load(run, ((instance_id, -1),))
 
     def _learn_finish(self, run: JobRun, traj_id: str, total_tokens: int,
                       status: t.TrajectoryStatus) -> None:

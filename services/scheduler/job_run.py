@@ -39,6 +39,10 @@ class JobRun:
     # Live instances and loads as of the last tick: decisions at tool returns route
     # from this snapshot instead of reading Redis on the request path.
     instances: list[t.InstanceLoad] = field(default_factory=list)
+    # Instance id -> its entry in ``instances`` (set with it by ``set_instances``): a
+    # snapshot lives for 5 ticks and takes a load change per placement, finish and move;
+    # a scan of 1,000 entries for each was the scheduler's hottest loop at 1,000 instances.
+    loads_by_id: dict[str, t.InstanceLoad] = field(default_factory=dict)
     instances_at_s: float = -1.0
     last_live: set[str] = field(default_factory=set)
     last_orphan_scan_s: float = float("-inf")
@@ -56,6 +60,12 @@ class JobRun:
     idle_while_queued: tuple[str, ...] = ()
     # Held while reports re-read a stale snapshot of leases (one read for all of them).
     refresh_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def set_instances(self, instances: list[t.InstanceLoad], at_s: float) -> None:
+        """A new snapshot of the live instances' loads, taken at ``at_s``."""
+        self.instances = instances
+        self.loads_by_id = {inst.instance_id: inst for inst in instances}
+        self.instances_at_s = at_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,27 +119,10 @@ def build_layout(spec: JobSpec) -> BucketLayout:
     return BucketLayout(list(spec.layout.buckets))
 
 
-def apply_local_load(instances: list[t.InstanceLoad],
-                     deltas: tuple[tuple[str, int], ...]) -> None:
+def apply_local_load(run: JobRun, deltas: tuple[tuple[str, int], ...]) -> None:
     """Apply load changes to this process's snapshot of loads (reservations between
     lease snapshots: caps hold without re-reading Redis)."""
-    by_id = _index_of(instances)
     for instance_id, delta in deltas:
-        inst = by_id.get(instance_id)
+        inst = run.loads_by_id.get(instance_id)
         if inst is not None:
             inst.active_trajectories += delta
-
-
-# Instance id -> load entry of the last list indexed (one snapshot lives for 5 ticks and
-# takes a load change per placement, finish and move: a scan of 1,000 entries each was
-# the scheduler's hottest loop at 1,000 instances).
-_last_index: tuple[list[t.InstanceLoad] | None, int, dict[str, t.InstanceLoad]] = (None, 0, {})
-
-
-def _index_of(instances: list[t.InstanceLoad]) -> dict[str, t.InstanceLoad]:
-    global _last_index
-    known, size, by_id = _last_index
-    if known is not instances or size != len(instances):
-        by_id = {inst.instance_id: inst for inst in instances}
-        _last_index = (instances, len(instances), by_id)
-    return by_id

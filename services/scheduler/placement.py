@@ -30,7 +30,7 @@ def assign(run: JobRun, trajs: list[t.Trajectory], instances: list[t.InstanceLoa
         traj.instance_id = placement.instance_id
         traj.bucket = placement.bucket or ""
         placed.append(traj)
-        apply_local_load(instances, ((placement.instance_id, 1),))
+        apply_local_load(run, ((placement.instance_id, 1),))
     return placed
 
 

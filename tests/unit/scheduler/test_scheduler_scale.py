@@ -83,16 +83,18 @@ async def test_an_orphan_behind_an_unchanged_set_of_instances_is_found_by_the_sw
     assert (await store.assignments(JOB)).get("handed-off") == "rollout-0"  # re-placed
 
 
-def test_load_changes_follow_the_list_they_are_given() -> None:
+async def test_load_changes_follow_the_snapshot_they_are_given() -> None:
+    store, clock = MemorySchedulerStore(), FakeClock()
+    run = (await started(store, clock, prompts=1, samples=2, staleness=1, cap=1))._jobs[JOB]
     first = [t.InstanceLoad(t.InstanceId(f"r-{i}"), "short", 0) for i in range(3)]
-    apply_local_load(first, (("r-1", 2), ("r-unknown", 5)))
+    run.set_instances(first, 1.0)
+    apply_local_load(run, (("r-1", 2), ("r-unknown", 5)))
     assert [inst.active_trajectories for inst in first] == [0, 2, 0]
     second = [t.InstanceLoad(t.InstanceId("r-1"), "short", 7)]  # a new snapshot
-    apply_local_load(second, (("r-1", -1),))
+    run.set_instances(second, 2.0)
+    apply_local_load(run, (("r-1", -1),))
     assert second[0].active_trajectories == 6 and first[1].active_trajectories == 2
-    first.append(t.InstanceLoad(t.InstanceId("r-3"), "short", 0))  # grown in place
-    apply_local_load(first, (("r-3", 1),))
-    assert first[3].active_trajectories == 1
+    assert run.instances is second and run.instances_at_s == 2.0
 
 
 def _route_by_load_reference(instances: list[t.InstanceLoad], layout: BucketLayout,
