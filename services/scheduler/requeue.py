@@ -94,15 +94,4 @@ class Requeuer:
     async def requeue(self, run: JobRun, traj_id: str) -> None:
         """One trajectory back to the queue (its attempt counted); forgotten when its
         task is gone."""
-        traj = await self._store.task(run.job_id, traj_id)
-        try:
-            run.policy.abort(t.TrajectoryId(traj_id))
-        except UnknownTrajectory:
-            pass
-        if traj is None:
-            await self._store.finish(run.job_id, traj_id)
-            return
-        traj.attempt += 1
-        await self._store.requeue(run.job_id, traj)
-        if run.pending is not None:
-            run.pending[traj.trajectory_id] = traj
+        await self.requeue_many(run, [traj_id])
