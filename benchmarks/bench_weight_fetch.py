@@ -13,7 +13,7 @@ The checkpoint is models/smollm2-135m-instruct/model.safetensors (135M parameter
 float32: 538 MB; ``make smollm2``), published with the trainer's manifest writer.
 
 Usage: python benchmarks/bench_weight_fetch.py [--model DIR] [--instances 8]
-       [--rounds 3] [--max-streams 4] [--json]
+       [--rounds 3] [--max-streams 4] [--chunk-bytes 1048576] [--json]
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ sys.path.insert(0, str(ROOT))
 from procstat import cpu_s  # noqa: E402  (this directory: run as a script)
 
 from libra.run_dir import weights_file  # noqa: E402
-from libra.weight_sync import write_manifest  # noqa: E402
+from libra.weight_sync import CHUNK_BYTES, write_manifest  # noqa: E402
 
 JOB = "bench-job"
 VERSION = 1
 
 
-def publish(model_dir: Path, run_dir: Path) -> tuple[Path, str]:
+def publish(model_dir: Path, run_dir: Path, chunk_bytes: int) -> tuple[Path, str]:
     """The model's weights as published version 1 of ``run_dir`` (hard link or copy)."""
     path = weights_file(run_dir, VERSION)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,7 +52,7 @@ def publish(model_dir: Path, run_dir: Path) -> tuple[Path, str]:
         path.hardlink_to(source)
     except OSError:
         shutil.copy(source, path)
-    _, digest = write_manifest(path, VERSION)
+    _, digest = write_manifest(path, VERSION, chunk_bytes)
     return path, digest
 
 
@@ -116,6 +116,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-streams", type=int, default=4,
                         help="the trainer's weights.max_streams")
+    parser.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES,
+                        help="chunk size of the published manifest (one gRPC message each)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process
     args = parser.parse_args()
@@ -127,7 +129,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict:
-    path, digest = publish(args.model, tmp / "run")
+    path, digest = publish(args.model, tmp / "run", args.chunk_bytes)
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(tmp / "run"),
                                "--max-streams", str(args.max_streams)],
                               stdout=subprocess.PIPE, text=True)
@@ -159,7 +161,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         server.wait()
     fetch_med, copy_med = statistics.median(fetch_s), statistics.median(copy_s)
     return {"size_bytes": path.stat().st_size, "instances": args.instances,
-            "max_streams": args.max_streams, "fetch_s": [round(s, 3) for s in fetch_s],
+            "max_streams": args.max_streams, "chunk_bytes": args.chunk_bytes,
+            "fetch_s": [round(s, 3) for s in fetch_s],
             "copy_s": [round(s, 3) for s in copy_s], "fetch_median_s": round(fetch_med, 3),
             "copy_median_s": round(copy_med, 3), "ratio": round(fetch_med / copy_med, 2),
             # CPU seconds of both processes (client + server) per round: what the work
