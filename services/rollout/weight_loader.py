@@ -2,8 +2,10 @@
 
 A version is loaded only when its checksum matches: a single safetensors file is hashed
 on the host; a chunked version (a manifest) is fetched and verified chunk by chunk within
-the weight-load deadline, then swapped in whole. Where a manifest is read from - the
-shared path or a copy fetched from the trainer over gRPC - is the WeightSource's choice
+the weight-load deadline, then swapped in whole (a copy fetched over gRPC was hashed as it
+arrived and is not hashed again; a shared path is verified here). Where a manifest is
+read from - the shared path or a copy fetched from the trainer over gRPC - is the
+WeightSource's choice
 (services/rollout/weight_fetcher.py); without one, the shared path. A refused version
 is remembered and reported once (an error event), and the old weights keep serving
 until a newer version is published. The versions held and fetched are announced around
