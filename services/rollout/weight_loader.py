@@ -5,11 +5,11 @@ on the host; a chunked version (a manifest) is fetched and verified chunk by chu
 the weight-load deadline, then swapped in whole (a copy fetched over gRPC was hashed as it
 arrived and is not hashed again; a shared path is verified here). Where a manifest is
 read from - the shared path or a copy fetched from the trainer over gRPC - is the
-WeightSource's choice
-(services/rollout/weight_fetcher.py); without one, the shared path. A refused version
-is remembered and reported once (an error event), and the old weights keep serving
-until a newer version is published. The versions held and fetched are announced around
-the load, so the trainer never prunes a file this instance is still reading.
+WeightSource's choice (services/rollout/weight_fetcher.py); without one, the shared
+path. A refused version is remembered and reported once (an error event), and the old
+weights keep serving until a newer version is published. The versions held and fetched
+are announced around the load, so the trainer never prunes a file this instance is still
+reading.
 
 Pure, like the core: the store comes in as a collaborator.
 """
