@@ -17,6 +17,12 @@ instance's cache directory:
 4. the whole-file sha256, then ``<file>.part`` -> ``<file>`` and the manifest beside it
    (temp file + rename): a copy under its final name is always complete.
 
+Each byte is hashed as it arrives, in memory: its chunk's sha256 and an incremental
+whole-file sha256 fed the same bytes, never a second pass over the file. The result
+(:class:`FetchedVersion`) says so, and the loader then reads the copy without hashing it
+a third time (:func:`read_fetched`); the shared path and a copy found in the cache are
+still verified by the loader.
+
 A ``.part`` left by an earlier attempt (this process or one before a restart) is
 re-checked chunk by chunk and the transfer resumes after its last good chunk.
 
@@ -69,6 +75,21 @@ class FetchStats:
     num_refused: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class FetchedVersion:
+    """Where a version's weights are for the loader, and whether this process has
+    verified them already."""
+
+    manifest_path: Path
+    manifest_sha256: str
+    """The sha256 of the manifest (the policy pointer's) the copy was checked against."""
+    verified_sha256: str = ""
+    """The whole-file sha256 this process computed over the bytes it wrote and found
+    equal to the manifest's; "" when nothing was verified here (the shared path, a copy
+    found in the cache): the loader verifies those itself."""
+    size_bytes: int = 0
+
+
 @dataclass
 class _Transfer:
     """One version's transfer in progress: where it stands survives a broken stream."""
@@ -92,7 +113,14 @@ class WeightFetcher:
         self.last = FetchStats()
 
     async def fetch(self, job_id: str, version: int, manifest_sha256: str) -> Path:
-        """The local manifest path of ``version``, fetched and verified.
+        """The local manifest path of ``version``, fetched and verified (see
+        :meth:`fetch_version`)."""
+        return (await self.fetch_version(job_id, version, manifest_sha256)).manifest_path
+
+    async def fetch_version(self, job_id: str, version: int,
+                            manifest_sha256: str) -> FetchedVersion:
+        """``version`` copied into the cache and verified as it arrived; a copy already
+        cached is returned unverified (the loader checks it).
 
         Raises:
             WeightSyncError: The manifest or a chunk (twice) does not match its sha256.
@@ -109,13 +137,14 @@ class WeightFetcher:
         final = job_dir / _plain_name(manifest.file, "manifest file")
         local_manifest = final.with_name(final.name + MANIFEST_SUFFIX)
         if await asyncio.to_thread(_is_cached, local_manifest, body):
-            return local_manifest
+            return FetchedVersion(local_manifest, manifest_sha256)
         await asyncio.to_thread(job_dir.mkdir, parents=True, exist_ok=True)
         part = final.with_name(final.name + PART_SUFFIX)
         await self._fetch_file(job_id, manifest, part)
         await asyncio.to_thread(_install, part, final, local_manifest, body)
         await asyncio.to_thread(_prune_cache, job_dir, KEEP_CACHED_VERSIONS)
-        return local_manifest
+        return FetchedVersion(local_manifest, manifest_sha256, manifest.sha256,
+                              manifest.size_bytes)
 
     async def fetch_model_dir(self, job_id: str) -> Path:
         """A local copy of the job's model directory (config, tokenizer, starting
@@ -238,12 +267,17 @@ class WeightSource:
 
     async def manifest_path(self, job_id: str, policy: t.PolicyInfo) -> Path:
         """The shared path when allowed and readable, else a fetched local copy."""
+        return (await self.weights(job_id, policy)).manifest_path
+
+    async def weights(self, job_id: str, policy: t.PolicyInfo) -> FetchedVersion:
+        """The shared path (unverified) when allowed and readable, else a fetched local
+        copy (verified as it arrived)."""
         shared = Path(policy.weights_path)
         if self.mode == "filesystem" or (
                 self.mode == "auto" and await asyncio.to_thread(_is_readable, shared)):
-            return shared
+            return FetchedVersion(shared, policy.sha256)
         assert self._fetcher is not None  # checked in __init__
-        return await self._fetcher.fetch(job_id, policy.version, policy.sha256)
+        return await self._fetcher.fetch_version(job_id, policy.version, policy.sha256)
 
     async def model_dir(self, job_id: str, policy: t.PolicyInfo) -> str:
         """The job's model directory: the shared one when allowed and readable, else a
@@ -254,6 +288,27 @@ class WeightSource:
             return policy.model_dir
         assert self._fetcher is not None  # checked in __init__
         return str(await self._fetcher.fetch_model_dir(job_id))
+
+
+def read_fetched(fetched: FetchedVersion) -> bytes:
+    """The weights of a copy this process verified as it wrote it: read, size checked,
+    not hashed again (each byte was hashed on arrival against the pinned manifest).
+
+    Raises:
+        WeightSyncError: The copy is unverified, unreadable or not its verified size.
+    """
+    if not fetched.verified_sha256:
+        raise WeightSyncError(f"weights copy {fetched.manifest_path} was not verified here")
+    name = fetched.manifest_path.name.removesuffix(MANIFEST_SUFFIX)
+    weights = fetched.manifest_path.with_name(name)
+    try:
+        data = weights.read_bytes()
+    except OSError as exc:
+        raise WeightSyncError(f"weights file {weights} unreadable: {exc}") from exc
+    if len(data) != fetched.size_bytes:
+        raise WeightSyncError(f"weights file {weights}: {len(data)} bytes, verified "
+                              f"{fetched.size_bytes}")
+    return data
 
 
 def _plain_name(name: str, what: str) -> str:

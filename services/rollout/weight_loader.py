@@ -2,12 +2,14 @@
 
 A version is loaded only when its checksum matches: a single safetensors file is hashed
 on the host; a chunked version (a manifest) is fetched and verified chunk by chunk within
-the weight-load deadline, then swapped in whole. Where a manifest is read from - the
-shared path or a copy fetched from the trainer over gRPC - is the WeightSource's choice
-(services/rollout/weight_fetcher.py); without one, the shared path. A refused version
-is remembered and reported once (an error event), and the old weights keep serving
-until a newer version is published. The versions held and fetched are announced around
-the load, so the trainer never prunes a file this instance is still reading.
+the weight-load deadline, then swapped in whole (a copy fetched over gRPC was hashed as it
+arrived and is not hashed again; a shared path is verified here). Where a manifest is
+read from - the shared path or a copy fetched from the trainer over gRPC - is the
+WeightSource's choice (services/rollout/weight_fetcher.py); without one, the shared
+path. A refused version is remembered and reported once (an error event), and the old
+weights keep serving until a newer version is published. The versions held and fetched
+are announced around the load, so the trainer never prunes a file this instance is still
+reading.
 
 Pure, like the core: the store comes in as a collaborator.
 """
@@ -25,6 +27,7 @@ from libra import types as t
 from libra.errors import LibraError
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout.loop_types import Engine
+from services.rollout.weight_fetcher import read_fetched
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.rollout.store_protocol import RolloutStore
@@ -153,7 +156,13 @@ class WeightLoader:
                                        size_bytes=str(len(data)))
 
     async def _fetch_verified(self, job_id: str, policy: t.PolicyInfo) -> bytes:
-        """The version's bytes from the shared path or a fetched copy, verified."""
-        path = (Path(policy.weights_path) if self._source is None
-                else await self._source.manifest_path(job_id, policy))
-        return await asyncio.to_thread(read_verified, path, policy.sha256)
+        """The version's bytes from the shared path or a fetched copy, verified: a copy
+        the fetcher hashed as it arrived against this pointer's manifest is not hashed
+        again; the shared path and a cached copy are."""
+        if self._source is None:
+            return await asyncio.to_thread(read_verified, Path(policy.weights_path),
+                                           policy.sha256)
+        fetched = await self._source.weights(job_id, policy)
+        if fetched.verified_sha256 and fetched.manifest_sha256 == policy.sha256:
+            return await asyncio.to_thread(read_fetched, fetched)
+        return await asyncio.to_thread(read_verified, fetched.manifest_path, policy.sha256)

@@ -9,6 +9,7 @@ fake is the inference engine at the loader's edge.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -26,7 +27,12 @@ from libra.weight_sync import WeightSyncError, read_verified, write_manifest
 from libra_cli.redis_server import free_ports
 from services.rollout.backend import TorchEngineLoader
 from services.rollout.memory_store import MemoryRolloutStore
-from services.rollout.weight_fetcher import WeightFetcher, WeightSource
+from services.rollout.weight_fetcher import (
+    FetchedVersion,
+    WeightFetcher,
+    WeightSource,
+    read_fetched,
+)
 from services.rollout.weight_loader import WeightLoader
 from services.trainer.weight_server import WeightFaults, WeightServer
 from services.trainer.weight_servicer import WeightServicer
@@ -184,6 +190,66 @@ async def test_a_part_file_resumes_after_its_last_good_chunk(serve, tmp_path: Pa
     manifest = await fetch.fetch(JOB, 1, trainer.digest)
     assert read_verified(manifest, trainer.digest) == trainer.data
     assert (fetch.last.resumed_from_chunk, fetch.last.num_chunks_fetched) == (4, 6)
+
+
+async def test_a_resumed_part_seeds_the_whole_file_hash_with_its_good_bytes(
+        serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    part = tmp_path / "cache" / JOB / "v000001.safetensors.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(trainer.data[:4 * CHUNK_BYTES] + b"torn write")
+    fetched = await fetcher(client, tmp_path).fetch_version(JOB, 1, trainer.digest)
+    assert fetched.verified_sha256 == hashlib.sha256(trainer.data).hexdigest()
+    assert read_fetched(fetched) == trainer.data
+
+
+async def test_a_fetched_copy_is_verified_on_arrival_and_a_cached_one_is_not(
+        serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    fetch = fetcher(client, tmp_path)
+    fetched = await fetch.fetch_version(JOB, 1, trainer.digest)
+    assert fetched.verified_sha256 == hashlib.sha256(trainer.data).hexdigest()
+    assert (fetched.size_bytes, fetched.manifest_sha256) == (len(trainer.data), trainer.digest)
+    assert read_fetched(fetched) == trainer.data
+    cached = await fetch.fetch_version(JOB, 1, trainer.digest)
+    assert cached.manifest_path == fetched.manifest_path and cached.verified_sha256 == ""
+    with pytest.raises(WeightSyncError, match="not verified here"):
+        read_fetched(cached)
+
+
+async def test_a_verified_copy_cut_short_since_is_refused(serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    fetched = await fetcher(client, tmp_path).fetch_version(JOB, 1, trainer.digest)
+    weights = fetched.manifest_path.with_name("v000001.safetensors")
+    os.truncate(weights, len(trainer.data) - 1)
+    with pytest.raises(WeightSyncError, match="bytes, verified"):
+        read_fetched(fetched)
+    weights.unlink()
+    with pytest.raises(WeightSyncError, match="unreadable"):
+        read_fetched(fetched)
+
+
+async def test_a_tampered_cached_copy_is_verified_by_the_loader_and_not_loaded(
+        serve, tmp_path: Path) -> None:
+    trainer, client = await serve()
+    fetched = await fetcher(client, tmp_path).fetch_version(JOB, 1, trainer.digest)
+    weights = fetched.manifest_path.with_name("v000001.safetensors")
+    weights.write_bytes(bytes([trainer.data[0] ^ 0xFF]) + trainer.data[1:])
+    store = MemoryRolloutStore()
+    engine = FakeEngine(make_tokenizer(), policy_version=0)
+    loader = WeightLoader("rollout-w", store, 30.0,
+                          WeightSource("grpc", fetcher(client, tmp_path)))
+    policy = t.PolicyInfo(1, "/not/shared/v000001.safetensors.manifest.json", trainer.digest,
+                          "", 0)
+    await loader.load_verified(JOB, engine, policy)
+    assert engine.policy_version == 0
+    (event,) = store.events(JOB, "weights_checksum_mismatch")
+    assert "chunk 0" in event["error"]
+
+
+def test_a_shared_path_is_never_taken_as_verified(tmp_path: Path) -> None:
+    with pytest.raises(WeightSyncError, match="not verified here"):
+        read_fetched(FetchedVersion(tmp_path / "v000001.safetensors.manifest.json", "ab"))
 
 
 async def test_a_stream_past_the_limit_is_refused_with_a_retry_hint(serve) -> None:
