@@ -11,8 +11,6 @@ the tiny model, a few steps each).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from libra import types as t
@@ -21,7 +19,6 @@ from tests.integration.stack_helpers import (
     assert_exact_accounting,
     event_kinds,
     small_job,
-    stack_up,
     wait_for_job,
     wait_for_step,
 )
@@ -32,9 +29,10 @@ pytestmark = pytest.mark.integration
 NUM_STEPS = 100
 
 
-@pytest.fixture(scope="module")
-def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=1)
+@pytest.fixture
+def queue_stack(shared_stack: dict) -> dict:
+    """The package's shared stack (conftest.py): this module's jobs only submit and read."""
+    return shared_stack
 
 
 async def test_two_jobs_submitted_back_to_back_both_succeed_in_order(
