@@ -24,9 +24,11 @@ from tests.integration.stack_helpers import (
 )
 
 pytestmark = pytest.mark.integration
-# Long enough that a cancel after step 2 always lands mid-job (a step takes a fraction of
-# a second here), short enough for seconds of work after the resume.
-NUM_STEPS = 100
+# Long enough that a cancel sent as soon as step 2 is seen lands mid-job: 28 steps of
+# margin, each a checkpoint and a fraction of a second here (the client's poll-and-cancel
+# takes milliseconds); a job that ended first fails the CANCELLED assertion, loudly. Short
+# enough for seconds of work after the resume (100 steps took ~1 min on a loaded machine).
+NUM_STEPS = 30
 
 
 @pytest.fixture
