@@ -84,26 +84,6 @@ def test_status_json_lists_every_service_healthy(running_stack: dict) -> None:
         assert Path(row["log"]).exists()
 
 
-async def test_rollout_killed_mid_trajectory_is_requeued(own_stack: dict) -> None:
-    """kill -9 a rollout instance holding trajectories: after its lease expires the
-    scheduler re-places them on the other instance and the job still completes."""
-    client = stack.coordinator_client(own_stack)
-    job = await client.create_job(small_job(num_steps=8), "json")
-    r = redis_sync.from_url(own_stack["redis_url"], decode_responses=True)
-    victim = next(s for s in own_stack["services"] if s["name"] == "rollout-1")
-    for _ in range(600):
-        if "rollout-1" in r.hvals(keys.assignments(job.job_id)):
-            break
-        await asyncio.sleep(0.05)
-    os.kill(victim["pid"], signal.SIGKILL)
-    job, steps, counters = await wait_for_job(client, job.job_id)
-    assert job.state is t.JobState.SUCCEEDED, job.message
-    assert counters.get("requeued", 0) >= 1
-    assert len(steps) == 8
-    assert "rollout-1" not in r.hvals(keys.assignments(job.job_id))
-    await client.close()
-
-
 async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
         running_stack: dict) -> None:
     """`libra up` generated tokens and a Redis password (0600 in the run root): every
@@ -153,6 +133,26 @@ async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
                          timeout=60)
     assert cli.returncode == 0, cli.stderr
     assert isinstance(json.loads(cli.stdout), list)
+
+
+async def test_rollout_killed_mid_trajectory_is_requeued(own_stack: dict) -> None:
+    """kill -9 a rollout instance holding trajectories: after its lease expires the
+    scheduler re-places them on the other instance and the job still completes."""
+    client = stack.coordinator_client(own_stack)
+    job = await client.create_job(small_job(num_steps=8), "json")
+    r = redis_sync.from_url(own_stack["redis_url"], decode_responses=True)
+    victim = next(s for s in own_stack["services"] if s["name"] == "rollout-1")
+    for _ in range(600):
+        if "rollout-1" in r.hvals(keys.assignments(job.job_id)):
+            break
+        await asyncio.sleep(0.05)
+    os.kill(victim["pid"], signal.SIGKILL)
+    job, steps, counters = await wait_for_job(client, job.job_id)
+    assert job.state is t.JobState.SUCCEEDED, job.message
+    assert counters.get("requeued", 0) >= 1
+    assert len(steps) == 8
+    assert "rollout-1" not in r.hvals(keys.assignments(job.job_id))
+    await client.close()
 
 
 def test_down_stops_every_process_by_pid(own_stack: dict) -> None:
