@@ -12,7 +12,6 @@ rollout-1 and is trained on.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_sync
@@ -21,16 +20,17 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.wire.common import decode_trajectory
 from libra_cli import stack
-from tests.integration.stack_helpers import small_job, stack_up, wait_for_job
+from tests.integration.stack_helpers import small_job, wait_for_job
 
 pytestmark = pytest.mark.integration
 
 NUM_STEPS = 8
 
 
-@pytest.fixture(scope="module")
-def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
+@pytest.fixture
+def running_stack(shared_stack: dict) -> dict:
+    """The package's shared stack (conftest.py): this module's jobs only submit and read."""
+    return shared_stack
 
 
 def cmlfq_job() -> str:

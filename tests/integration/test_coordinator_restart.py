@@ -1,19 +1,12 @@
-"""A coordinator restart and a whole-stack restart wedge nothing (real processes).
+"""A whole-stack restart wedges nothing (real processes): `libra down` mid-job, then
+`libra up` over the same Redis (AOF): the job found RUNNING is taken up again from its
+checkpoint and succeeds; a later submit is accepted.
 
-1. kill -9 of the coordinator mid-job: the supervisor restarts it; the trainer's step
-   report waits for it (retried, keyed), the job succeeds with every step recorded
-   exactly once and exact accounting. The recovery time is printed.
-2. `libra down` mid-job, then `libra up` over the same Redis (AOF): the job found
-   RUNNING is taken up again from its checkpoint and succeeds; a later submit is
-   accepted.
+(kill -9 of the coordinator alone mid-job is a case of test_fault_matrix.py.)
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +17,6 @@ from tests.integration.stack_helpers import (
     assert_exact_accounting,
     event_kinds,
     small_job,
-    stack_up,
     wait_for_job,
     wait_for_step,
     write_stack,
@@ -32,38 +24,6 @@ from tests.integration.stack_helpers import (
 
 pytestmark = pytest.mark.integration
 NUM_STEPS_LONG = 60
-
-
-@pytest.fixture(scope="module")
-def restarting_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=1)
-
-
-async def test_coordinator_killed_mid_job_the_job_succeeds_with_exact_accounting(
-        restarting_stack: dict) -> None:
-    client = stack.coordinator_client(restarting_stack, timeout_s=5.0)
-    job = await client.create_job(small_job(num_steps=8, checkpoint_interval=2), "json")
-    before = await wait_for_step(client, job.job_id, 3)
-    assert before.state is t.JobState.RUNNING, before
-    coordinator = next(s for s in restarting_stack["services"] if s["name"] == "coordinator")
-    killed_at = time.monotonic()
-    os.kill(coordinator["pid"], signal.SIGKILL)
-
-    after = await wait_for_step(client, job.job_id, before.step + 1)
-    recovery_s = time.monotonic() - killed_at
-    print(f"\n[recovery] coordinator kill -9 at step {before.step}: step {after.step} "
-          f"recorded {recovery_s:.1f}s later")
-    job, steps, counters = await wait_for_job(client, job.job_id)
-    assert job.state is t.JobState.SUCCEEDED, job.message
-    assert [s["step"] for s in steps] == list(range(1, 9))  # every step exactly once
-    assert_exact_accounting(restarting_stack["redis_url"], job, steps, counters)
-    state = stack.read_state(Path(restarting_stack["run_root"]))
-    assert state is not None
-    restarted = next(s for s in state["services"] if s["name"] == "coordinator")
-    assert restarted["restarts"] == 1 and restarted["pid"] != coordinator["pid"]
-    # The trainer kept working on it: nothing needed resuming or ending.
-    assert "job_reconciled" not in event_kinds(restarting_stack["redis_url"], job.job_id)
-    await client.close()
 
 
 async def test_a_job_running_when_the_stack_went_down_is_resumed_when_it_comes_up(

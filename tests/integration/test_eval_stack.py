@@ -6,7 +6,6 @@ recorded by the trainer; report.json holds them and the training accounting is e
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from libra_cli.report import build_report, write_report
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
     small_job,
-    stack_up,
     wait_for_job,
 )
 
@@ -26,9 +24,10 @@ pytestmark = pytest.mark.integration
 EVAL_PROMPTS = 3
 
 
-@pytest.fixture(scope="module")
-def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
+@pytest.fixture
+def running_stack(shared_stack: dict) -> dict:
+    """The package's shared stack (conftest.py): this module's jobs only submit and read."""
+    return shared_stack
 
 
 def eval_job(**task: object) -> str:

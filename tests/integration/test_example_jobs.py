@@ -10,7 +10,6 @@ their datasets load, their tools answer, their rewards score, two RL steps train
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from libra_cli import stack
 from libra_cli.main import load_spec
 from libra_cli.report import build_report
 from tests.fixtures.hf_models import make_model_dir
-from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
+from tests.integration.stack_helpers import ROOT, wait_for_job
 
 pytestmark = pytest.mark.integration
 
@@ -34,9 +33,10 @@ BRIEF = ["algorithm.num_steps=2", "algorithm.sft_steps=1", "algorithm.sft_batch_
          f"{{name = \"long\", max_tokens = {CONTEXT_TOKENS}}}]"]
 
 
-@pytest.fixture(scope="module")
-def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
+@pytest.fixture
+def running_stack(shared_stack: dict) -> dict:
+    """The package's shared stack (conftest.py): this module's jobs only submit and read."""
+    return shared_stack
 
 
 @pytest.fixture(scope="module")

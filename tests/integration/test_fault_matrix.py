@@ -13,6 +13,14 @@ has recorded a step, and the test checks that
   the target's death (the rollouts did when Redis was killed, before their Redis client
   retried).
 
+Two targets have checks of their own (they were test_coordinator_restart.py's and
+test_trainer_resume.py's, which ran the same kill on stacks of their own):
+
+- coordinator: restarted exactly once, and the trainer's step report waited for it
+  (retried, keyed): nothing needed resuming or ending (no ``job_reconciled`` event);
+- trainer: it resumed from its last checkpoint (``trainer_resumed``), and the policy
+  versions kept increasing across the restart (none reused).
+
 The recovery time (kill -> next step recorded) is printed per target.
 """
 
@@ -33,6 +41,7 @@ from libra import types as t
 from libra_cli import stack
 from tests.integration.stack_helpers import (
     assert_exact_accounting,
+    event_kinds,
     small_job,
     stack_up,
     wait_for_job,
@@ -112,8 +121,18 @@ async def test_kill_9_mid_job_the_job_succeeds_with_exact_accounting(
     # counters, so no trajectory was trained twice.
     assert_exact_accounting(fault_stack["redis_url"], job, steps, counters)
     assert counters.get("trained", 0) > 0
-    await wait_for_restart(run_root, target, pid)
+    new_pid = await wait_for_restart(run_root, target, pid)
     KILLED.append(target)
+    kinds = event_kinds(fault_stack["redis_url"], job.job_id)
+    if target == "coordinator":
+        restarted_row = next(s for s in current_state(run_root)["services"]
+                             if s["name"] == "coordinator")
+        assert (restarted_row["restarts"], restarted_row["pid"]) == (1, new_pid)
+        assert "job_reconciled" not in kinds
+    if target == "trainer":
+        assert "trainer_resumed" in kinds
+        versions = [s["policy_version"] for s in steps]
+        assert versions == sorted(versions) and len(set(versions)) == len(versions)
     # Nothing else died of it: only the targets killed so far were ever restarted.
     state = current_state(run_root)
     restarted = {s["name"] for s in state["services"] if s["restarts"]}

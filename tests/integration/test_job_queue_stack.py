@@ -11,8 +11,6 @@ the tiny model, a few steps each).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from libra import types as t
@@ -21,20 +19,22 @@ from tests.integration.stack_helpers import (
     assert_exact_accounting,
     event_kinds,
     small_job,
-    stack_up,
     wait_for_job,
     wait_for_step,
 )
 
 pytestmark = pytest.mark.integration
-# Long enough that a cancel after step 2 always lands mid-job (a step takes a fraction of
-# a second here), short enough for seconds of work after the resume.
-NUM_STEPS = 100
+# Long enough that a cancel sent as soon as step 2 is seen lands mid-job: 28 steps of
+# margin, each a checkpoint and a fraction of a second here (the client's poll-and-cancel
+# takes milliseconds); a job that ended first fails the CANCELLED assertion, loudly. Short
+# enough for seconds of work after the resume (100 steps took ~1 min on a loaded machine).
+NUM_STEPS = 30
 
 
-@pytest.fixture(scope="module")
-def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=1)
+@pytest.fixture
+def queue_stack(shared_stack: dict) -> dict:
+    """The package's shared stack (conftest.py): this module's jobs only submit and read."""
+    return shared_stack
 
 
 async def test_two_jobs_submitted_back_to_back_both_succeed_in_order(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from libra.jobspec import job_spec_from_json
 from libra.wire.common import decode_trajectory
 from libra_cli import stack
 from libra_cli.main import load_spec
-from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
+from tests.integration.stack_helpers import ROOT, wait_for_job
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +31,10 @@ OVERRIDES = ["algorithm.num_steps=2", "algorithm.sft_steps=1", "algorithm.sft_ba
              "task.max_new_tokens_per_turn=40", "name=\"smollm2-itest\""]
 
 
-@pytest.fixture(scope="module")
-def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
+@pytest.fixture
+def running_stack(shared_stack: dict) -> dict:
+    """The package's shared stack (conftest.py): this module's jobs only submit and read."""
+    return shared_stack
 
 
 async def test_smollm2_calc_trains_two_steps_and_exports(running_stack: dict, smollm2_dir: Path,

@@ -26,8 +26,15 @@ from tests.integration.stack_helpers import ROOT, small_job, stack_up, wait_for_
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture
+def running_stack(shared_stack: dict) -> dict:
+    """The package's shared stack (conftest.py), for the tests that only submit and read."""
+    return shared_stack
+
+
 @pytest.fixture(scope="module")
-def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """This module's own stack, for the tests that kill a rollout and stop everything."""
     yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
 
 
@@ -52,27 +59,12 @@ async def test_invalid_spec_is_refused_naming_the_field(running_stack: dict) -> 
     with pytest.raises(InvalidArgument) as err:
         await client.create_job(json.dumps(spec), "json")
     assert err.value.field == "algorithm.samples_per_prompt"
-    await client.close()
-
-
-async def test_a_composite_reward_job_records_its_components_per_step(
-        running_stack: dict) -> None:
-    """The spec names rewards the gateway registered (checked at submit over ListRewards);
-    the rollout sends the whole trajectory; the step records carry the component means."""
-    client = stack.coordinator_client(running_stack)
-    spec = json.loads(small_job(num_steps=2))
+    # A composite reward's parts are checked at submit against the rewards the gateway
+    # registered (over ListRewards). A composite job's per-step component means are
+    # tested end to end by test_example_jobs.py (receipts-composite).
+    spec = json.loads(small_job())
     spec["reward"] = {"name": "composite", "components": [
-        {"name": spec.get("reward", {}).get("name", "exact_match"), "weight": 1.0},
-        {"name": "format", "weight": 0.5}]}
-    job = await client.create_job(json.dumps(spec), "json")
-    job, steps, _ = await wait_for_job(client, job.job_id)
-    assert job.state is t.JobState.SUCCEEDED, job.message
-    for step in steps:
-        components = step["reward_components"]
-        assert set(components) <= {spec["reward"]["components"][0]["name"], "format"}
-        assert all(0.0 <= v <= 1.0 for v in components.values())
-    assert any("format" in step["reward_components"] for step in steps)
-    spec["reward"]["components"][1]["name"] = "no_such_reward"
+        {"name": "exact_match", "weight": 1.0}, {"name": "no_such_reward", "weight": 0.5}]}
     with pytest.raises(InvalidArgument) as err:
         await client.create_job(json.dumps(spec), "json")
     assert err.value.field == "reward.components[1].name"
@@ -92,26 +84,6 @@ def test_status_json_lists_every_service_healthy(running_stack: dict) -> None:
     assert all(row["health"] == "SERVING" and row["pid"] > 0 for row in rows.values())
     for row in rows.values():
         assert Path(row["log"]).exists()
-
-
-async def test_rollout_killed_mid_trajectory_is_requeued(running_stack: dict) -> None:
-    """kill -9 a rollout instance holding trajectories: after its lease expires the
-    scheduler re-places them on the other instance and the job still completes."""
-    client = stack.coordinator_client(running_stack)
-    job = await client.create_job(small_job(num_steps=8), "json")
-    r = redis_sync.from_url(running_stack["redis_url"], decode_responses=True)
-    victim = next(s for s in running_stack["services"] if s["name"] == "rollout-1")
-    for _ in range(600):
-        if "rollout-1" in r.hvals(keys.assignments(job.job_id)):
-            break
-        await asyncio.sleep(0.05)
-    os.kill(victim["pid"], signal.SIGKILL)
-    job, steps, counters = await wait_for_job(client, job.job_id)
-    assert job.state is t.JobState.SUCCEEDED, job.message
-    assert counters.get("requeued", 0) >= 1
-    assert len(steps) == 8
-    assert "rollout-1" not in r.hvals(keys.assignments(job.job_id))
-    await client.close()
 
 
 async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
@@ -165,10 +137,30 @@ async def test_the_local_stack_is_locked_and_the_cli_holds_the_keys(
     assert isinstance(json.loads(cli.stdout), list)
 
 
-def test_down_stops_every_process_by_pid(running_stack: dict) -> None:
-    run_root = Path(running_stack["run_root"])
-    pids = [s["pid"] for s in running_stack["services"]]
-    pids += [running_stack["redis_pid"], running_stack["supervisor_pid"]]
+async def test_rollout_killed_mid_trajectory_is_requeued(own_stack: dict) -> None:
+    """kill -9 a rollout instance holding trajectories: after its lease expires the
+    scheduler re-places them on the other instance and the job still completes."""
+    client = stack.coordinator_client(own_stack)
+    job = await client.create_job(small_job(num_steps=8), "json")
+    r = redis_sync.from_url(own_stack["redis_url"], decode_responses=True)
+    victim = next(s for s in own_stack["services"] if s["name"] == "rollout-1")
+    for _ in range(600):
+        if "rollout-1" in r.hvals(keys.assignments(job.job_id)):
+            break
+        await asyncio.sleep(0.05)
+    os.kill(victim["pid"], signal.SIGKILL)
+    job, steps, counters = await wait_for_job(client, job.job_id)
+    assert job.state is t.JobState.SUCCEEDED, job.message
+    assert counters.get("requeued", 0) >= 1
+    assert len(steps) == 8
+    assert "rollout-1" not in r.hvals(keys.assignments(job.job_id))
+    await client.close()
+
+
+def test_down_stops_every_process_by_pid(own_stack: dict) -> None:
+    run_root = Path(own_stack["run_root"])
+    pids = [s["pid"] for s in own_stack["services"]]
+    pids += [own_stack["redis_pid"], own_stack["supervisor_pid"]]
     assert stack.down(run_root)
     assert not any(pid_alive(pid) for pid in pids)
     assert stack.read_state(run_root) is None

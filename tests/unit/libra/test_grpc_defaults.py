@@ -16,18 +16,20 @@ from libra import GRPC_EXPERIMENTS_DEFAULT
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# Records GRPC_EXPERIMENTS as it is when grpc is first looked up, then imports argv[1].
+# Imports argv[1]; prints GRPC_EXPERIMENTS as it is when grpc is first looked up and
+# exits there (what the entry point imports after grpc, torch for some, cannot change
+# that value: no need to wait for it).
 PROBE = """
 import importlib, os, sys
-seen = []
 class Probe:
     def find_spec(self, name, path=None, target=None):
-        if name == "grpc" and not seen:
-            seen.append(os.environ.get("GRPC_EXPERIMENTS", "<unset>"))
+        if name == "grpc":
+            print(os.environ.get("GRPC_EXPERIMENTS", "<unset>"), flush=True)
+            os._exit(0)
         return None
 sys.meta_path.insert(0, Probe())
 importlib.import_module(sys.argv[1])
-print(seen[0] if seen else "<grpc not imported>")
+print("<grpc not imported>")
 """
 
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from libra import agents
 from libra import types as t
 from libra.agents import BUILTIN_AGENTS, agent_names, check_agent_name
 from libra.errors import InvalidArgument
@@ -97,6 +98,17 @@ def test_an_unknown_agent_is_refused_listing_the_available_ones() -> None:
         check_agent_name("react")
     assert err.value.field == "task.agent"
     assert "unknown agent 'react' (available: auto, arith, chat" in err.value.reason
+
+
+def test_a_builtin_agent_is_checked_without_reading_installed_metadata(monkeypatch):
+    def no_scan(group: str) -> list[str]:
+        raise AssertionError(f"scanned the {group} entry points for a built-in agent")
+
+    monkeypatch.setattr(agents, "entry_point_names", no_scan)
+    for name in BUILTIN_AGENTS:
+        check_agent_name(name)
+    with pytest.raises(AssertionError, match="scanned the libra.agents entry points"):
+        check_agent_name("react")  # a plugin name still looks them up
 
 
 def test_an_installed_agent_plugin_is_known_without_importing_it(tmp_path, monkeypatch):

@@ -1,0 +1,99 @@
+"""Fixtures for the integration tests.
+
+``shared_stack``: one `libra up` stack (Redis + the five services, two rollout instances,
+no restarts) for every module whose tests only submit jobs and read them back. A stack
+start costs more CPU than most of those tests (six processes importing torch on two
+cores), so they share one, each with its own job ids. Tests that kill, restart or stop
+processes, or need a stack configured otherwise, start their own.
+
+The modules using it run first (in their usual order; the other modules keep theirs), and
+the stack is stopped after the last test using it: it is up for one stretch, never idle
+beside another module's stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libra_cli import stack
+from tests.integration.stack_helpers import write_stack
+
+HERE = Path(__file__).resolve().parent
+SHARED = "shared_stack"
+_LAST_USER = pytest.StashKey[str]()  # node id of the last test on the shared stack
+
+
+def _uses_shared(item: pytest.Item) -> bool:
+    return SHARED in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Within this directory's (contiguous) run of items: whole modules with a test on the
+    shared stack first, keeping the order of modules and of tests inside each."""
+    ours = [i for i, item in enumerate(items) if HERE in Path(str(item.path)).parents]
+    if not ours:
+        return
+    first, last = ours[0], ours[-1] + 1
+    block = items[first:last]
+    sharing = {item.path for item in block if _uses_shared(item)}
+    block.sort(key=lambda item: item.path not in sharing)  # stable
+    items[first:last] = block
+    config.stash[_LAST_USER] = next(
+        (item.nodeid for item in reversed(block) if _uses_shared(item)), "")
+
+
+class _SharedStack:
+    """Started on first use, stopped after its last user (or at the session's end)."""
+
+    def __init__(self, run_root: Path) -> None:
+        self.run_root = run_root
+        self.state: dict[str, Any] | None = None
+
+    def get(self) -> dict[str, Any]:
+        if self.state is None:
+            self.state = stack.up(self.run_root,
+                                  write_stack(self.run_root / "stack.toml", restart_limit=0),
+                                  timeout_s=120)
+        return self.state
+
+    def stop(self) -> None:
+        if self.state is not None:
+            self.state = None
+            stack.down(self.run_root)
+
+
+@pytest.fixture(scope="session")
+def _shared_stack_owner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_SharedStack]:
+    owner = _SharedStack(tmp_path_factory.mktemp("shared-runs"))
+    try:
+        yield owner
+    finally:
+        owner.stop()  # a session that ended before the last user (-x, a selection)
+
+
+@pytest.fixture
+async def shared_stack(_shared_stack_owner: _SharedStack,
+                       request: pytest.FixtureRequest) -> AsyncIterator[dict]:
+    """The shared stack, checked whole before the test; after it, any job the test left
+    unfinished (it failed mid-job) is cancelled, so the next test's job never queues
+    behind it."""
+    state = _shared_stack_owner.get()
+    dead = [row["name"] for row in stack.status(state) if row["health"] != "SERVING"]
+    # restart_limit=0: a service that died stays dead; say so rather than let this test
+    # fail on a symptom (its log names the earlier test that killed it).
+    assert not dead, (f"shared stack: {dead} not serving; see their logs under "
+                      f"{state['run_root']}/.libra/logs")
+    yield state
+    client = stack.coordinator_client(state)
+    try:
+        for job in await client.list_jobs():
+            if not job.state.is_terminal:
+                await client.cancel_job(job.job_id, "left unfinished by a test")
+    finally:
+        await client.close()
+    if request.node.nodeid == request.config.stash.get(_LAST_USER, ""):
+        _shared_stack_owner.stop()
