@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -109,3 +112,18 @@ def datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "datasets-cache"
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     return cache
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Every span the tracing port records, in memory: a sink installed over a provider
+    of its own (not the process's global one), removed afterwards."""
+    from libra import tracing
+    from libra.trace_export import OtelSpanSink
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing.set_sink(OtelSpanSink(provider))
+    yield memory
+    tracing.set_sink(None)

@@ -36,6 +36,22 @@ def small_job(policy: str = "least_loaded", **algorithm: Any) -> str:
     return json.dumps(spec)
 
 
+def migrating_cmlfq_job(num_steps: int) -> str:
+    """A C-MLFQ job whose trajectories move: the model calls tools after 300 SFT steps,
+    `short` holds one token, so once the prefix tree has evidence (after step 1) a tool
+    return in `short` is a MOVE to `long`. Four groups a step: enough tool returns in
+    `short` that some decision comes back while its trajectory still runs (a move decided
+    after its last turn is moot). The reference's rules (issue 20 made Libra's the
+    default): entry in `short`, and one visit is evidence, so the move is certain."""
+    spec = json.loads(small_job(policy="cmlfq", num_steps=num_steps, sft_steps=300,
+                                prompts_per_step=4))
+    spec["layout"]["buckets"][0]["max_tokens"] = 1
+    spec["layout"]["cmlfq"] = {"rebuild_interval_steps": 1, "entry": "shortest",
+                               "disagree_rule": "stay", "live_thresholds": False,
+                               "min_node_visits": 1, "max_queue_length": 0}
+    return json.dumps(spec)
+
+
 def write_stack(path: Path, restart_limit: int, lease_ttl_ms: int | None = None) -> Path:
     """A stack file: two rollout instances in two buckets (the second one lendable to
     training, as in the shipped stack), the given restart limit."""

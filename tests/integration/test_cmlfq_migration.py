@@ -11,8 +11,6 @@ rollout-1 and is trained on.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import redis as redis_sync
 
@@ -20,7 +18,7 @@ from libra import redis_keys as keys
 from libra import types as t
 from libra.wire.common import decode_trajectory
 from libra_cli import stack
-from tests.integration.stack_helpers import small_job, wait_for_job
+from tests.integration.stack_helpers import migrating_cmlfq_job, wait_for_job
 
 pytestmark = pytest.mark.integration
 
@@ -33,23 +31,9 @@ def running_stack(shared_stack: dict) -> dict:
     return shared_stack
 
 
-def cmlfq_job() -> str:
-    # Four groups a step: enough tool returns in `short` that some decision comes back
-    # while its trajectory still runs (a move decided after its last turn is moot).
-    spec = json.loads(small_job(policy="cmlfq", num_steps=NUM_STEPS, sft_steps=300,
-                                prompts_per_step=4))
-    spec["layout"]["buckets"][0]["max_tokens"] = 1
-    # The reference's rules (issue 20 made Libra's the default): entry in `short`, and
-    # one visit is evidence, so the move this test needs is certain.
-    spec["layout"]["cmlfq"] = {"rebuild_interval_steps": 1, "entry": "shortest",
-                               "disagree_rule": "stay", "live_thresholds": False,
-                               "min_node_visits": 1, "max_queue_length": 0}
-    return json.dumps(spec)
-
-
 async def test_trajectory_migrates_to_long_and_finishes_there(running_stack: dict) -> None:
     client = stack.coordinator_client(running_stack)
-    job = await client.create_job(cmlfq_job(), "json")
+    job = await client.create_job(migrating_cmlfq_job(NUM_STEPS), "json")
     job, steps, counters = await wait_for_job(client, job.job_id, timeout_s=180)
     await client.close()
     assert job.state is t.JobState.SUCCEEDED, job.message

@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from libra import tracing
 from libra import types as t
 from libra.jobspec import job_spec_from_json
-from libra.trace_export import OtelSpanSink
 from libra_cli.inprocess_loop import in_process_stack
-from tests.integration.stack_helpers import small_job, wait_for_job
+from tests.integration.stack_helpers import migrating_cmlfq_job, wait_for_job
 
 pytestmark = pytest.mark.integration
 
@@ -34,27 +30,11 @@ NUM_STEPS = 4
 
 
 def traced_cmlfq_job() -> str:
-    """The migration test's job (tests/integration/test_cmlfq_migration.py): the model
-    calls tools after 300 SFT steps, `short` holds one token, so once the prefix tree
-    has evidence (after step 1) a tool return in `short` is a MOVE to `long`."""
-    spec = json.loads(small_job(policy="cmlfq", num_steps=NUM_STEPS, sft_steps=300,
-                                prompts_per_step=4))
-    spec["layout"]["buckets"][0]["max_tokens"] = 1
-    spec["layout"]["cmlfq"] = {"rebuild_interval_steps": 1, "entry": "shortest",
-                               "disagree_rule": "stay", "live_thresholds": False,
-                               "min_node_visits": 1, "max_queue_length": 0}
+    """The migration test's job (stack_helpers.migrating_cmlfq_job), every trajectory
+    traced."""
+    spec = json.loads(migrating_cmlfq_job(NUM_STEPS))
     spec["observability"] = {"trace_sample_ratio": 1.0}
     return json.dumps(spec)
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracing.set_sink(OtelSpanSink(provider))
-    yield memory
-    tracing.set_sink(None)
 
 
 def by_trace(spans: tuple[ReadableSpan, ...]) -> dict[int, list[ReadableSpan]]:

@@ -5,11 +5,7 @@ adapter makes from it (a real SDK tracer provider, spans to an in-memory exporte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -18,20 +14,8 @@ from libra import types as t
 from libra.errors import InvalidArgument
 from libra.jobspec import parse_job_spec
 from libra.proto.common.v1 import common_pb2
-from libra.trace_export import OtelSpanSink
 from libra.tracing import TraceParent
 from libra.wire.common import decode_trajectory, encode_trajectory
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """A sink installed over a provider of its own (not the process's global one)."""
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracing.set_sink(OtelSpanSink(provider))
-    yield memory
-    tracing.set_sink(None)
 
 
 def test_traceparent_round_trips_and_malformed_values_mean_untraced() -> None:
