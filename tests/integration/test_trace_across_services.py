@@ -82,6 +82,16 @@ def traced_stack(receiver: tuple[Receiver, str],
             os.environ["LIBRA_TELEMETRY__OTLP_ENDPOINT"] = before
 
 
+STORY = ("scheduler.place", "rollout.generate", "rollout.publish", "trainer.train")
+
+
+def _every_story_arrived(spans: list[Received], trained: int) -> bool:
+    roots = [s for s in spans if s.name == "trajectory" and s.outcome == "trained"]
+    named = {(s.trace_id, s.name) for s in spans}
+    return len(roots) >= trained and all(
+        (root.trace_id, name) in named for root in roots for name in STORY)
+
+
 async def test_trained_trajectory_spans_from_three_processes_share_one_root(
         traced_stack: dict, receiver: tuple[Receiver, str]) -> None:
     client = stack.coordinator_client(traced_stack)
@@ -90,10 +100,10 @@ async def test_trained_trajectory_spans_from_three_processes_share_one_root(
     await client.close()
     assert job.state is t.JobState.SUCCEEDED, job.message
     spans = receiver[0].spans
-    # Each service exports in batches (every 5 s): wait for the trainer's roots.
+    # Each service exports in batches (every 5 s, each on its own clock): wait for the
+    # trainer's roots and for every service's children of them.
     deadline = time.monotonic() + 60
-    while (len([s for s in spans if s.outcome == "trained"]) < counters["trained"]
-           and time.monotonic() < deadline):
+    while not _every_story_arrived(spans, counters["trained"]) and time.monotonic() < deadline:
         time.sleep(0.5)
     roots = [s for s in spans if s.name == "trajectory" and s.outcome == "trained"]
     assert len(roots) == counters["trained"] >= 1
