@@ -148,3 +148,14 @@ async def stack(redis_server, tmp_path: Path, hf_model_dir) -> AsyncIterator[Sta
 def assistant_dict(message: Any) -> dict[str, Any]:
     """The reply as an agent appends it (the openai message model, as a dict)."""
     return message.model_dump(exclude_none=True)
+
+
+async def read_streamed_text(chunks: AsyncIterator[Any], text: str,
+                             timeout_s: float = 20.0) -> None:
+    """Read streamed pieces until they add up to ``text``. The pieces follow the
+    engine's steps, so how the text is split depends on timing; each must continue it."""
+    shown = ""
+    while shown != text:
+        delta = (await asyncio.wait_for(anext(chunks), timeout=timeout_s)).choices[0].delta
+        shown += delta.content or ""
+        assert text.startswith(shown), (shown, text)
