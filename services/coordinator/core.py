@@ -176,15 +176,14 @@ class CoordinatorCore:
 
     async def get_job(self, job_id: str) -> tuple[t.Job, list[dict[str, Any]], dict[str, int]]:
         """The job, its step records, and its counters with the measured backlog
-        (``in_flight_*``, see ``CoordinatorStore.backlog``)."""
+        (``in_flight_*``, see ``CoordinatorStore.accounting``: one snapshot)."""
         # Independent reads, sent together: GetJob and the live view (/ui) poll this, and
         # on a busy machine each round trip waits for a CPU.
-        job, position, counters, backlog, steps = await asyncio.gather(
+        job, position, counters, steps = await asyncio.gather(
             self._store.get_job(job_id), self._queue.position(job_id),
-            self._store.counters(job_id), self._store.backlog(job_id),
-            self._store.steps(job_id))
+            self._store.accounting(job_id), self._store.steps(job_id))
         job.queue_position = position
-        return job, steps, {**counters, **backlog}
+        return job, steps, counters
 
     async def list_jobs(self) -> list[t.Job]:
         """Every job, with its place in the queue (``queue_position``, 0 = not queued)."""

@@ -89,6 +89,9 @@ class InMemoryCoordinatorStore:
     async def backlog(self, job_id: str) -> dict[str, int]:
         return {}  # no queues in memory: the report falls back to the difference
 
+    async def accounting(self, job_id: str) -> dict[str, int]:
+        return {**await self.counters(job_id), **await self.backlog(job_id)}
+
     def _live(self, worker_id: str) -> t.Lease | None:
         lease = self._leases.get(worker_id)
         if lease is None or lease.expires_at_ms <= self._clock.now_ms():

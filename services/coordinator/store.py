@@ -35,10 +35,10 @@ from services.coordinator.store_protocol import (
     step_of,
 )
 from services.coordinator.store_scripts import (
+    ACCOUNTING_LUA,
     ACQUIRE_LUA,
     APPEND_STEP_LUA,
     CHANGE_ROLE_LUA,
-    COUNT_AFTER_LUA,
     PRUNE_WORKER_LUA,
     RELEASE_LUA,
     RENEW_LUA,
@@ -107,7 +107,7 @@ class RedisCoordinatorStore:
         self._change_role = redis.register_script(CHANGE_ROLE_LUA)
         self._append_step = redis.register_script(APPEND_STEP_LUA)
         self._prune_worker = redis.register_script(PRUNE_WORKER_LUA)
-        self._count_after = redis.register_script(COUNT_AFTER_LUA)
+        self._accounting = redis.register_script(ACCOUNTING_LUA)
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[R]]) -> R:
         """Run ``call`` again with exponential backoff while Redis is unreachable.
@@ -217,33 +217,18 @@ class RedisCoordinatorStore:
         return {k: int(v) for k, v in raw.items()}
 
     async def backlog(self, job_id: str) -> dict[str, int]:
-        return await self._retrying("backlog", lambda: self._read_backlog(job_id))
+        return {k: v for k, v in (await self.accounting(job_id)).items()
+                if k.startswith("in_flight_")}
 
-    async def _read_backlog(self, job_id: str) -> dict[str, int]:
-        stream = keys.trajectories(job_id)
-        async with self._r.pipeline(transaction=False) as pipe:
-            pipe.xlen(stream)
-            pipe.hlen(keys.assignments(job_id))
-            pipe.hlen(keys.pending(job_id))
-            length, running, pending = await pipe.execute()
-        unconsumed = length  # no trainer group yet: nothing was consumed
-        if length:
-            for group in await self._r.xinfo_groups(stream):
-                if group["name"] == keys.TRAINER_GROUP:
-                    unconsumed = await self._undelivered(stream, group) + int(group["pending"])
-        return {"in_flight_unconsumed": unconsumed, "in_flight_running": running,
-                "in_flight_pending_admission": pending}
-
-    async def _undelivered(self, stream: str, group: dict[str, Any]) -> int:
-        """Entries the group was never given: Redis >= 7 reports ``lag`` (exact, as the
-        stream is never trimmed); older servers get the tail after the group's last
-        delivered id counted (short: the trainer reads as entries arrive)."""
-        if group.get("lag") is not None:
-            return int(group["lag"])
-        # Counted on the server: the entries hold binary trajectories this client (which
-        # decodes replies as text) must not read.
-        return int(await self._count_after(keys=[stream],
-                                           args=[group["last-delivered-id"]]))
+    async def accounting(self, job_id: str) -> dict[str, int]:
+        raw, unconsumed, running, pending = await self._retrying(
+            "accounting", lambda: self._accounting(
+                keys=[keys.counters(job_id), keys.trajectories(job_id),
+                      keys.assignments(job_id), keys.pending(job_id)],
+                args=[keys.TRAINER_GROUP]))
+        counters = {k: int(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
+        return {**counters, "in_flight_unconsumed": int(unconsumed),
+                "in_flight_running": int(running), "in_flight_pending_admission": int(pending)}
 
     async def acquire_lease(self, lease: t.Lease) -> t.Lease:
         fields = lease_to_hash(lease)

@@ -86,9 +86,31 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 return redis.call('SREM', KEYS[2], ARGV[1])
 """
 
-# KEYS[1] = stream; ARGV[1] = an entry id
-# Returns how many entries come after that id (a consumer group's undelivered entries on
-# servers without XINFO's lag), without sending them to the client.
-COUNT_AFTER_LUA = """
-return #redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+')
+# KEYS[1] = counters hash, KEYS[2] = trajectory stream, KEYS[3] = assignments,
+# KEYS[4] = pending admission; ARGV[1] = the trainer's consumer group
+# The job's counters and its measured backlog in one snapshot. Read apart, a publish
+# (stream entry + ``produced``, one script) or a trainer ack (+ ``trained``/``dropped_*``)
+# landing between the reads put one trajectory on both sides of the accounting identity,
+# or on neither: a finished job whose instances still publish showed ``unaccounted`` -4.
+# Unconsumed = never delivered to the group (``lag``, or the entries after its last
+# delivered id on servers without it) + delivered and not acked (``pending``).
+# Returns {flat counters, unconsumed, running, pending admission}.
+ACCOUNTING_LUA = """
+local length = redis.call('XLEN', KEYS[2])
+local unconsumed = length
+if length > 0 then
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    local info = {}
+    for i = 1, #group, 2 do info[group[i]] = group[i + 1] end
+    if info['name'] == ARGV[1] then
+      local lag = info['lag']
+      if not lag then
+        lag = #redis.call('XRANGE', KEYS[2], '(' .. info['last-delivered-id'], '+')
+      end
+      unconsumed = lag + info['pending']
+    end
+  end
+end
+return {redis.call('HGETALL', KEYS[1]), unconsumed, redis.call('HLEN', KEYS[3]),
+        redis.call('HLEN', KEYS[4])}
 """

@@ -193,6 +193,11 @@ class MemoryTrainerStore:
         """Entries delivered to a consumer and not acked (``XPENDING``)."""
         return sum(len(held) for held in self._stream(job_id).pending.values())
 
+    def num_undelivered(self, job_id: str) -> int:
+        """Entries never delivered to the trainer group (``XINFO GROUPS`` lag)."""
+        stream = self._stream(job_id)
+        return len(stream.entries) - stream.delivered
+
     # -- internals ------------------------------------------------------------------------
 
     def _stream(self, job_id: str) -> _Stream:

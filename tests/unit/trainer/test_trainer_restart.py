@@ -103,6 +103,37 @@ async def test_resume_continues_from_the_checkpoint_and_trains_nothing_twice(rig
     assert counters["produced"] - counters["trained"] == 2  # group 5: in the stream
 
 
+async def test_a_cancel_and_resume_counts_every_trajectory_once_whatever_its_stage(
+        rig: Rig) -> None:
+    """The stack's cancel-and-resume job once reported ``unaccounted`` -4; the trainer's
+    side is exact: held entries are re-read (not counted again), ones that went stale
+    meanwhile are dropped once, and what is left stays in flight."""
+    await rig.set_spec(num_steps=3, checkpoint_interval=1, max_staleness=1)
+    await rig.write(*make_group(0), make_group(1)[0])  # step 1, and a half group held
+    first = rig.new_core()
+    await first.start_job(JOB)
+    await wait_until(lambda: first.step == 1)
+    await wait_until(lambda: rig.pending())
+    await first.stop_job(JOB)  # cancelled: tr-1-0 delivered, not acked
+    await rig.write(make_group(1)[1])  # published while cancelled, never read
+    second = rig.new_core()
+    await second.start_job(JOB, resume=True)
+    # Fresh groups for steps 2 and 3, and one more that stays in flight.
+    await rig.write(*[tr for g in (2, 3, 4) for tr in make_group(g, version=100)])
+    await rig.run_job(second)
+    counters = await rig.counters()
+    # Group 1 (version 0) is stale for the resumed policy: both members dropped, once.
+    assert (counters["produced"], counters["trained"], counters["dropped_stale"]) == (10, 6, 2)
+    in_flight = rig.store.num_pending(JOB) + rig.store.num_undelivered(JOB)
+    assert in_flight == 2  # group 4
+    assert counters["produced"] == (counters["trained"] + counters["dropped_stale"]
+                                    + counters.get("dropped_failed", 0) + in_flight)
+    ids = [f"tr-{g}-{i}" for g in range(5) for i in range(2)]
+    assert await rig.num_consumed(ids) == 8
+    trained = rig.backend.trained_ids
+    assert len(trained) == len(set(trained)) == 6
+
+
 async def test_resume_sends_the_checkpoint_steps_report_the_stop_may_have_lost(
         rig: Rig) -> None:
     # The stack stopped after the checkpoint of step 2 was written and before its report
