@@ -71,7 +71,8 @@ def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
             warning instead and sandboxed code can reach the network.
     """
     sandbox = SubprocessSandbox(SandboxConfig(
-        require_network_isolation=cfg.require_network_isolation))
+        require_network_isolation=cfg.require_network_isolation,
+        uid_base=cfg.sandbox_uid_base, num_uids=cfg.sandbox_num_uids))
     search = _search_config(cfg)
     tools = build_tool_registry(builtin_tools(
         sandbox, CalculatorConfig(transient_failure_rate=cfg.calculator_transient_failure_rate),

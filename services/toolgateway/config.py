@@ -34,9 +34,17 @@ class ToolGatewayConfig:
     extra_rewards: list[str] = knob([], "plugin rewards by dotted path (module:Name)")
     require_network_isolation: bool = knob(False, "refuse to start without a network "
                                                   "namespace for sandboxed code")
+    sandbox_uid_base: int = knob(990_000, "first uid (and gid) of the pool sandboxed code "
+                                 "runs as when the gateway is root; gateways sharing a host "
+                                 "need disjoint ranges (a uid's processes may signal each "
+                                 "other and share RLIMIT_NPROC)")
+    sandbox_num_uids: int = knob(256, "uids in that pool (calls running at once, at most)")
 
     def __post_init__(self) -> None:
         if self.file_read_uid == 0 or self.file_read_uid < -1 or self.file_read_gid < -1:
             raise ValueError(f"file_read_uid/file_read_gid must be an unprivileged id (> 0) "
                              f"or -1 (read as the gateway), got {self.file_read_uid}/"
                              f"{self.file_read_gid}")
+        if self.sandbox_uid_base <= 0 or self.sandbox_num_uids <= 0:
+            raise ValueError(f"sandbox_uid_base and sandbox_num_uids must be > 0, got "
+                             f"{self.sandbox_uid_base}/{self.sandbox_num_uids}")

@@ -67,3 +67,19 @@ def test_fork_safety_check(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         assert not entry.check_fork_safety()
     assert "GRPC_ENABLE_FORK_SUPPORT" in caplog.text
+
+
+def test_the_sandbox_uid_pool_comes_from_the_config(monkeypatch):
+    """Two gateways on one host need disjoint uid ranges: the pool is a setting."""
+    made = []
+
+    class Recording(entry.SubprocessSandbox):
+        def __init__(self, config):
+            made.append(config)
+            super().__init__(config)
+
+    monkeypatch.setattr(entry, "SubprocessSandbox", Recording)
+    entry.build_core(ToolGatewayConfig(sandbox_uid_base=880_000, sandbox_num_uids=32))
+    assert [(c.uid_base, c.num_uids) for c in made] == [(880_000, 32)]
+    with pytest.raises(ValueError, match="sandbox_uid_base"):
+        ToolGatewayConfig(sandbox_uid_base=0)
