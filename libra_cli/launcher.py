@@ -24,8 +24,8 @@ from typing import Any
 
 from libra.config import env_flag
 from libra.data_roots import DEFAULT_DATA_ROOTS
-from libra_cli.observe import ObserveOptions, Viewer, start_phoenix, stop_phoenix
-from libra_cli.redis_server import EmbeddedRedis, free_ports, pid_alive, start_redis
+from libra_cli.observe import ObserveOptions, Viewer, start_phoenix
+from libra_cli.redis_server import EmbeddedRedis, free_ports, pid_alive, start_redis, terminate
 from libra_cli.stack_secrets import StackSecrets, ensure_stack_secrets
 
 logger = logging.getLogger("libra_cli.launcher")
@@ -278,7 +278,7 @@ class Supervisor:
                 proc.kill()
                 proc.wait()
         if self._viewer_proc is not None:
-            stop_phoenix(self._viewer_proc, grace_s)
+            terminate(self._viewer_proc, grace_s)
         if self.redis is not None:
             self.redis.stop()
         state_path(self.run_root).unlink(missing_ok=True)

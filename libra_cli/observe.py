@@ -12,7 +12,6 @@ rest. Its database lives under ``<run_root>/.libra/phoenix``, so traces outlive 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import urllib.error
 import urllib.request
@@ -127,13 +126,3 @@ def status_row(state: dict[str, Any]) -> dict[str, Any]:
             "log": state["log_path"], "url": state["url"]}
 
 
-def stop_phoenix(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM by pid, SIGKILL after ``grace_s``."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

@@ -74,14 +74,19 @@ class EmbeddedRedis:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """SIGTERM by pid (redis flushes AOF on SIGTERM), SIGKILL if it lingers."""
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        terminate(self.process, timeout_s)
+
+
+def terminate(proc: subprocess.Popen, grace_s: float) -> None:
+    """Stop a child by pid: SIGTERM, then SIGKILL if it outlives ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def start_redis(data_dir: Path, port: int | None = None, appendonly: bool = True,

@@ -15,7 +15,7 @@ from libra.errors import FailedPrecondition
 from libra_cli.healthcheck import check
 from libra_cli.launcher import DEFAULT_STACK, ROOT, read_state, state_path
 from libra_cli.observe import ObserveOptions, phoenix_executable, status_row
-from libra_cli.redis_server import pid_alive
+from libra_cli.redis_server import pid_alive, terminate
 
 
 def up(run_root: Path, stack: Path = DEFAULT_STACK, timeout_s: float = 90.0,
@@ -78,13 +78,7 @@ def _stop_supervisor(supervisor: subprocess.Popen, run_root: Path,
     """SIGTERM the supervisor by pid (it stops its children by pid), SIGKILL after
     ``timeout_s``. Its handler is installed before it starts any child, so a SIGTERM
     that comes earlier leaves nothing behind."""
-    if supervisor.poll() is None:
-        supervisor.send_signal(signal.SIGTERM)
-        try:
-            supervisor.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            supervisor.kill()
-            supervisor.wait()
+    terminate(supervisor, timeout_s)
     state_path(run_root).unlink(missing_ok=True)
 
 
