@@ -241,7 +241,8 @@ class Server:
         grace_s = self._cfg.shutdown_grace_s
         if drain is not None:
             try:
-                await asyncio.wait_for(drain(grace_s), timeout=grace_s)
+                async with asyncio.timeout(grace_s):
+                    await drain(grace_s)
             except TimeoutError:
                 logger.warning("[shutdown] drain exceeded grace_s=%.1f", grace_s)
         await self.server.stop(grace=min(grace_s, 2.0))

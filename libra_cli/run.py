@@ -248,7 +248,8 @@ class RunSession:
         """Cancel the submitted job (waiting for a submit in flight to learn its id)."""
         name = self.interrupts.name
         try:
-            job = await asyncio.wait_for(submit, SUBMIT_WAIT_S)
+            async with asyncio.timeout(SUBMIT_WAIT_S):
+                job = await submit
         except (LibraError, TimeoutError) as exc:
             print(f"libra: interrupted by {name}; no job was submitted ({exc})",
                   file=sys.stderr)

@@ -245,7 +245,8 @@ class RolloutCore:
     async def _wait_for_work(self) -> None:
         """Sleep until a tool call returns (or briefly, to look at the inbox again)."""
         try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout=WAIT_FOR_TOOLS_S)
+            async with asyncio.timeout(WAIT_FOR_TOOLS_S):
+                await self._wakeup.wait()
         except TimeoutError:
             pass
         self._wakeup.clear()

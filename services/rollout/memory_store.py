@@ -81,7 +81,8 @@ class MemoryRolloutStore:
         if not new and block_ms > 0:
             inbox.arrived.clear()
             try:
-                await asyncio.wait_for(inbox.arrived.wait(), block_ms / 1000.0)
+                async with asyncio.timeout(block_ms / 1000.0):
+                    await inbox.arrived.wait()
             except TimeoutError:
                 return []
             new = self._undelivered(inbox, count)

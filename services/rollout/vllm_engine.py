@@ -282,6 +282,9 @@ class VllmEngine:
                 if output.finished:
                     break
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled, not only the request: stop
             stream.finish_reason = "aborted"  # vLLM aborted the request; keep its tokens
         finally:
             await outputs.aclose()

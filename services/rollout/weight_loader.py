@@ -128,8 +128,8 @@ class WeightLoader:
         key = (job_id, policy.version, policy.sha256)
         started = time.perf_counter()
         try:
-            data = await asyncio.wait_for(self._fetch_verified(job_id, policy),
-                                          self.load_deadline_s)
+            async with asyncio.timeout(self.load_deadline_s):
+                data = await self._fetch_verified(job_id, policy)
         except LibraError as exc:
             # The trainer unreachable through the fetcher's retries: not the version's
             # fault, so it is not refused; the next pass resumes the transfer.

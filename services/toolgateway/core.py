@@ -169,7 +169,8 @@ class _ToolLane:
                            f"{self.num_waiting} queued", self.retry_after_ms(cap_ms))
         self.num_waiting += 1
         try:
-            await asyncio.wait_for(self._slots.acquire(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._slots.acquire()
         except TimeoutError:
             raise DeadlineExceeded(f"tool {tool!r}: deadline passed while queued") from None
         finally:
@@ -281,7 +282,8 @@ class ToolGatewayCore:
         try:
             # The tool enforces timeout_s itself (the sandbox kills its process group);
             # this backstop only catches tools that ignore it.
-            return await asyncio.wait_for(tool.run(call.args, ctx), backstop_s)
+            async with asyncio.timeout(backstop_s):
+                return await tool.run(call.args, ctx)
         except TimeoutError:
             return ToolOutput(ok=False, error="timeout", is_timeout=True)
         except Exception as exc:  # noqa: BLE001 - a plugin fault becomes a failed call
@@ -321,7 +323,8 @@ class ToolGatewayCore:
         reward = self._rewards.get(request.reward)
         timeout_s = float(request.options.get("timeout_s") or self._limits.reward_timeout_s)
         try:
-            out = await asyncio.wait_for(reward.score(request), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                out = await reward.score(request)
             upper = (sum(w for _, w in composite_weights(request.options))
                      if request.options.get("components") else 1.0)
             out = check_output(request.reward, out, max_reward=upper)

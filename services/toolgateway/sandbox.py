@@ -301,7 +301,8 @@ class SubprocessSandbox:
         readers = [asyncio.ensure_future(_read_capped(s, b, cap, killer))
                    for s, b in ((proc.stdout, out), (proc.stderr, err))]
         try:
-            await asyncio.wait_for(_wait_exit(proc.pid), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await _wait_exit(proc.pid)
         except TimeoutError:
             killer.kill("timeout")
         finally:

@@ -268,6 +268,7 @@ class GradientDomain:
                 return None, "deadline passed"
             session.arrived.clear()
             try:
-                await asyncio.wait_for(session.arrived.wait(), timeout=remaining_s)
+                async with asyncio.timeout(remaining_s):
+                    await session.arrived.wait()
             except TimeoutError:
                 return None, "deadline passed"

@@ -213,6 +213,7 @@ class MemoryTrainerStore:
         async with self._arrived:
             waiting = self._arrived.wait_for(lambda: stream.delivered < len(stream.entries))
             try:
-                await asyncio.wait_for(waiting, block_ms / 1000 if block_ms else None)
+                async with asyncio.timeout(block_ms / 1000 if block_ms else None):
+                    await waiting
             except TimeoutError:
                 pass

@@ -16,7 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,8 @@ class Stack:
     model: str
     episode_clock: FakeClock
     """The rollout's episode idle timer (advance it to time an episode out)."""
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
+    """Every client the test made, closed at teardown (on the test's loop)."""
 
     async def open(self) -> dict[str, Any]:
         response = await self.http.post(f"{self.base_url}/v1/episodes",
@@ -85,8 +87,10 @@ class Stack:
         return response.json()
 
     def client(self, episode: dict[str, Any]) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=episode["base_url"], api_key=episode["api_key"],
-                                  max_retries=0)
+        client = openai.AsyncOpenAI(base_url=episode["base_url"], api_key=episode["api_key"],
+                                    max_retries=0)
+        self.clients.append(client)
+        return client
 
     async def close(self, episode: dict[str, Any], body: dict[str, Any]) -> httpx.Response:
         """``POST /v1/episodes/{id}/reward`` with the episode's key."""
@@ -123,14 +127,19 @@ async def stack(redis_server, tmp_path: Path, hf_model_dir) -> AsyncIterator[Sta
                                tmp_path / "runs")
         endpoint = EpisodeEndpoint(RedisEpisodeStore(coord_redis, SystemClock()), SystemClock())
         port = free_port()
+        # A bounded graceful shutdown: a call still waiting for a reply is cancelled.
         server = uvicorn.Server(uvicorn.Config(build_app(core, None, endpoint),
-                                               host="127.0.0.1", port=port, log_level="warning"))
+                                               host="127.0.0.1", port=port, log_level="warning",
+                                               timeout_graceful_shutdown=5))
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         serving = asyncio.create_task(server.serve())
         await wait_until(lambda: server.started)
         async with httpx.AsyncClient(timeout=30.0) as http:
-            yield Stack(rig, f"http://127.0.0.1:{port}", http, tokenizer, model_dir.name,
-                        episode_clock)
+            stack = Stack(rig, f"http://127.0.0.1:{port}", http, tokenizer, model_dir.name,
+                          episode_clock)
+            yield stack
+            for client in stack.clients:
+                await client.close()
         await rig.stop()
         rig.task = None  # stopped (the rig's own exit would stop it again)
         # Episodes still waiting for a call are the core's tasks: end them with the
@@ -138,7 +147,9 @@ async def stack(redis_server, tmp_path: Path, hf_model_dir) -> AsyncIterator[Sta
         pending = list(rig.core._tasks)
         for task in pending:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        if pending:
+            _, running = await asyncio.wait(pending, timeout=30.0)
+            assert not running, f"{len(running)} episode task(s) kept running after cancel()"
         server.should_exit = True
         await serving
         await coord_redis.aclose()
