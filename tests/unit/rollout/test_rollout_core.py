@@ -304,3 +304,25 @@ async def test_settings_replaced_after_construction_reach_the_lease(rig: Rig) ->
                                             role=t.WorkerRole.HYBRID_ROLLOUT)
     lease = await rig.core.register()
     assert (lease.address, lease.role) == ("10.0.0.7:5051", t.WorkerRole.HYBRID_ROLLOUT)
+
+
+async def test_a_cancel_that_lands_as_the_loop_is_woken_still_stops_it(rig: Rig) -> None:
+    """While every trajectory waits on a tool the loop sleeps on its wake-up event; a
+    cancel arriving in the same pass as a wake-up must end it (3.11's wait_for returned
+    the wake-up instead and the loop ran on; it wedged a test teardown for 300 s)."""
+    rig.tools.gate = asyncio.Event()  # the tool call stays open: the loop idles
+    rig.engine.queue("<calc>1+2</calc>", "<ans>3</ans>")
+    await rig.place(make_task())
+    for passes in range(4):  # how far the wake-up got before the cancel
+        rig.start()
+        await wait_until(lambda: len(rig.core._wakeup._waiters) > 0)  # type: ignore[attr-defined]
+        rig.core._wakeup.set()  # as a tool return does
+        for _ in range(passes):
+            await asyncio.sleep(0)
+        rig.task.cancel()
+        done, _ = await asyncio.wait([rig.task], timeout=5.0)
+        assert done, f"the loop ran on after a cancel {passes} pass(es) after its wake-up"
+    rig.task = None
+    rig.tools.gate.set()  # and a loop started again finishes the trajectory
+    (traj,) = await rig.run_until_published()
+    assert traj.status is t.TrajectoryStatus.FINISHED
