@@ -11,7 +11,6 @@ under tmp_path. Fakes: ``FakeRunner`` for the trainer and scheduler clients.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,12 @@ import pytest
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.errors import InvalidArgument
-from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from services.coordinator.__main__ import corpus_check
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.rest import build_app
-from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
 from tests.fakes.runner import FakeRunner
-from tests.service.grpc_harness import serving
 
 
 def spec(*corpus: str) -> str:
@@ -52,17 +48,6 @@ def core(redis: Any, tmp_path: Path, root: Path) -> CoordinatorCore:
     return CoordinatorCore(RedisCoordinatorStore(redis, SystemClock()), FakeRunner(),
                            FakeRunner(), SystemClock(), tmp_path / "runs",
                            corpus_check=corpus_check(cfg))
-
-
-@pytest.fixture
-async def client(core: CoordinatorCore) -> AsyncIterator[GrpcCoordinatorClient]:
-    async with serving("coordinator",
-                       coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
-                       CoordinatorServicer(core), coordinator_pb2.DESCRIPTOR,
-                       "CoordinatorService") as address:
-        c = GrpcCoordinatorClient(address, timeout_s=30.0)
-        yield c
-        await c.close()
 
 
 async def refused(client: GrpcCoordinatorClient, *corpus: str) -> InvalidArgument:

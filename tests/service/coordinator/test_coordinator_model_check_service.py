@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,14 @@ import pytest
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.errors import InvalidArgument
-from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from libra_cli.main import main as cli_main
 from services.coordinator.__main__ import build_core
 from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.model_check import check_job_model
 from services.coordinator.rest import build_app
-from services.coordinator.servicer import CoordinatorServicer
 from services.coordinator.store import RedisCoordinatorStore
 from tests.fakes.runner import FakeRunner
-from tests.service.grpc_harness import serving
 
 
 def hf_spec(path: Path | str) -> str:
@@ -44,17 +40,6 @@ def core(redis: Any, tmp_path: Path) -> CoordinatorCore:
     return CoordinatorCore(RedisCoordinatorStore(redis, SystemClock()), FakeRunner(),
                            FakeRunner(), SystemClock(), tmp_path / "runs",
                            model_check=check_job_model)
-
-
-@pytest.fixture
-async def client(core: CoordinatorCore) -> AsyncIterator[GrpcCoordinatorClient]:
-    async with serving("coordinator",
-                       coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
-                       CoordinatorServicer(core), coordinator_pb2.DESCRIPTOR,
-                       "CoordinatorService") as address:
-        c = GrpcCoordinatorClient(address, timeout_s=30.0)
-        yield c
-        await c.close()
 
 
 async def test_grpc_bad_model_is_invalid_argument_and_nothing_is_created(
