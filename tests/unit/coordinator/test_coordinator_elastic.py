@@ -24,7 +24,7 @@ from services.coordinator.core import CoordinatorCore
 from services.coordinator.elastic import ElasticWiring
 from services.coordinator.memory_store import InMemoryCoordinatorStore
 from tests.unit.coordinator.test_coordinator_core import FakeRunner
-from tests.unit.coordinator.test_elastic_executor import FakeRollout
+from tests.unit.coordinator.elastic_rig import FakeRollout
 
 ELASTIC_SPEC = """
 name = "elastic"
