@@ -9,10 +9,15 @@ processes, or need a stack configured otherwise, start their own.
 The modules using it run first (in their usual order; the other modules keep theirs), and
 the stack is stopped after the last test using it: it is up for one stretch, never idle
 beside another module's stack.
+
+``shared_stack_for_module``: the same stack for a module whose tests share state that
+outlives one test (a job started by a module fixture and watched by several tests); it
+is checked once before the module and cleaned up after it, not around each test.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +28,12 @@ from libra_cli import stack
 from tests.integration.stack_helpers import write_stack
 
 HERE = Path(__file__).resolve().parent
-SHARED = "shared_stack"
+SHARED = ("shared_stack", "shared_stack_for_module")
 _LAST_USER = pytest.StashKey[str]()  # node id of the last test on the shared stack
 
 
 def _uses_shared(item: pytest.Item) -> bool:
-    return SHARED in getattr(item, "fixturenames", ())
+    return any(name in getattr(item, "fixturenames", ()) for name in SHARED)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -75,19 +80,18 @@ def _shared_stack_owner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_S
         owner.stop()  # a session that ended before the last user (-x, a selection)
 
 
-@pytest.fixture
-async def shared_stack(_shared_stack_owner: _SharedStack,
-                       request: pytest.FixtureRequest) -> AsyncIterator[dict]:
-    """The shared stack, checked whole before the test; after it, any job the test left
-    unfinished (it failed mid-job) is cancelled, so the next test's job never queues
-    behind it."""
-    state = _shared_stack_owner.get()
+def _checked(state: dict[str, Any]) -> dict[str, Any]:
     dead = [row["name"] for row in stack.status(state) if row["health"] != "SERVING"]
     # restart_limit=0: a service that died stays dead; say so rather than let this test
     # fail on a symptom (its log names the earlier test that killed it).
     assert not dead, (f"shared stack: {dead} not serving; see their logs under "
                       f"{state['run_root']}/.libra/logs")
-    yield state
+    return state
+
+
+async def _cancel_unfinished(state: dict[str, Any]) -> None:
+    """Any job a test left unfinished (it failed mid-job) is cancelled, so the next
+    test's job never queues behind it."""
     client = stack.coordinator_client(state)
     try:
         for job in await client.list_jobs():
@@ -95,5 +99,28 @@ async def shared_stack(_shared_stack_owner: _SharedStack,
                 await client.cancel_job(job.job_id, "left unfinished by a test")
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def shared_stack(_shared_stack_owner: _SharedStack,
+                       request: pytest.FixtureRequest) -> AsyncIterator[dict]:
+    """The shared stack, checked whole before the test; after it, any job the test left
+    unfinished is cancelled."""
+    state = _checked(_shared_stack_owner.get())
+    yield state
+    await _cancel_unfinished(state)
     if request.node.nodeid == request.config.stash.get(_LAST_USER, ""):
+        _shared_stack_owner.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_stack_for_module(_shared_stack_owner: _SharedStack,
+                            request: pytest.FixtureRequest) -> Iterator[dict]:
+    """The shared stack for a whole module, checked before its first test; after its last,
+    any job left unfinished is cancelled (synchronous: a module fixture has no loop)."""
+    state = _checked(_shared_stack_owner.get())
+    yield state
+    asyncio.run(_cancel_unfinished(state))
+    last = request.config.stash.get(_LAST_USER, "")
+    if last.split("::", 1)[0] == request.node.nodeid:
         _shared_stack_owner.stop()

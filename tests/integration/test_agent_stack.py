@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_sync
@@ -21,7 +20,7 @@ from libra.wire.common import decode_trajectory
 from libra_cli import stack
 from libra_cli.main import load_spec
 from tests.fixtures.hf_models import make_model_dir
-from tests.integration.stack_helpers import ROOT, stack_up, wait_for_job
+from tests.integration.stack_helpers import ROOT, wait_for_job
 
 pytestmark = pytest.mark.integration
 
@@ -35,9 +34,10 @@ BRIEF = ["algorithm.num_steps=2", "algorithm.sft_steps=1", "algorithm.sft_batch_
          f"{{name = \"long\", max_tokens = {CONTEXT_TOKENS}}}]"]
 
 
-@pytest.fixture(scope="module")
-def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
+@pytest.fixture
+def running_stack(shared_stack: dict) -> dict:
+    """The package's shared stack (conftest.py): this module's job only submits and reads."""
+    return shared_stack
 
 
 async def test_a_job_trains_on_episodes_of_an_openai_agent_program(

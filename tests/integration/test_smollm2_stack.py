@@ -25,8 +25,12 @@ from tests.integration.stack_helpers import ROOT, wait_for_job
 
 pytestmark = pytest.mark.integration
 
+# One group of two a step: the fewest GRPO compares (the trainer's backward through 135M
+# parameters, not the checks, is what costs here; each trajectory is one more of it).
+PROMPTS_PER_STEP, SAMPLES_PER_PROMPT = 1, 2
 OVERRIDES = ["algorithm.num_steps=2", "algorithm.sft_steps=1", "algorithm.sft_batch_size=2",
-             "algorithm.prompts_per_step=2", "algorithm.samples_per_prompt=2",
+             f"algorithm.prompts_per_step={PROMPTS_PER_STEP}",
+             f"algorithm.samples_per_prompt={SAMPLES_PER_PROMPT}",
              "algorithm.checkpoint_interval=0", "task.max_turns=2",
              "task.max_new_tokens_per_turn=40", "name=\"smollm2-itest\""]
 
@@ -47,7 +51,7 @@ async def test_smollm2_calc_trains_two_steps_and_exports(running_stack: dict, sm
     await client.close()
     assert job.state is t.JobState.SUCCEEDED, job.message
     assert [s["step"] for s in steps] == [1, 2]
-    assert counters["trained"] == 2 * 2 * 2
+    assert counters["trained"] == 2 * PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
     # The stored spec carries the gateway's calculator schema (what the prompt rendered).
     assert [s.name for s in job_spec_from_json(job.spec_json).tools.schemas] == ["calculator"]
     r = redis_sync.from_url(running_stack["redis_url"])

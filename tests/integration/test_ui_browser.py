@@ -1,7 +1,8 @@
-"""The live view during a real job: `libra up` runs Redis and the five services; a job
-trains while a headless Chromium (Selenium) opens /ui, sees the reward curve gain
-points between polls and logs no console error; `libra top --once` renders a frame from
-the same stack and `libra status` shows the running job's counters.
+"""The live view during a real job: `libra up` runs Redis and the five services (the
+package's shared stack); a job trains while a headless Chromium (Selenium) opens /ui,
+sees the reward curve gain points between polls and logs no console error; `libra top
+--once` renders a frame from the same stack and `libra status` shows the running job's
+counters.
 
 Real: every service process, Redis, the coordinator's HTTP server, Chromium and
 chromedriver (skipped, saying why, only when those two are not installed).
@@ -23,7 +24,7 @@ import pytest
 from libra.bottleneck import VERDICTS
 from libra_cli import stack
 from libra_cli.stack_secrets import secrets_dir
-from tests.integration.stack_helpers import ROOT, small_job, stack_up, wait_for_step
+from tests.integration.stack_helpers import ROOT, small_job, wait_for_step
 
 pytestmark = pytest.mark.integration
 
@@ -37,8 +38,10 @@ WAIT_S = 240.0  # a step takes seconds here; minutes on a loaded shared machine
 
 
 @pytest.fixture(scope="module")
-def running_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
+def running_stack(shared_stack_for_module: dict[str, Any]) -> dict[str, Any]:
+    """The package's shared stack (conftest.py) for the whole module: its tests watch one
+    job, started once below."""
+    return shared_stack_for_module
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from services.coordinator import step_metrics
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.elastic import ElasticWiring
 from services.coordinator.memory_store import InMemoryCoordinatorStore
-from tests.unit.coordinator.test_coordinator_core import FakeRunner
 from tests.unit.coordinator.elastic_rig import FakeRollout
+from tests.unit.coordinator.test_coordinator_core import FakeRunner
 
 ELASTIC_SPEC = """
 name = "elastic"

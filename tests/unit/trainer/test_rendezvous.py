@@ -116,10 +116,12 @@ def test_a_rank_that_never_joins_fails_the_start_naming_address_and_rank(
         # Rank 1 is up and dialling before rank 0 starts its clock (its torch import takes
         # seconds on a loaded machine), so only rank 2 can be missing.
         _wait_for_line(tmp_path / "rank1.log", "connecting to the rendezvous", rank1)
+        # The timeout is waited out whole (rank 2 never comes); rank 1, already dialling,
+        # checks for the job every 0.5 s, so 8 s is ample for it to join.
         started = time.monotonic()
         with pytest.raises(RendezvousTimeout) as err:
             DistributedBackendFactory(num_threads=1, num_ranks=3, rendezvous_address=address,
-                                      timeout_s=20).create(SPEC, str(tmp_path / "model"))
+                                      timeout_s=8).create(SPEC, str(tmp_path / "model"))
         assert time.monotonic() - started < 60
     finally:
         _stop(rank1)
