@@ -13,6 +13,11 @@ beside another module's stack.
 ``shared_stack_for_module``: the same stack for a module whose tests share state that
 outlives one test (a job started by a module fixture and watched by several tests); it
 is checked once before the module and cleaned up after it, not around each test.
+
+``shared_stack_to_break``: the same stack for tests that kill part of it or stop it
+(restart_limit=0: what they kill stays dead). They run after every other test on it, in
+their usual order, so nothing else ever sees what they broke; their module is split for
+that (it must then have no module fixture of its own).
 """
 
 from __future__ import annotations
@@ -29,23 +34,31 @@ from tests.integration.stack_helpers import write_stack
 
 HERE = Path(__file__).resolve().parent
 SHARED = ("shared_stack", "shared_stack_for_module")
+BREAKER = "shared_stack_to_break"
 _LAST_USER = pytest.StashKey[str]()  # node id of the last test on the shared stack
 
 
+def _breaks_shared(item: pytest.Item) -> bool:
+    return BREAKER in getattr(item, "fixturenames", ())
+
+
 def _uses_shared(item: pytest.Item) -> bool:
-    return any(name in getattr(item, "fixturenames", ()) for name in SHARED)
+    return _breaks_shared(item) or any(
+        name in getattr(item, "fixturenames", ()) for name in SHARED)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Within this directory's (contiguous) run of items: whole modules with a test on the
-    shared stack first, keeping the order of modules and of tests inside each."""
+    shared stack first, then the tests that break it, then the rest, keeping the order of
+    modules and of tests inside each."""
     ours = [i for i, item in enumerate(items) if HERE in Path(str(item.path)).parents]
     if not ours:
         return
     first, last = ours[0], ours[-1] + 1
     block = items[first:last]
     sharing = {item.path for item in block if _uses_shared(item)}
-    block.sort(key=lambda item: item.path not in sharing)  # stable
+    block.sort(key=lambda item: (1 if _breaks_shared(item) else
+                                 0 if item.path in sharing else 2))  # stable
     items[first:last] = block
     config.stash[_LAST_USER] = next(
         (item.nodeid for item in reversed(block) if _uses_shared(item)), "")
@@ -123,4 +136,14 @@ def shared_stack_for_module(_shared_stack_owner: _SharedStack,
     asyncio.run(_cancel_unfinished(state))
     last = request.config.stash.get(_LAST_USER, "")
     if last.split("::", 1)[0] == request.node.nodeid:
+        _shared_stack_owner.stop()
+
+
+@pytest.fixture
+def shared_stack_to_break(_shared_stack_owner: _SharedStack,
+                          request: pytest.FixtureRequest) -> Iterator[dict]:
+    """The shared stack for a test that kills part of it or stops it; not checked whole
+    (an earlier breaker may have killed a service), stopped after the last such test."""
+    yield _shared_stack_owner.get()
+    if request.node.nodeid == request.config.stash.get(_LAST_USER, ""):
         _shared_stack_owner.stop()

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from libra import types as t
 from libra.errors import InvalidArgument
 from libra_cli import stack
 from libra_cli.redis_server import pid_alive
-from tests.integration.stack_helpers import ROOT, small_job, stack_up, wait_for_job
+from tests.integration.stack_helpers import ROOT, small_job, wait_for_job
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +31,11 @@ def running_stack(shared_stack: dict) -> dict:
     return shared_stack
 
 
-@pytest.fixture(scope="module")
-def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """This module's own stack, for the tests that kill a rollout and stop everything."""
-    yield from stack_up(tmp_path_factory.mktemp("runs"), restart_limit=0)
+@pytest.fixture
+def own_stack(shared_stack_to_break: dict) -> dict:
+    """For the tests that kill a rollout and stop everything: the shared stack, after
+    every other test on it (conftest.py), so its end is theirs."""
+    return shared_stack_to_break
 
 
 async def test_short_job_runs_through_redis_and_advances_policy(running_stack: dict) -> None:
