@@ -3,8 +3,9 @@
 ``shared_stack``: one `libra up` stack (Redis + the five services, two rollout instances,
 no restarts) for every module whose tests only submit jobs and read them back. A stack
 start costs more CPU than most of those tests (six processes importing torch on two
-cores), so they share one, each with its own job ids. Tests that kill, restart or stop
-processes, or need a stack configured otherwise, start their own.
+cores), so they share one, each with its own job ids. Tests that restart processes or
+need a stack configured otherwise start their own; tests that only kill a service or stop
+the stack can end the shared one (``shared_stack_to_break`` below).
 
 The modules using it run first (in their usual order; the other modules keep theirs), and
 the stack is stopped after the last test using it: it is up for one stretch, never idle
