@@ -141,19 +141,27 @@ async def rl_window(coordinator: Any, job_id: str) -> tuple[float, float]:
 
 # -- micro: one span through the exporter path ----------------------------------------------
 
-def span_cost_us(endpoint: str, num_spans: int = 20_000, chunk: int = 500
+def span_cost_us(endpoint: str, path: str, num_spans: int = 20_000, chunk: int = 500
                  ) -> dict[str, float]:
-    """Microseconds per child span (OtelSpanSink -> batch processor -> OTLP export):
-    ``record`` the caller's wall time in ``record_child``; ``cpu`` the process's CPU
-    including the export thread's (spans recorded in chunks, each flushed, so the queue
-    never overflows)."""
+    """Microseconds per child span through ``path``: "otlp" (the services' sink: queued,
+    encoded straight to OTLP on a thread of its own) or "sdk" (the OTel SDK path it
+    replaced: an SDK span, the batch processor, the OTLP exporter). ``record`` is the
+    caller's wall time in ``record_child``; ``cpu`` the process's CPU including the
+    export thread's (spans recorded in chunks, each flushed, so no queue overflows)."""
     from libra import telemetry, tracing
     from libra.service_config import TelemetryConfig
     from libra.trace_export import OtelSpanSink
 
-    provider = telemetry.build_provider("bench-micro", TelemetryConfig(otlp_endpoint=endpoint))
-    assert provider is not None
-    tracing.set_sink(OtelSpanSink(provider))
+    cfg = TelemetryConfig(otlp_endpoint=endpoint)
+    sink: Any
+    if path == "otlp":
+        sink = telemetry.build_span_sink("bench-micro", cfg)
+    else:
+        sink = telemetry.build_provider("bench-micro", cfg)
+        tracing.set_sink(OtelSpanSink(sink))
+    assert sink is not None
+    if path == "otlp":
+        tracing.set_sink(sink)
     parent = tracing.new_traceparent(sampled=True)
     record_s, cpu0 = 0.0, time.process_time()
     for start in range(0, num_spans, chunk):
@@ -164,9 +172,9 @@ def span_cost_us(endpoint: str, num_spans: int = 20_000, chunk: int = 500
                 "libra.batch_size": 8, "libra.tokens": 40, "libra.policy_version": 3,
                 "libra.finish_reason": "stop"})
         record_s += time.perf_counter() - started
-        provider.force_flush()
+        sink.force_flush()
     cpu_s = time.process_time() - cpu0
-    provider.shutdown()
+    sink.shutdown()
     tracing.set_sink(None)
     return {"record": record_s / num_spans * 1e6, "cpu": cpu_s / num_spans * 1e6}
 
