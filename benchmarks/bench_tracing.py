@@ -7,11 +7,14 @@ shortened to ``--num-steps`` steps (its layout, C-MLFQ, prompts and samples per 
 ``--sft-steps`` of warm start so the model calls tools and trajectories move). Arms:
 
 - ``off``: no exporter (the services' default: the port returns at once);
-- ``full``: ``trace_sample_ratio = 1.0``, spans batched and exported over OTLP/gRPC to a
-  receiver in another process (a minimal TraceService that counts spans);
+- ``full``: ``trace_sample_ratio = 1.0``, spans exported the services' way
+  (``telemetry.build_span_sink``: queued, encoded to OTLP in batches on a thread) over
+  OTLP/gRPC to a receiver in another process (a minimal TraceService that counts spans);
 - ``default``: the job's default sampling (every trajectory while a step trains on at most
   64; the demo's 8 x 4 = 32 is under that, so on the demo it equals ``full``; raise
-  ``--prompts-per-step`` to see a ratio below 1).
+  ``--prompts-per-step`` to see a ratio below 1);
+- ``full_sdk`` (only with ``--arms``): every trajectory through the path ``full``
+  replaced (an OTel SDK span each, the batch processor, the OTLP exporter).
 
 Measured per run: the RL phase's wall time (the sum of the steps' ``wall_s``: what the
 trainer waited for and trained on, warm start and model loads excluded); the wall and
@@ -19,11 +22,11 @@ CPU seconds of the process from the first reported step to the job's end (steady
 state); the whole job's wall and CPU seconds (with the warm start). Printed: per arm
 the median, and the ratio to ``off`` of the medians and of each round's pair (runs
 alternate off/full/default, so a slow minute of a shared machine hits all arms alike).
-Also the cost of one span through the exporter path (micro), and the spans a traced
-trajectory makes.
+Also the cost of one span through each path (micro: the SDK path and the services'), and
+the spans a traced trajectory makes.
 
 Usage: python benchmarks/bench_tracing.py [--rounds 3] [--num-steps 6]
-       [--prompts-per-step 8] [--sft-steps 300] [--json]
+       [--prompts-per-step 8] [--sft-steps 300] [--arms off,full,default] [--json]
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 ARMS = ("off", "full", "default")
+# The path "full" replaced (every trajectory through SDK spans and the OTLP exporter):
+# ``--arms off,full,default,full_sdk`` measures both in the same alternated run.
+ALL_ARMS = (*ARMS, "full_sdk")
 
 
 # -- the OTLP receiver (its own process) -------------------------------------------------
@@ -88,7 +94,7 @@ def bench_spec(num_steps: int, prompts_per_step: int, sft_steps: int, arm: str) 
     spec["name"] = f"bench-tracing-{arm}"
     spec["algorithm"].update({"num_steps": num_steps, "prompts_per_step": prompts_per_step,
                               "sft_steps": sft_steps})
-    if arm == "full":
+    if arm in ("full", "full_sdk"):
         spec["observability"] = {"trace_sample_ratio": 1.0}
     return json.dumps(spec)
 
@@ -101,11 +107,14 @@ async def one_run(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
     from libra_cli.inprocess_loop import in_process_stack
     from tests.integration.stack_helpers import wait_for_job
 
-    provider = None
-    if arm != "off":
-        provider = telemetry.build_provider("bench", TelemetryConfig(otlp_endpoint=endpoint))
-        assert provider is not None
-        tracing.set_sink(OtelSpanSink(provider))
+    sink: Any = None
+    cfg = TelemetryConfig(otlp_endpoint=endpoint)
+    if arm == "full_sdk":
+        sink = telemetry.build_provider("bench", cfg)
+        tracing.set_sink(OtelSpanSink(sink))
+    elif arm != "off":  # the services' path (telemetry.init_tracing)
+        sink = telemetry.build_span_sink("bench", cfg)
+        tracing.set_sink(sink)
     with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
         async with in_process_stack(Path(tmp), job_spec_from_json(spec_json)) as inproc:
             started, cpu0 = time.perf_counter(), time.process_time()
@@ -114,9 +123,9 @@ async def one_run(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
             job, steps, counters = await wait_for_job(inproc.coordinator, job.job_id,
                                                       timeout_s=1800)
             wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
-    if provider is not None:
-        provider.force_flush()
-        provider.shutdown()
+    if sink is not None:
+        sink.force_flush()
+        sink.shutdown()
     return {"arm": arm, "state": job.state.value, "rl_wall_s": sum(s["wall_s"] for s in steps),
             "window_wall_s": window[0], "window_cpu_s": window[1],
             "job_wall_s": wall_s, "cpu_s": cpu_s, "trained": counters.get("trained", 0),
@@ -192,16 +201,17 @@ def run_arm(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def summarise(runs: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
+def summarise(runs: list[dict[str, Any]], rounds: int, arms: tuple[str, ...]
+              ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for measure in ("rl_wall_s", "window_wall_s", "window_cpu_s", "job_wall_s", "cpu_s"):
         med = {arm: statistics.median(r[measure] for r in runs if r["arm"] == arm)
-               for arm in ARMS}
-        paired = {arm: [runs[i * len(ARMS) + ARMS.index(arm)][measure]
-                        / runs[i * len(ARMS)][measure] for i in range(rounds)]
-                  for arm in ARMS[1:]}
+               for arm in arms}
+        paired = {arm: [runs[i * len(arms) + arms.index(arm)][measure]
+                        / runs[i * len(arms)][measure] for i in range(rounds)]
+                  for arm in arms[1:]}
         out[measure] = {"median": med,
-                        "ratio_of_medians": {a: med[a] / med["off"] for a in ARMS[1:]},
+                        "ratio_of_medians": {a: med[a] / med["off"] for a in arms[1:]},
                         "paired_ratios": paired,
                         "median_paired_ratio": {a: statistics.median(v)
                                                 for a, v in paired.items()}}
@@ -217,11 +227,16 @@ def main() -> int:
     parser.add_argument("--sft-steps", type=int, default=300,
                         help="warm-start steps (so the model calls tools)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--one-run", choices=ARMS, help=argparse.SUPPRESS)
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms in round order, off first; of {ALL_ARMS}")
+    parser.add_argument("--one-run", choices=ALL_ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     parser.add_argument("--receiver", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.arms = tuple(args.arms.split(","))
+    if args.arms[0] != "off" or not set(args.arms) <= set(ALL_ARMS):
+        parser.error(f"--arms: off first, then some of {ALL_ARMS[1:]}")
     if args.receiver:
         serve_receiver(Path(args.receiver))
         return 0
@@ -249,8 +264,9 @@ def main() -> int:
 
 def drive(args: argparse.Namespace, endpoint: str, port_file: Path) -> dict[str, Any]:
     runs = []
+    load_before = os.getloadavg()
     for round_index in range(args.rounds):
-        for arm in ARMS:
+        for arm in args.arms:
             before = received_spans(port_file)
             spec_json = bench_spec(args.num_steps, args.prompts_per_step, args.sft_steps, arm)
             run = run_arm(arm, endpoint, spec_json)
@@ -264,10 +280,11 @@ def drive(args: argparse.Namespace, endpoint: str, port_file: Path) -> dict[str,
                   file=sys.stderr)
     full = [r for r in runs if r["arm"] == "full"]
     spans_per_trained = statistics.median(r["spans"] / max(r["trained"], 1) for r in full)
-    return {"runs": runs, "summary": summarise(runs, args.rounds),
-            "span_cost_us": span_cost_us(endpoint),
+    return {"runs": runs, "summary": summarise(runs, args.rounds, args.arms),
+            "load_avg": {"before": load_before, "after": os.getloadavg()},
+            "span_cost_us": {path: span_cost_us(endpoint, path) for path in ("sdk", "otlp")},
             "spans_per_trained_trajectory": spans_per_trained,
-            "config": {"rounds": args.rounds, "num_steps": args.num_steps,
+            "config": {"rounds": args.rounds, "arms": args.arms, "num_steps": args.num_steps,
                        "prompts_per_step": args.prompts_per_step,
                        "sft_steps": args.sft_steps}}
 
@@ -275,14 +292,16 @@ def drive(args: argparse.Namespace, endpoint: str, port_file: Path) -> dict[str,
 def print_table(result: dict[str, Any]) -> None:
     for measure, s in result["summary"].items():
         print(f"{measure}: medians " + ", ".join(f"{a} {v:.2f}" for a, v in s["median"].items()))
-        for arm in ARMS[1:]:
+        for arm in result["config"]["arms"][1:]:
             paired = ", ".join(f"{x:.3f}" for x in s["paired_ratios"][arm])
             print(f"  {arm}/off: ratio of medians {s['ratio_of_medians'][arm]:.3f}; "
                   f"paired {paired} (median {s['median_paired_ratio'][arm]:.3f})")
-    cost = result["span_cost_us"]
-    print(f"one span: {cost['record']:.1f} us in the caller, {cost['cpu']:.1f} us of CPU "
-          f"with its export; spans exported per trained trajectory (full): "
-          f"{result['spans_per_trained_trajectory']:.1f}")
+    for path, cost in result["span_cost_us"].items():
+        print(f"one span ({path}): {cost['record']:.1f} us in the caller, {cost['cpu']:.1f} "
+              f"us of CPU with its export")
+    print(f"spans exported per trained trajectory (full): "
+          f"{result['spans_per_trained_trajectory']:.1f}; load average (1, 5, 15 min) "
+          f"before {result['load_avg']['before']}, after {result['load_avg']['after']}")
 
 
 if __name__ == "__main__":

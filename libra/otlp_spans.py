@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from libra import otlp_wire
 from libra.trace_export import DropCounter
-from libra.tracing import AttributeValue, SpanRecord, TraceParent
+from libra.tracing import AttributeValue, SpanRecord, parse_traceparent
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class OtlpSpanSink:
 
     def record_root(self, traceparent: str, span: SpanRecord) -> None:
         """Queue ``span`` as the span ``traceparent`` names (a trajectory's root)."""
-        if TraceParent.parse(traceparent) is not None:  # once per trajectory
+        if parse_traceparent(traceparent) is not None:  # once per trajectory
             self._put((span, traceparent, False))
 
     def _put(self, item: _Queued) -> None:
@@ -145,13 +145,13 @@ class OtlpSpanSink:
 
 
 def _encode(span: SpanRecord, own: str, remote_parent: bool) -> bytes:
-    parent = TraceParent.parse(span.parent) if remote_parent else None
+    parent = parse_traceparent(span.parent) if remote_parent else None
     if remote_parent and parent is None:  # a malformed parent: a trace of its own
         trace_id, span_id = random.getrandbits(128) or 1, random.getrandbits(64) or 1
     else:
         trace_id, span_id = int(own[_TRACE_ID], 16), int(own[_SPAN_ID], 16)
     links = [(linked.trace_id.to_bytes(16, "big"), linked.span_id.to_bytes(8, "big"))
-             for linked in map(TraceParent.parse, span.links) if linked is not None]
+             for linked in map(parse_traceparent, span.links) if linked is not None]
     return otlp_wire.span(
         trace_id.to_bytes(16, "big"), span_id.to_bytes(8, "big"),
         parent.span_id.to_bytes(8, "big") if parent is not None else None, span.name,
