@@ -115,6 +115,7 @@ async def one_run(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
     elif arm != "off":  # the services' path (telemetry.init_tracing)
         sink = telemetry.build_span_sink("bench", cfg)
         tracing.set_sink(sink)
+    caller_cpu = time_port_calls(tracing) if arm != "off" else [0.0]
     with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
         async with in_process_stack(Path(tmp), job_spec_from_json(spec_json)) as inproc:
             started, cpu0 = time.perf_counter(), time.process_time()
@@ -123,13 +124,38 @@ async def one_run(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
             job, steps, counters = await wait_for_job(inproc.coordinator, job.job_id,
                                                       timeout_s=1800)
             wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
+    export_cpu_s = 0.0
     if sink is not None:
         sink.force_flush()
         sink.shutdown()
+        # The SDK's export thread is its own: "full_sdk" counts its callers' CPU only.
+        export_cpu_s = getattr(sink, "export_cpu_s", 0.0)
     return {"arm": arm, "state": job.state.value, "rl_wall_s": sum(s["wall_s"] for s in steps),
+            "caller_cpu_s": caller_cpu[0], "export_cpu_s": export_cpu_s,
             "window_wall_s": window[0], "window_cpu_s": window[1],
             "job_wall_s": wall_s, "cpu_s": cpu_s, "trained": counters.get("trained", 0),
             "migrations": counters.get("migrations", 0)}
+
+
+def time_port_calls(tracing: Any) -> list[float]:
+    """Wrap the port's recording functions (the services call them as
+    ``tracing.<name>``) to add each call's CPU time on its thread to the returned
+    one-element list: the cost tracing puts on the services' own threads, measured in
+    CPU time, which a shared machine's load barely moves (the wrapper's two clock reads,
+    ~0.2 us, are counted too)."""
+    total = [0.0]
+    for name in ("record_child", "record_span", "end_trajectory", "record_event"):
+        inner = getattr(tracing, name)
+
+        def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            started_s = time.thread_time()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                total[0] += time.thread_time() - started_s
+
+        setattr(tracing, name, timed)
+    return total
 
 
 async def rl_window(coordinator: Any, job_id: str) -> tuple[float, float]:
@@ -215,6 +241,26 @@ def summarise(runs: list[dict[str, Any]], rounds: int, arms: tuple[str, ...]
                         "paired_ratios": paired,
                         "median_paired_ratio": {a: statistics.median(v)
                                                 for a, v in paired.items()}}
+    # Tracing's own CPU (the port's calls on the services' threads plus the export thread),
+    # as a share of the run's CPU: the steady figure on a loaded machine. "as_ratio" is
+    # the CPU ratio to an untraced run it implies (cpu / (cpu - tracing)).
+    out["tracing_cpu"] = {}
+    for arm in arms[1:]:
+        mine = [r for r in runs if r["arm"] == arm]
+        tracing_s = [r["caller_cpu_s"] + r["export_cpu_s"] for r in mine]
+        shares = [t / r["cpu_s"] for t, r in zip(tracing_s, mine, strict=True)]
+        # Over the RL window's CPU: an upper bound for a demo with a longer RL phase (the
+        # window leaves the first step out, whose spans are counted in the numerator).
+        rl_shares = [t / r["window_cpu_s"] for t, r in zip(tracing_s, mine, strict=True)]
+        out["tracing_cpu"][arm] = {
+            "median_s": statistics.median(tracing_s),
+            "median_caller_s": statistics.median(r["caller_cpu_s"] for r in mine),
+            "median_share_of_job_cpu": statistics.median(shares),
+            "as_ratio": 1 / (1 - statistics.median(shares)),
+            "median_share_of_rl_cpu": statistics.median(rl_shares),
+            "rl_as_ratio": 1 / (1 - statistics.median(rl_shares)),
+            "per_span_us": statistics.median(t / max(r["spans"], 1) * 1e6
+                                             for t, r in zip(tracing_s, mine, strict=True))}
     return out
 
 
@@ -291,6 +337,14 @@ def drive(args: argparse.Namespace, endpoint: str, port_file: Path) -> dict[str,
 
 def print_table(result: dict[str, Any]) -> None:
     for measure, s in result["summary"].items():
+        if measure == "tracing_cpu":
+            for arm, cpu in s.items():
+                print(f"tracing's own CPU ({arm}): median {cpu['median_s']:.3f} s (callers "
+                      f"{cpu['median_caller_s']:.3f} s), {cpu['per_span_us']:.1f} us per "
+                      f"span, {cpu['median_share_of_job_cpu']:.2%} of the job's CPU "
+                      f"(ratio {cpu['as_ratio']:.4f}), {cpu['median_share_of_rl_cpu']:.2%} "
+                      f"of the RL window's (ratio {cpu['rl_as_ratio']:.4f})")
+            continue
         print(f"{measure}: medians " + ", ".join(f"{a} {v:.2f}" for a, v in s["median"].items()))
         for arm in result["config"]["arms"][1:]:
             paired = ", ".join(f"{x:.3f}" for x in s["paired_ratios"][arm])

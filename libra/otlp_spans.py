@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
@@ -67,6 +68,7 @@ class OtlpSpanSink:
         self._export_lock = threading.Lock()  # the thread's exports and force_flush's
         self._stopped = False
         self.num_exported = 0
+        self.export_cpu_s = 0.0  # the export thread's own CPU (gRPC's threads excluded)
         self._thread = threading.Thread(target=self._run, name="libra-otlp-spans",
                                         daemon=True)
         self._thread.start()
@@ -107,7 +109,9 @@ class OtlpSpanSink:
         while not self._stopped:
             self._wake.wait(self._interval_s)
             self._wake.clear()
+            started_s = time.thread_time()
             self._export_queued()
+            self.export_cpu_s += time.thread_time() - started_s
 
     def _export_queued(self) -> None:
         with self._export_lock:
