@@ -11,6 +11,7 @@ breaks at a service that does not export.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import logging.handlers
@@ -26,6 +27,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 
 from libra import tracing
 from libra.log_hygiene import RepeatLimiter, SafeMessages
+from libra.otlp_spans import OtlpSpanSink, grpc_sender
 from libra.service_config import TelemetryConfig
 from libra.trace_export import (
     QUEUE_FULL,
@@ -36,6 +38,9 @@ from libra.trace_export import (
 )
 
 _instrumented = False
+# One per (service, endpoint): the SDK's exporter and the trajectory span sink share it,
+# so a collector that is down is warned about once per process.
+_drop_counters: dict[tuple[str, str], DropCounter] = {}
 # One OTLP export's deadline, retries included (the SDK default is 10 s): while the
 # collector is down the export thread gives a batch up sooner, so fewer spans wait.
 OTLP_EXPORT_TIMEOUT_S = 5.0
@@ -106,8 +111,35 @@ def init_tracing(service: str, cfg: TelemetryConfig,
         return None
     trace.set_tracer_provider(provider)
     instrument_libraries()
-    tracing.set_sink(OtelSpanSink(provider))  # trajectory spans (libra/tracing.py)
+    # Trajectory spans (libra/tracing.py): straight to OTLP when it is configured (the
+    # cheap path), else through the provider's processors (console, a test's).
+    tracing.set_sink(build_span_sink(service, cfg) or OtelSpanSink(provider))
     return provider
+
+
+def build_span_sink(service: str, cfg: TelemetryConfig) -> OtlpSpanSink | None:
+    """The trajectory span sink exporting to ``cfg.otlp_endpoint`` in batches from a
+    thread of its own (shut down at exit, after a last export); None without one."""
+    if not cfg.otlp_endpoint:
+        return None
+    send, close = grpc_sender(cfg.otlp_endpoint)
+    resource = Resource.create({"service.name": service}).attributes  # the SDK's, once
+    sink = OtlpSpanSink(send, resource, _drops(service, cfg.otlp_endpoint),
+                        timeout_s=OTLP_EXPORT_TIMEOUT_S)
+
+    def stop() -> None:
+        sink.shutdown()
+        close()
+
+    atexit.register(stop)
+    return sink
+
+
+def _drops(service: str, endpoint: str) -> DropCounter:
+    key = (service, endpoint)
+    if key not in _drop_counters:
+        _drop_counters[key] = DropCounter(service, endpoint)
+    return _drop_counters[key]
 
 
 def build_provider(service: str, cfg: TelemetryConfig,
@@ -123,7 +155,7 @@ def build_provider(service: str, cfg: TelemetryConfig,
         # every span a full queue drops: DropCounter says it once and counts the rest.
         logging.getLogger("opentelemetry.exporter.otlp.proto.grpc.exporter").setLevel(
             logging.CRITICAL)
-        drops = DropCounter(service, cfg.otlp_endpoint)
+        drops = _drops(service, cfg.otlp_endpoint)
         queue_logger = logging.getLogger("opentelemetry.sdk._shared_internal")
         if QUEUE_FULL not in queue_logger.filters:
             queue_logger.addFilter(QUEUE_FULL)

@@ -18,6 +18,7 @@ Cores call :func:`record_child` and :func:`end_trajectory`; with no exporter ins
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -59,6 +60,13 @@ class TraceParent:
         if not trace_id or not span_id:
             return None
         return cls(trace_id, span_id, bool(int(match[3], 16) & 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_traceparent(text: str) -> TraceParent | None:
+    """:meth:`TraceParent.parse`, remembered: a trajectory's traceparent is parsed for each
+    of its spans, on the caller's thread and again when exported (a regex each time)."""
+    return TraceParent.parse(text)
 
 
 def new_traceparent(sampled: bool) -> str:
@@ -126,7 +134,7 @@ def is_recording(traceparent: str) -> bool:
     trajectory was sampled at admission."""
     if _sink is None or not traceparent:
         return False
-    parent = TraceParent.parse(traceparent)
+    parent = parse_traceparent(traceparent)
     return parent is not None and parent.sampled
 
 

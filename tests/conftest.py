@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,14 +114,14 @@ def datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    """Every span the tracing port records, in memory: a sink installed over a provider
-    of its own (not the process's global one), removed afterwards."""
+    """Every span the tracing port records, in memory, through the services' export path
+    (queued, encoded to OTLP, decoded: tests/otlp_memory.py); removed afterwards."""
     from libra import tracing
-    from libra.trace_export import OtelSpanSink
+    from tests.otlp_memory import OtlpMemory
 
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracing.set_sink(OtelSpanSink(provider))
+    memory = OtlpMemory()
+    tracing.set_sink(memory.sink)
     yield memory
     tracing.set_sink(None)
+    memory.sink.shutdown()
+
