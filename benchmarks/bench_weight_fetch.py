@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from procstat import cpu_split_s  # noqa: E402  (this directory: run as a script)
 
+from libra.allocator import keep_freed_buffers  # noqa: E402
 from libra.run_dir import weights_file  # noqa: E402
 from libra.weight_sync import (  # noqa: E402
     CHUNK_BYTES,
@@ -141,9 +142,14 @@ def main() -> None:
                         help="the trainer's weights.max_streams")
     parser.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES,
                         help="chunk size of the published manifest (one gRPC message each)")
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="leave glibc's malloc thresholds as they are in both processes "
+                             "(the services set them: libra/allocator.py)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process
     args = parser.parse_args()
+    if not args.glibc_defaults:  # as the trainer's and the rollout's __main__ do
+        keep_freed_buffers()
     if args.serve:
         asyncio.run(serve(args.serve, args.max_streams))
         return
@@ -154,7 +160,8 @@ def main() -> None:
 def run(args: argparse.Namespace, tmp: Path) -> dict:
     path, digest = publish(args.model, tmp / "run", args.chunk_bytes)
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(tmp / "run"),
-                               "--max-streams", str(args.max_streams)],
+                               "--max-streams", str(args.max_streams)]
+                              + ["--glibc-defaults"] * args.glibc_defaults,
                               stdout=subprocess.PIPE, text=True)
     wall_s: dict[str, list[float]] = {arm: [] for arm in ARMS}
     cpu: dict[str, list[tuple[float, ...]]] = {arm: [] for arm in ARMS}
@@ -189,6 +196,7 @@ def summary(args: argparse.Namespace, size_bytes: int, wall_s: dict[str, list[fl
     med = {arm: statistics.median(wall_s[arm]) for arm in ARMS}
     fetch_cpu = cpu["fetch"]
     return {"size_bytes": size_bytes, "instances": args.instances,
+            "glibc_defaults": args.glibc_defaults,
             "max_streams": args.max_streams, "chunk_bytes": args.chunk_bytes,
             "fetch_s": [round(s, 3) for s in wall_s["fetch"]],
             "copy_s": [round(s, 3) for s in wall_s["copy"]],
@@ -212,7 +220,8 @@ def summary(args: argparse.Namespace, size_bytes: int, wall_s: dict[str, list[fl
 def report(result: dict) -> str:
     return "\n".join([
         f"checkpoint {result['size_bytes'] / 1e6:.0f} MB to {result['instances']} instances "
-        f"(trainer max_streams={result['max_streams']}, chunks {result['chunk_bytes']} B)",
+        f"(trainer max_streams={result['max_streams']}, chunks {result['chunk_bytes']} B, "
+        f"glibc malloc defaults: {result['glibc_defaults']})",
         f"gRPC fetch (verified) s per round:   {result['fetch_s']}",
         f"filesystem copy s per round:         {result['copy_s']}",
         f"filesystem copy + verify s per round: {result['copy_verified_s']}",
