@@ -8,24 +8,21 @@ instance's cache directory:
 
 1. the manifest, checked against the sha256 the pointer in Redis carries (so every
    chunk hash in it is trusted);
-2. the chunks, into ``<file>.part``, each checked against its sha256 before it is
-   written; a bad chunk is fetched once more, and a second bad copy fails the version
-   loudly (WeightSyncError: the loader refuses it and the old weights keep serving);
+2. the chunks, into ``<file>.part`` (preallocated, written at the chunks' offsets), each
+   checked against its sha256 before it is written; a bad chunk is fetched once more,
+   and a second bad copy fails the version loudly (WeightSyncError: the loader refuses
+   it and the old weights keep serving);
 3. a broken stream (the trainer died or restarted) is reopened from the last good
    chunk, with backoff, a bounded number of times; a full server (ResourceExhausted)
    is asked again after its hint, without limit but within the loader's deadline;
 4. the size, then ``<file>.part`` -> ``<file>`` and the manifest beside it (temp file +
    rename): a copy under its final name is always complete.
 
-Each byte is hashed once, in memory, as it arrives: its chunk's sha256. That verifies the
-file: the pointer pins the manifest, the manifest pins every chunk, and the chunks tile
-the file (``libra.weight_sync``), so no whole-file sha256 is computed. The result
-(:class:`FetchedVersion`) says the copy was verified here, and the loader hands its path
-to the engine (:func:`verified_weights`; safetensors maps the file) without reading or
-hashing it again; the shared path and a copy found in the cache are still verified by
-the loader.
-
-A ``.part`` left by an earlier attempt (this process or one before a restart) is
+Each byte is hashed once, in memory, as it arrives: the chunks tile the file and the
+pointer pins their hashes (``libra.weight_sync``). The loader hands a copy verified here
+to the engine by path (:func:`verified_weights`: safetensors maps it), not read or
+hashed again; the shared path and a copy found in the cache it verifies itself. A
+``.part`` left by an earlier attempt (this process or one before a restart) is
 re-checked chunk by chunk and the transfer resumes after its last good chunk.
 
 Pure, like the core: the trainer comes in as a WeightApi; file I/O runs in threads.
@@ -46,6 +43,7 @@ from libra.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from libra.run_dir import MODEL_DIR
 from libra.weight_sync import (
     MANIFEST_SUFFIX,
+    ChunkSpec,
     ModelFile,
     WeightManifest,
     WeightSyncError,
@@ -97,7 +95,7 @@ class _Transfer:
     """One version's transfer in progress: where it stands survives a broken stream."""
 
     manifest: WeightManifest
-    out: BinaryIO
+    fd: int  # the .part, written at the manifest's offsets
     next_chunk: int
     refetched: set[int] = field(default_factory=set)
 
@@ -193,8 +191,9 @@ class WeightFetcher:
         next_chunk = await asyncio.to_thread(_resume_point, part, manifest)
         self.last.resumed_from_chunk = next_chunk
         attempt = 0
-        with part.open("ab") as out:
-            transfer = _Transfer(manifest, out, next_chunk)
+        fd = await asyncio.to_thread(_open_part, part, manifest.size_bytes)
+        try:
+            transfer = _Transfer(manifest, fd, next_chunk)
             while transfer.next_chunk < len(manifest.chunks):
                 started_at = transfer.next_chunk
                 try:
@@ -212,9 +211,11 @@ class WeightFetcher:
                 except WeightSyncError:
                     part.unlink(missing_ok=True)  # a refused version leaves nothing behind
                     raise
-            size_bytes = out.tell()
+            size_bytes = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
         # Every chunk matched and they tile the file, so the size is all that is left
-        # to check (a .part changed under us meanwhile would show here).
+        # to check (a .part cut or grown by something else meanwhile would show here).
         if size_bytes != manifest.size_bytes:
             part.unlink(missing_ok=True)
             raise WeightSyncError(f"weights version {manifest.version} from the trainer: "
@@ -231,8 +232,8 @@ class WeightFetcher:
             spec = manifest.chunks[index]
             # Hashing and writing run in a thread (hashlib releases the GIL): the event
             # loop keeps serving the instance's other work during a chunk.
-            if chunk.index != index or not await asyncio.to_thread(_append_checked, transfer,
-                                                                   spec.sha256, chunk.data):
+            if chunk.index != index or not await asyncio.to_thread(_write_checked, transfer,
+                                                                   spec, chunk.data):
                 if index in transfer.refetched:
                     raise WeightSyncError(
                         f"weights version {manifest.version} from the trainer: chunk "
@@ -369,12 +370,30 @@ def _resume_point(part: Path, manifest: WeightManifest) -> int:
     return index
 
 
-def _append_checked(transfer: _Transfer, sha256: str, data: bytes) -> bool:
-    """Append ``data`` when its sha256 matches; False (nothing written) when not."""
-    if hashlib.sha256(data).hexdigest() != sha256:
+def _open_part(part: Path, size_bytes: int) -> int:
+    """``part`` open for writes at offsets, its ``size_bytes`` allocated up front: eight
+    fetchers appending 1 MiB writes at once cost ~1 system CPU s per 538 MB on ext4
+    here, ~0.07 s into preallocated files (a ``sendfile`` copy 0.17 s). A disk too full
+    for the version fails here, before any chunk is fetched."""
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        if size_bytes > 0:
+            os.posix_fallocate(fd, 0, size_bytes)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_checked(transfer: _Transfer, spec: ChunkSpec, data: bytes) -> bool:
+    """Write ``data`` at its chunk's offset when its sha256 matches; False (nothing
+    written) when not."""
+    if len(data) != spec.length or hashlib.sha256(data).hexdigest() != spec.sha256:
         return False
-    transfer.out.write(data)
-    transfer.out.flush()
+    view, offset = memoryview(data), spec.offset
+    while view:  # a regular file writes all at once, short only when the disk fills
+        written = os.pwrite(transfer.fd, view, offset)
+        view, offset = view[written:], offset + written
     return True
 
 

@@ -185,11 +185,17 @@ async def test_a_manifest_not_matching_the_pointer_is_refused(serve, tmp_path: P
         await fetcher(client, tmp_path).fetch(JOB, 1, "0" * 64)
 
 
-async def test_a_part_file_resumes_after_its_last_good_chunk(serve, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rest", [
+    b"torn write",
+    # What a fetch killed after 4 chunks leaves: the .part is preallocated to full size.
+    bytes(CHUNK_BYTES * NUM_CHUNKS - 123 - 4 * CHUNK_BYTES),
+], ids=["torn", "preallocated"])
+async def test_a_part_file_resumes_after_its_last_good_chunk(serve, tmp_path: Path,
+                                                             rest: bytes) -> None:
     trainer, client = await serve()
     part = tmp_path / "cache" / JOB / "v000001.safetensors.part"
     part.parent.mkdir(parents=True)
-    part.write_bytes(trainer.data[:4 * CHUNK_BYTES] + b"torn write")
+    part.write_bytes(trainer.data[:4 * CHUNK_BYTES] + rest)
     fetch = fetcher(client, tmp_path)
     manifest = await fetch.fetch(JOB, 1, trainer.digest)
     assert read_verified(manifest, trainer.digest) == trainer.data
