@@ -4,10 +4,18 @@ A server process serves a published version exactly as the trainer does (the tra
 ``WeightServer`` behind its ``WeightServicer`` on a grpc.aio server; only the Redis
 lookup of the run directory is left out). One client process then runs N rollout weight
 fetchers at once (each its own channel and cache directory; chunks checked against the
-manifest's sha256 and the whole file at the end), and, alternating with it, N
-``shutil.copy`` of the same file into N directories (N threads: what a rollout with a
-shared filesystem would copy, unverified). Printed: seconds per round of each, the
-medians and their ratio (fetch / copy; the target is <= 2).
+manifest's sha256 as they arrive, ready for the engine to map), and, alternating with
+it, two filesystem arms, each N threads at once:
+
+- ``copy``: N ``shutil.copy`` of the file into N directories (an in-kernel copy from
+  the page cache that checks nothing): the baseline issue 23 names;
+- ``copy_verified``: the same copy, then the check the rollout's loader makes before it
+  loads from a filesystem (``read_verified``: the manifest against the pinned sha256,
+  every chunk's sha256, the size): the filesystem path as a rollout really uses it.
+
+Printed: seconds per round of each, the medians and the ratios fetch / copy (the
+target is <= 2) and fetch / copy_verified, and the CPU seconds per instance's copy on
+each side of the wire, user and system apart.
 
 The checkpoint is models/smollm2-135m-instruct/model.safetensors (135M parameters,
 float32: 538 MB; ``make smollm2``), published with the trainer's manifest writer.
@@ -34,13 +42,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from procstat import cpu_s  # noqa: E402  (this directory: run as a script)
+from procstat import cpu_split_s  # noqa: E402  (this directory: run as a script)
 
+from libra.allocator import keep_freed_buffers  # noqa: E402
 from libra.run_dir import weights_file  # noqa: E402
-from libra.weight_sync import CHUNK_BYTES, write_manifest  # noqa: E402
+from libra.weight_sync import (  # noqa: E402
+    CHUNK_BYTES,
+    MANIFEST_SUFFIX,
+    read_verified,
+    write_manifest,
+)
 
 JOB = "bench-job"
 VERSION = 1
+ARMS = ("fetch", "copy", "copy_verified")
 
 
 def publish(model_dir: Path, run_dir: Path, chunk_bytes: int) -> tuple[Path, str]:
@@ -77,18 +92,18 @@ async def serve(run_dir: Path, max_streams: int) -> None:
 
 
 async def fetch_round(address: str, digest: str, work: Path, instances: int) -> float:
-    """N fetchers at once; seconds until the last has read its verified copy
-    as the loader does."""
+    """N fetchers at once; seconds until the last has its verified copy ready for the
+    engine, as the loader takes it (the path, checked for size: the engine maps it)."""
     from libra.clients.weights import GrpcWeightClient
-    from services.rollout.weight_fetcher import WeightFetcher, read_fetched
+    from services.rollout.weight_fetcher import WeightFetcher, verified_weights
 
     clients = [GrpcWeightClient(address, 30.0) for _ in range(instances)]
     fetchers = [WeightFetcher(c, work / f"fetch-{i}") for i, c in enumerate(clients)]
     started = time.perf_counter()
     async def fetch_and_load(fetcher: WeightFetcher) -> int:
-        # What the rollout's loader does with a fresh copy: read it, verified on arrival.
+        # What the rollout's loader does with a fresh copy (verified on arrival).
         fetched = await fetcher.fetch_version(JOB, VERSION, digest)
-        return len(await asyncio.to_thread(read_fetched, fetched))
+        return (await asyncio.to_thread(verified_weights, fetched)).stat().st_size
 
     await asyncio.gather(*(fetch_and_load(f) for f in fetchers))
     seconds = time.perf_counter() - started
@@ -97,14 +112,23 @@ async def fetch_round(address: str, digest: str, work: Path, instances: int) -> 
     return seconds
 
 
-def copy_round(path: Path, work: Path, instances: int) -> float:
-    """N concurrent shutil.copy of the file; seconds until the last is written."""
+def copy_round(path: Path, digest: str, work: Path, instances: int, verify: bool) -> float:
+    """N concurrent shutil.copy of the file (with ``verify``, each copy then checked as
+    the loader checks a filesystem path); seconds until the last is done."""
     targets = [work / f"copy-{i}" for i in range(instances)]
     for target in targets:
         target.mkdir(parents=True)
+    manifest = path.with_name(path.name + MANIFEST_SUFFIX)
+
+    def copy(target: Path) -> None:
+        shutil.copy(path, target)
+        if verify:
+            shutil.copy(manifest, target)
+            read_verified(target / manifest.name, digest)
+
     started = time.perf_counter()
     with ThreadPoolExecutor(instances) as pool:
-        list(pool.map(lambda target: shutil.copy(path, target), targets))
+        list(pool.map(copy, targets))
     return time.perf_counter() - started
 
 
@@ -118,9 +142,14 @@ def main() -> None:
                         help="the trainer's weights.max_streams")
     parser.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES,
                         help="chunk size of the published manifest (one gRPC message each)")
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="leave glibc's malloc thresholds as they are in both processes "
+                             "(the services set them: libra/allocator.py)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server process
     args = parser.parse_args()
+    if not args.glibc_defaults:  # as the trainer's and the rollout's __main__ do
+        keep_freed_buffers()
     if args.serve:
         asyncio.run(serve(args.serve, args.max_streams))
         return
@@ -131,62 +160,80 @@ def main() -> None:
 def run(args: argparse.Namespace, tmp: Path) -> dict:
     path, digest = publish(args.model, tmp / "run", args.chunk_bytes)
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(tmp / "run"),
-                               "--max-streams", str(args.max_streams)],
+                               "--max-streams", str(args.max_streams)]
+                              + ["--glibc-defaults"] * args.glibc_defaults,
                               stdout=subprocess.PIPE, text=True)
+    wall_s: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    cpu: dict[str, list[tuple[float, ...]]] = {arm: [] for arm in ARMS}
+    loads = []
     try:
         address = f"127.0.0.1:{int(server.stdout.readline())}"
-        fetch_s, copy_s, fetch_cpu_s, copy_cpu_s = [], [], [], []
-        client_cpu_s, server_cpu_s, loads = [], [], []
         for index in range(args.rounds):
-            # Alternate which goes first, so neither always meets a warmer page cache.
-            order = ("fetch", "copy") if index % 2 == 0 else ("copy", "fetch")
-            for kind in order:
-                work = tmp / f"{kind}-{index}"
-                client_before, server_before = cpu_s(os.getpid()), cpu_s(server.pid)
-                if kind == "fetch":
-                    fetch_s.append(asyncio.run(fetch_round(address, digest, work,
-                                                           args.instances)))
+            # Rotate which goes first, so no arm always meets a warmer page cache.
+            for arm in ARMS[index % 3:] + ARMS[:index % 3]:
+                work = tmp / f"{arm}-{index}"
+                before = cpu_split_s(os.getpid()) + cpu_split_s(server.pid)
+                if arm == "fetch":
+                    seconds = asyncio.run(fetch_round(address, digest, work, args.instances))
                 else:
-                    copy_s.append(copy_round(path, work, args.instances))
-                client_cpu = cpu_s(os.getpid()) - client_before
-                server_cpu = cpu_s(server.pid) - server_before
-                (fetch_cpu_s if kind == "fetch" else copy_cpu_s).append(client_cpu + server_cpu)
-                if kind == "fetch":  # per instance: what one rollout / the trainer pays
-                    client_cpu_s.append(client_cpu / args.instances)
-                    server_cpu_s.append(server_cpu / args.instances)
+                    seconds = copy_round(path, digest, work, args.instances,
+                                         verify=arm == "copy_verified")
+                after = cpu_split_s(os.getpid()) + cpu_split_s(server.pid)
+                wall_s[arm].append(seconds)
+                # Per instance's copy: rollout user, sys; trainer user, sys.
+                cpu[arm].append(tuple((b - a) / args.instances
+                                      for a, b in zip(before, after, strict=True)))
                 loads.append(os.getloadavg()[0])
                 shutil.rmtree(work)
     finally:
         server.kill()
         server.wait()
-    fetch_med, copy_med = statistics.median(fetch_s), statistics.median(copy_s)
-    return {"size_bytes": path.stat().st_size, "instances": args.instances,
+    return summary(args, path.stat().st_size, wall_s, cpu, loads)
+
+
+def summary(args: argparse.Namespace, size_bytes: int, wall_s: dict[str, list[float]],
+            cpu: dict[str, list[tuple[float, ...]]], loads: list[float]) -> dict:
+    med = {arm: statistics.median(wall_s[arm]) for arm in ARMS}
+    fetch_cpu = cpu["fetch"]
+    return {"size_bytes": size_bytes, "instances": args.instances,
+            "glibc_defaults": args.glibc_defaults,
             "max_streams": args.max_streams, "chunk_bytes": args.chunk_bytes,
-            "fetch_s": [round(s, 3) for s in fetch_s],
-            "copy_s": [round(s, 3) for s in copy_s], "fetch_median_s": round(fetch_med, 3),
-            "copy_median_s": round(copy_med, 3), "ratio": round(fetch_med / copy_med, 2),
-            # CPU seconds of both processes (client + server) per round: what the work
-            # costs whatever else shares the cores.
-            "fetch_cpu_s": [round(s, 2) for s in fetch_cpu_s],
-            "copy_cpu_s": [round(s, 2) for s in copy_cpu_s],
-            # CPU seconds per instance's copy of the file, on each side of the wire.
-            "rollout_cpu_s_per_copy": [round(s, 2) for s in client_cpu_s],
-            "trainer_cpu_s_per_copy": [round(s, 2) for s in server_cpu_s],
+            "fetch_s": [round(s, 3) for s in wall_s["fetch"]],
+            "copy_s": [round(s, 3) for s in wall_s["copy"]],
+            "copy_verified_s": [round(s, 3) for s in wall_s["copy_verified"]],
+            "fetch_median_s": round(med["fetch"], 3), "copy_median_s": round(med["copy"], 3),
+            "copy_verified_median_s": round(med["copy_verified"], 3),
+            "ratio": round(med["fetch"] / med["copy"], 2),
+            "ratio_verified": round(med["fetch"] / med["copy_verified"], 2),
+            # CPU seconds per instance's copy of the file: what one rollout / the trainer
+            # pays, whatever else shares the cores.
+            "rollout_cpu_s_per_copy": [round(c[0] + c[1], 2) for c in fetch_cpu],
+            "trainer_cpu_s_per_copy": [round(c[2] + c[3], 2) for c in fetch_cpu],
+            "rollout_user_sys_s": [[round(c[0], 2), round(c[1], 2)] for c in fetch_cpu],
+            "trainer_user_sys_s": [[round(c[2], 2), round(c[3], 2)] for c in fetch_cpu],
+            "copy_cpu_s_per_copy": [round(c[0] + c[1], 2) for c in cpu["copy"]],
+            "copy_verified_cpu_s_per_copy": [round(c[0] + c[1], 2)
+                                             for c in cpu["copy_verified"]],
             "loadavg_1m": [round(load, 1) for load in loads]}
 
 
 def report(result: dict) -> str:
     return "\n".join([
         f"checkpoint {result['size_bytes'] / 1e6:.0f} MB to {result['instances']} instances "
-        f"(trainer max_streams={result['max_streams']})",
-        f"gRPC fetch (verified) s per round: {result['fetch_s']}",
-        f"filesystem copy s per round:     {result['copy_s']}",
-        f"CPU s (client + server) per round: fetch {result['fetch_cpu_s']} "
-        f"copy {result['copy_cpu_s']} (load average {result['loadavg_1m']})",
-        f"CPU s per instance's copy: rollout {result['rollout_cpu_s_per_copy']} "
-        f"trainer {result['trainer_cpu_s_per_copy']}",
+        f"(trainer max_streams={result['max_streams']}, chunks {result['chunk_bytes']} B, "
+        f"glibc malloc defaults: {result['glibc_defaults']})",
+        f"gRPC fetch (verified) s per round:   {result['fetch_s']}",
+        f"filesystem copy s per round:         {result['copy_s']}",
+        f"filesystem copy + verify s per round: {result['copy_verified_s']}",
+        f"CPU s per instance's copy: fetch rollout {result['rollout_cpu_s_per_copy']} "
+        f"(user/sys {result['rollout_user_sys_s']}), trainer "
+        f"{result['trainer_cpu_s_per_copy']} (user/sys {result['trainer_user_sys_s']}); "
+        f"copy {result['copy_cpu_s_per_copy']}; copy + verify "
+        f"{result['copy_verified_cpu_s_per_copy']}",
+        f"load average {result['loadavg_1m']}",
         f"median fetch {result['fetch_median_s']} s / copy {result['copy_median_s']} s "
-        f"= {result['ratio']}x (target <= 2x)"])
+        f"= {result['ratio']}x (target <= 2x); / copy + verify "
+        f"{result['copy_verified_median_s']} s = {result['ratio_verified']}x"])
 
 
 if __name__ == "__main__":

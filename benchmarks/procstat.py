@@ -15,6 +15,12 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def cpu_split_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of one process, apart (fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+
+
 def wakeups(pid: int) -> dict[str, int]:
     """Per thread id, the times the thread went to sleep and had to be woken: its
     voluntary context switches (/proc/PID/task/TID/status)."""

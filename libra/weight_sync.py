@@ -7,6 +7,13 @@ names the manifest and carries the manifest's own sha256. A rollout instance cal
 :func:`read_verified`, which returns the weight bytes only when the manifest and every
 chunk match, so what it loads is exactly what was checked: a mismatch names the file
 and the chunk, and the old weights keep serving.
+
+Verified once: the pointer pins the manifest, the manifest pins every chunk, and
+:func:`parse_manifest` refuses chunks that do not tile the file end to end. Every byte
+is then covered by exactly one pinned chunk hash, so readers check the chunks and the
+size, not the whole-file sha256 as well (a second pass over every byte, 0.29 CPU s per
+538 MB here, that could refuse nothing the chunks let through). The manifest keeps the
+whole-file sha256 for tools that check a file without its chunks.
 """
 
 from __future__ import annotations
@@ -74,13 +81,30 @@ def parse_manifest(body: bytes) -> WeightManifest:
     """
     try:
         raw = json.loads(body)
-        return WeightManifest(
+        manifest = WeightManifest(
             version=int(raw["version"]), file=str(raw["file"]),
             size_bytes=int(raw["size_bytes"]), sha256=str(raw["sha256"]),
             chunks=tuple(ChunkSpec(int(c["offset"]), int(c["length"]), str(c["sha256"]))
                          for c in raw["chunks"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise WeightSyncError(f"not a weights manifest: {exc}") from exc
+    _check_tiling(manifest)
+    return manifest
+
+
+def _check_tiling(manifest: WeightManifest) -> None:
+    """Chunks back to back from offset 0 to ``size_bytes``: then the chunk hashes cover
+    every byte once, and verifying them verifies the file."""
+    offset = 0
+    for index, chunk in enumerate(manifest.chunks):
+        if chunk.offset != offset or chunk.length <= 0:
+            raise WeightSyncError(f"weights manifest of {manifest.file}: chunk {index} at "
+                                  f"offset {chunk.offset} (length {chunk.length}) does not "
+                                  f"follow the previous chunk (offset {offset})")
+        offset += chunk.length
+    if offset != manifest.size_bytes:
+        raise WeightSyncError(f"weights manifest of {manifest.file}: chunks cover {offset} "
+                              f"bytes, size_bytes is {manifest.size_bytes}")
 
 
 def sha256_file(path: Path) -> str:
@@ -114,7 +138,8 @@ def write_manifest(weights_path: Path, version: int,
 
 
 def read_verified(manifest_path: Path, manifest_sha256: str) -> bytes:
-    """The weight file's bytes, after checking the manifest and every chunk.
+    """The weight file's bytes, after checking the manifest, the size and every chunk
+    (one sha256 pass: the chunks tile the file, see the module docstring).
 
     Raises:
         WeightSyncError: The manifest or weight file is missing, unreadable or does not
@@ -126,19 +151,19 @@ def read_verified(manifest_path: Path, manifest_sha256: str) -> bytes:
         raise WeightSyncError(f"weights manifest {manifest_path} unreadable: {exc}") from exc
     if hashlib.sha256(body).hexdigest() != manifest_sha256:
         raise WeightSyncError(f"weights manifest {manifest_path}: sha256 mismatch")
-    manifest = json.loads(body)
-    weights_path = manifest_path.with_name(manifest["file"])
+    manifest = parse_manifest(body)
+    weights_path = manifest_path.with_name(manifest.file)
     try:
         data = weights_path.read_bytes()
     except OSError as exc:
         raise WeightSyncError(f"weights file {weights_path} unreadable: {exc}") from exc
-    for index, chunk in enumerate(manifest["chunks"]):
-        block = data[chunk["offset"]: chunk["offset"] + chunk["length"]]
-        if hashlib.sha256(block).hexdigest() != chunk["sha256"]:
+    if len(data) != manifest.size_bytes:
+        raise WeightSyncError(f"weights file {weights_path}: {len(data)} bytes, the manifest "
+                              f"says {manifest.size_bytes} (size mismatch)")
+    view = memoryview(data)  # slices without copies
+    for index, chunk in enumerate(manifest.chunks):
+        block = view[chunk.offset: chunk.offset + chunk.length]
+        if hashlib.sha256(block).hexdigest() != chunk.sha256:
             raise WeightSyncError(f"weights file {weights_path}: chunk {index} "
-                                  f"(offset {chunk['offset']}) sha256 mismatch")
-    if len(data) != manifest["size_bytes"] or hashlib.sha256(data).hexdigest() != manifest[
-            "sha256"]:
-        raise WeightSyncError(f"weights file {weights_path}: size or whole-file sha256 "
-                              "mismatch")
+                                  f"(offset {chunk.offset}) sha256 mismatch")
     return data

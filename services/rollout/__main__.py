@@ -16,6 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from libra import types as t
+from libra.allocator import keep_freed_buffers
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clients.gradient import GrpcGradientChannel
 from libra.clients.runner import GrpcSchedulerClient
@@ -146,4 +147,5 @@ if __name__ == "__main__":
     init_logging(config.instance_id, config.telemetry)
     init_tracing(config.instance_id, config.telemetry)
     logger.info("[startup] config=%s", redact(config))
+    keep_freed_buffers()  # weight chunks reuse heap buffers, not fresh mmaps (see module)
     asyncio.run(main(config))

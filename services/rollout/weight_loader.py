@@ -3,7 +3,8 @@
 A version is loaded only when its checksum matches: a single safetensors file is hashed
 on the host; a chunked version (a manifest) is fetched and verified chunk by chunk within
 the weight-load deadline, then swapped in whole (a copy fetched over gRPC was hashed as it
-arrived and is not hashed again; a shared path is verified here). Where a manifest is
+arrived: the engine maps its file, not read or hashed again; a shared path is verified
+here and its verified bytes are handed over). Where a manifest is
 read from - the shared path or a copy fetched from the trainer over gRPC - is the
 WeightSource's choice (services/rollout/weight_fetcher.py); without one, the shared
 path. A refused version is remembered and reported once (an error event), and the old
@@ -27,7 +28,7 @@ from libra import types as t
 from libra.errors import LibraError
 from libra.weight_sync import MANIFEST_SUFFIX, WeightSyncError, read_verified, sha256_file
 from services.rollout.loop_types import Engine
-from services.rollout.weight_fetcher import read_fetched
+from services.rollout.weight_fetcher import verified_weights
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.rollout.store_protocol import RolloutStore
@@ -129,7 +130,7 @@ class WeightLoader:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.load_deadline_s):
-                data = await self._fetch_verified(job_id, policy)
+                weights = await self._fetch_verified(job_id, policy)
         except LibraError as exc:
             # The trainer unreachable through the fetcher's retries: not the version's
             # fault, so it is not refused; the next pass resumes the transfer.
@@ -148,21 +149,27 @@ class WeightLoader:
                                            instance=self._instance_id,
                                            error=str(exc) or kind)
             return
-        await asyncio.to_thread(engine.load_weights_bytes, data, policy.version)
+        if isinstance(weights, Path):
+            size_bytes = (await asyncio.to_thread(weights.stat)).st_size
+            await asyncio.to_thread(engine.load_weights, str(weights), policy.version)
+        else:
+            size_bytes = len(weights)
+            await asyncio.to_thread(engine.load_weights_bytes, weights, policy.version)
         reload_s = time.perf_counter() - started
         await self._store.record_event(job_id, "weights_loaded", version=str(policy.version),
                                        instance=self._instance_id,
                                        reload_s=f"{reload_s:.4f}",
-                                       size_bytes=str(len(data)))
+                                       size_bytes=str(size_bytes))
 
-    async def _fetch_verified(self, job_id: str, policy: t.PolicyInfo) -> bytes:
-        """The version's bytes from the shared path or a fetched copy, verified: a copy
-        the fetcher hashed as it arrived against this pointer's manifest is not hashed
-        again; the shared path and a cached copy are."""
+    async def _fetch_verified(self, job_id: str, policy: t.PolicyInfo) -> bytes | Path:
+        """The version's weights, verified: the file of a copy the fetcher hashed as it
+        arrived against this pointer's manifest (the engine maps it: no read-back into a
+        second buffer), else the bytes of the shared path or a cached copy, read and
+        hashed here (what is loaded is what was hashed)."""
         if self._source is None:
             return await asyncio.to_thread(read_verified, Path(policy.weights_path),
                                            policy.sha256)
         fetched = await self._source.weights(job_id, policy)
-        if fetched.verified_sha256 and fetched.manifest_sha256 == policy.sha256:
-            return await asyncio.to_thread(read_fetched, fetched)
+        if fetched.verified and fetched.manifest_sha256 == policy.sha256:
+            return await asyncio.to_thread(verified_weights, fetched)
         return await asyncio.to_thread(read_verified, fetched.manifest_path, policy.sha256)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from libra.allocator import keep_freed_buffers
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
@@ -70,4 +71,5 @@ if __name__ == "__main__":
     init_logging(config.worker_id, config.telemetry)
     init_tracing(config.worker_id, config.telemetry)
     logger.info("[startup] config=%s", redact(config))
+    keep_freed_buffers()  # weight chunks reuse heap buffers, not fresh mmaps (see module)
     asyncio.run(main(config))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -31,7 +32,7 @@ from services.rollout.weight_fetcher import (
     FetchedVersion,
     WeightFetcher,
     WeightSource,
-    read_fetched,
+    verified_weights,
 )
 from services.rollout.weight_loader import WeightLoader
 from services.trainer.weight_server import WeightFaults, WeightServer
@@ -163,6 +164,9 @@ async def test_auto_source_fetches_when_the_path_is_not_shared(serve, tmp_path: 
     assert engine.policy_version == 1
     (event,) = store.events(JOB, "weights_loaded")
     assert event["size_bytes"] == str(len(trainer.data))
+    # The engine maps the verified copy: its path, not bytes read back into memory.
+    copy = tmp_path / "cache" / JOB / "v000001.safetensors"
+    assert engine.loaded == [(str(copy), 1)] and copy.read_bytes() == trainer.data
 
 
 async def test_auto_source_reads_a_shared_path_without_fetching(serve, tmp_path: Path) -> None:
@@ -181,26 +185,49 @@ async def test_a_manifest_not_matching_the_pointer_is_refused(serve, tmp_path: P
         await fetcher(client, tmp_path).fetch(JOB, 1, "0" * 64)
 
 
-async def test_a_part_file_resumes_after_its_last_good_chunk(serve, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rest", [
+    b"torn write",
+    # What a fetch killed after 4 chunks leaves: the .part is preallocated to full size.
+    bytes(CHUNK_BYTES * NUM_CHUNKS - 123 - 4 * CHUNK_BYTES),
+], ids=["torn", "preallocated"])
+async def test_a_part_file_resumes_after_its_last_good_chunk(serve, tmp_path: Path,
+                                                             rest: bytes) -> None:
     trainer, client = await serve()
     part = tmp_path / "cache" / JOB / "v000001.safetensors.part"
     part.parent.mkdir(parents=True)
-    part.write_bytes(trainer.data[:4 * CHUNK_BYTES] + b"torn write")
+    part.write_bytes(trainer.data[:4 * CHUNK_BYTES] + rest)
     fetch = fetcher(client, tmp_path)
     manifest = await fetch.fetch(JOB, 1, trainer.digest)
     assert read_verified(manifest, trainer.digest) == trainer.data
     assert (fetch.last.resumed_from_chunk, fetch.last.num_chunks_fetched) == (4, 6)
 
 
-async def test_a_resumed_part_seeds_the_whole_file_hash_with_its_good_bytes(
+async def test_a_pinned_manifest_whose_chunks_skip_bytes_is_refused(
         serve, tmp_path: Path) -> None:
+    """Chunk hashes verify the file only when the chunks tile it: a manifest (pinned by
+    the pointer, from a faulty writer) that leaves a chunk's bytes unhashed is refused
+    before any chunk is fetched."""
+    trainer, client = await serve()
+    shared = weights_file(trainer.run_dir, 1)
+    manifest = shared.with_name(shared.name + ".manifest.json")
+    raw = json.loads(manifest.read_bytes())
+    del raw["chunks"][3]
+    body = json.dumps(raw).encode()
+    manifest.write_bytes(body)
+    fetch = fetcher(client, tmp_path)
+    with pytest.raises(WeightSyncError, match="chunk 3 at offset 262144"):
+        await fetch.fetch(JOB, 1, hashlib.sha256(body).hexdigest())
+    assert fetch.last.num_chunks_fetched == 0
+
+
+async def test_a_resumed_copy_is_verified_byte_exact(serve, tmp_path: Path) -> None:
     trainer, client = await serve()
     part = tmp_path / "cache" / JOB / "v000001.safetensors.part"
     part.parent.mkdir(parents=True)
     part.write_bytes(trainer.data[:4 * CHUNK_BYTES] + b"torn write")
     fetched = await fetcher(client, tmp_path).fetch_version(JOB, 1, trainer.digest)
-    assert fetched.verified_sha256 == hashlib.sha256(trainer.data).hexdigest()
-    assert read_fetched(fetched) == trainer.data
+    assert fetched.verified
+    assert verified_weights(fetched).read_bytes() == trainer.data
 
 
 async def test_a_fetched_copy_is_verified_on_arrival_and_a_cached_one_is_not(
@@ -208,13 +235,13 @@ async def test_a_fetched_copy_is_verified_on_arrival_and_a_cached_one_is_not(
     trainer, client = await serve()
     fetch = fetcher(client, tmp_path)
     fetched = await fetch.fetch_version(JOB, 1, trainer.digest)
-    assert fetched.verified_sha256 == hashlib.sha256(trainer.data).hexdigest()
+    assert fetched.verified
     assert (fetched.size_bytes, fetched.manifest_sha256) == (len(trainer.data), trainer.digest)
-    assert read_fetched(fetched) == trainer.data
+    assert verified_weights(fetched).read_bytes() == trainer.data
     cached = await fetch.fetch_version(JOB, 1, trainer.digest)
-    assert cached.manifest_path == fetched.manifest_path and cached.verified_sha256 == ""
+    assert cached.manifest_path == fetched.manifest_path and not cached.verified
     with pytest.raises(WeightSyncError, match="not verified here"):
-        read_fetched(cached)
+        verified_weights(cached)
 
 
 async def test_a_verified_copy_cut_short_since_is_refused(serve, tmp_path: Path) -> None:
@@ -223,10 +250,10 @@ async def test_a_verified_copy_cut_short_since_is_refused(serve, tmp_path: Path)
     weights = fetched.manifest_path.with_name("v000001.safetensors")
     os.truncate(weights, len(trainer.data) - 1)
     with pytest.raises(WeightSyncError, match="bytes, verified"):
-        read_fetched(fetched)
+        verified_weights(fetched)
     weights.unlink()
     with pytest.raises(WeightSyncError, match="unreadable"):
-        read_fetched(fetched)
+        verified_weights(fetched)
 
 
 async def test_a_tampered_cached_copy_is_verified_by_the_loader_and_not_loaded(
@@ -249,7 +276,7 @@ async def test_a_tampered_cached_copy_is_verified_by_the_loader_and_not_loaded(
 
 def test_a_shared_path_is_never_taken_as_verified(tmp_path: Path) -> None:
     with pytest.raises(WeightSyncError, match="not verified here"):
-        read_fetched(FetchedVersion(tmp_path / "v000001.safetensors.manifest.json", "ab"))
+        verified_weights(FetchedVersion(tmp_path / "v000001.safetensors.manifest.json", "ab"))
 
 
 async def test_a_stream_past_the_limit_is_refused_with_a_retry_hint(serve) -> None:
