@@ -120,10 +120,14 @@ class Leases:
             self.renew_errors += 1
             return False
 
-    async def acquire_all(self) -> None:
-        indexes = self.indexes()
+    async def acquire_all(self) -> list[asyncio.Task[None]]:
+        """Every lease, each renewed from its grant on (as ``LeaseKeeper``: a 3 s lease
+        granted first must not wait for the 500th grant); the renewal tasks."""
+        indexes, keepers = self.indexes(), []
         for lo in range(0, len(indexes), 100):  # in slices: 1,000 at once is no host's start
             await asyncio.gather(*(self.acquire(i) for i in indexes[lo:lo + 100]))
+            keepers += [asyncio.create_task(self.keep(i)) for i in indexes[lo:lo + 100]]
+        return keepers
 
     def dead(self, worker: str) -> bool:
         """Killed at the mark: it neither renews nor works from then on."""
@@ -133,8 +137,8 @@ class Leases:
         worker = instance_id(index)
         client = self.clients[index % len(self.clients)]
         # Renewals spread over the period, as instances that started apart do.
-        await asyncio.sleep(self.ttl_ms[worker] / 3000 * (index - self.cfg["first"])
-                            / self.cfg["count"])
+        await asyncio.sleep(self.ttl_ms[worker] / 3000 * ((index - self.cfg["first"]) % 100)
+                            / 100)
         while not self.control.stopped.is_set() and not self.dead(worker):
             began, period_s = time.perf_counter(), self.ttl_ms[worker] / 3000
             try:
@@ -303,9 +307,8 @@ async def main(cfg: dict[str, Any]) -> None:
     fleet = Fleet(cfg, control, leases) if cfg["mode"] == "instances" else None
     if fleet is not None:
         await fleet.prepare()
-    await leases.acquire_all()
+    keepers = await leases.acquire_all()
     print(json.dumps({"ready": len(leases.epochs)}), flush=True)
-    keepers = [asyncio.create_task(leases.keep(i)) for i in leases.indexes()]
     if fleet is not None:
         work = await fleet.run()
     else:
