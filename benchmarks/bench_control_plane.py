@@ -284,6 +284,9 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
         "renew_p50_ms": max(s["renew_p50_ms"] for s in summaries),
         "renew_p99_ms": max(s["renew_p99_ms"] for s in summaries),
         "renew_max_ms": max(s["renew_max_ms"] for s in summaries),
+        # How late the drivers' loops ran a timer: a holder starved of CPU renews late.
+        "driver_loop_lag_p99_ms": max(s["loop_lag_p99_ms"] for s in summaries),
+        "driver_loop_lag_max_ms": max(s["loop_lag_max_ms"] for s in summaries),
         "lease_ttl_ms": max(s["ttl_ms_max"] for s in summaries),
         # Leases lost while their holder was alive and renewing (the guarantee: 0).
         "leases_lost": sum(s["lost"] for s in summaries),
@@ -374,7 +377,8 @@ def _text(r: dict[str, Any]) -> str:
     lines.append(f"  {r['renewals_per_s']} renewals/s (TTL {r['lease_ttl_ms']} ms), p99 "
                  f"{r['renew_p99_ms']} ms, lost {r['leases_lost']} (fill included "
                  f"{r['leases_lost_with_fill']}), killed {r['killed']} expired "
-                 f"{r['killed_expired']}; Redis {r['redis_ops_per_s']} ops/s, "
+                 f"{r['killed_expired']}, driver loop lag p99 {r['driver_loop_lag_p99_ms']}"
+                 f" ms; Redis {r['redis_ops_per_s']} ops/s, "
                  f"{r['redis_used_memory_mb']} MB; CPU % " + ", ".join(
                      f"{k[:-8]} {v}" for k, v in r.items() if k.endswith("_cpu_pct")))
     return "\n".join(lines)
