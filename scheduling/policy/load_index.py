@@ -70,6 +70,13 @@ class LoadIndex(Sequence[InstanceLoad]):
         self.caps = {b.name: b.max_trajectories_per_instance for b in layout.buckets}
         self._items = list(instances)
         self._by_id = {inst.instance_id: inst for inst in self._items}
+        # The snapshot's instance ids (fixed): a tick compares them with the last set
+        # instead of rebuilding it from 1,000 entries.
+        self.ids = frozenset(self._by_id)
+        # Live instances routing cannot reach (a bucket the layout lacks): they are never
+        # in a bucket's groups, but count as idle when they hold nothing.
+        self._unrouted = [inst for inst in self._items
+                          if inst.is_live and inst.bucket not in self.caps]
         self._levels = {name: _BucketLevels() for name in self.caps}
         # Live instances per bucket, any bucket (``live_gpu_shares``): fixed per snapshot.
         self.live_by_bucket: dict[str, int] = {}
@@ -111,6 +118,13 @@ class LoadIndex(Sequence[InstanceLoad]):
         """Eligible instance ids of ``bucket`` holding ``load``, sorted (do not mutate)."""
         levels = self._levels.get(bucket)
         return () if levels is None else levels.by_load.get(load, ())
+
+    def idle_ids(self) -> list[InstanceId]:
+        """Live instances holding nothing, by id (``thresholds.idle_while_queued``):
+        the load-0 groups plus unroutable ones, not a scan of every instance."""
+        idle = [iid for levels in self._levels.values() for iid in levels.by_load.get(0, ())]
+        idle += [inst.instance_id for inst in self._unrouted if inst.active_trajectories == 0]
+        return sorted(idle)
 
     # -- changes ----------------------------------------------------------------------------
 

@@ -102,8 +102,10 @@ def idle_while_queued(
     """
     if queued_trajectories <= 0:
         return ()
-    return tuple(
+    if isinstance(instances, LoadIndex):  # checked every tick: no scan of every instance
+        return tuple(instances.idle_ids())
+    return tuple(sorted(
         instance.instance_id
         for instance in instances
         if instance.is_live and instance.active_trajectories == 0
-    )
+    ))

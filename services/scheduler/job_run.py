@@ -44,7 +44,7 @@ class JobRun:
     # 1,000 instances; the index makes each a lookup (scheduling/policy/load_index.py).
     instances: LoadIndex | list[t.InstanceLoad] = field(default_factory=list)
     instances_at_s: float = -1.0
-    last_live: set[str] = field(default_factory=set)
+    last_live: set[str] | frozenset[str] = field(default_factory=set)
     last_orphan_scan_s: float = float("-inf")
     orphan_cursor: int = 0  # where the sweep for orphans goes on (0: none under way)
     # The job's pending queue as Redis holds it, None until read: only this process

@@ -17,7 +17,7 @@ from scheduling.policy.routing import (
     route_by_load,
     route_with_queue_length,
 )
-from scheduling.policy.thresholds import live_gpu_shares
+from scheduling.policy.thresholds import idle_while_queued, live_gpu_shares
 
 LAYOUT = BucketLayout([
     t.Bucket("short", 1_000, max_trajectories_per_instance=3, tp_degree=1),
@@ -74,6 +74,17 @@ def test_dead_gone_and_unknown_instances_are_never_chosen() -> None:
     assert route_any(index, LAYOUT) is None and index.get("live") is None
     assert index.add_load("live", 1) is False  # a change for an instance it lacks
     assert list(index) == loads[:2] and len(index) == 2 and index[1] is loads[1]
+    assert index.ids == {"dead", "odd"}
+
+
+def test_idle_instances_are_the_live_ones_holding_nothing_whatever_their_bucket() -> None:
+    index = LoadIndex(LAYOUT, [load("b", "short", 0), load("a", "other-bucket", 0),
+                               load("c", "long", 1), load("d", "mid", 0, live=False)])
+    assert idle_while_queued(index, 5) == ("a", "b") and idle_while_queued(index, 0) == ()
+    index.add_load("b", 1)
+    index.add_load("a", 2)  # unroutable, yet its load is followed
+    index.add_load("c", -1)
+    assert idle_while_queued(index, 5) == ("c",)
 
 
 def test_an_index_built_for_other_caps_is_scanned() -> None:
@@ -110,6 +121,7 @@ def test_routing_by_index_equals_routing_by_scan_through_load_changes() -> None:
             assert _route_all(index, index_cursors, random.Random(seed)) == expected, (
                 trial, step)
             assert live_gpu_shares(LAYOUT, index) == live_gpu_shares(LAYOUT, scanned)
+            assert idle_while_queued(index, 1) == idle_while_queued(scanned, 1)
             # Place on what route_by_load chose, or give a slot back somewhere.
             placed = expected[-1]
             if placed is not None and rng.random() < 0.7:
