@@ -222,6 +222,7 @@ def run(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "mode": "instances" if args.workload == "rollout" else "leases",
                 "scheduler": stack.scheduler_address, "block_ms": 1000, "period_s": 1.0,
                 "probe_share": 0.05, "reports_per_s": args.reports_per_s,
+                "max_in_flight": args.max_in_flight,
                 "finishes_per_s": args.finishes_per_s}
         per_driver = math.ceil(n / args.drivers)
         kill_per_driver = math.ceil(args.kill / args.drivers)
@@ -311,7 +312,7 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
     out["decisions_per_s"] = round((m1["decisions"] - m0["decisions"]) / wall_s, 1)
     out["finished_per_s"] = round((last["produced"] - first["produced"]) / wall_s, 1)
     if fleet:
-        for key in ("reports", "moves", "handoffs", "finished", "fenced", "errors",
+        for key in ("reports", "moves", "handoffs", "finished", "fenced", "errors", "shed",
                     "probes", "held"):
             out[key] = sum(s[key] for s in fleet)
         # The drivers' probes together: the worst driver's p99 (a conservative merge).
@@ -332,6 +333,9 @@ def main() -> None:
                         help="tool-return reports per instance per second")
     parser.add_argument("--finishes-per-s", type=float, default=0.2,
                         help="finished trajectories per instance per second")
+    parser.add_argument("--max-in-flight", type=int, default=1024,
+                        help="reports and publishes a driver has in flight at most; past "
+                             "it reports are shed (counted) instead of queued")
     parser.add_argument("--drivers", type=int, default=2,
                         help="processes running the instances' work")
     parser.add_argument("--ttl-ms", type=int, default=3000,

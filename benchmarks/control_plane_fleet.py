@@ -192,7 +192,7 @@ class Fleet:
         self.schedulers = [GrpcSchedulerClient(cfg["scheduler"])
                            for _ in range(cfg["channels"])]
         self.counts = dict.fromkeys(("reports", "moves", "handoffs", "finished", "fenced",
-                                     "errors"), 0)
+                                     "errors", "shed"), 0)
         self.probe_s: list[float] = []
         self.held: dict[str, Held] = {}
         self.in_flight: set[asyncio.Task[None]] = set()
@@ -230,6 +230,12 @@ class Fleet:
                 picked = rng.sample(sorted(held), min(len(held), int(credit[name])))
                 credit[name] -= int(credit[name])
                 for traj_id in picked:
+                    if name == "report" and len(self.in_flight) >= cfg["max_in_flight"]:
+                        # The scheduler is behind: a host's instances wait for their
+                        # reports to go out rather than pile up unbounded tasks here (a
+                        # backlog of them starved this loop's renewals for 20 s and more).
+                        self.count("shed")
+                        continue
                     entry_id, traj, tokens = held[traj_id]
                     tokens += rng.randint(20, 400)
                     held[traj_id] = (entry_id, traj, tokens)
