@@ -88,7 +88,8 @@ def job_spec(instances: int, per_instance: int, samples: int) -> dict[str, Any]:
 class Stack:
     """redis-server, coordinator and scheduler as processes; the children that drive them."""
 
-    def __init__(self, tmp: Path, n: int, profile: bool = False) -> None:
+    def __init__(self, tmp: Path, n: int, profile: bool = False,
+                 renewals_per_s: float = 250.0) -> None:
         self.tmp, self.procs, self.drivers = tmp, [], []
         self.redis = start_redis(tmp / f"redis-{n}")
         coord_port, sched_port, self.metrics_port = free_ports(3)
@@ -98,6 +99,7 @@ class Stack:
         for name, args in (
                 ("coordinator", [f"--server.port={coord_port}", "--http-port=-1",
                                  f"--run-root={tmp}", "--trainer-lost-s=1000000",
+                                 f"--lease-renewals-per-s={renewals_per_s}",
                                  "--server.metrics-port=-1"]),
                 ("scheduler", [f"--server.port={sched_port}",
                                f"--server.metrics-port={self.metrics_port}"])):
@@ -212,7 +214,7 @@ def train(stack: Stack, samples: int) -> None:
 
 
 def run(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    stack = Stack(tmp, n, args.profile)
+    stack = Stack(tmp, n, args.profile, args.lease_renewals_per_s)
     try:
         base = {"instances": n, "buckets": BUCKETS, "redis_url": stack.redis.url,
                 "job_id": JOB, "seed": 0, "ttl_ms": args.ttl_ms, "channels": 2,
@@ -220,10 +222,13 @@ def run(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "mode": "instances" if args.workload == "rollout" else "leases",
                 "scheduler": stack.scheduler_address, "block_ms": 1000, "period_s": 1.0,
                 "probe_share": 0.05, "reports_per_s": args.reports_per_s,
+                "max_in_flight": args.max_in_flight,
                 "finishes_per_s": args.finishes_per_s}
         per_driver = math.ceil(n / args.drivers)
+        kill_per_driver = math.ceil(args.kill / args.drivers)
         for first in range(0, n, per_driver):
-            stack.spawn({**base, "first": first, "count": min(per_driver, n - first)})
+            stack.spawn({**base, "first": first, "count": min(per_driver, n - first),
+                         "kill": kill_per_driver})
         for driver in stack.drivers:  # every lease held
             assert driver.stdout is not None
             json.loads(driver.stdout.readline())["ready"]
@@ -280,9 +285,18 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
         "renew_p50_ms": max(s["renew_p50_ms"] for s in summaries),
         "renew_p99_ms": max(s["renew_p99_ms"] for s in summaries),
         "renew_max_ms": max(s["renew_max_ms"] for s in summaries),
+        # How late the drivers' loops ran a timer: a holder starved of CPU renews late.
+        "driver_loop_lag_p99_ms": max(s["loop_lag_p99_ms"] for s in summaries),
+        "driver_loop_lag_max_ms": max(s["loop_lag_max_ms"] for s in summaries),
+        "lease_ttl_ms": max(s["ttl_ms_max"] for s in summaries),
+        # Leases lost while their holder was alive and renewing (the guarantee: 0).
         "leases_lost": sum(s["lost"] for s in summaries),
         "leases_lost_with_fill": sum(s["lost_total"] for s in summaries),
         "renew_errors": sum(s["renew_errors"] for s in summaries),
+        # Killed at the mark on purpose: their leases must have expired by the end.
+        "killed": sum(len(s["killed"]) for s in summaries),
+        "killed_expired": sum(not stack.r.exists(keys.lease(w))
+                              for s in summaries for w in s["killed"]),
         "redis_ops_per_s": round((last["redis_cmds"] - first["redis_cmds"]) / wall_s),
         "redis_used_memory_mb": round(stack.r.info("memory")["used_memory"] / 2**20, 1),
     }
@@ -298,7 +312,7 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
     out["decisions_per_s"] = round((m1["decisions"] - m0["decisions"]) / wall_s, 1)
     out["finished_per_s"] = round((last["produced"] - first["produced"]) / wall_s, 1)
     if fleet:
-        for key in ("reports", "moves", "handoffs", "finished", "fenced", "errors",
+        for key in ("reports", "moves", "handoffs", "finished", "fenced", "errors", "shed",
                     "probes", "held"):
             out[key] = sum(s[key] for s in fleet)
         # The drivers' probes together: the worst driver's p99 (a conservative merge).
@@ -319,9 +333,19 @@ def main() -> None:
                         help="tool-return reports per instance per second")
     parser.add_argument("--finishes-per-s", type=float, default=0.2,
                         help="finished trajectories per instance per second")
+    parser.add_argument("--max-in-flight", type=int, default=1024,
+                        help="reports and publishes a driver has in flight at most; past "
+                             "it reports are shed (counted) instead of queued")
     parser.add_argument("--drivers", type=int, default=2,
                         help="processes running the instances' work")
-    parser.add_argument("--ttl-ms", type=int, default=3000, help="lease TTL")
+    parser.add_argument("--ttl-ms", type=int, default=3000,
+                        help="lease TTL the instances ask for (the coordinator may grant "
+                             "more: --lease-renewals-per-s)")
+    parser.add_argument("--lease-renewals-per-s", type=float, default=250.0,
+                        help="the coordinator's lease_renewals_per_s (0: TTLs as asked)")
+    parser.add_argument("--kill", type=int, default=0,
+                        help="instances that die at the start of the window (stop renewing "
+                             "and working); their leases must expire within it")
     parser.add_argument("--fill-timeout-s", type=float, default=600.0,
                         help="measure anyway once the fill took this long")
     parser.add_argument("--quick", action="store_true",
@@ -354,8 +378,11 @@ def _text(r: dict[str, Any]) -> str:
                      f" decisions/s, batch p99 {r['decide_batch_p99_ms']} ms (server), "
                      f"client p99 {r['client_decision_p99_ms']} ms; {r['finished_per_s']}"
                      f" finished/s; moves {r['moves']}, fenced {r['fenced']}")
-    lines.append(f"  {r['renewals_per_s']} renewals/s, p99 {r['renew_p99_ms']} ms, lost "
-                 f"{r['leases_lost']}; Redis {r['redis_ops_per_s']} ops/s, "
+    lines.append(f"  {r['renewals_per_s']} renewals/s (TTL {r['lease_ttl_ms']} ms), p99 "
+                 f"{r['renew_p99_ms']} ms, lost {r['leases_lost']} (fill included "
+                 f"{r['leases_lost_with_fill']}), killed {r['killed']} expired "
+                 f"{r['killed_expired']}, driver loop lag p99 {r['driver_loop_lag_p99_ms']}"
+                 f" ms; Redis {r['redis_ops_per_s']} ops/s, "
                  f"{r['redis_used_memory_mb']} MB; CPU % " + ", ".join(
                      f"{k[:-8]} {v}" for k, v in r.items() if k.endswith("_cpu_pct")))
     return "\n".join(lines)

@@ -3,10 +3,13 @@ runs many instances as asyncio tasks (its own event loop and GIL, as instances o
 hosts would have), speaking the real protocol through the real clients and store.
 
 A process holds a slice of the instances (the configuration arrives as one JSON line
-on stdin). Each instance keeps its lease - AcquireLease, then RenewLease every TTL/3
-(the rollout ``LeaseKeeper``'s cadence) through ``GrpcCoordinatorClient``, on the same
-loop as its work, as in a rollout process; a lost lease is acquired again and the work
-held is dropped. In mode ``leases`` that is all; in mode ``instances`` each also does
+on stdin). Each instance keeps its lease - AcquireLease, then RenewLease every third of
+the TTL the coordinator granted (the rollout ``LeaseKeeper``'s cadence; the coordinator
+scales TTLs with the fleet) through ``GrpcCoordinatorClient``, on the same loop as its
+work, as in a rollout process; a lost lease is acquired again and the work held is
+dropped. ``kill`` instances of the slice die at the mark (they stop renewing and
+working, as a crashed host): their leases must expire, and are counted apart from
+leases lost by live holders. In mode ``leases`` that is all; in mode ``instances`` each also does
 an instance's work - take trajectories from the inbox
   (``RedisRolloutStore.read_inbox``, a blocking XREADGROUP each), report tool returns
   on the scheduler's ``ToolReturns`` stream (``GrpcSchedulerClient``, unanswered stays
@@ -80,6 +83,16 @@ class Control:
                 self.stopped.set()
 
 
+async def loop_lag(control: Control, out: list[float]) -> None:
+    """How late this process's event loop runs a 0.1 s timer (in the window): a renewal
+    queued behind the instances' work waits that long before it is even sent."""
+    while not control.stopped.is_set():
+        began = time.perf_counter()
+        await asyncio.sleep(0.1)
+        if control.marked.is_set():
+            out.append(time.perf_counter() - began - 0.1)
+
+
 # -- leases -------------------------------------------------------------------------------
 
 class Leases:
@@ -92,6 +105,9 @@ class Leases:
         self.clients = [GrpcCoordinatorClient(cfg["coordinator"])
                         for _ in range(cfg["channels"])]
         self.epochs: dict[str, int] = {}
+        self.ttl_ms: dict[str, int] = {}  # as granted (the coordinator may raise it)
+        # The first ``kill`` of the slice die at the mark.
+        self.killed = {instance_id(i) for i in self.indexes()[:cfg.get("kill", 0)]}
         self.lat_s: list[float] = []
         self.lost = self.lost_total = self.renew_errors = 0
         self.on_lost: Any = None  # called with the instance id
@@ -104,6 +120,7 @@ class Leases:
             instance_id(index), t.WorkerRole.CORE_ROLLOUT, bucket_of(index, self.cfg["buckets"]),
             "127.0.0.1:1", self.cfg["ttl_ms"])
         self.epochs[lease.worker_id] = lease.epoch
+        self.ttl_ms[lease.worker_id] = lease.ttl_ms
 
     async def acquire_again(self, index: int) -> bool:
         try:
@@ -113,20 +130,30 @@ class Leases:
             self.renew_errors += 1
             return False
 
-    async def acquire_all(self) -> None:
-        indexes = self.indexes()
+    async def acquire_all(self) -> list[asyncio.Task[None]]:
+        """Every lease, each renewed from its grant on (as ``LeaseKeeper``: a 3 s lease
+        granted first must not wait for the 500th grant); the renewal tasks."""
+        indexes, keepers = self.indexes(), []
         for lo in range(0, len(indexes), 100):  # in slices: 1,000 at once is no host's start
             await asyncio.gather(*(self.acquire(i) for i in indexes[lo:lo + 100]))
+            keepers += [asyncio.create_task(self.keep(i)) for i in indexes[lo:lo + 100]]
+        return keepers
+
+    def dead(self, worker: str) -> bool:
+        """Killed at the mark: it neither renews nor works from then on."""
+        return self.control.marked.is_set() and worker in self.killed
 
     async def keep(self, index: int) -> None:
-        worker, period_s = instance_id(index), self.cfg["ttl_ms"] / 3000
+        worker = instance_id(index)
         client = self.clients[index % len(self.clients)]
         # Renewals spread over the period, as instances that started apart do.
-        await asyncio.sleep(period_s * (index - self.cfg["first"]) / self.cfg["count"])
-        while not self.control.stopped.is_set():
-            began = time.perf_counter()
+        await asyncio.sleep(self.ttl_ms[worker] / 3000 * ((index - self.cfg["first"]) % 100)
+                            / 100)
+        while not self.control.stopped.is_set() and not self.dead(worker):
+            began, period_s = time.perf_counter(), self.ttl_ms[worker] / 3000
             try:
-                await client.renew_lease(worker, self.epochs[worker])
+                lease = await client.renew_lease(worker, self.epochs[worker])
+                self.ttl_ms[worker] = lease.ttl_ms
                 if self.control.marked.is_set():
                     self.lat_s.append(time.perf_counter() - began)
             except LeaseLost:
@@ -142,7 +169,8 @@ class Leases:
         for client in self.clients:
             await client.close()
         return {"renewals": len(self.lat_s), "lost": self.lost, "lost_total": self.lost_total,
-                "renew_errors": self.renew_errors,
+                "renew_errors": self.renew_errors, "killed": sorted(self.killed),
+                "ttl_ms_max": max(self.ttl_ms.values(), default=0),
                 **{f"renew_{k}": v for k, v in percentiles_ms(self.lat_s).items()}}
 
 
@@ -164,7 +192,7 @@ class Fleet:
         self.schedulers = [GrpcSchedulerClient(cfg["scheduler"])
                            for _ in range(cfg["channels"])]
         self.counts = dict.fromkeys(("reports", "moves", "handoffs", "finished", "fenced",
-                                     "errors"), 0)
+                                     "errors", "shed"), 0)
         self.probe_s: list[float] = []
         self.held: dict[str, Held] = {}
         self.in_flight: set[asyncio.Task[None]] = set()
@@ -179,7 +207,7 @@ class Fleet:
 
     async def read_inbox(self, iid: str) -> None:
         held = self.held[iid]
-        while not self.control.stopped.is_set():
+        while not self.control.stopped.is_set() and not self.leases.dead(iid):
             entries = await self.store.read_inbox(iid, 256, self.cfg["block_ms"])
             for entry in entries:
                 held[entry.trajectory.trajectory_id] = (entry.entry_id, entry.trajectory, 0)
@@ -193,7 +221,7 @@ class Fleet:
         period_s = cfg["period_s"]
         credit = {"report": rng.random(), "finish": rng.random()}
         await asyncio.sleep(period_s * rng.random())
-        while not self.control.stopped.is_set():
+        while not self.control.stopped.is_set() and not self.leases.dead(iid):
             began = time.perf_counter()
             credit["report"] += cfg["reports_per_s"] * period_s
             credit["finish"] += cfg["finishes_per_s"] * period_s
@@ -202,6 +230,12 @@ class Fleet:
                 picked = rng.sample(sorted(held), min(len(held), int(credit[name])))
                 credit[name] -= int(credit[name])
                 for traj_id in picked:
+                    if name == "report" and len(self.in_flight) >= cfg["max_in_flight"]:
+                        # The scheduler is behind: a host's instances wait for their
+                        # reports to go out rather than pile up unbounded tasks here (a
+                        # backlog of them starved this loop's renewals for 20 s and more).
+                        self.count("shed")
+                        continue
                     entry_id, traj, tokens = held[traj_id]
                     tokens += rng.randint(20, 400)
                     held[traj_id] = (entry_id, traj, tokens)
@@ -289,16 +323,18 @@ async def main(cfg: dict[str, Any]) -> None:
     fleet = Fleet(cfg, control, leases) if cfg["mode"] == "instances" else None
     if fleet is not None:
         await fleet.prepare()
-    await leases.acquire_all()
+    keepers = await leases.acquire_all()
+    lag_s: list[float] = []
+    keepers.append(asyncio.create_task(loop_lag(control, lag_s)))
     print(json.dumps({"ready": len(leases.epochs)}), flush=True)
-    keepers = [asyncio.create_task(leases.keep(i)) for i in leases.indexes()]
     if fleet is not None:
         work = await fleet.run()
     else:
         await control.stopped.wait()
         work = {}
     await asyncio.gather(*keepers)
-    summary = {**await leases.close(), **work}
+    summary = {**await leases.close(), **work,
+               **{f"loop_lag_{k}": v for k, v in percentiles_ms(lag_s).items()}}
     print(json.dumps(summary), flush=True)
     follower.cancel()
 

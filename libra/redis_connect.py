@@ -111,10 +111,26 @@ def _sentinel_kwargs(target: SentinelTarget, kwargs: dict[str, Any],
     return out
 
 
+# Connections a plain client's pool opens at most (redis-py's default); a command that
+# finds them all busy waits up to POOL_WAIT_S for one.
+MAX_POOL_CONNECTIONS = 100
+POOL_WAIT_S = 20.0
+
+
 def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
-    """An asyncio client for ``url`` (plain or sentinel); ``kwargs`` as for ``from_url``."""
+    """An asyncio client for ``url`` (plain or sentinel); ``kwargs`` as for ``from_url``.
+
+    A plain client's pool is a blocking one: with every connection busy a command waits
+    for one. The default pool raised ``MaxConnectionsError`` instead, which services
+    take for a Redis outage: a coordinator serving 1,000 lease holders met bursts of
+    more than 100 renewals at once, reported NOT_SERVING and let leases lapse."""
     if not is_sentinel_url(url):
-        return aioredis.from_url(url, **kwargs)
+        kwargs.setdefault("max_connections", MAX_POOL_CONNECTIONS)
+        kwargs.setdefault("timeout", POOL_WAIT_S)
+        pool = aioredis.BlockingConnectionPool.from_url(url, **kwargs)
+        client = aioredis.Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True  # closed with the client, as from_url's
+        return client
     target = parse_sentinel_url(url)
     sentinel = AsyncSentinel(target.sentinels, min_other_sentinels=target.min_other_sentinels,
                              sentinel_kwargs=_sentinel_kwargs(target, kwargs,

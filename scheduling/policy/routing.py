@@ -9,6 +9,7 @@ unbounded queue onto one instance.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import itertools
 from collections.abc import Iterable, Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from libra.types import InstanceId, InstanceLoad
 from scheduling.policy.layout import BucketLayout
+from scheduling.policy.load_index import LoadIndex
 
 # Cursor scope used by length-blind routing (one rotation over all instances).
 ANY_BUCKET_SCOPE = "*"
@@ -53,11 +55,23 @@ class RoundRobinCursor:
         """Pick one of ``tied_ids`` (sorted ascending) and advance the cursor."""
         last = self._last_by_scope.get(scope)
         chosen = tied_ids[0]
+        if last is not None:  # the first id after ``last`` (a bisect: ties may be many)
+            after = bisect.bisect_right(tied_ids, last)
+            if after < len(tied_ids):
+                chosen = tied_ids[after]
+        self._last_by_scope[scope] = chosen
+        return chosen
+
+    def pick_merged(self, scope: str, groups: Sequence[Sequence[InstanceId]]) -> InstanceId:
+        """``pick`` over the union of ``groups`` (each sorted, disjoint) without merging
+        them: the least id after the cursor over all groups, else the least id."""
+        last = self._last_by_scope.get(scope)
+        chosen = min(group[0] for group in groups)
         if last is not None:
-            for instance_id in tied_ids:
-                if instance_id > last:
-                    chosen = instance_id
-                    break
+            after = [group[i] for group in groups
+                     if (i := bisect.bisect_right(group, last)) < len(group)]
+            if after:
+                chosen = min(after)
         self._last_by_scope[scope] = chosen
         return chosen
 
@@ -96,6 +110,27 @@ def _caps(layout: BucketLayout) -> dict[str, int]:
     return {b.name: b.max_trajectories_per_instance for b in layout.buckets}
 
 
+def _index_of(instances: Sequence[InstanceLoad], caps: dict[str, int]) -> LoadIndex | None:
+    """The ``LoadIndex`` behind ``instances`` if it was built for these caps: routing
+    then looks loads up instead of scanning every instance."""
+    if isinstance(instances, LoadIndex) and instances.caps == caps:
+        return instances
+    return None
+
+
+def _pick_indexed(index: LoadIndex, bucket: str, scope: str, cursor: RoundRobinCursor,
+                  below: int = 0) -> InstanceLoad | None:
+    """``_pick_least_loaded`` over the eligible instances of ``bucket`` (holding fewer
+    than ``below`` when positive), by lookup."""
+    least = index.least_load(bucket)
+    if least is None or (below > 0 and least >= below):
+        return None
+    tied = index.ids_at(bucket, least)
+    # One candidate leaves the cursor where it was, as the scan does.
+    chosen = tied[0] if len(tied) == 1 else cursor.pick(scope, tied)
+    return index.get(chosen)
+
+
 def route(
     bucket: str,
     instances: Sequence[InstanceLoad],
@@ -123,12 +158,15 @@ def route(
     fallbacks = layout.iter_fallback(bucket) if enable_fallback else iter(())
     cursor = cursor if cursor is not None else RoundRobinCursor()
     caps = _caps(layout)
+    index = _index_of(instances, caps)
     eligible: dict[str, list[InstanceLoad]] = {}
-    for instance in instances:
-        if _has_room(instance, caps):
-            eligible.setdefault(instance.bucket, []).append(instance)
+    if index is None:
+        for instance in instances:
+            if _has_room(instance, caps):
+                eligible.setdefault(instance.bucket, []).append(instance)
     for name in itertools.chain((bucket,), fallbacks):
-        chosen = _pick_least_loaded(eligible.get(name, ()), name, cursor)
+        chosen = (_pick_least_loaded(eligible.get(name, ()), name, cursor) if index is None
+                  else _pick_indexed(index, name, name, cursor))
         if chosen is not None:
             kind = RouteKind.PREFERRED if name == bucket else RouteKind.FALLBACK
             return RouteResult(chosen.instance_id, name, kind)
@@ -148,11 +186,29 @@ def route_any(
     """
     cursor = cursor if cursor is not None else RoundRobinCursor()
     caps = _caps(layout)
-    candidates = [instance for instance in instances if _has_room(instance, caps)]
-    chosen = _pick_least_loaded(candidates, ANY_BUCKET_SCOPE, cursor)
+    index = _index_of(instances, caps)
+    if index is not None:
+        chosen = _pick_any_indexed(index, layout, cursor)
+    else:
+        candidates = [instance for instance in instances if _has_room(instance, caps)]
+        chosen = _pick_least_loaded(candidates, ANY_BUCKET_SCOPE, cursor)
     if chosen is None:
         return None
     return RouteResult(chosen.instance_id, chosen.bucket, RouteKind.PREFERRED)
+
+
+def _pick_any_indexed(index: LoadIndex, layout: BucketLayout,
+                      cursor: RoundRobinCursor) -> InstanceLoad | None:
+    """The least-loaded eligible instance of any bucket, ties rotating over all ids."""
+    leasts = [(least, b.name) for b in layout.buckets
+              if (least := index.least_load(b.name)) is not None]
+    if not leasts:
+        return None
+    least = min(load for load, _name in leasts)
+    groups = [index.ids_at(name, least) for load, name in leasts if load == least]
+    if len(groups) == 1 and len(groups[0]) == 1:
+        return index.get(groups[0][0])  # one candidate: the cursor stays, as in the scan
+    return index.get(cursor.pick_merged(ANY_BUCKET_SCOPE, groups))
 
 
 def route_with_queue_length(
@@ -172,6 +228,11 @@ def route_with_queue_length(
     """
     cursor = cursor if cursor is not None else RoundRobinCursor()
     caps = _caps(layout)
+    index = _index_of(instances, caps)
+    if index is not None:
+        chosen = _pick_indexed(index, bucket, bucket, cursor, below=max(queue_length, 0))
+        return None if chosen is None else RouteResult(chosen.instance_id, bucket,
+                                                       RouteKind.PREFERRED)
     candidates = [
         instance
         for instance in instances
@@ -198,6 +259,9 @@ def route_by_load(
     # over every instance, and at 1,000 instances the former five passes were most of
     # a scheduler tick.
     caps = _caps(layout)
+    index = _index_of(instances, caps)
+    if index is not None:
+        return _route_by_load_indexed(index, layout, cursor)
     tp = {b.name: b.tp_degree for b in layout.buckets}
     level_of = {b.name: level for level, b in enumerate(layout.buckets)}
     least, least_level = 0.0, -1
@@ -219,4 +283,21 @@ def route_by_load(
     name = layout.buckets[least_level].name
     chosen = _pick_least_loaded(tied, name, cursor)
     assert chosen is not None  # tied holds at least one instance of that level
+    return RouteResult(chosen.instance_id, name, RouteKind.PREFERRED)
+
+
+def _route_by_load_indexed(index: LoadIndex, layout: BucketLayout,
+                           cursor: RoundRobinCursor) -> RouteResult | None:
+    """``route_by_load`` by lookup: each bucket's least load per device, shortest bucket
+    on ties, then the round-robin pick among that bucket's least-loaded instances."""
+    best: tuple[float, int] | None = None
+    for level, b in enumerate(layout.buckets):
+        least = index.least_load(b.name)
+        if least is not None and (best is None or (least / b.tp_degree, level) < best):
+            best = (least / b.tp_degree, level)
+    if best is None:
+        return None
+    name = layout.buckets[best[1]].name
+    chosen = _pick_indexed(index, name, name, cursor)
+    assert chosen is not None  # the bucket has an eligible instance
     return RouteResult(chosen.instance_id, name, RouteKind.PREFERRED)

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from libra.types import InstanceId, InstanceLoad
 from scheduling.policy.layout import BucketLayout
+from scheduling.policy.load_index import LoadIndex
 
 
 def live_gpu_shares(layout: BucketLayout, instances: Sequence[InstanceLoad]) -> dict[str, int]:
@@ -34,9 +35,13 @@ def live_gpu_shares(layout: BucketLayout, instances: Sequence[InstanceLoad]) -> 
     once (nothing is live yet, so no bucket can be preferred).
     """
     counts = dict.fromkeys((bucket.name for bucket in layout.buckets), 0)
-    for instance in instances:  # per placement over every instance: kept to one lookup
-        if instance.is_live and instance.bucket in counts:
-            counts[instance.bucket] += 1
+    if isinstance(instances, LoadIndex):  # counted when the snapshot was indexed
+        for name in counts:
+            counts[name] = instances.live_by_bucket.get(name, 0)
+    else:
+        for instance in instances:  # per placement over every instance: one lookup each
+            if instance.is_live and instance.bucket in counts:
+                counts[instance.bucket] += 1
     counts = {name: count for name, count in counts.items() if count}
     if not counts:
         return {bucket.name: bucket.tp_degree for bucket in layout.buckets}
@@ -97,8 +102,10 @@ def idle_while_queued(
     """
     if queued_trajectories <= 0:
         return ()
-    return tuple(
+    if isinstance(instances, LoadIndex):  # checked every tick: no scan of every instance
+        return tuple(instances.idle_ids())
+    return tuple(sorted(
         instance.instance_id
         for instance in instances
         if instance.is_live and instance.active_trajectories == 0
-    )
+    ))

@@ -87,6 +87,7 @@ def build_core(cfg: CoordinatorConfig, redis: aioredis.Redis) -> CoordinatorCore
         clock=SystemClock(), run_root=Path(cfg.run_root).resolve(),
         elastic=elastic_wiring(cfg), model_check=check_job_model, dataset_check=check_dataset,
         max_queued_jobs=cfg.max_queued_jobs,
+        lease_renewals_per_s=cfg.lease_renewals_per_s,
         init_from_check=check_job_init_from,
         corpus_check=corpus_check(cfg),
         tool_catalog=GrpcToolGatewayClient(peers.toolgateway, peers.rpc_timeout_s, auth=auth),

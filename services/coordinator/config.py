@@ -45,6 +45,11 @@ class CoordinatorConfig:
         " (also once at start-up): one no trainer works on is resumed or ended")
     trainer_lost_s: float = knob(
         60.0, "a trainer unreachable this long is taken for gone: its running job fails")
+    lease_renewals_per_s: float = knob(
+        250.0, "lease renewals per second the fleet may send: a lease's TTL is raised to "
+        "at least 3 s x workers / this (holders renew every third of it), so up to 250 "
+        "workers keep the TTL they ask for and 1,000 get 12 s; the price is failure "
+        "detection (a dead worker's work waits that long); 0 keeps the asked TTL")
     max_queued_jobs: int = knob(
         100, "jobs that may wait in the queue while one runs; a submit beyond it is "
         "refused (RESOURCE_EXHAUSTED / HTTP 429)")
@@ -57,6 +62,9 @@ class CoordinatorConfig:
         if self.reconcile_interval_s <= 0:
             raise ValueError(f"reconcile_interval_s must be > 0, got "
                              f"{self.reconcile_interval_s}")
+        if self.lease_renewals_per_s < 0:
+            raise ValueError(f"lease_renewals_per_s must be >= 0, got "
+                             f"{self.lease_renewals_per_s}")
         if self.max_queued_jobs < 0:
             raise ValueError(f"max_queued_jobs must be >= 0, got {self.max_queued_jobs}")
         if self.trainer_lost_s < 0:

@@ -94,7 +94,8 @@ class CoordinatorCore:
                  max_queued_jobs: int = DEFAULT_MAX_QUEUED_JOBS,
                  checkpoint_probe: CheckpointProbe = newest_checkpoint_step,
                  init_from_check: InitFromCheck | None = None,
-                 corpus_check: CorpusCheck | None = None) -> None:
+                 corpus_check: CorpusCheck | None = None,
+                 lease_renewals_per_s: float = 0.0) -> None:
         self._store = store
         self._trainer = trainer
         self._scheduler = scheduler
@@ -105,7 +106,7 @@ class CoordinatorCore:
                                   init_from_check=init_from_check, corpus_check=corpus_check,
                                   tool_catalog=tool_catalog)
         self._elastic_jobs = ElasticJobs(elastic, store, clock)
-        self._workers = WorkerRegistry(store, clock)
+        self._workers = WorkerRegistry(store, clock, lease_renewals_per_s)
         # Serialises job lifecycle changes (a whole create, a cancel, a reconciliation of
         # one job): without it concurrent creates all see "no job" across the store's
         # awaits and all start, a cancel could end a job half created, and a

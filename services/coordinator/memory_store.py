@@ -16,6 +16,7 @@ from services.coordinator.store_protocol import (
     default_step_key,
     lease_lost_epoch,
     lease_lost_gone,
+    lease_ttl_floor_ms,
     queue_score,
     role_refused,
     step_of,
@@ -98,21 +99,30 @@ class InMemoryCoordinatorStore:
             return None
         return lease
 
-    async def acquire_lease(self, lease: t.Lease) -> t.Lease:
+    def _ttl_floor_ms(self, ttl_ms_per_worker: int, worker_id: str) -> int:
+        # The workers holding a live lease, this one counted (the Redis store counts the
+        # workers set, which an expired worker leaves when leases are next listed).
+        others = sum(1 for w in self._leases if w != worker_id and self._live(w) is not None)
+        return lease_ttl_floor_ms(ttl_ms_per_worker, others + 1)
+
+    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0) -> t.Lease:
         self._fence += 1
+        ttl_ms = max(lease.ttl_ms, self._ttl_floor_ms(ttl_ms_per_worker, lease.worker_id))
         granted = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
-                          self._fence, self._clock.now_ms() + lease.ttl_ms, lease.ttl_ms)
+                          self._fence, self._clock.now_ms() + ttl_ms, ttl_ms)
         self._leases[lease.worker_id] = granted
         return granted
 
-    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease:
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
+                          ttl_ms_per_worker: int = 0) -> t.Lease:
         lease = self._live(worker_id)
         if lease is None:
             raise lease_lost_gone(worker_id)
         if lease.epoch != epoch:
             raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
+        ttl_ms = max(lease.ttl_ms, self._ttl_floor_ms(ttl_ms_per_worker, worker_id))
         renewed = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
-                          lease.epoch, now_ms + lease.ttl_ms, lease.ttl_ms)
+                          lease.epoch, now_ms + ttl_ms, ttl_ms)
         self._leases[worker_id] = renewed
         return renewed
 

@@ -9,6 +9,7 @@ here, where the service and its tests have always imported them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -22,6 +23,7 @@ from libra.errors import LeaseLost, NotFound, register_unavailable
 from libra.redis_fields import LEASE_EPOCH, lease_from_hash, lease_to_hash
 from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.store_protocol import (
+    MAX_LEASE_TTL_MS,
     MAX_PRIORITY,
     MIN_PRIORITY,
     QUEUE_SEQ_SPAN,
@@ -30,6 +32,7 @@ from services.coordinator.store_protocol import (
     default_step_key,
     lease_lost_epoch,
     lease_lost_gone,
+    lease_ttl_floor_ms,
     queue_score,
     role_refused,
     step_of,
@@ -230,7 +233,12 @@ class RedisCoordinatorStore:
         return {**counters, "in_flight_unconsumed": int(unconsumed),
                 "in_flight_running": int(running), "in_flight_pending_admission": int(pending)}
 
-    async def acquire_lease(self, lease: t.Lease) -> t.Lease:
+    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0) -> t.Lease:
+        if ttl_ms_per_worker > 0:
+            workers = await self._retrying("acquire_lease",
+                                           lambda: self._num_workers_with(lease.worker_id))
+            floor_ms = lease_ttl_floor_ms(ttl_ms_per_worker, workers)
+            lease = dataclasses.replace(lease, ttl_ms=max(lease.ttl_ms, floor_ms))
         fields = lease_to_hash(lease)
         fields.pop(LEASE_EPOCH)  # the grant script sets it from the fence
         flat = [x for kv in fields.items() for x in kv]
@@ -242,15 +250,26 @@ class RedisCoordinatorStore:
         return t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address, int(epoch),
                        now_ms + lease.ttl_ms, lease.ttl_ms)
 
-    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease:
-        result = await self._retrying("renew_lease", lambda: self._renew(
-            keys=[keys.lease(worker_id)], args=[str(epoch)]))
-        if result == -1:
+    async def _num_workers_with(self, worker_id: str) -> int:
+        """The workers set's size once ``worker_id`` is in it."""
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.scard(keys.WORKERS)
+            pipe.sismember(keys.WORKERS, worker_id)
+            size, member = await pipe.execute()
+        return int(size) + (0 if member else 1)
+
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
+                          ttl_ms_per_worker: int = 0) -> t.Lease:
+        reply = await self._retrying("renew_lease", lambda: self._renew(
+            keys=[keys.lease(worker_id), keys.WORKERS],
+            args=[str(epoch), ttl_ms_per_worker, MAX_LEASE_TTL_MS]))
+        code = int(reply[0])
+        if code == -1:
             raise lease_lost_gone(worker_id)
-        if result == -2:
+        if code == -2:
             raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
-        h = await self._retrying("renew_lease", lambda: self._r.hgetall(keys.lease(worker_id)))
-        return lease_from_hash(h, int(result), now_ms)
+        flat = reply[1]
+        return lease_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)), code, now_ms)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         await self._retrying("release_lease", lambda: self._release(

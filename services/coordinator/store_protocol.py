@@ -103,9 +103,17 @@ class CoordinatorStore(Protocol):
         separate reads can see it on both sides of the identity (or on neither)."""
         ...
 
-    async def acquire_lease(self, lease: t.Lease) -> t.Lease: ...
+    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0) -> t.Lease:
+        """Grant ``lease`` at a new epoch. ``ttl_ms_per_worker`` > 0 scales the TTL with
+        the fleet (``lease_ttl_floor_ms``): the granted TTL is the larger of the asked one
+        and that floor, and the returned lease carries it."""
+        ...
 
-    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int) -> t.Lease: ...
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
+                          ttl_ms_per_worker: int = 0) -> t.Lease:
+        """Extend the lease by its TTL, raised first to ``lease_ttl_floor_ms`` of the
+        fleet as it is now (a TTL never shrinks while held). Raises LeaseLost."""
+        ...
 
     async def release_lease(self, worker_id: str, epoch: int) -> None: ...
 
@@ -122,6 +130,16 @@ class CoordinatorStore(Protocol):
     async def record_event(self, job_id: str, event: dict[str, Any]) -> None: ...
 
     async def events(self, job_id: str) -> list[dict[str, Any]]: ...
+
+
+MAX_LEASE_TTL_MS = 600_000
+
+
+def lease_ttl_floor_ms(ttl_ms_per_worker: int, num_workers: int) -> int:
+    """The least TTL of a lease in a fleet of ``num_workers``: ``ttl_ms_per_worker``
+    each (0: no floor), at most ``MAX_LEASE_TTL_MS``. Holders renew every third of their
+    TTL, so the fleet's renewals per second stay at ``3000 / ttl_ms_per_worker``."""
+    return min(MAX_LEASE_TTL_MS, ttl_ms_per_worker * num_workers)
 
 
 def lease_lost_gone(worker_id: str) -> LeaseLost:

@@ -12,15 +12,27 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return epoch
 """
 
-# KEYS[1] = lease key; ARGV[1] = epoch the caller holds
-# Returns the remaining TTL in ms, -1 when the lease is gone, -2 when the epoch moved on.
+# KEYS[1] = lease key, KEYS[2] = workers set; ARGV[1] = epoch the caller holds,
+# ARGV[2] = TTL ms per worker (0: none), ARGV[3] = the most a floor may be
+# Returns {ttl_ms, hash} (one round trip: the renewal is the busiest call at 1,000
+# holders), {-1} when the lease is gone, {-2} when the epoch moved on. The TTL is raised
+# to ARGV[2] x the workers set's size (``store_protocol.lease_ttl_floor_ms``), never
+# lowered.
 RENEW_LUA = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then return -1 end
-if epoch ~= ARGV[1] then return -2 end
-local ttl = redis.call('HGET', KEYS[1], 'ttl_ms')
+if not epoch then return {-1} end
+if epoch ~= ARGV[1] then return {-2} end
+local ttl = tonumber(redis.call('HGET', KEYS[1], 'ttl_ms'))
+local per = tonumber(ARGV[2])
+if per > 0 then
+  local floor = math.min(tonumber(ARGV[3]), per * redis.call('SCARD', KEYS[2]))
+  if floor > ttl then
+    ttl = floor
+    redis.call('HSET', KEYS[1], 'ttl_ms', ttl)
+  end
+end
 redis.call('PEXPIRE', KEYS[1], ttl)
-return tonumber(ttl)
+return {ttl, redis.call('HGETALL', KEYS[1])}
 """
 
 # KEYS[1] = lease key, KEYS[2] = fence counter

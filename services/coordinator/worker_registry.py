@@ -6,17 +6,17 @@ elastic hybrid pool's fenced role changes. Pure: the store comes in as the port
 from __future__ import annotations
 
 import logging
+import math
 
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import InvalidArgument
 from libra.limits import check_id
-from services.coordinator.store_protocol import CoordinatorStore
+from services.coordinator.store_protocol import MAX_LEASE_TTL_MS, CoordinatorStore
 
 logger = logging.getLogger(__name__)
 
 MIN_LEASE_TTL_MS = 200
-MAX_LEASE_TTL_MS = 600_000
 MAX_ADDRESS_CHARS = 512  # host:port or a unix socket path
 
 # The elastic hybrid pool's role moves: target role -> roles a lease may hold before it.
@@ -29,13 +29,27 @@ ROLE_MOVES: dict[t.WorkerRole, tuple[t.WorkerRole, ...]] = {
 }
 
 
+def ttl_ms_per_worker(renewals_per_s: float) -> int:
+    """The TTL each worker adds to a lease's least TTL so that a fleet renewing every
+    third of its TTL sends at most ``renewals_per_s`` renewals a second (0: no floor)."""
+    return 0 if renewals_per_s <= 0 else math.ceil(3000 / renewals_per_s)
+
+
 class WorkerRegistry:
     """Checks lease requests field by field (InvalidArgument naming the field), then
-    lets the store grant, renew, fence and expire them."""
+    lets the store grant, renew, fence and expire them.
 
-    def __init__(self, store: CoordinatorStore, clock: Clock) -> None:
+    ``lease_renewals_per_s`` (> 0) scales lease TTLs with the fleet: a lease's TTL is at
+    least 3 s x workers / that rate, so the renewals a fleet sends stay within it however
+    large it grows (at 1,000 holders of 3 s leases they were 333 a second, and the
+    coordinator and holders starved each other: lapses of live holders). The price is
+    failure detection: a dead worker's work is re-placed after its TTL, not 3 s."""
+
+    def __init__(self, store: CoordinatorStore, clock: Clock,
+                 lease_renewals_per_s: float = 0.0) -> None:
         self._store = store
         self._clock = clock
+        self._ttl_ms_per_worker = ttl_ms_per_worker(lease_renewals_per_s)
 
     async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
                             address: str, ttl_ms: int) -> t.Lease:
@@ -49,14 +63,15 @@ class WorkerRegistry:
             raise InvalidArgument("ttl_ms", f"must be in [{MIN_LEASE_TTL_MS}, "
                                   f"{MAX_LEASE_TTL_MS}]")
         lease = t.Lease(t.WorkerId(worker_id), role, bucket, address, 0, 0, ttl_ms)
-        granted = await self._store.acquire_lease(lease)
-        logger.info("[lease] granted worker_id=%s role=%s bucket=%s epoch=%d", worker_id,
-                    role.value, bucket, granted.epoch)
+        granted = await self._store.acquire_lease(lease, self._ttl_ms_per_worker)
+        logger.info("[lease] granted worker_id=%s role=%s bucket=%s epoch=%d ttl_ms=%d",
+                    worker_id, role.value, bucket, granted.epoch, granted.ttl_ms)
         return granted
 
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
         check_id(worker_id, "worker_id")
-        return await self._store.renew_lease(worker_id, epoch, self._clock.now_ms())
+        return await self._store.renew_lease(worker_id, epoch, self._clock.now_ms(),
+                                             self._ttl_ms_per_worker)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         check_id(worker_id, "worker_id")

@@ -25,7 +25,8 @@ class RolloutConfig:
     max_batch_size: int = knob(8, "most trajectories sampled together in one engine call (a "
                                "cap: each job's bucket max_batch_size binds below it)")
     max_trajectories: int = knob(16, "trajectories pinned here at once (scheduler cap)")
-    lease_ttl_ms: int = knob(3000, "lease TTL; the lease is renewed every third of it")
+    lease_ttl_ms: int = knob(3000, "lease TTL asked for (the coordinator may grant more: "
+                             "lease_renewals_per_s); renewed every third of the granted one")
     tool_deadline_s: float = knob(5.0, "deadline of one tool call, retries included")
     report_linger_ms: int = knob(
         0, "how long a tool-return report waits for others to share its batch on the "

@@ -1,5 +1,8 @@
 """The rollout instance's lease: registration, renewal every third of its TTL, release.
 
+The TTL is the one the coordinator granted, which may exceed the one asked for (it
+scales TTLs with the fleet: ``lease_renewals_per_s``); each renewal's answer carries it.
+
 A lost lease means the scheduler re-placed what this instance held (finishing it here
 would duplicate), so the keeper lets the core drop its work (``on_lost``) and registers
 again. A registration that fails (the coordinator restarting) is tried again at each
@@ -51,7 +54,7 @@ class LeaseKeeper:
         (``on_lost``) and re-register."""
         is_registered = True
         while not stopping():
-            await asyncio.sleep(self.settings.lease_ttl_ms / 3000.0)
+            await asyncio.sleep(self._ttl_ms() / 3000.0)
             if self._held.lease is None:
                 continue
             if not is_registered:
@@ -68,6 +71,11 @@ class LeaseKeeper:
                 is_registered = await self._register_again()
             except LibraError as exc:
                 logger.warning("[lease] renew failed error=%s", exc)
+
+    def _ttl_ms(self) -> int:
+        """The held lease's granted TTL (the asked one before the first grant)."""
+        lease = self._held.lease
+        return self.settings.lease_ttl_ms if lease is None else lease.ttl_ms
 
     async def _register_again(self) -> bool:
         try:
@@ -87,4 +95,4 @@ class LeaseKeeper:
             # `libra down` stops the coordinator at the same time: the lease then
             # expires by its TTL instead, and the process still exits cleanly.
             logger.warning("[lease] release failed error=%s; it expires in %d ms", exc,
-                           self.settings.lease_ttl_ms)
+                           lease.ttl_ms)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from libra import types as t
 from libra.clock import Clock
 from scheduling.policy.errors import UnknownTrajectory
+from scheduling.policy.load_index import LoadIndex
 from services.scheduler.job_run import JobRun
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -34,12 +35,13 @@ class Requeuer:
         """Re-queue what is assigned to instances no longer live for placements."""
         # Gone: no lease, or a lease whose role is no longer a rollout role (lent to
         # training: the instance hands back its trajectories' state and they re-queue).
-        live = {inst.instance_id for inst in run.instances}
+        live = (run.instances.ids if isinstance(run.instances, LoadIndex)
+                else {inst.instance_id for inst in run.instances})
         # Scanning every assignment is the costly part of a tick: do it at once when the
         # set of live instances changed, and otherwise sweep the assignments a page per
         # tick, a sweep every ORPHAN_SCAN_S, as a safety net.
         now_s = self._clock.now_s()
-        if live != run.last_live:
+        if live is not run.last_live and live != run.last_live:
             run.last_live, run.last_orphan_scan_s, run.orphan_cursor = live, now_s, 0
             assigned = await self._store.assignments(run.job_id)
         elif run.orphan_cursor or now_s - run.last_orphan_scan_s >= ORPHAN_SCAN_S:

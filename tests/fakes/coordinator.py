@@ -30,6 +30,8 @@ from libra.wire.step_record import step_record_to_dict
 class FakeCoordinator:
     epoch: int = 0
     lose_lease_times: int = 0
+    # The TTL granted when set (a coordinator scaling TTLs with the fleet); else the asked.
+    grant_ttl_ms: int | None = None
     acquired: list[str] = field(default_factory=list)
     renewed: list[tuple[str, int]] = field(default_factory=list)
     released: list[tuple[str, int]] = field(default_factory=list)
@@ -72,7 +74,8 @@ class FakeCoordinator:
 
     def _lease(self, worker_id: str, role: t.WorkerRole, bucket: str, address: str,
                ttl_ms: int) -> t.Lease:
-        return t.Lease(t.WorkerId(worker_id), role, bucket, address, self.epoch, 0, ttl_ms)
+        return t.Lease(t.WorkerId(worker_id), role, bucket, address, self.epoch, 0,
+                       ttl_ms if self.grant_ttl_ms is None else self.grant_ttl_ms)
 
     async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
                             address: str, ttl_ms: int) -> t.Lease:

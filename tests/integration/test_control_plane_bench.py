@@ -31,6 +31,7 @@ def test_the_benchmark_drives_the_real_protocol_at_a_tiny_size() -> None:
     assert result["leases_lost_with_fill"] == 0
     for figure in ("tick_p50_ms", "tick_p99_ms", "decide_batch_p99_ms",
                    "client_decision_p99_ms", "redis_ops_per_s", "redis_used_memory_mb",
-                   "scheduler_cpu_pct", "coordinator_cpu_pct", "renewals_per_s"):
+                   "scheduler_cpu_pct", "coordinator_cpu_pct", "renewals_per_s",
+                   "lease_ttl_ms", "killed", "killed_expired"):
         assert figure in result, figure
     assert result["tick_p99_ms"] > 0  # the scheduler's tick histogram was scraped

@@ -21,6 +21,7 @@ from libra import types as t
 from libra.clock import FakeClock, SystemClock
 from libra.errors import FailedPrecondition, LeaseLost, NotFound
 from services.coordinator.store import (
+    MAX_LEASE_TTL_MS,
     CoordinatorStore,
     InMemoryCoordinatorStore,
     RedisCoordinatorStore,
@@ -200,6 +201,31 @@ async def test_renew_with_current_epoch_keeps_lease(sut: StoreUnderTest) -> None
     renewed = await sut.store.renew_lease("w1", lease.epoch, 10_000)
     assert renewed.epoch == lease.epoch
     assert renewed.expires_at_ms > 10_000
+
+
+async def test_a_ttl_per_worker_raises_the_ttl_with_the_fleet(sut: StoreUnderTest) -> None:
+    # 3 workers x 4 s each: a 12 s floor above the 5 s asked for.
+    first = await sut.store.acquire_lease(make_lease("w1"), ttl_ms_per_worker=4_000)
+    assert first.ttl_ms == 5_000  # alone: 4 s floor, below the asked TTL
+    for worker in ("w2", "w3"):
+        await sut.store.acquire_lease(make_lease(worker))
+    third = await sut.store.acquire_lease(make_lease("w3"), ttl_ms_per_worker=4_000)
+    assert third.ttl_ms == 12_000 and third.expires_at_ms > first.expires_at_ms
+    # A renewal raises a lease granted while the fleet was smaller, and keeps it raised.
+    now_ms = 2_000_000  # after either clock's start
+    renewed = await sut.store.renew_lease("w1", first.epoch, now_ms, ttl_ms_per_worker=4_000)
+    assert renewed.ttl_ms == 12_000 and renewed.expires_at_ms == now_ms + 12_000
+    again = await sut.store.renew_lease("w1", first.epoch, now_ms)  # no floor: kept
+    assert again.ttl_ms == 12_000
+    (live,) = [x for x in await sut.store.live_leases() if x.worker_id == "w1"]
+    assert live.ttl_ms == 12_000 and live.role is t.WorkerRole.HYBRID_ROLLOUT
+
+
+async def test_a_ttl_floor_never_passes_the_largest_ttl(sut: StoreUnderTest) -> None:
+    lease = await sut.store.acquire_lease(make_lease(), ttl_ms_per_worker=10_000_000)
+    assert lease.ttl_ms == MAX_LEASE_TTL_MS
+    renewed = await sut.store.renew_lease("w1", lease.epoch, 0, ttl_ms_per_worker=10_000_000)
+    assert renewed.ttl_ms == MAX_LEASE_TTL_MS
 
 
 async def test_renew_with_stale_epoch_raises_lease_lost(sut: StoreUnderTest) -> None:

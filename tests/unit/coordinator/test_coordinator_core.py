@@ -17,9 +17,11 @@ from libra.clock import FakeClock
 from libra.errors import FailedPrecondition, InvalidArgument, LeaseLost, Unavailable
 from libra.limits import MAX_NUM_STEPS
 from scheduling.policy import POLICY_NAMES
+from services.coordinator.config import CoordinatorConfig
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.store_protocol import StepAppend
+from services.coordinator.worker_registry import ttl_ms_per_worker
 from tests.fakes.runner import FakeRunner
 
 VALID_SPEC = """
@@ -396,3 +398,25 @@ async def test_list_workers_shows_only_live_leases() -> None:
     workers = await core.list_workers()
     assert [w.worker_id for w in workers] == ["long-lived"]
     assert workers[0].role is t.WorkerRole.CORE_ROLLOUT
+
+
+async def test_a_renewal_budget_scales_lease_ttls_with_the_fleet() -> None:
+    clock = FakeClock()
+    store = InMemoryCoordinatorStore(clock)
+    # 1 renewal a second: 3 s per worker (holders renew every third of their TTL).
+    core = CoordinatorCore(store, FakeRunner(), FakeRunner(), clock, Path("/tmp"),
+                           lease_renewals_per_s=1.0)
+    first = await acquire(core, "w1", ttl_ms=1000)
+    assert first.ttl_ms == 3000  # alone: 3 s, above the 1 s asked for
+    assert (await acquire(core, "w2", ttl_ms=1000)).ttl_ms == 6000
+    renewed = await core.renew_lease("w1", first.epoch)  # the fleet grew meanwhile
+    assert renewed.ttl_ms == 6000 and renewed.expires_at_ms == clock.now_ms() + 6000
+    assert (await acquire(core, "w3", ttl_ms=20_000)).ttl_ms == 20_000  # asked for more
+
+
+def test_the_renewal_budget_gives_the_ttl_per_worker() -> None:
+    assert ttl_ms_per_worker(0.0) == 0  # no floor
+    assert ttl_ms_per_worker(250.0) == 12  # 1,000 workers: 12 s
+    assert ttl_ms_per_worker(7.0) == 429  # rounded up: never above the budget
+    with pytest.raises(ValueError, match="lease_renewals_per_s"):
+        CoordinatorConfig(lease_renewals_per_s=-1.0)

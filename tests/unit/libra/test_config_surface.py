@@ -30,7 +30,8 @@ PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.t
          "peers.trainer"]
 
 SNAPSHOT: dict[type, list[str]] = {
-    CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "max_queued_jobs",
+    CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "lease_renewals_per_s",
+                               "max_queued_jobs",
                                "reconcile_interval_s", "redis_url",
                                "retention.ended_weight_versions", "retention.interval_s",
                                "retention.keep_last_runs",

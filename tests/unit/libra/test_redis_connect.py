@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import SentinelConnectionPool
 
 from libra.redis_connect import SentinelTarget, is_sentinel_url, parse_sentinel_url, redis_client
+from libra_cli.redis_server import EmbeddedRedis
 
 
 def test_a_sentinel_url_names_sentinels_master_db_and_passwords() -> None:
@@ -50,3 +53,17 @@ async def test_the_factory_builds_a_sentinel_client_or_a_plain_one() -> None:
         assert not isinstance(plain.connection_pool, SentinelConnectionPool)
     finally:
         await plain.aclose()
+
+
+async def test_a_plain_client_waits_for_a_connection_instead_of_failing(
+        redis_server: EmbeddedRedis) -> None:
+    # Two connections, six commands at once: the default pool raised MaxConnectionsError
+    # (taken for an outage); the blocking one queues them.
+    client = redis_client(redis_server.url, max_connections=2, decode_responses=True)
+    try:
+        assert isinstance(client.connection_pool, aioredis.BlockingConnectionPool)
+        replies = await asyncio.gather(*(client.blpop([f"none-{i}"], timeout=0.05)
+                                         for i in range(6)))
+        assert replies == [None] * 6
+    finally:
+        await client.aclose()

@@ -245,6 +245,16 @@ async def test_a_registration_refused_during_a_coordinator_restart_is_tried_agai
     assert rig.coordinator.renewed[-1] == (HERE, rig.coordinator.epoch)
 
 
+async def test_the_lease_is_renewed_every_third_of_the_ttl_granted(rig: Rig) -> None:
+    # Asked for 60 s (renewals every 20 s: none within this test); the coordinator grants
+    # 30 ms (it decides: lease_renewals_per_s), so renewals come every 10 ms.
+    rig.coordinator.grant_ttl_ms = 30
+    assert (await rig.core.register()).ttl_ms == 30
+    rig.start()
+    await wait_until(lambda: len(rig.coordinator.renewed) >= 3)
+    assert rig.coordinator.renewed[-1] == (HERE, rig.coordinator.epoch)
+
+
 async def test_drain_releases_the_lease(rig: Rig) -> None:
     rig.start()
     await rig.core.drain(0.0)

@@ -94,7 +94,7 @@ async def test_load_changes_follow_the_snapshot_they_are_given() -> None:
     run.set_instances(second, 2.0)
     apply_local_load(run, (("r-1", -1),))
     assert second[0].active_trajectories == 6 and first[1].active_trajectories == 2
-    assert run.instances is second and run.instances_at_s == 2.0
+    assert list(run.instances) == second and run.instances_at_s == 2.0
 
 
 def _route_by_load_reference(instances: list[t.InstanceLoad], layout: BucketLayout,
