@@ -27,7 +27,7 @@ took from the rest.
 
 Usage: python benchmarks/bench_agent_endpoint.py [--agents 32] [--episodes-per-agent 3]
        [--tool-turns 3] [--engine-ms 20] [--rounds 2] [--client openai|raw]
-       [--window-ms 10] [--json]
+       [--window-ms 50] [--json]
 """
 
 from __future__ import annotations
@@ -336,7 +336,7 @@ def main() -> int:
     parser.add_argument("--tool-turns", type=int, default=4)
     parser.add_argument("--engine-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--window-ms", type=float, default=10.0,
+    parser.add_argument("--window-ms", type=float, default=50.0,
                         help="task.episode_batch_window_ms of the external arm (the "
                         "external_nowindow arm runs with 0)")
     parser.add_argument("--arms", default=",".join(ARMS),

@@ -76,9 +76,9 @@ class TaskSpec:
     episode_idle_timeout_s: float = 120.0
     """``external``: how long an episode may wait for its program's next call (or its
     first, after the offer) before its trajectory is dropped and counted."""
-    episode_batch_window_ms: float = 10.0
-    """``external``: the longest an engine call waits for more episodes' calls while
-    some are awaited (services/rollout/batch_window.py; 0: step at once)."""
+    episode_batch_window_ms: float = 50.0
+    """``external``: the longest an engine call waits for episodes' calls expected soon
+    (at most one engine call's time; services/rollout/batch_window.py; 0: no wait)."""
     eval_interval: int = 0
     """Held-out eval every this many training steps, plus before the first and after the
     last (0: off; needs ``eval_path`` or ``eval_fraction``). See libra/evaluation.py."""

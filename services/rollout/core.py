@@ -294,6 +294,7 @@ class RolloutCore:
             for act in batch:
                 act.row = None
         ended_ms = self._clock.now_ms()
+        self.window.note_engine_call((ended_ms - started_ms) / 1000)
         for act, result in zip(batch, results, strict=True):
             self.tokens_generated += len(result.token_ids)
             trace_spans.turn(act.traj, self.settings.instance_id, self.settings.bucket,

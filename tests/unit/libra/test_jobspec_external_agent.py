@@ -35,8 +35,8 @@ def test_a_non_positive_idle_timeout_is_refused(timeout_s: float) -> None:
     assert refused.value.field == "task.episode_idle_timeout_s"
 
 
-def test_the_batch_window_defaults_to_10_ms_and_may_be_off() -> None:
-    assert job_spec_from_dict(spec()).task.episode_batch_window_ms == 10.0
+def test_the_batch_window_defaults_to_50_ms_and_may_be_off() -> None:
+    assert job_spec_from_dict(spec()).task.episode_batch_window_ms == 50.0
     assert job_spec_from_dict(spec(episode_batch_window_ms=0)).task.episode_batch_window_ms == 0
 
 

@@ -1,67 +1,86 @@
 """The batching window's rules (services/rollout/batch_window.py), on a FakeClock: when
-it opens, how its quiet spell follows the measured gap between calls, and that its
-deadline never passes the cap."""
+it opens, which awaited calls it waits for (those expected within a couple of measured
+round trips), and that it never waits past its cap."""
 
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
 
 from libra.clock import FakeClock
-from services.rollout.batch_window import MIN_QUIET_S, QUIET_GAPS, BatchWindow
+from services.rollout.batch_window import EXPECT_ROUND_TRIPS, MIN_EXPECT_S, BatchWindow
 
 CAP_S = 0.010
 
 
-async def arrive(window: BatchWindow) -> None:
-    """One awaited call that comes back."""
+class Calls:
+    """Awaited calls that come when the test says (``come(i)``)."""
 
-    async def call() -> str:
-        return "call"
+    def __init__(self, window: BatchWindow) -> None:
+        self._window = window
+        self._events: list[asyncio.Event] = []
+        self.tasks: list[asyncio.Task] = []
 
-    assert await window.awaiting_call(call()) == "call"
+    async def await_one(self) -> int:
+        event = asyncio.Event()
+        self._events.append(event)
+        self.tasks.append(asyncio.create_task(self._window.awaiting_call(event.wait())))
+        await asyncio.sleep(0)  # let it start: it is awaited from now
+        return len(self._events) - 1
 
-
-@pytest.mark.parametrize("num_ready, max_batch, cap_s, num_awaiting, expected", [
-    (1, 8, CAP_S, 3, True),
-    (1, 8, CAP_S, 0, False),   # nothing awaited (internal agents)
-    (0, 8, CAP_S, 3, False),   # nothing ready: the loop waits for work, not for a window
-    (8, 8, CAP_S, 3, False),   # the batch is full
-    (1, 8, 0.0, 3, False),     # the window is off
-])
-def test_the_window_opens_only_for_awaited_calls_and_room_in_the_batch(
-        num_ready, max_batch, cap_s, num_awaiting, expected) -> None:
-    window = BatchWindow(FakeClock())
-    window.num_awaiting = num_awaiting
-    assert window.should_wait(num_ready, max_batch, cap_s) is expected
+    async def come(self, index: int) -> None:
+        self._events[index].set()
+        await self.tasks[index]
 
 
-async def test_the_quiet_spell_follows_the_gap_between_calls() -> None:
+def window_with_round_trip(clock: FakeClock, round_trip_s: float) -> BatchWindow:
+    window = BatchWindow(clock)
+    window.mean_round_trip_s = round_trip_s
+    return window
+
+
+async def test_the_window_opens_only_for_calls_expected_soon_and_room_in_the_batch() -> None:
+    clock = FakeClock()
+    window = window_with_round_trip(clock, 0.004)
+    assert not window.should_wait(1, 8, CAP_S)  # nothing awaited (internal agents)
+    calls = Calls(window)
+    await calls.await_one()
+    assert window.should_wait(1, 8, CAP_S)
+    assert not window.should_wait(0, 8, CAP_S)  # nothing ready: no engine call to hold
+    assert not window.should_wait(8, 8, CAP_S)  # the batch is full
+    assert not window.should_wait(1, 8, 0.0)  # the window is off
+    clock.advance(EXPECT_ROUND_TRIPS * 0.004)  # overdue: its program is busy
+    assert not window.should_wait(1, 8, CAP_S)
+    await calls.come(0)
+
+
+async def test_the_round_trip_is_measured_from_the_wait_to_the_arrival() -> None:
     clock = FakeClock()
     window = BatchWindow(clock)
-    assert window.quiet_s(CAP_S) == CAP_S  # nothing measured yet: the cap
+    assert window.expect_s(CAP_S) == CAP_S  # nothing measured yet: the cap
+    calls = Calls(window)
     for _ in range(30):
-        await arrive(window)
-        clock.advance(0.001)
-    assert window.mean_gap_s == pytest.approx(0.001)
-    assert window.quiet_s(CAP_S) == pytest.approx(QUIET_GAPS * 0.001)
-    for _ in range(30):  # calls at the same instant: the floor
-        await arrive(window)
-    assert window.quiet_s(CAP_S) == MIN_QUIET_S
+        index = await calls.await_one()
+        clock.advance(0.003)
+        await calls.come(index)
+    assert window.mean_round_trip_s == pytest.approx(0.003)
+    assert window.expect_s(CAP_S) == pytest.approx(EXPECT_ROUND_TRIPS * 0.003)
+    assert (window.num_arrivals, window.num_awaiting) == (30, 0)
+    for _ in range(30):  # calls that come at once: the floor
+        await calls.come(await calls.await_one())
+    assert window.expect_s(CAP_S) == MIN_EXPECT_S
 
 
-async def test_a_pause_between_bursts_is_not_a_gap_between_calls() -> None:
+async def test_a_call_no_window_could_catch_is_not_counted() -> None:
     clock = FakeClock()
-    window = BatchWindow(clock)
+    window = window_with_round_trip(clock, 0.003)
     await window.hold(lambda: 1, 8, CAP_S, asyncio.Event())  # learns the cap
-    await arrive(window)
-    clock.advance(0.001)
-    await arrive(window)
-    clock.advance(10 * CAP_S)  # an engine call's worth of silence
-    await arrive(window)
-    assert window.mean_gap_s == pytest.approx(0.001)
+    calls = Calls(window)
+    index = await calls.await_one()
+    clock.advance(30 * CAP_S)  # a program's start-up, a long tool
+    await calls.come(index)
+    assert window.mean_round_trip_s == 0.003
 
 
 async def test_a_failed_wait_is_not_an_arrival() -> None:
@@ -72,28 +91,40 @@ async def test_a_failed_wait_is_not_an_arrival() -> None:
 
     with pytest.raises(TimeoutError):
         await window.awaiting_call(timed_out())
-    assert (window.num_awaiting, window.mean_gap_s) == (0, None)
+    assert (window.num_awaiting, window.num_arrivals, window.mean_round_trip_s) == (0, 0, None)
 
 
-@pytest.mark.parametrize("seed", range(20))
-async def test_the_deadline_never_passes_the_cap(seed) -> None:
-    rng = random.Random(seed)
+async def test_hold_ends_at_the_cap_while_calls_are_still_expected() -> None:
     clock = FakeClock()
-    window = BatchWindow(clock)
-    for _ in range(rng.randrange(1, 40)):
-        clock.advance(rng.choice([0.0, rng.uniform(0, 2 * CAP_S)]))
-        await arrive(window)
-    opened_s = clock.now_s() - rng.uniform(0, CAP_S)
-    assert opened_s < window.deadline_s(opened_s, CAP_S) <= opened_s + CAP_S
-
-
-async def test_hold_returns_once_the_clock_reaches_the_deadline() -> None:
-    clock = FakeClock()
-    window = BatchWindow(clock)
-    window.num_awaiting = 5  # calls that never come
+    window = window_with_round_trip(clock, 1.0)  # expected for 2 s
+    calls = Calls(window)
+    await calls.await_one()
     holding = asyncio.create_task(window.hold(lambda: 1, 8, CAP_S, asyncio.Event()))
     while window.opened_s is None:
         await asyncio.sleep(0)
     clock.advance(CAP_S)
     assert await holding == pytest.approx(CAP_S)
-    assert (window.num_waits, window.opened_s) == (1, None)
+    assert (window.num_waits, window.opened_s, window.num_awaiting) == (1, None, 1)
+    await calls.come(0)
+
+
+async def test_hold_ends_when_the_awaited_call_is_overdue() -> None:
+    clock = FakeClock()
+    window = window_with_round_trip(clock, 0.002)  # expected for 4 ms
+    calls = Calls(window)
+    await calls.await_one()
+    holding = asyncio.create_task(window.hold(lambda: 1, 8, CAP_S, asyncio.Event()))
+    while window.opened_s is None:
+        await asyncio.sleep(0)
+    clock.advance(0.004)
+    assert await holding == pytest.approx(0.004)
+    await calls.come(0)
+
+
+async def test_the_cap_is_at_most_an_engine_call() -> None:
+    window = BatchWindow(FakeClock())
+    assert window.cap_s(CAP_S) == CAP_S  # no engine call measured yet
+    for _ in range(20):
+        window.note_engine_call(0.004)
+    assert window.cap_s(CAP_S) == pytest.approx(0.004)
+    assert window.cap_s(0.001) == 0.001

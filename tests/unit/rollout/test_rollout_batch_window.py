@@ -1,6 +1,6 @@
 """The batching window in the rollout loop (services/rollout/batch_window.py): external
 agents' calls that arrive while it is open share one engine call; it closes at its cap
-however the calls go; internal agents never open it.
+even while calls are still expected; internal agents never open it.
 
 Real: the rollout core and the external agent over the tiny Qwen2 fixture's chat
 template, the Redis episode channel on the session's redis-server; the test plays the
@@ -104,21 +104,21 @@ async def test_without_a_window_the_first_call_steps_alone(
         assert rig.core.window.num_waits == 0
 
 
-async def test_the_window_closes_at_its_cap_while_calls_keep_coming(
+async def test_the_window_closes_at_its_cap_while_calls_are_still_expected(
         tmp_path, redis_bytes, hf_model_dir) -> None:
     gap_s = 1 / 128  # exact in binary: the fake clock lands on the cap, not beside it
     cap_ms = 5 * gap_s * 1000
     async with episodes_rig(tmp_path, redis_bytes, hf_model_dir("qwen2"), cap_ms, 8) as rig:
         window = rig.core.window
+        window.mean_round_trip_s = 1.0  # as measured before: every awaited call is due
         await first_call(rig, redis_bytes, 0)
         await wait_until(lambda: window.opened_s is not None, WAIT_S)
         opened_s = window.opened_s
-        # A call every gap: each comes before the quiet spell (3 mean gaps) ends.
         for index in range(1, 5):
             rig.clock.advance(gap_s)
             await first_call(rig, redis_bytes, index)
         assert rig.engine.batch_sizes == [] and window.opened_s == opened_s
-        rig.clock.advance(gap_s)  # the cap since it opened; 3 calls still awaited
+        rig.clock.advance(gap_s)  # the cap since it opened; 3 calls still expected
         await wait_until(lambda: rig.engine.batch_sizes, WAIT_S)
         assert rig.engine.batch_sizes == [5]
         assert window.longest_wait_s == cap_ms / 1000
