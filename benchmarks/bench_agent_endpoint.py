@@ -27,16 +27,18 @@ took from the rest.
 
 Usage: python benchmarks/bench_agent_endpoint.py [--agents 32] [--episodes-per-agent 3]
        [--tool-turns 3] [--engine-ms 20] [--rounds 2] [--client openai|raw]
-       [--window-ms 50] [--json]
+       [--window-ms 50] [--arms internal,external] [--profile DIR] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -188,12 +190,18 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
         await r.hset(keys.assignments(JOB), task.trajectory_id, "ro-1")
     started = time.perf_counter()
     cpu0 = {"rollout": time.process_time(), "endpoint": cpu_s(server_pid)}
+    profiler = cProfile.Profile(time.process_time) if args.profile and arm == "external" else None
+    if profiler is not None:
+        profiler.enable()
     loop_task = asyncio.create_task(core.run())
     while await r.xlen(keys.trajectories(JOB)) < total:
         if loop_task.done():
             loop_task.result()  # the loop died: show why
         await asyncio.sleep(0.02)
     wall_s = time.perf_counter() - started
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(Path(args.profile) / "rollout.prof")
     cpu = {"rollout": time.process_time() - cpu0["rollout"],
            "endpoint": cpu_s(server_pid) - cpu0["endpoint"], "agents": 0.0,
            "agents_calls": 0.0}
@@ -305,8 +313,10 @@ def _raw_caller(url: str, episode: dict[str, Any]) -> Any:
     return complete
 
 
-def serve_endpoint(port: int, redis_url: str) -> None:
-    """The endpoint as the coordinator serves it (only its router, no job API)."""
+def serve_endpoint(port: int, redis_url: str, profile_path: str = "") -> None:
+    """The endpoint as the coordinator serves it (only its router, no job API); with
+    ``profile_path``, under cProfile (CPU time: load-independent) until it is stopped
+    (SIGTERM: uvicorn returns)."""
     import redis.asyncio as aioredis
     import uvicorn
     from fastapi import FastAPI
@@ -319,7 +329,18 @@ def serve_endpoint(port: int, redis_url: str) -> None:
     app = FastAPI()
     app.include_router(agent_router(EpisodeEndpoint(RedisEpisodeStore(redis, SystemClock()),
                                                     SystemClock()), []))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    profiler = cProfile.Profile(time.process_time) if profile_path else None
+    if profiler is not None:
+        # uvicorn re-raises the SIGTERM it caught once it has shut down, with the handler
+        # it found: make that an exit that runs the finally below.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        profiler.enable()
+    try:
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -347,13 +368,17 @@ def main() -> int:
                         "keep-alive connection (separates our cost from the client's)")
     parser.add_argument("--worker", nargs=3, metavar=("URL", "EPISODES", "CLIENT"),
                         help=argparse.SUPPRESS)
-    parser.add_argument("--serve", nargs=2, metavar=("PORT", "REDIS"), help=argparse.SUPPRESS)
+    parser.add_argument("--profile", default="",
+                        help="a folder: cProfile the endpoint process (endpoint.prof, "
+                        "all arms) and the rollout in the external arm (rollout.prof)")
+    parser.add_argument("--serve", nargs="+", metavar="PORT REDIS [PROFILE]",
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), args.worker[2])
         return 0
     if args.serve:
-        serve_endpoint(int(args.serve[0]), args.serve[1])
+        serve_endpoint(int(args.serve[0]), args.serve[1], *args.serve[2:])
         return 0
     from tests.fixtures.hf_models import make_model_dir
 
@@ -361,7 +386,11 @@ def main() -> int:
     model_dir = make_model_dir("qwen2", tmp / "model")
     redis = start_redis(tmp / "redis", appendonly=False)
     port = free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), redis.url])
+    serve = [sys.executable, __file__, "--serve", str(port), redis.url]
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        serve.append(str(Path(args.profile) / "endpoint.prof"))
+    server = subprocess.Popen(serve)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(url)
