@@ -5,7 +5,9 @@ Arm ``internal``: the built-in chat agent; each tool call goes to an in-process 
 that answers at once. Arm ``external``: the ``external`` agent; each episode is driven by
 one of ``--agents`` agent *processes* (the official ``openai`` client) through the
 endpoint (the agent router served by uvicorn in its own process, as in the coordinator)
-and Redis; the program runs the tool itself, at once.
+and Redis; the program runs the tool itself, at once. Arm ``external_nowindow``: the
+same with ``task.episode_batch_window_ms = 0`` (the loop steps as soon as one call is
+ready: services/rollout/batch_window.py). The arms alternate order round by round.
 
 The engine is a timed stand-in (``--engine-ms`` per batched engine call, a fixed script:
 ``--tool-turns`` calculator calls, then an answer), so both arms spend exactly the same
@@ -16,20 +18,27 @@ gap between a trajectory's consecutive gateway calls; external = the program's
 wall time per chat-completion call. Printed: p50/p99 of both, the added p50/p99, and the
 throughput (turns/s over the arm's wall time) ratio external/internal.
 
-CPU per turn is measured per process from /proc (rollout, endpoint, the agents together):
-load-independent, unlike the wall-clock figures on a shared machine.
+CPU per turn is measured per process from /proc (rollout, endpoint, the agents together;
+``agents_calls``: the agents' CPU inside their chat-completion calls only, ``agents``: all
+of it from the arm's start to the last close): load-independent, unlike the wall-clock
+figures on a shared machine. ``agents_cpu_share`` is the agents' part of all the CPU the
+arm spent (rollout + endpoint + agents): the share of the 2 cores the agent processes
+took from the rest.
 
 Usage: python benchmarks/bench_agent_endpoint.py [--agents 32] [--episodes-per-agent 3]
-       [--tool-turns 3] [--engine-ms 20] [--rounds 2] [--client openai|raw] [--json]
+       [--tool-turns 3] [--engine-ms 20] [--rounds 2] [--client openai|raw]
+       [--window-ms 50] [--arms internal,external] [--profile DIR] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -95,11 +104,15 @@ class TimedEngine:
     def abort_rows(self, _rows: Any) -> None: ...
 
 
-def spec(model_dir: Path, agent: str, batch: int) -> JobSpec:
+ARMS = ("internal", "external", "external_nowindow")
+
+
+def spec(model_dir: Path, agent: str, batch: int, window_ms: float) -> JobSpec:
     return JobSpec(
         model=ModelSpec(kind="hf", path=str(model_dir)),
-        task=TaskSpec(name="calc-words", max_turns=16, max_new_tokens_per_turn=64,
-                      tool_call_format="hermes", agent=agent, episode_idle_timeout_s=60.0),
+        task=TaskSpec(name="calc-words", max_turns=32, max_new_tokens_per_turn=64,
+                      tool_call_format="hermes", agent=agent, episode_idle_timeout_s=60.0,
+                      episode_batch_window_ms=window_ms),
         tools=ToolsSpec(schemas=[ToolSchema(name="calculator", description="Evaluate.",
                                             parameters_json=json.dumps(CALC))]),
         layout=LayoutSpec(buckets=[Bucket(name="short", max_tokens=4096,
@@ -128,7 +141,8 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
     hf = load_tokenizer(str(model_dir))
     tokenizer = HfTokenizer(hf, [hf.eos_token_id], 4096)
     engine = TimedEngine(tokenizer, args.engine_ms, args.tool_turns)
-    job = spec(model_dir, "chat" if arm == "internal" else "external", args.agents)
+    job = spec(model_dir, "chat" if arm == "internal" else "external", args.agents,
+               0.0 if arm == "external_nowindow" else args.window_ms)
     await r.hset(keys.job(JOB), mapping={"spec_json": job.to_json(), "state": "running"})
     weights = Path(tempfile.mkdtemp()) / "v0"
     weights.write_bytes(b"v0")
@@ -158,7 +172,7 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
     await core.register()
     total = args.agents * args.episodes_per_agent
     workers = []
-    if arm == "external":  # started (imports done) before the clock starts
+    if arm != "internal":  # started (imports done) before the clock starts
         workers = [subprocess.Popen([sys.executable, __file__, "--worker", endpoint_url,
                                      str(args.episodes_per_agent), args.client],
                                     stdout=subprocess.PIPE, text=True)
@@ -176,20 +190,28 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
         await r.hset(keys.assignments(JOB), task.trajectory_id, "ro-1")
     started = time.perf_counter()
     cpu0 = {"rollout": time.process_time(), "endpoint": cpu_s(server_pid)}
+    profiler = cProfile.Profile(time.process_time) if args.profile and arm == "external" else None
+    if profiler is not None:
+        profiler.enable()
     loop_task = asyncio.create_task(core.run())
     while await r.xlen(keys.trajectories(JOB)) < total:
         if loop_task.done():
             loop_task.result()  # the loop died: show why
         await asyncio.sleep(0.02)
     wall_s = time.perf_counter() - started
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(Path(args.profile) / "rollout.prof")
     cpu = {"rollout": time.process_time() - cpu0["rollout"],
-           "endpoint": cpu_s(server_pid) - cpu0["endpoint"], "agents": 0.0}
+           "endpoint": cpu_s(server_pid) - cpu0["endpoint"], "agents": 0.0,
+           "agents_calls": 0.0}
     if workers:
         for proc in workers:
             out, _ = await asyncio.to_thread(proc.communicate)
             record = json.loads(out.splitlines()[-1])
             gaps.extend(record["latencies_s"])
-            cpu["agents"] += record["cpu_s"]
+            cpu["agents_calls"] += record["cpu_s"]
+            cpu["agents"] += record["cpu_total_s"]
     sizes = core.profile.batch_sizes  # batch size -> engine calls
     engine_calls = sum(sizes.values())
     await core.drain(0.0)
@@ -204,6 +226,11 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
             # apart (the endpoint's latency spreads them) cost more calls.
             "engine_calls": engine_calls,
             "mean_batch": round(sum(k * v for k, v in sizes.items()) / max(engine_calls, 1), 2),
+            "window_waits": core.window.num_waits,
+            "window_mean_ms": round(core.window.waited_s * 1000 / max(core.window.num_waits, 1),
+                                    2),
+            "agents_cpu_share": round(cpu["agents"] / max(
+                cpu["rollout"] + cpu["endpoint"] + cpu["agents"], 1e-9), 3),
             "cpu_ms_per_turn": {k: round(v * 1000 / turns, 2) for k, v in cpu.items()}}
 
 
@@ -218,8 +245,12 @@ def worker(url: str, episodes: int, client_kind: str) -> None:
 
     latencies: list[float] = []
     call_cpu_s = 0.0  # CPU inside the chat-completion calls only (not setup, not opens)
+    # Built before "ready": a client's SSL context costs ~0.1 s of CPU, process start-up
+    # that the internal arm does not pay (32 of them: seconds of the arm's two cores).
+    http = httpx.Client(timeout=60.0)
     print("ready", flush=True)
-    with httpx.Client(timeout=60.0) as http:
+    ready_cpu_s = time.process_time()  # from here: the agent's CPU during the arm
+    with http:
         for _ in range(episodes):
             response = http.post(f"{url}/v1/episodes", json={"job_id": JOB, "wait_s": 30})
             response.raise_for_status()
@@ -243,7 +274,8 @@ def worker(url: str, episodes: int, client_kind: str) -> None:
             http.post(f"{episode['base_url']}/episodes/{episode['episode_id']}/reward",
                       json={"reward": 1.0},
                       headers={"Authorization": f"Bearer {episode['api_key']}"})
-    print(json.dumps({"latencies_s": latencies, "cpu_s": call_cpu_s}))
+    print(json.dumps({"latencies_s": latencies, "cpu_s": call_cpu_s,
+                      "cpu_total_s": time.process_time() - ready_cpu_s}))
 
 
 def _openai_caller(episode: dict[str, Any]) -> Any:
@@ -281,8 +313,10 @@ def _raw_caller(url: str, episode: dict[str, Any]) -> Any:
     return complete
 
 
-def serve_endpoint(port: int, redis_url: str) -> None:
-    """The endpoint as the coordinator serves it (only its router, no job API)."""
+def serve_endpoint(port: int, redis_url: str, profile_path: str = "") -> None:
+    """The endpoint as the coordinator serves it (only its router, no job API); with
+    ``profile_path``, under cProfile (CPU time: load-independent) until it is stopped
+    (SIGTERM: uvicorn returns)."""
     import redis.asyncio as aioredis
     import uvicorn
     from fastapi import FastAPI
@@ -295,7 +329,18 @@ def serve_endpoint(port: int, redis_url: str) -> None:
     app = FastAPI()
     app.include_router(agent_router(EpisodeEndpoint(RedisEpisodeStore(redis, SystemClock()),
                                                     SystemClock()), []))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    profiler = cProfile.Profile(time.process_time) if profile_path else None
+    if profiler is not None:
+        # uvicorn re-raises the SIGTERM it caught once it has shut down, with the handler
+        # it found: make that an exit that runs the finally below.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        profiler.enable()
+    try:
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -312,19 +357,28 @@ def main() -> int:
     parser.add_argument("--tool-turns", type=int, default=4)
     parser.add_argument("--engine-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--window-ms", type=float, default=50.0,
+                        help="task.episode_batch_window_ms of the external arm (the "
+                        "external_nowindow arm runs with 0)")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms to run, of {', '.join(ARMS)}")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--client", choices=("openai", "raw"), default="openai",
                         help="the agents' HTTP client: the openai package, or a raw "
                         "keep-alive connection (separates our cost from the client's)")
     parser.add_argument("--worker", nargs=3, metavar=("URL", "EPISODES", "CLIENT"),
                         help=argparse.SUPPRESS)
-    parser.add_argument("--serve", nargs=2, metavar=("PORT", "REDIS"), help=argparse.SUPPRESS)
+    parser.add_argument("--profile", default="",
+                        help="a folder: cProfile the endpoint process (endpoint.prof, "
+                        "all arms) and the rollout in the external arm (rollout.prof)")
+    parser.add_argument("--serve", nargs="+", metavar="PORT REDIS [PROFILE]",
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker[0], int(args.worker[1]), args.worker[2])
         return 0
     if args.serve:
-        serve_endpoint(int(args.serve[0]), args.serve[1])
+        serve_endpoint(int(args.serve[0]), args.serve[1], *args.serve[2:])
         return 0
     from tests.fixtures.hf_models import make_model_dir
 
@@ -332,13 +386,20 @@ def main() -> int:
     model_dir = make_model_dir("qwen2", tmp / "model")
     redis = start_redis(tmp / "redis", appendonly=False)
     port = free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), redis.url])
+    serve = [sys.executable, __file__, "--serve", str(port), redis.url]
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        serve.append(str(Path(args.profile) / "endpoint.prof"))
+    server = subprocess.Popen(serve)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(url)
         runs = []
+        load_start = os.getloadavg()[0]
+        chosen = [arm for arm in args.arms.split(",") if arm]
         for round_index in range(args.rounds):
-            arms = ("internal", "external") if round_index % 2 == 0 else ("external", "internal")
+            # Alternate the order, so a drift in the machine's load hits every arm alike.
+            arms = chosen if round_index % 2 == 0 else chosen[::-1]
             for arm in arms:
                 runs.append(asyncio.run(run_arm(arm, redis.url, model_dir, args, url,
                                                 server.pid)))
@@ -346,7 +407,8 @@ def main() -> int:
         server.terminate()  # our own child, by pid
         server.wait()
         redis.stop()
-    report = summarize(runs, args)
+    report = summarize(runs, args, chosen)
+    report["load_avg_1m_start"] = round(load_start, 1)
     print(json.dumps(report, indent=2) if args.json else "\n".join(
         f"{k}: {v}" for k, v in report.items()))
     return 0
@@ -364,15 +426,17 @@ def _wait_http(url: str) -> None:
     raise RuntimeError("the endpoint did not start")
 
 
-def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in ("internal", "external")}
+def summarize(runs: list[dict[str, Any]], args: argparse.Namespace,
+              arms: list[str]) -> dict[str, Any]:
+    by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in arms}
     cycles = {arm: [c for r in rs for c in r["cycles"]] for arm, rs in by_arm.items()}
     rate = {arm: statistics.mean(r["turns_per_s"] for r in rs) for arm, rs in by_arm.items()}
     out: dict[str, Any] = {"agents": args.agents, "episodes": args.agents * args.episodes_per_agent,
                            "tool_turns": args.tool_turns, "engine_ms": args.engine_ms,
                            "rounds": args.rounds, "cpus": os.cpu_count(),
-                           "client": args.client, "load_avg_1m": round(os.getloadavg()[0], 1)}
-    for arm in ("internal", "external"):
+                           "client": args.client, "window_ms": args.window_ms,
+                           "load_avg_1m": round(os.getloadavg()[0], 1)}
+    for arm in arms:
         out[f"{arm}_cycle_p50_ms"] = round(pct(cycles[arm], 0.5) * 1000, 2)
         out[f"{arm}_cycle_p99_ms"] = round(pct(cycles[arm], 0.99) * 1000, 2)
         out[f"{arm}_turns_per_s"] = round(rate[arm], 2)
@@ -380,9 +444,19 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
         out[f"{arm}_cpu_ms_per_turn"] = by_arm[arm][-1]["cpu_ms_per_turn"]
         out[f"{arm}_engine_calls"] = [r["engine_calls"] for r in by_arm[arm]]
         out[f"{arm}_mean_batch"] = [r["mean_batch"] for r in by_arm[arm]]
-    out["added_p50_ms"] = round(out["external_cycle_p50_ms"] - out["internal_cycle_p50_ms"], 2)
-    out["added_p99_ms"] = round(out["external_cycle_p99_ms"] - out["internal_cycle_p99_ms"], 2)
-    out["throughput_ratio"] = round(rate["external"] / rate["internal"], 3)
+        if arm != "internal":
+            out[f"{arm}_window_waits"] = [r["window_waits"] for r in by_arm[arm]]
+            out[f"{arm}_window_mean_ms"] = [r["window_mean_ms"] for r in by_arm[arm]]
+            out[f"{arm}_agents_cpu_share"] = [r["agents_cpu_share"] for r in by_arm[arm]]
+    if "internal" not in arms:
+        return out
+    for arm in (a for a in arms if a != "internal"):
+        suffix = "" if arm == "external" else arm.removeprefix("external")
+        out[f"added_p50_ms{suffix}"] = round(
+            out[f"{arm}_cycle_p50_ms"] - out["internal_cycle_p50_ms"], 2)
+        out[f"added_p99_ms{suffix}"] = round(
+            out[f"{arm}_cycle_p99_ms"] - out["internal_cycle_p99_ms"], 2)
+        out[f"throughput_ratio{suffix}"] = round(rate[arm] / rate["internal"], 3)
     return out
 
 

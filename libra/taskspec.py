@@ -76,6 +76,9 @@ class TaskSpec:
     episode_idle_timeout_s: float = 120.0
     """``external``: how long an episode may wait for its program's next call (or its
     first, after the offer) before its trajectory is dropped and counted."""
+    episode_batch_window_ms: float = 50.0
+    """``external``: the longest an engine call waits for episodes' calls expected soon
+    (at most one engine call's time; services/rollout/batch_window.py; 0: no wait)."""
     eval_interval: int = 0
     """Held-out eval every this many training steps, plus before the first and after the
     last (0: off; needs ``eval_path`` or ``eval_fraction``). See libra/evaluation.py."""
@@ -150,6 +153,14 @@ def validate_task_source(task: TaskSpec, *, prompts_per_step: int, sft_steps: in
     _validate_eval(task)
     _require(math.isfinite(task.episode_idle_timeout_s) and task.episode_idle_timeout_s > 0,
              "task.episode_idle_timeout_s", "must be > 0 seconds")
+    _require(math.isfinite(task.episode_batch_window_ms)
+             and 0 <= task.episode_batch_window_ms <= MAX_EPISODE_BATCH_WINDOW_MS,
+             "task.episode_batch_window_ms",
+             f"must be in [0, {MAX_EPISODE_BATCH_WINDOW_MS:g}] ms (0 = no window)")
+
+
+# A window is a share of one engine call; one past a second only adds latency.
+MAX_EPISODE_BATCH_WINDOW_MS = 1000.0
 
 
 MAX_EVAL_SAMPLES, MAX_EVAL_PROMPTS = 64, 10_000

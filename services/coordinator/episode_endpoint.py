@@ -50,6 +50,12 @@ MAX_OPEN_WAIT_S = 60.0
 # Jobs whose parsed spec the endpoint keeps (a job's spec never changes once submitted;
 # the oldest is forgotten first, and read again if it comes back).
 MAX_CACHED_SPECS = 64
+# Key digests whose episode id the endpoint keeps (the oldest forgotten first). A key
+# names one episode for its whole life, so only the state read says whether it is
+# still valid: the state and the key's entry are written with one TTL and deleted
+# together (episode_store.py), and a call reads the state anyway. Saves a Redis round
+# trip per call.
+MAX_CACHED_KEYS = 4096
 
 
 class EpisodeStore(Protocol):
@@ -90,6 +96,7 @@ class EpisodeEndpoint:
         # Episodes with a call in flight here (one coordinator serves the endpoint).
         self._busy: set[str] = set()
         self._specs: dict[str, JobSpec] = {}  # parsed once per job, oldest first
+        self._episode_ids: dict[str, str] = {}  # key digest -> episode id, oldest first
         self._cleanups: set[asyncio.Task] = set()  # aborts of streams left early
 
     async def open_episode(self, job_id: str, wait_s: float) -> ep.EpisodeGrant:
@@ -142,17 +149,26 @@ class EpisodeEndpoint:
         Raises:
             Unauthenticated: No key, an unknown one, or one whose episode expired/closed.
         """
-        return await self._state(await self._episode_of(api_key))
+        return await self._state(await self._episode_of(api_key), api_key)
 
     async def _episode_of(self, api_key: str) -> str:
-        episode_id = await self._store.episode_of_key(key_digest(api_key)) if api_key else None
+        """The episode a key names (whether it is still open: ``_state``)."""
+        digest = key_digest(api_key) if api_key else ""
+        episode_id = self._episode_ids.get(digest)
+        if episode_id is None and digest:
+            episode_id = await self._store.episode_of_key(digest)
+            if episode_id:
+                self._episode_ids[digest] = episode_id
+                if len(self._episode_ids) > MAX_CACHED_KEYS:
+                    del self._episode_ids[next(iter(self._episode_ids))]
         if not episode_id:
             raise Unauthenticated("unknown or expired episode API key")
         return episode_id
 
-    async def _state(self, episode_id: str) -> ep.EpisodeState:
+    async def _state(self, episode_id: str, api_key: str) -> ep.EpisodeState:
+        """The open episode's state, if ``api_key`` is still its key."""
         state = await self._store.load(episode_id)
-        if state is None or state.is_closed:
+        if state is None or state.is_closed or state.key_sha256 != key_digest(api_key):
             raise Unauthenticated("unknown or expired episode API key")
         return state
 
@@ -182,7 +198,7 @@ class EpisodeEndpoint:
         streaming = False
         try:
             # Read once the episode is ours: as the previous call left it.
-            state = await self._state(episode_id)
+            state = await self._state(episode_id, api_key)
             algorithm = (await self._spec(state.job_id)).algorithm
             request = parse_request(body, state.model, algorithm.temperature, algorithm.top_p)
             call = plan_call(state, request)
@@ -279,6 +295,7 @@ class EpisodeEndpoint:
             ep.CLOSE, state.num_calls + 1, has_reward=reward is not None,
             reward=0.0 if reward is None else float(reward)))
         await self._store.forget(state)
+        self._episode_ids.pop(state.key_sha256, None)
         logger.info("[episode] closed episode_id=%s reward=%s", episode_id, reward)
 
 

@@ -41,6 +41,7 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import LibraError
 from services.rollout import agent, trace_spans
+from services.rollout.batch_window import BatchWindow, wait_for_wakeup
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.external_agent import EpisodeChannel, EpisodeEnded
 from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
@@ -103,6 +104,7 @@ class RolloutCore:
         self.num_decision_waits = 0
         self.decision_wait_s = 0.0
         self._stepping = False  # an engine call is in flight
+        self.window = BatchWindow(clock)  # external agents' calls share engine calls
         self.profile = LoopProfile()  # the loop's own costs (GetInstanceStatus)
         sid = settings.instance_id
         self._mover = Mover(sid, scheduler, store, self._held, self.profile, self._spawn,
@@ -207,7 +209,7 @@ class RolloutCore:
         try:
             while not self._stopping or self.num_active:
                 if self._lender.lending:  # lent to training: the hybrid join runs meanwhile
-                    await self._wait_for_work()
+                    await wait_for_wakeup(self._wakeup, WAIT_FOR_TOOLS_S)
                     continue
                 # 1) Pull newly placed trajectories (block only when idle).
                 self.profile.start_pass(self.num_active)
@@ -222,7 +224,7 @@ class RolloutCore:
                 self.profile.mark("refresh")
                 # 3) One turn for every ready trajectory.
                 if not await self._step(job_id, ctx):
-                    await self._wait_for_work()
+                    await wait_for_wakeup(self._wakeup, WAIT_FOR_TOOLS_S)
         finally:
             heartbeat.cancel()
 
@@ -242,15 +244,6 @@ class RolloutCore:
 
     # -- loop steps -----------------------------------------------------------------------
 
-    async def _wait_for_work(self) -> None:
-        """Sleep until a tool call returns (or briefly, to look at the inbox again)."""
-        try:
-            async with asyncio.timeout(WAIT_FOR_TOOLS_S):
-                await self._wakeup.wait()
-        except TimeoutError:
-            pass
-        self._wakeup.clear()
-
     async def _refresh_weights(self, job_id: str, ctx: JobContext) -> None:
         if await self._store.job_state(job_id) in ("succeeded", "failed", "cancelled"):
             # The job ended: what is still running here will never be trained on.
@@ -263,6 +256,11 @@ class RolloutCore:
         await self.weights.load_newer(job_id, ctx.engine)
 
     async def _step(self, job_id: str, ctx: JobContext) -> bool:
+        # Calls of external agents that arrive together share this engine call.
+        await self.window.hold(lambda: sum(a.ready for a in ctx.active.values()),
+                               ctx.max_batch_size, ctx.spec.task.episode_batch_window_ms / 1000,
+                               self._wakeup)
+        self.profile.mark("window")
         ready = [a for a in ctx.active.values() if a.ready][: ctx.max_batch_size]
         if not ready:
             return False
@@ -296,6 +294,7 @@ class RolloutCore:
             for act in batch:
                 act.row = None
         ended_ms = self._clock.now_ms()
+        self.window.note_engine_call((ended_ms - started_ms) / 1000)
         for act, result in zip(batch, results, strict=True):
             self.tokens_generated += len(result.token_ids)
             trace_spans.turn(act.traj, self.settings.instance_id, self.settings.bucket,
@@ -359,11 +358,14 @@ class RolloutCore:
     async def _call_tool(self, ctx: JobContext, act: ActiveTrajectory,
                          outcome: agent.TurnOutcome) -> None:
         traj = act.traj
-        # An external agent's "tool" is its program's next call (external_agent.py).
-        run_turn = getattr(ctx.agent, "run_turn", None) or self._tool_calls.run_turn
+        # An external agent's "tool" is its program's next call (external_agent.py),
+        # awaited as such by the batching window.
+        external = getattr(ctx.agent, "run_turn", None)
+        turn = (external or self._tool_calls.run_turn)(ctx.spec, traj, outcome)
         try:
             results = await self.profile.timed(
-                "tool", run_turn(ctx.spec, traj, outcome), traj.trajectory_id)
+                "tool", self.window.awaiting_call(turn) if external else turn,
+                traj.trajectory_id)
         except LibraError as exc:
             await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
                                       else f"tool gateway: {exc}")

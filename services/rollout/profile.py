@@ -5,8 +5,9 @@
 
 - **passes**: every loop pass that ran an engine call, split into its phases (seconds):
   ``pull_s`` (inbox read and accepting what it brought), ``refresh_s`` (job-state and
-  policy reads, plus a weight load when one happened), ``prep_s`` (building the batch's
-  requests), ``dispatch_s`` (from handing the call to the engine thread until the
+  policy reads, plus a weight load when one happened), ``window_s`` (held open for
+  external agents' calls: services/rollout/batch_window.py), ``prep_s`` (building the
+  batch's requests), ``dispatch_s`` (from handing the call to the engine thread until the
   thread starts it), ``engine_s`` (the call, timed in the engine thread),
   ``resume_s`` (from the thread's return until the event loop resumes the pass) and
   ``after_s`` (applying the results and spawning the rows' tasks); with ``active``
@@ -50,6 +51,7 @@ class LoopPass:
     engine_s: float
     resume_s: float
     after_s: float
+    window_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,7 @@ class LoopProfile:
             at_s=time.time(), active=m["active"], batch=m["batch"], version=m["version"],
             pull_s=m.get("pull_s", 0.0), refresh_s=m.get("refresh_s", 0.0),
             prep_s=m["prep_s"], dispatch_s=m["dispatch_s"], engine_s=m["engine_s"],
-            resume_s=m["resume_s"], after_s=m["after_s"]))
+            resume_s=m["resume_s"], after_s=m["after_s"], window_s=m.get("window_s", 0.0)))
         self._marks = {}
 
     # -- operations of tasks --------------------------------------------------------------

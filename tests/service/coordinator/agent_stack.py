@@ -63,7 +63,12 @@ def external_spec(model_dir: Path, idle_timeout_s: float = 30.0) -> JobSpec:
         model=ModelSpec(kind="hf", path=str(model_dir)),
         task=TaskSpec(name="calc-words", max_turns=4, max_new_tokens_per_turn=64,
                       tool_call_format="hermes", agent="external",
-                      episode_idle_timeout_s=idle_timeout_s),
+                      episode_idle_timeout_s=idle_timeout_s,
+                      # The rollout's clock stands still here, so a batching window
+                      # could close only once every awaited call came: tests that hold
+                      # one episode's call until another's reply would wait forever.
+                      # The window has its own tests (tests/unit/rollout).
+                      episode_batch_window_ms=0.0),
         tools=ToolsSpec(schemas=[ToolSchema(name="calculator", description="Evaluate.",
                                             parameters_json=json.dumps(CALC_SCHEMA))]))
 

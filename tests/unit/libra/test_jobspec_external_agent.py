@@ -33,3 +33,15 @@ def test_a_non_positive_idle_timeout_is_refused(timeout_s: float) -> None:
     with pytest.raises(InvalidArgument) as refused:
         job_spec_from_dict(spec(episode_idle_timeout_s=timeout_s))
     assert refused.value.field == "task.episode_idle_timeout_s"
+
+
+def test_the_batch_window_defaults_to_50_ms_and_may_be_off() -> None:
+    assert job_spec_from_dict(spec()).task.episode_batch_window_ms == 50.0
+    assert job_spec_from_dict(spec(episode_batch_window_ms=0)).task.episode_batch_window_ms == 0
+
+
+@pytest.mark.parametrize("window_ms", [-1.0, 1000.5, float("inf"), float("nan")])
+def test_a_batch_window_out_of_range_is_refused(window_ms: float) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        job_spec_from_dict(spec(episode_batch_window_ms=window_ms))
+    assert refused.value.field == "task.episode_batch_window_ms"
