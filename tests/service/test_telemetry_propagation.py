@@ -219,3 +219,20 @@ async def test_each_tool_return_batch_is_a_span_with_its_decisions(
         assert event.attributes is not None
         assert event.attributes[metrics.ATTR_TRAJECTORY] == f"traj-{index}"
         assert event.attributes[metrics.ATTR_REASON] == "unknown_trajectory"
+
+
+async def test_health_probes_make_no_spans(chain: tuple[Server, Server],
+                                           exporter: InMemorySpanExporter) -> None:
+    """Probes (compose, Kubernetes, the supervisor) come every few seconds from every
+    service; their spans outnumbered a job's own and told nothing about it."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    front, _back = chain
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+        answer = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    await call_front(front)  # spans of a real call still come (and end after the probe's)
+    names = {s.name for s in await finished_spans(exporter, 4)}
+    assert any(name.endswith("/ListJobs") for name in names)
+    assert not [name for name in names if "grpc.health" in name], names
