@@ -153,7 +153,7 @@ async def stack(redis_server, tmp_path: Path, hf_model_dir) -> AsyncIterator[Sta
         for task in pending:
             task.cancel()
         if pending:
-            _, running = await asyncio.wait(pending, timeout=30.0)
+            _, running = await asyncio.wait(pending, timeout=60.0)
             assert not running, f"{len(running)} episode task(s) kept running after cancel()"
         server.should_exit = True
         await serving
