@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import traceback
+import io
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -111,8 +111,9 @@ class Rig:
             # A loop that survives its cancel is a bug (it wedged CI once): say so here,
             # not as a 300 s timeout in a later fixture.
             done, _ = await asyncio.wait([self.task], timeout=60.0)
-            assert done, ("the rollout loop kept running after task.cancel(), at:\n"
-                          + "".join(traceback.format_stack(self.task.get_stack()[-1])))
+            where = io.StringIO()
+            self.task.print_stack(file=where)
+            assert done, f"the rollout loop kept running after task.cancel():\n{where.getvalue()}"
 
 
 @asynccontextmanager
