@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from libra import types as t
+from libra.cancellation import raise_if_cancelled
 from libra.clock import Clock
 from libra.errors import LibraError
 from libra.retry import Sleep
@@ -162,6 +163,7 @@ class Reconciler:
     async def run(self) -> None:
         """A pass now, then one every ``interval_s``, until cancelled."""
         while True:
+            raise_if_cancelled()
             try:
                 await self.reconcile_once()
             except Exception:  # noqa: BLE001 - e.g. Redis away: the next pass retries

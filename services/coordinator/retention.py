@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from libra.cancellation import raise_if_cancelled
 from libra.retention import (
     DELETE,
     KEEP,
@@ -87,6 +88,7 @@ async def run_retention(list_jobs: Callable[[], Awaitable[list[Job]]], run_root:
     policy = policy_of(cfg)
     await asyncio.sleep(first_delay_s)
     while True:
+        raise_if_cancelled()
         try:
             await retention_pass(list_jobs, run_root, policy)
         except Exception:  # noqa: BLE001 - the next pass retries; the service stays up

@@ -25,6 +25,7 @@ from prometheus_client.registry import REGISTRY, Collector
 from libra import metrics
 from libra import types as t
 from libra.bottleneck import phase_seconds  # one definition of the phases, shared with /ui
+from libra.cancellation import raise_if_cancelled
 
 logger = logging.getLogger(__name__)
 # How often the series of deleted jobs are looked for: a `libra gc` shows on the
@@ -112,6 +113,7 @@ async def run_series_pruning(list_jobs: Callable[[], Awaitable[list[t.Job]]],
                              interval_s: float = SERIES_PRUNE_INTERVAL_S) -> None:
     """Forever: a pruning pass, then ``interval_s`` of sleep (cancelled at shutdown)."""
     while True:
+        raise_if_cancelled()
         await asyncio.sleep(interval_s)
         try:
             await prune_ended_jobs(list_jobs)

@@ -38,6 +38,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from libra import types as t
+from libra.cancellation import raise_if_cancelled
 from libra.clock import Clock
 from libra.errors import LibraError
 from services.rollout import agent, trace_spans
@@ -208,6 +209,7 @@ class RolloutCore:
         heartbeat = asyncio.create_task(self.heartbeat())
         try:
             while not self._stopping or self.num_active:
+                raise_if_cancelled()
                 if self._lender.lending:  # lent to training: the hybrid join runs meanwhile
                     await wait_for_wakeup(self._wakeup, WAIT_FOR_TOOLS_S)
                     continue

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from libra import types as t
+from libra.cancellation import raise_if_cancelled
 from libra.errors import LeaseLost, LibraError
 from services.rollout.loop_types import LeaseHolder, RolloutSettings
 
@@ -54,6 +55,7 @@ class LeaseKeeper:
         (``on_lost``) and re-register."""
         is_registered = True
         while not stopping():
+            raise_if_cancelled()
             await asyncio.sleep(self._ttl_ms() / 3000.0)
             if self._held.lease is None:
                 continue

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from libra import types as t
+from libra.cancellation import raise_if_cancelled
 from libra.clock import Clock
 from libra.data import open_job_dataset
 from libra.errors import FailedPrecondition, LibraError, NotFound
@@ -179,6 +180,7 @@ class SchedulerCore:
             # A restarted scheduler picks up where the previous process stopped.
             await self.start_job(job_id)
         while not self._stopping:
+            raise_if_cancelled()
             for run in list(self._jobs.values()):
                 began_s = self._clock.now_s()
                 try:

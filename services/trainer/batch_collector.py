@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from libra import metrics
 from libra import types as t
+from libra.cancellation import raise_if_cancelled
 from libra.clock import Clock
 from libra.jobspec import JobSpec
 from services.trainer import trace_spans
@@ -63,6 +64,7 @@ class BatchCollector:
         need = self._spec.algorithm.prompts_per_step
         while True:
             while len(buffer.complete()) < need:
+                raise_if_cancelled()
                 entries = await self._store.read(self._job_id, self._consumer, 64,
                                                  self._block_ms, pending=pending)
                 pending = False

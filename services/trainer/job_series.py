@@ -15,6 +15,7 @@ from typing import Protocol
 
 from libra import metrics
 from libra import types as t
+from libra.cancellation import raise_if_cancelled
 
 logger = logging.getLogger(__name__)
 SERIES_PRUNE_INTERVAL_S = 60.0
@@ -40,6 +41,7 @@ async def run_series_pruning(store: _JobFields,
                              interval_s: float = SERIES_PRUNE_INTERVAL_S) -> None:
     """Forever: sleep, then drop the series of gone jobs (cancelled at shutdown)."""
     while True:
+        raise_if_cancelled()
         await asyncio.sleep(interval_s)
         try:
             for job_id in await metrics.prune_jobs(lambda j: job_is_gone(store, j)):

@@ -336,3 +336,30 @@ async def test_a_cancel_that_lands_as_the_loop_is_woken_still_stops_it(rig: Rig)
     rig.tools.gate.set()  # and a loop started again finishes the trajectory
     (traj,) = await rig.run_until_published()
     assert traj.status is t.TrajectoryStatus.FINISHED
+
+
+async def test_a_cancel_swallowed_below_the_loop_still_stops_it(rig: Rig) -> None:
+    """redis-py sends each command through 3.11's wait_for, which can drop a cancel that
+    lands as the send completes; the loop notices the cancel still pending at its next
+    pass (a teardown once waited 300 s for a loop that went on)."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    real_job_state = rig.core._store.job_state
+
+    async def job_state_dropping_a_cancel(job_id: str) -> str | None:
+        entered.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            pass  # as wait_for does when its awaitable finished in the same pass
+        return await real_job_state(job_id)
+
+    rig.core._store.job_state = job_state_dropping_a_cancel  # type: ignore[method-assign]
+    rig.engine.queue("<calc>1+2</calc>")
+    await rig.place(make_task())
+    rig.start()
+    await entered.wait()  # the loop is reading the job's state
+    rig.task.cancel()
+    done, _ = await asyncio.wait([rig.task], timeout=5.0)
+    release.set()
+    assert done and rig.task.cancelled()
+    rig.task = None
