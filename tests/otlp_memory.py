@@ -11,7 +11,16 @@ after its interval).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+
+import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import (
+    TraceServiceServicer,
+    add_TraceServiceServicer_to_server,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from opentelemetry.sdk.resources import Resource
@@ -72,3 +81,16 @@ def readable(span: Span, resource: Resource) -> ReadableSpan:
         links=[Link(context(link.trace_id, link.span_id, True)) for link in span.links],
         status=status, start_time=span.start_time_unix_nano,
         end_time=span.end_time_unix_nano)
+
+
+@contextmanager
+def serving_collector(servicer: TraceServiceServicer, workers: int = 2) -> Iterator[str]:
+    """``servicer`` as an OTLP trace collector on a loopback port; yields its address."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+    add_TraceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None)

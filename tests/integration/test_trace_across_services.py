@@ -12,11 +12,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
@@ -24,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_
 from libra import types as t
 from libra_cli import stack
 from tests.integration.stack_helpers import small_job, stack_up, wait_for_job
+from tests.otlp_memory import serving_collector
 
 pytestmark = pytest.mark.integration
 
@@ -59,12 +58,8 @@ class Receiver(pb_grpc.TraceServiceServicer):
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[tuple[Receiver, str]]:
     servicer = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    server.stop(grace=None)
+    with serving_collector(servicer, workers=4) as address:
+        yield servicer, address
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Iterator
-from concurrent import futures
 
-import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
@@ -20,6 +18,7 @@ from prometheus_client import REGISTRY
 from libra import telemetry, tracing
 from libra.service_config import TelemetryConfig
 from libra.tracing import TraceParent
+from tests.otlp_memory import serving_collector
 
 
 class Collector(pb_grpc.TraceServiceServicer):
@@ -34,12 +33,8 @@ class Collector(pb_grpc.TraceServiceServicer):
 @pytest.fixture
 def collector() -> Iterator[tuple[Collector, str]]:
     servicer = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    server.stop(grace=None)
+    with serving_collector(servicer) as address:
+        yield servicer, address
 
 
 def test_a_trajectory_reaches_the_collector_as_one_tree(

@@ -94,14 +94,21 @@ async def test_a_failed_wait_is_not_an_arrival() -> None:
     assert (window.num_awaiting, window.num_arrivals, window.mean_round_trip_s) == (0, 0, None)
 
 
-async def test_hold_ends_at_the_cap_while_calls_are_still_expected() -> None:
+async def held_for_one_awaited_call(
+        round_trip_s: float) -> tuple[FakeClock, BatchWindow, Calls, asyncio.Task]:
+    """A window holding one ready row while one call (of that round trip) is awaited."""
     clock = FakeClock()
-    window = window_with_round_trip(clock, 1.0)  # expected for 2 s
+    window = window_with_round_trip(clock, round_trip_s)
     calls = Calls(window)
     await calls.await_one()
     holding = asyncio.create_task(window.hold(lambda: 1, 8, CAP_S, asyncio.Event()))
     while window.opened_s is None:
         await asyncio.sleep(0)
+    return clock, window, calls, holding
+
+
+async def test_hold_ends_at_the_cap_while_calls_are_still_expected() -> None:
+    clock, window, calls, holding = await held_for_one_awaited_call(1.0)  # expected for 2 s
     clock.advance(CAP_S)
     assert await holding == pytest.approx(CAP_S)
     assert (window.num_waits, window.opened_s, window.num_awaiting) == (1, None, 1)
@@ -109,13 +116,7 @@ async def test_hold_ends_at_the_cap_while_calls_are_still_expected() -> None:
 
 
 async def test_hold_ends_when_the_awaited_call_is_overdue() -> None:
-    clock = FakeClock()
-    window = window_with_round_trip(clock, 0.002)  # expected for 4 ms
-    calls = Calls(window)
-    await calls.await_one()
-    holding = asyncio.create_task(window.hold(lambda: 1, 8, CAP_S, asyncio.Event()))
-    while window.opened_s is None:
-        await asyncio.sleep(0)
+    clock, _, calls, holding = await held_for_one_awaited_call(0.002)  # expected for 4 ms
     clock.advance(0.004)
     assert await holding == pytest.approx(0.004)
     await calls.come(0)
