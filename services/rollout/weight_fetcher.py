@@ -43,12 +43,18 @@ from libra.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from libra.run_dir import MODEL_DIR
 from libra.weight_sync import (
     MANIFEST_SUFFIX,
-    ChunkSpec,
     ModelFile,
     WeightManifest,
     WeightSyncError,
     parse_manifest,
     sha256_file,
+)
+from services.rollout.weight_cache import (
+    install,
+    open_part,
+    prune_cache,
+    resume_point,
+    write_checked,
 )
 
 if TYPE_CHECKING:  # the client's type only: no grpc at run time
@@ -140,8 +146,8 @@ class WeightFetcher:
         await asyncio.to_thread(job_dir.mkdir, parents=True, exist_ok=True)
         part = final.with_name(final.name + PART_SUFFIX)
         await self._fetch_file(job_id, manifest, part)
-        await asyncio.to_thread(_install, part, final, local_manifest, body)
-        await asyncio.to_thread(_prune_cache, job_dir, KEEP_CACHED_VERSIONS)
+        await asyncio.to_thread(install, part, final, local_manifest, body)
+        await asyncio.to_thread(prune_cache, job_dir, KEEP_CACHED_VERSIONS)
         return FetchedVersion(local_manifest, manifest_sha256, True, manifest.size_bytes)
 
     async def fetch_model_dir(self, job_id: str) -> Path:
@@ -188,10 +194,10 @@ class WeightFetcher:
                 attempt = await self._backoff(attempt, what)
 
     async def _fetch_file(self, job_id: str, manifest: WeightManifest, part: Path) -> None:
-        next_chunk = await asyncio.to_thread(_resume_point, part, manifest)
+        next_chunk = await asyncio.to_thread(resume_point, part, manifest)
         self.last.resumed_from_chunk = next_chunk
         attempt = 0
-        fd = await asyncio.to_thread(_open_part, part, manifest.size_bytes)
+        fd = await asyncio.to_thread(open_part, part, manifest.size_bytes)
         try:
             transfer = _Transfer(manifest, fd, next_chunk)
             while transfer.next_chunk < len(manifest.chunks):
@@ -232,7 +238,7 @@ class WeightFetcher:
             spec = manifest.chunks[index]
             # Hashing and writing run in a thread (hashlib releases the GIL): the event
             # loop keeps serving the instance's other work during a chunk.
-            if chunk.index != index or not await asyncio.to_thread(_write_checked, transfer,
+            if chunk.index != index or not await asyncio.to_thread(write_checked, transfer.fd,
                                                                    spec, chunk.data):
                 if index in transfer.refetched:
                     raise WeightSyncError(
@@ -351,63 +357,3 @@ def _is_cached(local_manifest: Path, body: bytes) -> bool:
         return local_manifest.read_bytes() == body and _is_readable(local_manifest)
     except OSError:
         return False
-
-
-def _resume_point(part: Path, manifest: WeightManifest) -> int:
-    """The index of the first chunk not (or not correctly) in ``part``; ``part`` is cut
-    after its last good chunk."""
-    good_bytes, index = 0, 0
-    if part.exists():
-        with part.open("rb") as fh:
-            for index, spec in enumerate(manifest.chunks):  # noqa: B007
-                data = fh.read(spec.length)
-                if len(data) != spec.length or hashlib.sha256(data).hexdigest() != spec.sha256:
-                    break
-                good_bytes += len(data)
-            else:
-                index = len(manifest.chunks)
-        os.truncate(part, good_bytes)
-    return index
-
-
-def _open_part(part: Path, size_bytes: int) -> int:
-    """``part`` open for writes at offsets, its ``size_bytes`` allocated up front: eight
-    fetchers appending 1 MiB writes at once cost ~1 system CPU s per 538 MB on ext4
-    here, ~0.07 s into preallocated files (a ``sendfile`` copy 0.17 s). A disk too full
-    for the version fails here, before any chunk is fetched."""
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        if size_bytes > 0:
-            os.posix_fallocate(fd, 0, size_bytes)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _write_checked(transfer: _Transfer, spec: ChunkSpec, data: bytes) -> bool:
-    """Write ``data`` at its chunk's offset when its sha256 matches; False (nothing
-    written) when not."""
-    if len(data) != spec.length or hashlib.sha256(data).hexdigest() != spec.sha256:
-        return False
-    view, offset = memoryview(data), spec.offset
-    while view:  # a regular file writes all at once, short only when the disk fills
-        written = os.pwrite(transfer.fd, view, offset)
-        view, offset = view[written:], offset + written
-    return True
-
-
-def _install(part: Path, final: Path, local_manifest: Path, body: bytes) -> None:
-    os.replace(part, final)
-    tmp = local_manifest.with_name(local_manifest.name + ".tmp")
-    tmp.write_bytes(body)
-    os.replace(tmp, local_manifest)
-
-
-def _prune_cache(job_dir: Path, keep: int) -> None:
-    """Delete cached versions beyond the newest ``keep`` (names sort by version)."""
-    manifests = sorted(job_dir.glob("*" + MANIFEST_SUFFIX))
-    for manifest in manifests[:-keep]:
-        weights = manifest.with_name(manifest.name.removesuffix(MANIFEST_SUFFIX))
-        manifest.unlink(missing_ok=True)
-        weights.unlink(missing_ok=True)
