@@ -42,7 +42,11 @@ async def test_clients_follow_a_failover_and_never_write_to_the_demoted_master(
         old = group.data_ports[0]
         sync.set("before", "1")
         assert await client.get("before") == b"1"
-        group.wait_for_master(old)  # the replica has the write before the master dies
+        group.wait_for_master(old)
+        # Replication is asynchronous: a replica still in its first sync when the master
+        # dies would lose the write. WAIT returns once every replica acknowledged it.
+        replicas = len(group.data_ports) - 1
+        assert sync.execute_command("WAIT", replicas, 30_000) == replicas
 
         group.kill_server(old)
         new = group.wait_for_master(not_port=old)
@@ -60,7 +64,10 @@ async def test_clients_follow_a_failover_and_never_write_to_the_demoted_master(
 
         # The old master comes back: the sentinels make it a replica of the new one.
         group.start_server(old, replica_of=None)
-        deadline = time.monotonic() + 30
+        # Sentinel converts a returning master only after it reported the wrong role for
+        # 8 s (4 publish periods), seen through INFO polled every 10 s: ~20 s when idle,
+        # more on a loaded host (30 s was once too short). A bound, not a measurement.
+        deadline = time.monotonic() + 120
         while group.role(old) != "slave":
             assert time.monotonic() < deadline, "the old master was not demoted"
             time.sleep(0.2)
