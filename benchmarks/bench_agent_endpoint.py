@@ -38,7 +38,6 @@ import cProfile
 import hashlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,9 +47,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# The agent programs and the endpoint server this benchmark starts as processes.
+PROCS = str(Path(__file__).with_name("agent_endpoint_procs.py"))
 sys.path.insert(0, str(ROOT))
 
-from procstat import cpu_s  # noqa: E402  (this directory: run as a script)
+from agent_endpoint_procs import CALC, JOB  # noqa: E402  (this directory: run as a script)
+from procstat import cpu_s  # noqa: E402
 
 from libra import redis_keys as keys  # noqa: E402
 from libra import types as t  # noqa: E402
@@ -67,10 +69,6 @@ from libra.types import Bucket  # noqa: E402
 from libra_cli.redis_server import free_port, start_redis  # noqa: E402
 from services.rollout.engine_types import GenerationRequest, GenerationResult  # noqa: E402
 
-JOB = "job-bench"
-CALC = {"type": "object", "properties": {"expression": {"type": "string"}}}
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate.",
-                                           "parameters": CALC}}]
 CALL = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n'
         '</tool_call><|im_end|>')
 
@@ -173,7 +171,7 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
     total = args.agents * args.episodes_per_agent
     workers = []
     if arm != "internal":  # started (imports done) before the clock starts
-        workers = [subprocess.Popen([sys.executable, __file__, "--worker", endpoint_url,
+        workers = [subprocess.Popen([sys.executable, PROCS, "--worker", endpoint_url,
                                      str(args.episodes_per_agent), args.client],
                                     stdout=subprocess.PIPE, text=True)
                    for _ in range(args.agents)]
@@ -234,115 +232,6 @@ async def run_arm(arm: str, redis_url: str, model_dir: Path, args: argparse.Name
             "cpu_ms_per_turn": {k: round(v * 1000 / turns, 2) for k, v in cpu.items()}}
 
 
-def worker(url: str, episodes: int, client_kind: str) -> None:
-    """One agent process: take episodes, run every call through the openai client, or
-    (``raw``) one keep-alive stdlib HTTP connection and json, the least an agent can
-    spend per call, so that what remains is the endpoint's cost and the rollout's."""
-    import httpx
-
-    if client_kind == "openai":
-        import openai  # noqa: F401  (imported before "ready": seconds on a busy machine)
-
-    latencies: list[float] = []
-    call_cpu_s = 0.0  # CPU inside the chat-completion calls only (not setup, not opens)
-    # Built before "ready": a client's SSL context costs ~0.1 s of CPU, process start-up
-    # that the internal arm does not pay (32 of them: seconds of the arm's two cores).
-    http = httpx.Client(timeout=60.0)
-    print("ready", flush=True)
-    ready_cpu_s = time.process_time()  # from here: the agent's CPU during the arm
-    with http:
-        for _ in range(episodes):
-            response = http.post(f"{url}/v1/episodes", json={"job_id": JOB, "wait_s": 30})
-            response.raise_for_status()
-            episode = response.json()
-            complete = (_openai_caller(episode) if client_kind == "openai"
-                        else _raw_caller(url, episode))
-            messages: list[dict[str, Any]] = [{"role": "user", "content": "2+3?"}]
-            for index in range(1_000):
-                started, cpu_started_s = time.perf_counter(), time.process_time()
-                message = complete(messages)
-                call_cpu_s += time.process_time() - cpu_started_s
-                # Like the internal gaps: from a tool result to the next tool call (the
-                # first call renders the prompt and has no internal counterpart).
-                if index > 0 and message.get("tool_calls"):
-                    latencies.append(time.perf_counter() - started)
-                messages.append(message)
-                if not message.get("tool_calls"):
-                    break
-                for call in message["tool_calls"]:
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": "5"})
-            http.post(f"{episode['base_url']}/episodes/{episode['episode_id']}/reward",
-                      json={"reward": 1.0},
-                      headers={"Authorization": f"Bearer {episode['api_key']}"})
-    print(json.dumps({"latencies_s": latencies, "cpu_s": call_cpu_s,
-                      "cpu_total_s": time.process_time() - ready_cpu_s}))
-
-
-def _openai_caller(episode: dict[str, Any]) -> Any:
-    import openai
-
-    client = openai.OpenAI(base_url=episode["base_url"], api_key=episode["api_key"])
-
-    def complete(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        reply = client.chat.completions.create(model=episode["model"], messages=messages,
-                                               tools=TOOLS)
-        return reply.choices[0].message.model_dump(exclude_none=True)
-
-    return complete
-
-
-def _raw_caller(url: str, episode: dict[str, Any]) -> Any:
-    import http.client
-    from urllib.parse import urlsplit
-
-    where = urlsplit(url)
-    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
-    headers = {"Authorization": f"Bearer {episode['api_key']}",
-               "Content-Type": "application/json"}
-
-    def complete(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = json.dumps({"model": episode["model"], "messages": messages, "tools": TOOLS})
-        connection.request("POST", "/v1/chat/completions", body, headers)
-        response = connection.getresponse()
-        data = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"{response.status}: {data[:200]!r}")
-        message: dict[str, Any] = json.loads(data)["choices"][0]["message"]
-        return message
-
-    return complete
-
-
-def serve_endpoint(port: int, redis_url: str, profile_path: str = "") -> None:
-    """The endpoint as the coordinator serves it (only its router, no job API); with
-    ``profile_path``, under cProfile (CPU time: load-independent) until it is stopped
-    (SIGTERM: uvicorn returns)."""
-    import redis.asyncio as aioredis
-    import uvicorn
-    from fastapi import FastAPI
-
-    from services.coordinator.agent_rest import agent_router
-    from services.coordinator.episode_endpoint import EpisodeEndpoint
-    from services.coordinator.episode_store import RedisEpisodeStore
-
-    redis = aioredis.from_url(redis_url, decode_responses=True)
-    app = FastAPI()
-    app.include_router(agent_router(EpisodeEndpoint(RedisEpisodeStore(redis, SystemClock()),
-                                                    SystemClock()), []))
-    profiler = cProfile.Profile(time.process_time) if profile_path else None
-    if profiler is not None:
-        # uvicorn re-raises the SIGTERM it caught once it has shut down, with the handler
-        # it found: make that an exit that runs the finally below.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        profiler.enable()
-    try:
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-    finally:
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(profile_path)
-
-
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -366,27 +255,17 @@ def main() -> int:
     parser.add_argument("--client", choices=("openai", "raw"), default="openai",
                         help="the agents' HTTP client: the openai package, or a raw "
                         "keep-alive connection (separates our cost from the client's)")
-    parser.add_argument("--worker", nargs=3, metavar=("URL", "EPISODES", "CLIENT"),
-                        help=argparse.SUPPRESS)
     parser.add_argument("--profile", default="",
                         help="a folder: cProfile the endpoint process (endpoint.prof, "
                         "all arms) and the rollout in the external arm (rollout.prof)")
-    parser.add_argument("--serve", nargs="+", metavar="PORT REDIS [PROFILE]",
-                        help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        worker(args.worker[0], int(args.worker[1]), args.worker[2])
-        return 0
-    if args.serve:
-        serve_endpoint(int(args.serve[0]), args.serve[1], *args.serve[2:])
-        return 0
     from tests.fixtures.hf_models import make_model_dir
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-agent-"))
     model_dir = make_model_dir("qwen2", tmp / "model")
     redis = start_redis(tmp / "redis", appendonly=False)
     port = free_port()
-    serve = [sys.executable, __file__, "--serve", str(port), redis.url]
+    serve = [sys.executable, PROCS, "--serve", str(port), redis.url]
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         serve.append(str(Path(args.profile) / "endpoint.prof"))

@@ -53,14 +53,7 @@ class RoundRobinCursor:
 
     def pick(self, scope: str, tied_ids: Sequence[InstanceId]) -> InstanceId:
         """Pick one of ``tied_ids`` (sorted ascending) and advance the cursor."""
-        last = self._last_by_scope.get(scope)
-        chosen = tied_ids[0]
-        if last is not None:  # the first id after ``last`` (a bisect: ties may be many)
-            after = bisect.bisect_right(tied_ids, last)
-            if after < len(tied_ids):
-                chosen = tied_ids[after]
-        self._last_by_scope[scope] = chosen
-        return chosen
+        return self.pick_merged(scope, [tied_ids])
 
     def pick_merged(self, scope: str, groups: Sequence[Sequence[InstanceId]]) -> InstanceId:
         """``pick`` over the union of ``groups`` (each sorted, disjoint) without merging
