@@ -149,11 +149,11 @@ class EpisodeEndpoint:
         Raises:
             Unauthenticated: No key, an unknown one, or one whose episode expired/closed.
         """
-        return await self._state(await self._episode_of(api_key), api_key)
-
-    async def _episode_of(self, api_key: str) -> str:
-        """The episode a key names (whether it is still open: ``_state``)."""
         digest = key_digest(api_key) if api_key else ""
+        return await self._state(await self._episode_of(digest), digest)
+
+    async def _episode_of(self, digest: str) -> str:
+        """The episode the key of ``digest`` names (whether it is still open: ``_state``)."""
         episode_id = self._episode_ids.get(digest)
         if episode_id is None and digest:
             episode_id = await self._store.episode_of_key(digest)
@@ -165,10 +165,10 @@ class EpisodeEndpoint:
             raise Unauthenticated("unknown or expired episode API key")
         return episode_id
 
-    async def _state(self, episode_id: str, api_key: str) -> ep.EpisodeState:
-        """The open episode's state, if ``api_key`` is still its key."""
+    async def _state(self, episode_id: str, digest: str) -> ep.EpisodeState:
+        """The open episode's state, if the key of ``digest`` is still its key."""
         state = await self._store.load(episode_id)
-        if state is None or state.is_closed or state.key_sha256 != key_digest(api_key):
+        if state is None or state.is_closed or state.key_sha256 != digest:
             raise Unauthenticated("unknown or expired episode API key")
         return state
 
@@ -191,14 +191,15 @@ class EpisodeEndpoint:
             DeadlineExceeded: No reply within ``REPLY_DEADLINE_MIN_S`` (or the idle
                 timeout); the call is aborted as for a gone client.
         """
-        episode_id = await self._episode_of(api_key)
+        digest = key_digest(api_key) if api_key else ""
+        episode_id = await self._episode_of(digest)
         if episode_id in self._busy:
             raise FailedPrecondition("a call of this episode is in flight: one at a time")
         self._busy.add(episode_id)
         streaming = False
         try:
             # Read once the episode is ours: as the previous call left it.
-            state = await self._state(episode_id, api_key)
+            state = await self._state(episode_id, digest)
             algorithm = (await self._spec(state.job_id)).algorithm
             request = parse_request(body, state.model, algorithm.temperature, algorithm.top_p)
             call = plan_call(state, request)
