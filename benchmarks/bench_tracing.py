@@ -8,8 +8,10 @@ shortened to ``--num-steps`` steps (its layout, C-MLFQ, prompts and samples per 
 
 - ``off``: no exporter (the services' default: the port returns at once);
 - ``full``: ``trace_sample_ratio = 1.0``, spans exported the services' way
-  (``telemetry.build_span_sink``: queued, encoded to OTLP in batches on a thread) over
-  OTLP/gRPC to a receiver in another process (a minimal TraceService that counts spans);
+  (``telemetry.init_tracing``: trajectory spans queued, encoded to OTLP in batches on a
+  thread; the SDK provider and Redis instrumentation installed, its spans sampled as
+  ``OTEL_TRACES_SAMPLER`` says) over OTLP/gRPC to a receiver in another process (a
+  minimal TraceService that counts spans);
 - ``default``: the job's default sampling (every trajectory while a step trains on at most
   64; the demo's 8 x 4 = 32 is under that, so on the demo it equals ``full``; raise
   ``--prompts-per-step`` to see a ratio below 1);
@@ -112,9 +114,9 @@ async def one_run(arm: str, endpoint: str, spec_json: str) -> dict[str, Any]:
     if arm == "full_sdk":
         sink = telemetry.build_provider("bench", cfg)
         tracing.set_sink(OtelSpanSink(sink))
-    elif arm != "off":  # the services' path (telemetry.init_tracing)
-        sink = telemetry.build_span_sink("bench", cfg)
-        tracing.set_sink(sink)
+    elif arm != "off":  # the services' path: the SDK for Redis spans, trajectory spans
+        telemetry.init_tracing("bench", cfg)  # straight to OTLP
+        sink = tracing._sink  # noqa: SLF001 - flushed and timed below
     caller_cpu = time_port_calls(tracing) if arm != "off" else [0.0]
     with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
         async with in_process_stack(Path(tmp), job_spec_from_json(spec_json)) as inproc:

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from libra import otlp_wire
+from libra.otlp_config import OtlpSettings
 from libra.trace_export import DropCounter
 from libra.tracing import AttributeValue, SpanRecord, parse_traceparent
 
@@ -164,19 +165,27 @@ def _encode(span: SpanRecord, own: str, remote_parent: bool) -> bytes:
         max(span.end_ms, span.start_ms) * _MS_TO_NS, span.attributes, links, span.error)
 
 
-def grpc_sender(endpoint: str) -> tuple[Send, Callable[[], None]]:
-    """Sends OTLP requests to the collector at ``endpoint`` (``host:port``, or with an
-    ``http://`` scheme; plaintext, as the services' OTLP exporter was) over one gRPC
-    channel; and the channel's close."""
+def grpc_sender(settings: OtlpSettings) -> tuple[Send, Callable[[], None]]:
+    """Sends OTLP requests as ``settings`` say (target, TLS roots and client
+    certificate, headers as gRPC metadata, gzip) over one gRPC channel; and the
+    channel's close."""
     import grpc
 
-    target = endpoint.removeprefix("http://").removeprefix("https://")
-    channel = grpc.insecure_channel(target)
+    compression = grpc.Compression.Gzip if settings.gzip else grpc.Compression.NoCompression
+    if settings.tls:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=settings.ca_pem or None,
+            private_key=settings.client_key_pem or None,
+            certificate_chain=settings.client_cert_pem or None)
+        channel = grpc.secure_channel(settings.target, credentials, compression=compression)
+    else:
+        channel = grpc.insecure_channel(settings.target, compression=compression)
     # The request is already encoded: bytes pass through (no request serializer).
     export = channel.unary_unary(_EXPORT_METHOD, request_serializer=None,
                                  response_deserializer=None)
+    metadata = settings.headers or None
 
     def send(request: bytes, timeout_s: float) -> None:
-        export(request, timeout=timeout_s)
+        export(request, timeout=timeout_s, metadata=metadata)
 
     return send, channel.close

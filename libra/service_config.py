@@ -24,7 +24,9 @@ class TelemetryConfig:
 
     log_level: str = knob("INFO", "log level")
     log_json: bool = knob(False, "structured JSON log lines instead of key=value text")
-    otlp_endpoint: str = knob("", "OTLP gRPC endpoint for traces (host:port); empty = no export")
+    otlp_endpoint: str = knob("", "OTLP gRPC endpoint for traces (host:port plaintext, "
+                                  "https://host:port TLS); empty = "
+                                  "OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else no export")
     trace_console: bool = knob(False, "print finished spans to stderr (debugging)")
     log_file: str = knob("", "write logs to this file, rotated by size (empty: stderr)")
     log_max_bytes: int = knob(50 * 1024 * 1024, "rotate the log file past this size")

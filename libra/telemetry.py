@@ -1,12 +1,15 @@
 """One telemetry setup for every service: logs, traces and Prometheus metrics.
 
-Traces: spans are exported over OTLP when an endpoint is configured, or to the console
-when asked. Only then is the SDK tracer provider installed and are gRPC and Redis
-instrumented (context carried in gRPC metadata across services); otherwise the API's
-no-op provider stays, so a span nobody reads costs no more than a function call (a
+Traces: spans are exported over OTLP when an endpoint is configured (``telemetry.
+otlp_endpoint`` or the ``OTEL_EXPORTER_OTLP_*`` variables, libra/otlp_config.py), or to
+the console when asked. Only then is the SDK tracer provider installed and are gRPC and
+Redis instrumented (context carried in gRPC metadata across services); otherwise the
+API's no-op provider stays, so a span nobody reads costs no more than a function call (a
 recording span with its events and attributes costs tens of microseconds, per batch of
-decisions or per turn). Configure the exporter on every service together, or the trace
-breaks at a service that does not export.
+decisions or per turn). The instrumented calls are recorded only under a sampled caller
+unless ``OTEL_TRACES_SAMPLER`` says otherwise: as traces of their own they were most of
+tracing's cost and none of a trajectory's story. Configure the exporter on every service
+together, or the trace breaks at a service that does not export.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import atexit
 import json
 import logging
 import logging.handlers
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,8 +28,15 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 
-from libra import tracing
+from libra import otlp_config, tracing
 from libra.log_hygiene import RepeatLimiter, SafeMessages
 from libra.otlp_spans import OtlpSpanSink, grpc_sender
 from libra.service_config import TelemetryConfig
@@ -105,27 +116,44 @@ def _handler(cfg: TelemetryConfig) -> logging.Handler:
 def init_tracing(service: str, cfg: TelemetryConfig,
                  extra_processor: SpanProcessor | None = None) -> TracerProvider | None:
     """Install the tracer provider and instrument gRPC (client and server) and Redis,
-    when spans go somewhere; None (the no-op provider stays) when nothing exports."""
+    when spans go somewhere; None (the no-op provider stays) when nothing exports or
+    ``OTEL_SDK_DISABLED`` is true.
+
+    Raises:
+        InvalidArgument: an ``OTEL_*`` variable with a bad value, naming it.
+    """
+    if otlp_config.sdk_disabled(os.environ):
+        logging.getLogger(__name__).info("[trace] OTEL_SDK_DISABLED: no spans exported")
+        return None
     provider = build_provider(service, cfg, extra_processor)
     if provider is None:
         return None
     trace.set_tracer_provider(provider)
     instrument_libraries()
+    tracing.set_process_sample_ratio(otlp_config.read_sampler(os.environ).trajectory_ratio)
     # Trajectory spans (libra/tracing.py): straight to OTLP when it is configured (the
     # cheap path), else through the provider's processors (console, a test's).
     tracing.set_sink(build_span_sink(service, cfg) or OtelSpanSink(provider))
     return provider
 
 
+def export_settings(cfg: TelemetryConfig) -> otlp_config.OtlpSettings | None:
+    """Where spans go: ``cfg.otlp_endpoint`` or the ``OTEL_EXPORTER_OTLP_*`` variables
+    (libra/otlp_config.py); None when no endpoint is set."""
+    return otlp_config.read_settings(cfg.otlp_endpoint, os.environ, OTLP_EXPORT_TIMEOUT_S)
+
+
 def build_span_sink(service: str, cfg: TelemetryConfig) -> OtlpSpanSink | None:
-    """The trajectory span sink exporting to ``cfg.otlp_endpoint`` in batches from a
-    thread of its own (shut down at exit, after a last export); None without one."""
-    if not cfg.otlp_endpoint:
+    """The trajectory span sink exporting over OTLP (``export_settings``) in batches from
+    a thread of its own (shut down at exit, after a last export); None without an
+    endpoint."""
+    settings = export_settings(cfg)
+    if settings is None:
         return None
-    send, close = grpc_sender(cfg.otlp_endpoint)
+    send, close = grpc_sender(settings)
     resource = Resource.create({"service.name": service}).attributes  # the SDK's, once
-    sink = OtlpSpanSink(send, resource, _drops(service, cfg.otlp_endpoint),
-                        timeout_s=OTLP_EXPORT_TIMEOUT_S)
+    sink = OtlpSpanSink(send, resource, _drops(service, settings.target),
+                        timeout_s=settings.timeout_s)
 
     def stop() -> None:
         sink.shutdown()
@@ -146,32 +174,58 @@ def build_provider(service: str, cfg: TelemetryConfig,
                    extra_processor: SpanProcessor | None = None) -> TracerProvider | None:
     """A tracer provider with the configured exporters (not installed); None when
     nothing exports. A failed OTLP export drops and counts its spans
-    (``libra_trace_spans_dropped_total``) and warns once; it never blocks a service."""
+    (``libra_trace_spans_dropped_total``) and warns once; it never blocks a service.
+    Its sampler (the gRPC and Redis spans') is ``OTEL_TRACES_SAMPLER``'s, by default
+    ``parentbased_always_off``: only inside a trace a caller sampled."""
     processors: list[SpanProcessor] = []
-    if cfg.otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        # The exporter logs every failed batch (and every retry), the batch processor
-        # every span a full queue drops: DropCounter says it once and counts the rest.
-        logging.getLogger("opentelemetry.exporter.otlp.proto.grpc.exporter").setLevel(
-            logging.CRITICAL)
-        drops = _drops(service, cfg.otlp_endpoint)
-        queue_logger = logging.getLogger("opentelemetry.sdk._shared_internal")
-        if QUEUE_FULL not in queue_logger.filters:
-            queue_logger.addFilter(QUEUE_FULL)
-        exporter = OTLPSpanExporter(endpoint=cfg.otlp_endpoint, insecure=True,
-                                    timeout=OTLP_EXPORT_TIMEOUT_S)
-        processors.append(CountingBatchProcessor(CountingExporter(exporter, drops), drops))
+    settings = export_settings(cfg)
+    if settings is not None:
+        processors.append(_otlp_processor(service, settings))
     if cfg.trace_console:
         processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
     if extra_processor is not None:
         processors.append(extra_processor)
     if not processors:
         return None
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    sampler = library_sampler(otlp_config.read_sampler(os.environ))
+    provider = TracerProvider(resource=Resource.create({"service.name": service}),
+                              sampler=sampler)
     for processor in processors:
         provider.add_span_processor(processor)
     return provider
+
+
+def _otlp_processor(service: str, settings: otlp_config.OtlpSettings) -> SpanProcessor:
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    # The exporter logs every failed batch (and every retry), the batch processor
+    # every span a full queue drops: DropCounter says it once and counts the rest.
+    logging.getLogger("opentelemetry.exporter.otlp.proto.grpc.exporter").setLevel(
+        logging.CRITICAL)
+    drops = _drops(service, settings.target)
+    queue_logger = logging.getLogger("opentelemetry.sdk._shared_internal")
+    if QUEUE_FULL not in queue_logger.filters:
+        queue_logger.addFilter(QUEUE_FULL)
+    credentials = None
+    if settings.tls:
+        credentials = grpc.ssl_channel_credentials(
+            settings.ca_pem or None, settings.client_key_pem or None,
+            settings.client_cert_pem or None)
+    exporter = OTLPSpanExporter(
+        endpoint=settings.target, insecure=not settings.tls, credentials=credentials,
+        headers=settings.headers, timeout=settings.timeout_s,
+        compression=grpc.Compression.Gzip if settings.gzip else grpc.Compression.NoCompression)
+    return CountingBatchProcessor(CountingExporter(exporter, drops), drops)
+
+
+def library_sampler(settings: otlp_config.SamplerSettings) -> Sampler:
+    """The SDK sampler ``settings`` name (``OTEL_TRACES_SAMPLER``; the default when
+    unset is ``parentbased_always_off``)."""
+    name = settings.library_sampler
+    root = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF}.get(
+        name.removeprefix("parentbased_")) or TraceIdRatioBased(settings.ratio)
+    return ParentBased(root) if name.startswith("parentbased_") else root
 
 
 def instrument_libraries(with_redis: bool = True) -> None:

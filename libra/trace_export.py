@@ -25,6 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from libra import metrics
@@ -88,6 +89,10 @@ class OtelSpanSink:
         # The SDK tracer reads its id generator per span; this one can force the root's.
         self._ids = _ForcingIdGenerator(self._tracer.id_generator)  # type: ignore[attr-defined]
         self._tracer.id_generator = self._ids  # type: ignore[attr-defined]
+        # Trajectory spans were sampled at admission (the port records only those) and
+        # step or elastic spans are always kept: the provider's sampler is for gRPC and
+        # Redis spans (by default only under a sampled caller), not for these.
+        self._tracer.sampler = ParentBased(ALWAYS_ON)  # type: ignore[attr-defined]
 
     def record(self, span: SpanRecord) -> str:
         """A span under ``span.parent`` (or a new trace); its own traceparent."""

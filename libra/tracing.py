@@ -74,12 +74,26 @@ def new_traceparent(sampled: bool) -> str:
     return TraceParent(secrets.randbits(128) or 1, secrets.randbits(64) or 1, sampled).format()
 
 
+# The share traced where a job leaves it automatic, when the process was told one
+# (OTEL_TRACES_SAMPLER, read by libra.telemetry); None: the per-step budget.
+_process_ratio: float | None = None
+
+
+def set_process_sample_ratio(ratio: float | None) -> None:
+    """Trace this share of the trajectories of jobs whose ``trace_sample_ratio`` is
+    automatic (None: the per-step budget); once, at start."""
+    global _process_ratio
+    _process_ratio = ratio
+
+
 def effective_sample_ratio(configured: float, trajectories_per_step: int) -> float:
-    """The share of trajectories traced: ``configured`` when >= 0, else every trajectory
-    of a small job and about ``FULL_TRACE_MAX_TRAJECTORIES_PER_STEP`` per step of a
-    large one."""
+    """The share of trajectories traced: ``configured`` when >= 0, else the process's
+    ratio if it was given one, else every trajectory of a small job and about
+    ``FULL_TRACE_MAX_TRAJECTORIES_PER_STEP`` per step of a large one."""
     if configured >= 0:
         return min(configured, 1.0)
+    if _process_ratio is not None:
+        return _process_ratio
     return min(1.0, FULL_TRACE_MAX_TRAJECTORIES_PER_STEP / max(trajectories_per_step, 1))
 
 

@@ -183,6 +183,10 @@ class Supervisor:
                "LIBRA_AUTH__SERVICE_TOKEN_FILE": str(self.secrets.service_token_file)}
         if self.viewer is not None:  # every service, or traces break at the one left out
             env["LIBRA_TELEMETRY__OTLP_ENDPOINT"] = self.viewer.otlp_endpoint
+            # A viewer on one machine shows every gRPC call and Redis command too (the
+            # services' default records those only under a sampled caller); a sampler
+            # the user set wins.
+            env.setdefault("OTEL_TRACES_SAMPLER", "parentbased_always_on")
         log = open(svc.out_path, "ab")  # noqa: SIM115 - the child owns it
         svc.proc = subprocess.Popen([sys.executable, "-m", svc.module, *svc.args], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -10,6 +10,7 @@ Fakes: the coordinator's trainer/scheduler runners; spans go to an in-memory exp
 from __future__ import annotations
 
 import asyncio
+import os
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import libra.telemetry as telemetry
 from libra import redis_keys as keys
+from libra import tracing
 from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.clients.scheduler import GrpcSchedulerClient
@@ -67,14 +69,25 @@ class FrontServicer(pb_grpc.CoordinatorServiceServicer):
 def exporter() -> Iterator[InMemorySpanExporter]:
     # The global tracer provider can be set once per process: reuse one if a previous
     # module installed it, and undo the library patches afterwards.
+    # These calls start their own traces: by default (parentbased_always_off) gRPC spans
+    # are recorded only under a sampled caller; the SDK's own default records them all.
     memory = InMemorySpanExporter()
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         current.add_span_processor(SimpleSpanProcessor(memory))
         telemetry.instrument_libraries()
     else:
-        telemetry.init_tracing("test", TelemetryConfig(),
-                               extra_processor=SimpleSpanProcessor(memory))
+        before = os.environ.get("OTEL_TRACES_SAMPLER")
+        os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_always_on"
+        try:
+            telemetry.init_tracing("test", TelemetryConfig(),
+                                   extra_processor=SimpleSpanProcessor(memory))
+        finally:
+            if before is None:
+                del os.environ["OTEL_TRACES_SAMPLER"]
+            else:
+                os.environ["OTEL_TRACES_SAMPLER"] = before
+        tracing.set_process_sample_ratio(None)
     yield memory
     from opentelemetry.instrumentation.grpc import (
         GrpcAioInstrumentorClient,
