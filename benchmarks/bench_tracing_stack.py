@@ -10,13 +10,16 @@ Redis) from the first RL step to the job's end, read from ``/proc`` (steadier th
 time on a shared machine). Arms:
 
 - ``off``: no OTLP endpoint;
-- ``default``: ``LIBRA_TELEMETRY__OTLP_ENDPOINT`` set, the job's default sampling;
+- ``default``: ``LIBRA_TELEMETRY__OTLP_ENDPOINT`` set, the job's default sampling (no
+  ``OTEL_TRACES_SAMPLER``: gRPC and Redis not instrumented);
 - ``full``: the same with ``trace_sample_ratio = 1.0``;
+- ``full_instr``: ``full`` with ``OTEL_TRACES_SAMPLER=parentbased_always_off`` (gRPC and
+  Redis instrumented, recorded only under a sampled caller: here, never);
 - ``full_auto``: ``full`` with ``OTEL_TRACES_SAMPLER=parentbased_always_on`` (the SDK's
   own default: every gRPC call and Redis command a span of its own).
 
 Usage: python benchmarks/bench_tracing_stack.py [--rounds 2] [--num-steps 6]
-       [--sft-steps 300] [--arms off,default,full,full_auto] [--json]
+       [--sft-steps 300] [--arms off,default,full,full_instr,full_auto] [--json]
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ARMS = ("off", "default", "full", "full_auto")
+ARMS = ("off", "default", "full", "full_instr", "full_auto")
+# OTEL_TRACES_SAMPLER of the services, per arm (absent: unset)
+SAMPLERS = {"full_instr": "parentbased_always_off", "full_auto": "parentbased_always_on"}
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -101,7 +106,7 @@ def job_spec(arm: str, num_steps: int, sft_steps: int) -> str:
     spec = tomllib.loads((ROOT / "deploy" / "configs" / "demo.toml").read_text())
     spec["name"] = f"bench-tracing-stack-{arm}"
     spec["algorithm"].update({"num_steps": num_steps, "sft_steps": sft_steps})
-    if arm in ("full", "full_auto"):
+    if arm.startswith("full"):
         spec["observability"] = {"trace_sample_ratio": 1.0}
     return json.dumps(spec)
 
@@ -137,8 +142,9 @@ def one_run(arm: str, receiver: Receiver, args: argparse.Namespace) -> dict[str,
     env_before = dict(os.environ)
     if arm != "off":
         os.environ["LIBRA_TELEMETRY__OTLP_ENDPOINT"] = receiver.endpoint
-    if arm == "full_auto":
-        os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_always_on"
+    os.environ.pop("OTEL_TRACES_SAMPLER", None)
+    if arm in SAMPLERS:
+        os.environ["OTEL_TRACES_SAMPLER"] = SAMPLERS[arm]
     try:
         with tempfile.TemporaryDirectory(prefix="bench-tracing-stack-") as tmp:
             state = stack.up(Path(tmp), timeout_s=180)
