@@ -163,6 +163,90 @@ def one_run(arm: str, receiver: Receiver, args: argparse.Namespace) -> dict[str,
     return result
 
 
+# -- micro: one Redis command and one gRPC call, plain / patched / recording ----------------
+
+MICRO_MODES = ("plain", "patched", "recording")
+
+
+def micro_run(mode: str, endpoint: str, num_calls: int = 3000) -> dict[str, float]:
+    """Process CPU microseconds per Redis GET and per unary gRPC call (client and server
+    in this process) with the libraries unpatched, patched under the services' sampler
+    when ``OTEL_TRACES_SAMPLER`` is ``parentbased_always_off`` (nothing recorded), and
+    patched recording every call (exported over OTLP to ``endpoint``; the batch
+    processor's thread exports while the calls run, and process CPU counts it)."""
+    import grpc
+    import redis.asyncio as aioredis
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
+
+    from libra import telemetry
+    from libra.service_config import TelemetryConfig
+    from libra_cli.redis_server import start_redis
+
+    if mode != "plain":
+        os.environ["OTEL_TRACES_SAMPLER"] = ("parentbased_always_off" if mode == "patched"
+                                             else "parentbased_always_on")
+        provider = telemetry.build_provider("bench-micro", TelemetryConfig(
+            otlp_endpoint=endpoint))
+        assert provider is not None
+        from opentelemetry import trace
+        trace.set_tracer_provider(provider)
+        telemetry.instrument_libraries()
+
+    class Echo(pb_grpc.TraceServiceServicer):
+        async def Export(self, request, context):  # noqa: N802, ANN001
+            return pb.ExportTraceServiceResponse()
+
+    async def measure(redis_url: str) -> dict[str, float]:
+        server = grpc.aio.server()
+        pb_grpc.add_TraceServiceServicer_to_server(Echo(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        stub = pb_grpc.TraceServiceStub(channel)
+        client = aioredis.Redis.from_url(redis_url)
+        await client.set("k", "v")
+        out = {}
+        for name, call in (("redis_get_us", lambda: client.get("k")),
+                           ("grpc_call_us", lambda: stub.Export(
+                               pb.ExportTraceServiceRequest()))):
+            for _ in range(200):  # warm
+                await call()
+            started = time.process_time()
+            for _ in range(num_calls):
+                await call()
+            out[name] = (time.process_time() - started) / num_calls * 1e6
+        await client.aclose()
+        await channel.close()
+        await server.stop(None)
+        return out
+
+    with tempfile.TemporaryDirectory(prefix="bench-tracing-micro-") as tmp:
+        redis_server = start_redis(Path(tmp), appendonly=False)
+        try:
+            result = asyncio.run(measure(redis_server.url))
+        finally:
+            redis_server.process.terminate()  # by pid: the child this run started
+            redis_server.process.wait(timeout=10)
+    return {k: round(v, 1) for k, v in result.items()}
+
+
+def micro(receiver: Receiver, rounds: int) -> dict[str, dict[str, float]]:
+    """Each mode in a fresh process (the patches are process-wide), alternated; the
+    median per figure."""
+    import subprocess
+
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MICRO_MODES}
+    for _ in range(rounds):
+        for mode in MICRO_MODES:
+            out = subprocess.run([sys.executable, __file__, "--micro-mode", mode,
+                                  "--endpoint", receiver.endpoint], capture_output=True,
+                                 text=True, timeout=600, check=True)
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {mode: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+            for mode, rs in runs.items()}
+
+
 def summarise(runs: list[dict[str, Any]], arms: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for measure in ("rl_cpu_s", "job_cpu_s"):
@@ -199,13 +283,24 @@ def main() -> int:
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"comma-separated, off first; of {ARMS}")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--micro", type=int, default=3, metavar="ROUNDS",
+                        help="rounds of the Redis/gRPC micro-benchmark (0: none)")
+    parser.add_argument("--micro-mode", choices=MICRO_MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.micro_mode:
+        print(json.dumps(micro_run(args.micro_mode, args.endpoint)))
+        return 0
     arms = tuple(args.arms.split(","))
     if arms[0] != "off" or not set(arms) <= set(ARMS):
         parser.error(f"--arms: off first, then some of {ARMS[1:]}")
     receiver = Receiver()
     runs, load_before = [], os.getloadavg()
+    micro_us: dict[str, Any] = {}
     try:
+        if args.micro:
+            micro_us = micro(receiver, args.micro)
+            print(f"micro (CPU us per call): {micro_us}", file=sys.stderr)
         for round_index in range(args.rounds):
             for arm in arms:
                 run = one_run(arm, receiver, args)
@@ -218,7 +313,8 @@ def main() -> int:
                       file=sys.stderr)
     finally:
         receiver.stop()
-    result = {"runs": runs, "summary": summarise(runs, arms),
+    result = {"runs": runs, "summary": summarise(runs, arms) if runs else {},
+              "micro_cpu_us_per_call": micro_us,
               "load_avg": {"before": load_before, "after": os.getloadavg()},
               "config": {"rounds": args.rounds, "arms": arms, "num_steps": args.num_steps,
                          "sft_steps": args.sft_steps}}
