@@ -83,6 +83,45 @@ class SamplerSettings:
         return 1.0 if self.name.endswith("always_on") else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """How trajectory spans are batched (the ``OTEL_BSP_*`` variables of the SDK's batch
+    processor, which reads them itself for gRPC/Redis spans)."""
+
+    interval_s: float = 2.0  # OTEL_BSP_SCHEDULE_DELAY (the SDK's default is 5 s)
+    max_queue_spans: int = 8192  # OTEL_BSP_MAX_QUEUE_SIZE (the SDK's: 2048)
+    batch_size: int = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE
+
+
+def read_batch(env: Mapping[str, str]) -> BatchSettings:
+    """``OTEL_BSP_SCHEDULE_DELAY`` (ms), ``OTEL_BSP_MAX_QUEUE_SIZE``,
+    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (at most the queue size)."""
+    default = BatchSettings()
+    delay_ms = _positive(env, "OTEL_BSP_SCHEDULE_DELAY", default.interval_s * 1000)
+    queue = int(_positive(env, "OTEL_BSP_MAX_QUEUE_SIZE", default.max_queue_spans, True))
+    batch = int(_positive(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", min(default.batch_size,
+                                                                      queue), True))
+    if batch > queue:
+        raise InvalidArgument("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                              f"{batch} is more than OTEL_BSP_MAX_QUEUE_SIZE ({queue})")
+    return BatchSettings(delay_ms / 1000, queue, batch)
+
+
+def _positive(env: Mapping[str, str], variable: str, default: float,
+              integer: bool = False) -> float:
+    value = env.get(variable, "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value) if integer else float(value)
+    except ValueError:
+        raise InvalidArgument(variable, f"{value!r} is not a{'n integer' if integer else ' number'}"
+                              ) from None
+    if not math.isfinite(number) or number <= 0:
+        raise InvalidArgument(variable, f"{value!r}: more than 0")
+    return number
+
+
 def sdk_disabled(env: Mapping[str, str]) -> bool:
     """``OTEL_SDK_DISABLED`` is true (case-insensitive); any other value but "false" or
     empty is warned about and read as false, as the specification says."""

@@ -155,10 +155,12 @@ def build_span_sink(service: str, cfg: TelemetryConfig) -> OtlpSpanSink | None:
     settings = export_settings(cfg)
     if settings is None:
         return None
+    batch = otlp_config.read_batch(os.environ)  # refused, if bad, before a channel opens
     send, close = grpc_sender(settings)
     resource = Resource.create({"service.name": service}).attributes  # the SDK's, once
     sink = OtlpSpanSink(send, resource, _drops(service, settings.target),
-                        timeout_s=settings.timeout_s)
+                        max_queue_spans=batch.max_queue_spans, batch_size=batch.batch_size,
+                        export_interval_s=batch.interval_s, timeout_s=settings.timeout_s)
 
     def stop() -> None:
         sink.shutdown()

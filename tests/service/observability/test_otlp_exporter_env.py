@@ -76,20 +76,28 @@ def byte_counting_relay(target_port: int) -> Iterator[tuple[int, list[int]]]:
     sent = [0]
 
     def pump(src: socket.socket, dst: socket.socket, count: bool) -> None:
-        while data := src.recv(65536):
-            if count:
-                sent[0] += len(data)
-            dst.sendall(data)
-        dst.shutdown(socket.SHUT_WR)
+        try:
+            while data := src.recv(65536):
+                if count:
+                    sent[0] += len(data)
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:  # the other side closed first
+            pass
 
     def serve() -> None:
         client, _ = listener.accept()
         upstream = socket.create_connection(("127.0.0.1", target_port))
-        threading.Thread(target=pump, args=(upstream, client, False), daemon=True).start()
+        back = threading.Thread(target=pump, args=(upstream, client, False), daemon=True)
+        back.start()
         try:
             pump(client, upstream, True)
+            back.join(timeout=10)
         except OSError:
             pass
+        finally:
+            client.close()
+            upstream.close()
 
     threading.Thread(target=serve, daemon=True).start()
     try:
@@ -251,3 +259,12 @@ def test_sdk_disabled_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_SDK_DISABLED", "TRUE")
     assert telemetry.init_tracing("scheduler", TelemetryConfig()) is None
     assert not tracing.is_recording(tracing.new_traceparent(sampled=True))
+
+
+def test_the_batch_size_variable_splits_exports(monkeypatch: pytest.MonkeyPatch) -> None:
+    with collector() as (received, port):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2")
+        export_trajectory(num_spans=5)
+    assert [sum(len(scope.spans) for res in request.resource_spans
+                for scope in res.scope_spans) for request, _ in received.received] == [2, 2, 1]

@@ -14,8 +14,10 @@ from opentelemetry.sdk.trace.sampling import Decision
 from libra import telemetry, tracing
 from libra.errors import InvalidArgument
 from libra.otlp_config import (
+    BatchSettings,
     OtlpSettings,
     SamplerSettings,
+    read_batch,
     read_sampler,
     read_settings,
     sdk_disabled,
@@ -181,3 +183,22 @@ def test_sdk_sink_keeps_step_spans_whatever_the_library_sampler() -> None:
     with provider.get_tracer("library").start_as_current_span("GET"):
         pass
     assert [s.name for s in memory.get_finished_spans()] == ["trainer.step"]
+
+
+def test_batching_variables() -> None:
+    assert read_batch({}) == BatchSettings(2.0, 8192, 512)
+    assert read_batch({"OTEL_BSP_SCHEDULE_DELAY": "5000", "OTEL_BSP_MAX_QUEUE_SIZE": "100"}
+                      ) == BatchSettings(5.0, 100, 100)  # a batch fits in the queue
+    assert read_batch({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64"}).batch_size == 64
+
+
+@pytest.mark.parametrize(("env", "variable"), [
+    ({"OTEL_BSP_SCHEDULE_DELAY": "-1"}, "OTEL_BSP_SCHEDULE_DELAY"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "1.5"}, "OTEL_BSP_MAX_QUEUE_SIZE"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "20"},
+     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+])
+def test_a_bad_batching_value_names_its_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        read_batch(env)
+    assert refused.value.field == variable
