@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -34,6 +37,7 @@ from libra.errors import InvalidArgument
 from libra.service_config import TelemetryConfig
 from libra.tracing import SpanRecord, TraceParent
 
+ROOT = Path(__file__).resolve().parents[3]
 OTLP_VARIABLES = ("ENDPOINT", "HEADERS", "CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE",
                   "INSECURE", "COMPRESSION", "TIMEOUT")
 
@@ -268,3 +272,32 @@ def test_the_batch_size_variable_splits_exports(monkeypatch: pytest.MonkeyPatch)
         export_trajectory(num_spans=5)
     assert [sum(len(scope.spans) for res in request.resource_spans
                 for scope in res.scope_spans) for request, _ in received.received] == [2, 2, 1]
+
+
+PROBE = """
+from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient
+from opentelemetry.instrumentation.redis import RedisInstrumentor
+from libra import telemetry, tracing
+from libra.service_config import TelemetryConfig
+assert telemetry.init_tracing("scheduler", TelemetryConfig()) is not None
+print(RedisInstrumentor().is_instrumented_by_opentelemetry,
+      GrpcAioInstrumentorClient().is_instrumented_by_opentelemetry,
+      tracing.effective_sample_ratio(-1.0, 1000))
+"""
+
+
+@pytest.mark.parametrize(("sampler", "expected"), [
+    ("", "False False 0.064"),  # the per-step budget: 64 of 1,000
+    ("parentbased_always_off", "True True 0.0"),
+    ("parentbased_always_on", "True True 1.0"),
+])
+def test_libraries_are_patched_only_when_a_sampler_asks_for_their_spans(
+        sampler: str, expected: str) -> None:
+    """A service's start (a fresh process: the patches are process-wide)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:1", "PYTHONPATH": str(ROOT)})
+    if sampler:
+        env["OTEL_TRACES_SAMPLER"] = sampler
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
+                         text=True, timeout=120, check=True, cwd=ROOT)
+    assert out.stdout.split("\n")[-2] == expected
