@@ -168,67 +168,69 @@ def one_run(arm: str, receiver: Receiver, args: argparse.Namespace) -> dict[str,
 MICRO_MODES = ("plain", "patched", "recording")
 
 
-def micro_run(mode: str, endpoint: str, num_calls: int = 3000) -> dict[str, float]:
+def micro_run(mode: str, endpoint: str) -> dict[str, float]:
     """Process CPU microseconds per Redis GET and per unary gRPC call (client and server
     in this process) with the libraries unpatched, patched under the services' sampler
     when ``OTEL_TRACES_SAMPLER`` is ``parentbased_always_off`` (nothing recorded), and
     patched recording every call (exported over OTLP to ``endpoint``; the batch
     processor's thread exports while the calls run, and process CPU counts it)."""
-    import grpc
-    import redis.asyncio as aioredis
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
-
     from libra import telemetry
     from libra.service_config import TelemetryConfig
     from libra_cli.redis_server import start_redis
 
     if mode != "plain":
+        from opentelemetry import trace
+
         os.environ["OTEL_TRACES_SAMPLER"] = ("parentbased_always_off" if mode == "patched"
                                              else "parentbased_always_on")
         provider = telemetry.build_provider("bench-micro", TelemetryConfig(
             otlp_endpoint=endpoint))
         assert provider is not None
-        from opentelemetry import trace
         trace.set_tracer_provider(provider)
         telemetry.instrument_libraries()
+    with tempfile.TemporaryDirectory(prefix="bench-tracing-micro-") as tmp:
+        redis_server = start_redis(Path(tmp), appendonly=False)
+        try:
+            result = asyncio.run(time_calls(redis_server.url))
+        finally:
+            redis_server.process.terminate()  # by pid: the child this run started
+            redis_server.process.wait(timeout=10)
+    return {k: round(v, 1) for k, v in result.items()}
+
+
+async def time_calls(redis_url: str, num_calls: int = 3000) -> dict[str, float]:
+    """CPU microseconds per GET on ``redis_url`` and per call to an empty TraceService
+    served in this process."""
+    import grpc
+    import redis.asyncio as aioredis
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
 
     class Echo(pb_grpc.TraceServiceServicer):
         async def Export(self, request, context):  # noqa: N802, ANN001
             return pb.ExportTraceServiceResponse()
 
-    async def measure(redis_url: str) -> dict[str, float]:
-        server = grpc.aio.server()
-        pb_grpc.add_TraceServiceServicer_to_server(Echo(), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        stub = pb_grpc.TraceServiceStub(channel)
-        client = aioredis.Redis.from_url(redis_url)
-        await client.set("k", "v")
-        out = {}
-        for name, call in (("redis_get_us", lambda: client.get("k")),
-                           ("grpc_call_us", lambda: stub.Export(
-                               pb.ExportTraceServiceRequest()))):
-            for _ in range(200):  # warm
-                await call()
-            started = time.process_time()
-            for _ in range(num_calls):
-                await call()
-            out[name] = (time.process_time() - started) / num_calls * 1e6
-        await client.aclose()
-        await channel.close()
-        await server.stop(None)
-        return out
-
-    with tempfile.TemporaryDirectory(prefix="bench-tracing-micro-") as tmp:
-        redis_server = start_redis(Path(tmp), appendonly=False)
-        try:
-            result = asyncio.run(measure(redis_server.url))
-        finally:
-            redis_server.process.terminate()  # by pid: the child this run started
-            redis_server.process.wait(timeout=10)
-    return {k: round(v, 1) for k, v in result.items()}
+    server = grpc.aio.server()
+    pb_grpc.add_TraceServiceServicer_to_server(Echo(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.TraceServiceStub(channel)
+    client = aioredis.Redis.from_url(redis_url)
+    await client.set("k", "v")
+    out = {}
+    for name, call in (("redis_get_us", lambda: client.get("k")),
+                       ("grpc_call_us", lambda: stub.Export(pb.ExportTraceServiceRequest()))):
+        for _ in range(200):  # warm
+            await call()
+        started = time.process_time()
+        for _ in range(num_calls):
+            await call()
+        out[name] = (time.process_time() - started) / num_calls * 1e6
+    await client.aclose()
+    await channel.close()
+    await server.stop(None)
+    return out
 
 
 def micro(receiver: Receiver, rounds: int) -> dict[str, dict[str, float]]:
