@@ -38,10 +38,11 @@ DEFAULT_PORT = 4317  # OTLP/gRPC
 # own packages, which the services do not ship).
 SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on",
             "parentbased_always_off", "parentbased_traceidratio")
-# gRPC and Redis spans when OTEL_TRACES_SAMPLER is unset: only inside a trace a caller
-# sampled. The SDK's own default (parentbased_always_on) makes every Redis command and
-# gRPC call of every polling loop a trace: on the demo that was 15 spans per trajectory
-# beside its 7 trajectory spans, and 60-70% more CPU in the RL phase (measured).
+# The SDK sampler when OTEL_TRACES_SAMPLER is unset (the services then patch neither gRPC
+# nor Redis, so it only sees spans of their own: dropped unless a caller sampled). The
+# SDK's own default (parentbased_always_on) made every Redis command and gRPC call of
+# every polling loop a trace: on the demo 14-21 spans per trajectory beside its ~7
+# trajectory spans (docs/observability.md, "Cost").
 DEFAULT_LIBRARY_SAMPLER = "parentbased_always_off"
 
 
