@@ -44,7 +44,7 @@ from libra.errors import LibraError
 from services.rollout import agent, trace_spans
 from services.rollout.batch_window import BatchWindow, wait_for_wakeup
 from services.rollout.engine_types import GenerationRequest, GenerationResult
-from services.rollout.external_agent import EpisodeChannel, EpisodeEnded
+from services.rollout.episode_turn import EpisodeChannel, EpisodeEnded
 from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
 from services.rollout.hybrid_join import ChannelOpener, TrainerLoader
 from services.rollout.intake import Intake
@@ -178,7 +178,7 @@ class RolloutCore:
     async def _drop_work(self) -> None:
         logger.warning("[lease] lost; dropping %d trajectories", self.num_active)
         if self._job is not None:
-            self._job[1].active.clear()
+            self._job[1].forget_active()
         await self._lender.end_lend("lease lost")
 
     @property
@@ -251,7 +251,7 @@ class RolloutCore:
             # The job ended: what is still running here will never be trained on.
             for act in list(ctx.active.values()):  # tasks pop from it meanwhile
                 await self._store.ack(self.settings.instance_id, act.entry.entry_id)
-            ctx.active.clear()
+            ctx.forget_active()
             self._job = None
             await self._store.leave_weights(job_id, self.settings.instance_id)
             return
@@ -301,7 +301,8 @@ class RolloutCore:
             self.tokens_generated += len(result.token_ids)
             trace_spans.turn(act.traj, self.settings.instance_id, self.settings.bucket,
                              len(batch), result, started_ms, ended_ms)
-            self._after_turn(ctx, act, result)
+            if ctx.holds(act):  # not dropped during the call (lease lost)
+                self._after_turn(ctx, act, result)
         self.profile.end_pass()
         return True
 
@@ -360,6 +361,8 @@ class RolloutCore:
     async def _call_tool(self, ctx: JobContext, act: ActiveTrajectory,
                          outcome: agent.TurnOutcome) -> None:
         traj = act.traj
+        if not ctx.holds(act):
+            return  # dropped before this task started (its episode must not be offered)
         # An external agent's "tool" is its program's next call (external_agent.py),
         # awaited as such by the batching window.
         external = getattr(ctx.agent, "run_turn", None)
@@ -369,8 +372,14 @@ class RolloutCore:
                 "tool", self.window.awaiting_call(turn) if external else turn,
                 traj.trajectory_id)
         except LibraError as exc:
-            await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
-                                      else f"tool gateway: {exc}")
+            if ctx.holds(act):
+                await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
+                                          else f"tool gateway: {exc}")
+            return
+        if external and not ctx.holds(act):
+            # Dropped during the wait (lease lost): it was re-placed, maybe here again,
+            # and the agent's per-episode state is the new holder's now. (An internal
+            # agent's return is still reported; its decision is then moot.)
             return
         ctx.agent.apply_tool_results(traj, results)
         # Every return extends the trajectory's causal path; the decision that counts is
@@ -400,3 +409,4 @@ class RolloutCore:
     def _become_ready(self, act: ActiveTrajectory) -> None:
         act.ready = True
         self._wakeup.set()
+

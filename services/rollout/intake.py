@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from libra.jobspec import JobSpec, job_spec_from_json
 from services.rollout.agent_registry import AgentUnavailable, build_agent_or_stand_in
-from services.rollout.external_agent import EpisodeChannel, ExternalAgent
+from services.rollout.episode_turn import EpisodeChannel
+from services.rollout.external_agent import ExternalAgent
 from services.rollout.finisher import Finisher
 from services.rollout.loop_types import ActiveTrajectory, EngineLoader, JobContext, RolloutSettings
 from services.rollout.weight_loader import WeightLoader
