@@ -27,7 +27,6 @@ The core composes collaborators, each given only the state it needs: the lease
 (``lease_keeper``), reports and handoffs (``mover``), lending to training (``lender``),
 verified weight loads (``weight_loader``), scoring and publishing (``finisher``), inbox
 intake and the job's engine and agent (``intake``); the loop's types are in ``loop_types``.
-
 Pure: the engine, Redis and peers come in as collaborators.
 """
 
@@ -361,8 +360,8 @@ class RolloutCore:
     async def _call_tool(self, ctx: JobContext, act: ActiveTrajectory,
                          outcome: agent.TurnOutcome) -> None:
         traj = act.traj
-        if not ctx.holds(act):
-            return  # dropped before this task started (its episode must not be offered)
+        if not ctx.holds(act):  # dropped before it started: its episode is not offered
+            return
         # An external agent's "tool" is its program's next call (external_agent.py),
         # awaited as such by the batching window.
         external = getattr(ctx.agent, "run_turn", None)
@@ -371,16 +370,12 @@ class RolloutCore:
             results = await self.profile.timed(
                 "tool", self.window.awaiting_call(turn) if external else turn,
                 traj.trajectory_id)
-        except LibraError as exc:
-            if ctx.holds(act):
-                await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
-                                          else f"tool gateway: {exc}")
+        except LibraError as exc:  # (nothing is published for a trajectory dropped here)
+            await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
+                                      else f"tool gateway: {exc}")
             return
         if external and not ctx.holds(act):
-            # Dropped during the wait (lease lost): it was re-placed, maybe here again,
-            # and the agent's per-episode state is the new holder's now. (An internal
-            # agent's return is still reported; its decision is then moot.)
-            return
+            return  # dropped meanwhile: the agent's state for this id is the new copy's
         ctx.agent.apply_tool_results(traj, results)
         # Every return extends the trajectory's causal path; the decision that counts is
         # the last one's (the earlier ones' decisions land like any late decision).
@@ -409,4 +404,3 @@ class RolloutCore:
     def _become_ready(self, act: ActiveTrajectory) -> None:
         act.ready = True
         self._wakeup.set()
-

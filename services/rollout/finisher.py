@@ -84,6 +84,8 @@ class Finisher:
         await self._publish(ctx, act)
 
     async def fail(self, ctx: JobContext, act: ActiveTrajectory, reason: str) -> None:
+        if not ctx.holds(act):
+            return  # dropped meanwhile (lease lost): re-placed, its new holder ends it
         act.traj.status = t.TrajectoryStatus.FAILED
         act.traj.failure_reason = reason
         logger.warning("[trajectory] failed trajectory_id=%s reason=%s",
