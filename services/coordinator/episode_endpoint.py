@@ -284,8 +284,7 @@ class EpisodeEndpoint:
         deadline_s = self._clock.now_s() + wait_s
         while self._clock.now_s() < deadline_s:
             reply = await self._store.pop_reply(state.episode_id, DISCONNECT_POLL_S)
-            # Index 0: sampled on an instance the episode moved to after the call arrived.
-            if reply is not None and reply.call_index in (call.call_index, 0):
+            if reply is not None and _answers(call, reply):
                 return reply
             # An older call's reply (its client went away): never shown to this one.
             if reply is None and await is_disconnected():
@@ -309,6 +308,18 @@ class EpisodeEndpoint:
         await self._store.forget(state)
         self._episode_ids.pop(state.key_sha256, None)
         logger.info("[episode] closed episode_id=%s reward=%s", episode_id, reward)
+
+
+def _answers(call: ep.EpisodeCall, reply: ep.EpisodeReply) -> bool:
+    """True if ``reply`` answers ``call``: it echoes its index, or it has index 0 (sampled
+    on an instance the episode moved to after the call arrived) and its prompt extends
+    the tokens the call extends. A copy of the trajectory placed again from an older
+    state samples a turn before any call comes: its reply's prompt is shorter, and no
+    program sees that reply."""
+    if reply.call_index == call.call_index:
+        return True
+    return reply.call_index == 0 and (call.is_whole
+                                      or reply.prompt_tokens > call.num_context_tokens)
 
 
 async def _one(reply: ep.EpisodeReply) -> AsyncIterator[ep.EpisodeReply]:
