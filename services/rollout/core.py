@@ -247,12 +247,8 @@ class RolloutCore:
 
     async def _refresh_weights(self, job_id: str, ctx: JobContext) -> None:
         if await self._store.job_state(job_id) in ("succeeded", "failed", "cancelled"):
-            # The job ended: what is still running here will never be trained on.
-            for act in list(ctx.active.values()):  # tasks pop from it meanwhile
-                await self._store.ack(self.settings.instance_id, act.entry.entry_id)
-            ctx.forget_active()
             self._job = None
-            await self._store.leave_weights(job_id, self.settings.instance_id)
+            await self._intake.end_job(job_id, ctx)
             return
         await self.weights.load_newer(job_id, ctx.engine)
 

@@ -89,6 +89,14 @@ class Intake:
             act.ready = False  # an episode: its program's first call is its prompt
             self._start_episode(ctx, act)
 
+    async def end_job(self, job_id: str, ctx: JobContext) -> None:
+        """The job ended: what is still running here will never be trained on (its
+        entries are acked, its episodes stop waiting), and its weights may be pruned."""
+        for act in list(ctx.active.values()):  # tasks pop from it meanwhile
+            await self._store.ack(self.settings.instance_id, act.entry.entry_id)
+        ctx.forget_active()
+        await self._store.leave_weights(job_id, self.settings.instance_id)
+
     async def _context(self, job_id: str) -> JobContext | None:
         served = self._job()
         if served is not None and served[0] == job_id:
