@@ -27,6 +27,9 @@ CALL_KINDS = (CALL, CLOSE, ABORT)
 # EpisodeReply.error_code for a conversation longer than the model's context.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 INVALID_REQUEST = "invalid_request_error"
+# EpisodeReply.error_code of a call that extends tokens the rollout does not hold (its
+# trajectory was re-placed from an older state): the endpoint sends it again whole.
+RESYNC = "resync"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,10 @@ class EpisodeCall:
     """The call's sampling seed (None: the engine's RNG)."""
     stream: bool = False
     """Send the turn's text as it is sampled (delta replies before the final one)."""
+    num_context_tokens: int = 0
+    """For a call that extends: the tokens the previous reply left in the sequence (its
+    prompt + completion tokens). A rollout holding another count (re-placed from an
+    older state) answers ``RESYNC``. 0: no check (whole calls)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,8 @@ class EpisodeState:
     tools_json: str = "[]"
     num_calls: int = 0
     num_splits: int = 0
+    num_context_tokens: int = 0
+    """The sequence's tokens after the last reply (see EpisodeCall)."""
     is_closed: bool = False
     created_at_ms: int = 0
 

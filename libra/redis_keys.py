@@ -192,6 +192,15 @@ def episode(episode_id: str) -> str:
     return f"{PREFIX}:episode:{episode_id}"
 
 
+def episode_offered(episode_id: str) -> str:
+    """String: set (NX) when the rollout first offers the episode; while it lives the
+    episode is never offered again, so a trajectory re-placed before or during its
+    program's calls (lease lapse, restart, resumed job) waits for that program's calls
+    instead of getting a second program. TTL: the episode's, renewed by the endpoint
+    at every call; not deleted at close (a re-placed trajectory then reads the close)."""
+    return f"{PREFIX}:episode:{episode_id}:offered"
+
+
 def episode_key(key_sha256: str) -> str:
     """String: episode id of an API key, by the key's sha256 (the key itself is never
     stored). Same TTL as the episode: the key expires with it."""
@@ -211,7 +220,8 @@ def episode_replies(episode_id: str) -> str:
 
 def episode_keys(episode_id: str) -> list[str]:
     """The keys of one episode (its API key's entry is deleted by hash separately)."""
-    return [episode(episode_id), episode_calls(episode_id), episode_replies(episode_id)]
+    return [episode(episode_id), episode_calls(episode_id), episode_replies(episode_id),
+            episode_offered(episode_id)]
 
 
 def job_keys(job_id: str) -> list[str]:

@@ -248,9 +248,16 @@ def plan_call(state: ep.EpisodeState, request: ChatRequest) -> ep.EpisodeCall:
     if extends:
         return ep.EpisodeCall(ep.CALL, index, json.dumps(new), tools_json,
                               max_tokens=request.max_tokens, stop=request.stop,
-                              seed=request.seed, stream=request.stream)
-    return ep.EpisodeCall(ep.CALL, index, json.dumps(request.messages), tools_json,
-                          is_whole=True, is_split=bool(previous),
+                              seed=request.seed, stream=request.stream,
+                              num_context_tokens=state.num_context_tokens)
+    return whole_call(request, index, is_split=bool(previous))
+
+
+def whole_call(request: ChatRequest, call_index: int, is_split: bool) -> ep.EpisodeCall:
+    """The call carrying the whole conversation: the first call, a rewritten history
+    (``is_split``), or a call sent again for a rollout that answered ``RESYNC``."""
+    return ep.EpisodeCall(ep.CALL, call_index, json.dumps(request.messages),
+                          json.dumps(request.tools), is_whole=True, is_split=is_split,
                           max_tokens=request.max_tokens, stop=request.stop, seed=request.seed,
                           stream=request.stream)
 
@@ -264,7 +271,8 @@ def after_call(state: ep.EpisodeState, request: ChatRequest, call: ep.EpisodeCal
     if reply is None:
         return state
     messages = [*request.messages, assistant_message(reply)]
-    return replace(state, messages_json=json.dumps(messages), tools_json=call.tools_json)
+    return replace(state, messages_json=json.dumps(messages), tools_json=call.tools_json,
+                   num_context_tokens=reply.prompt_tokens + reply.completion_tokens)
 
 
 def assistant_message(reply: ep.EpisodeReply) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from services.coordinator.episode_core import (
     parse_request,
     plan_call,
     reply_error,
+    whole_call,
 )
 
 logger = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class EpisodeEndpoint:
             request = parse_request(body, state.model, algorithm.temperature, algorithm.top_p)
             call = plan_call(state, request)
             await self._store.push_call(state, call)
-            first = await self._first_reply(state, request, call, is_disconnected)
+            first, call = await self._first_reply(state, request, call, is_disconnected)
             if not first.is_delta:
                 state = after_call(state, request, call, first)
                 await self._store.save(state)
@@ -216,10 +217,20 @@ class EpisodeEndpoint:
                 self._busy.discard(episode_id)
 
     async def _first_reply(self, state: ep.EpisodeState, request: ChatRequest,
-                           call: ep.EpisodeCall,
-                           is_disconnected: Callable[[], Awaitable[bool]]) -> ep.EpisodeReply:
+                           call: ep.EpisodeCall, is_disconnected: Callable[[], Awaitable[bool]]
+                           ) -> tuple[ep.EpisodeReply, ep.EpisodeCall]:
+        """The call's first reply, and the call as last sent (a ``RESYNC`` answer sends
+        it again whole: the rollout holding the episode was re-placed from an older
+        state of it, so only the whole conversation renders the right prompt)."""
         try:
             reply = await self._wait_reply(state, call, is_disconnected)
+            if reply.error_code == ep.RESYNC:
+                call = whole_call(request, call.call_index, is_split=False)
+                await self._store.push_call(state, call)
+                await self._store.count(state.job_id, "episode_resyncs")
+                logger.info("[episode] call sent again whole episode_id=%s call_index=%d",
+                            state.episode_id, call.call_index)
+                reply = await self._wait_reply(state, call, is_disconnected)
         except (ClientGone, DeadlineExceeded):
             # Either way the caller gets no reply: abort the call, so a retry is a new
             # call and not the same messages appended twice.
@@ -228,7 +239,7 @@ class EpisodeEndpoint:
         if reply.error_code:
             await self._store.save(after_call(state, request, call, None))
             raise reply_error(reply)
-        return reply
+        return reply, call
 
     async def _stream(self, state: ep.EpisodeState, request: ChatRequest, call: ep.EpisodeCall,
                       reply: ep.EpisodeReply, is_disconnected: Callable[[], Awaitable[bool]]
@@ -273,8 +284,7 @@ class EpisodeEndpoint:
         deadline_s = self._clock.now_s() + wait_s
         while self._clock.now_s() < deadline_s:
             reply = await self._store.pop_reply(state.episode_id, DISCONNECT_POLL_S)
-            # Index 0: sampled on an instance the episode moved to after the call arrived.
-            if reply is not None and reply.call_index in (call.call_index, 0):
+            if reply is not None and _answers(call, reply):
                 return reply
             # An older call's reply (its client went away): never shown to this one.
             if reply is None and await is_disconnected():
@@ -298,6 +308,18 @@ class EpisodeEndpoint:
         await self._store.forget(state)
         self._episode_ids.pop(state.key_sha256, None)
         logger.info("[episode] closed episode_id=%s reward=%s", episode_id, reward)
+
+
+def _answers(call: ep.EpisodeCall, reply: ep.EpisodeReply) -> bool:
+    """True if ``reply`` answers ``call``: it echoes its index, or it has index 0 (sampled
+    on an instance the episode moved to after the call arrived) and its prompt extends
+    the tokens the call extends. A copy of the trajectory placed again from an older
+    state samples a turn before any call comes: its reply's prompt is shorter, and no
+    program sees that reply."""
+    if reply.call_index == call.call_index:
+        return True
+    return reply.call_index == 0 and (call.is_whole
+                                      or reply.prompt_tokens > call.num_context_tokens)
 
 
 async def _one(reply: ep.EpisodeReply) -> AsyncIterator[ep.EpisodeReply]:

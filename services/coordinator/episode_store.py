@@ -54,6 +54,8 @@ class RedisEpisodeStore:
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.set(keys.episode(state.episode_id), ep.encode(state), px=ttl_ms)
             pipe.set(keys.episode_key(state.key_sha256), state.episode_id, px=ttl_ms)
+            # The episode stays offered (never offered again) as long as it lives.
+            pipe.pexpire(keys.episode_offered(state.episode_id), ttl_ms)
             await pipe.execute()
 
     async def load(self, episode_id: str) -> ep.EpisodeState | None:
@@ -69,6 +71,7 @@ class RedisEpisodeStore:
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.rpush(key, ep.encode(call))
             pipe.pexpire(key, _ttl_ms(state))
+            pipe.pexpire(keys.episode_offered(state.episode_id), _ttl_ms(state))
             await pipe.execute()
 
     async def pop_reply(self, episode_id: str, timeout_s: float) -> ep.EpisodeReply | None:

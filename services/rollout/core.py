@@ -27,7 +27,6 @@ The core composes collaborators, each given only the state it needs: the lease
 (``lease_keeper``), reports and handoffs (``mover``), lending to training (``lender``),
 verified weight loads (``weight_loader``), scoring and publishing (``finisher``), inbox
 intake and the job's engine and agent (``intake``); the loop's types are in ``loop_types``.
-
 Pure: the engine, Redis and peers come in as collaborators.
 """
 
@@ -44,7 +43,7 @@ from libra.errors import LibraError
 from services.rollout import agent, trace_spans
 from services.rollout.batch_window import BatchWindow, wait_for_wakeup
 from services.rollout.engine_types import GenerationRequest, GenerationResult
-from services.rollout.external_agent import EpisodeChannel, EpisodeEnded
+from services.rollout.episode_turn import EpisodeChannel, EpisodeEnded
 from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
 from services.rollout.hybrid_join import ChannelOpener, TrainerLoader
 from services.rollout.intake import Intake
@@ -178,7 +177,7 @@ class RolloutCore:
     async def _drop_work(self) -> None:
         logger.warning("[lease] lost; dropping %d trajectories", self.num_active)
         if self._job is not None:
-            self._job[1].active.clear()
+            self._job[1].forget_active()
         await self._lender.end_lend("lease lost")
 
     @property
@@ -248,12 +247,8 @@ class RolloutCore:
 
     async def _refresh_weights(self, job_id: str, ctx: JobContext) -> None:
         if await self._store.job_state(job_id) in ("succeeded", "failed", "cancelled"):
-            # The job ended: what is still running here will never be trained on.
-            for act in list(ctx.active.values()):  # tasks pop from it meanwhile
-                await self._store.ack(self.settings.instance_id, act.entry.entry_id)
-            ctx.active.clear()
             self._job = None
-            await self._store.leave_weights(job_id, self.settings.instance_id)
+            await self._intake.end_job(job_id, ctx)
             return
         await self.weights.load_newer(job_id, ctx.engine)
 
@@ -301,7 +296,8 @@ class RolloutCore:
             self.tokens_generated += len(result.token_ids)
             trace_spans.turn(act.traj, self.settings.instance_id, self.settings.bucket,
                              len(batch), result, started_ms, ended_ms)
-            self._after_turn(ctx, act, result)
+            if ctx.holds(act):  # not dropped during the call (lease lost)
+                self._after_turn(ctx, act, result)
         self.profile.end_pass()
         return True
 
@@ -360,6 +356,8 @@ class RolloutCore:
     async def _call_tool(self, ctx: JobContext, act: ActiveTrajectory,
                          outcome: agent.TurnOutcome) -> None:
         traj = act.traj
+        if not ctx.holds(act):  # dropped before it started: its episode is not offered
+            return
         # An external agent's "tool" is its program's next call (external_agent.py),
         # awaited as such by the batching window.
         external = getattr(ctx.agent, "run_turn", None)
@@ -368,10 +366,12 @@ class RolloutCore:
             results = await self.profile.timed(
                 "tool", self.window.awaiting_call(turn) if external else turn,
                 traj.trajectory_id)
-        except LibraError as exc:
+        except LibraError as exc:  # (nothing is published for a trajectory dropped here)
             await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
                                       else f"tool gateway: {exc}")
             return
+        if external and not ctx.holds(act):
+            return  # dropped meanwhile: the agent's state for this id is the new copy's
         ctx.agent.apply_tool_results(traj, results)
         # Every return extends the trajectory's causal path; the decision that counts is
         # the last one's (the earlier ones' decisions land like any late decision).

@@ -23,7 +23,14 @@ changes; only what a "tool call" is:
   out"), the trainer drops it, and it is counted (``episodes_timed_out``);
 - an aborted call (its client went away): the sampled turn is taken back out of the
   trajectory (never trained on, never seen by another episode) and the episode waits
-  for the program's next call.
+  for the program's next call;
+- one program per episode: an episode is offered once per id (a marker in Redis that
+  lives as long as the episode). A trajectory placed again (its instance lost its
+  lease, restarted, or its job resumed) is not offered again: it waits for the same
+  program's calls. It holds an older state than the program's conversation, so it
+  answers the next call that extends tokens it does not hold with ``RESYNC`` and the
+  endpoint sends that call again whole (counted: ``episode_resyncs``). The instance
+  that dropped it stops waiting (``drop``) and gives back a call it took meanwhile.
 
 State that must survive a move lives in the trajectory; the rest (the reply being
 assembled, what a call asked for) lives here only between a turn and its tool return,
@@ -36,13 +43,11 @@ import dataclasses
 import json
 import logging
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from libra import episodes as ep
 from libra import types as t
 from libra.chat.protocol import ChatFormat
-from libra.errors import LibraError
 from libra.jobspec import JobSpec
 from services.rollout.agent import (
     ChatAgent,
@@ -58,69 +63,25 @@ from services.rollout.episode_stream import (
     TurnStream,
     cut_at_stop,
 )
+from services.rollout.episode_turn import (
+    AGENT_REWARD,
+    EPISODE_CLOSE,
+    EPISODE_START,
+    REPLY,
+    EpisodeChannel,
+    EpisodeEnded,
+    EpisodeLeft,
+    EpisodeTurn,
+    PendingCall,
+    keep_as_segment,
+    needs_resync,
+    tool_result,
+    tool_type,
+)
+
+__all__ = ["EpisodeChannel", "EpisodeEnded", "EpisodeLeft", "ExternalAgent"]
 
 logger = logging.getLogger(__name__)
-
-# The outcome of every turn of an external agent: its reply goes out, the program's next
-# call comes back (a turn is never final here: only the program ends an episode).
-_REPLY = "reply to the agent program"
-# The causal signal of the first call and of a close (not a tool the program ran).
-EPISODE_START, EPISODE_CLOSE, USER_TURN = "episode_start", "episode_close", "user"
-# reward_components key of a reward the program gave at close (no scoring then).
-AGENT_REWARD = "agent"
-
-
-class EpisodeChannel(Protocol):
-    """The rollout's side of the Redis lists between endpoint and rollout."""
-
-    async def offer(self, offer: ep.EpisodeOffer) -> None: ...
-
-    async def next_call(self, episode_id: str, timeout_s: float) -> ep.EpisodeCall | None: ...
-
-    async def reply(self, episode_id: str, reply: ep.EpisodeReply, ttl_s: float) -> None: ...
-
-    async def aborted(self, episode_ids: list[str]) -> dict[str, list[int]]: ...
-
-    async def count(self, job_id: str, name: str) -> None: ...
-
-
-class EpisodeEnded(LibraError):
-    """The episode ended without a close (timed out, unreadable call): the trajectory
-    fails with this message as its reason."""
-
-
-@dataclass
-class _Pending:
-    """What the last call asked for, applied by ``apply_tool_results``."""
-
-    ids: list[int] = field(default_factory=list)
-    is_whole: bool = False
-    is_split: bool = False
-    close: ep.EpisodeCall | None = None
-
-
-@dataclass
-class _Turn:
-    """One episode between its turn and its next call (this instance only)."""
-
-    turn_start: int = 0
-    call_index: int = 0
-    """The call this turn answers (its reply echoes it); 0 on an instance the episode
-    moved to between the call and its reply (the endpoint then takes the reply as the
-    answer to the call it waits for)."""
-    reply: ep.EpisodeReply | None = None
-    max_tokens: int = 0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    pending: _Pending | None = None
-    stream: TurnStream | None = None
-    """The call asked for ``stream``: its turn's text goes out as it is sampled."""
-    client_gone: bool = False
-    """The call's client went away while its turn was sampled: the engine row was
-    stopped, and the turn is taken back when the abort is read (no reply goes out)."""
-    call_start: tuple[int, int] | None = None
-    """Tokens and tool states before the last call's new messages were appended: an
-    aborted call takes them back too (the program sends them again)."""
 
 
 class ExternalAgent(ChatAgent):
@@ -134,7 +95,7 @@ class ExternalAgent(ChatAgent):
     def __init__(self, spec: JobSpec, tokenizer: Any, chat: ChatFormat) -> None:
         super().__init__(spec, tokenizer, chat)
         self._channel: EpisodeChannel | None = None
-        self._turns: dict[str, _Turn] = {}
+        self._turns: dict[str, EpisodeTurn] = {}
         self._formats: dict[str, ChatFormat] = {}
 
     def attach(self, channel: EpisodeChannel) -> None:
@@ -155,7 +116,7 @@ class ExternalAgent(ChatAgent):
         state = self._turn(traj)
         if request is None or not (state.max_tokens or state.stop or state.seed is not None):
             return request
-        # What the call asked for (only where it answers: a move loses it, see _Turn).
+        # What the call asked for (only where it answers: a move loses it, see EpisodeTurn).
         max_new = request.max_new_tokens
         if state.max_tokens:
             max_new = min(max_new, max(state.max_tokens - num_turn_tokens, 1))
@@ -186,7 +147,7 @@ class ExternalAgent(ChatAgent):
             call_index=state.call_index, content=content, tool_calls=calls,
             finish_reason=reason, prompt_tokens=state.turn_start, completion_tokens=len(ids),
             policy_version=result.policy_version)
-        return TurnOutcome(errors=[_REPLY])
+        return TurnOutcome(errors=[REPLY])
 
     def apply_tool_results(self, traj: t.Trajectory,
                            results: Sequence[ToolTurnResult]) -> None:
@@ -200,7 +161,7 @@ class ExternalAgent(ChatAgent):
             return
         if pending.is_whole:  # the first call, a rewritten history, a retried first call
             self._turn(traj).call_start = None
-            _keep_as_segment(traj)
+            keep_as_segment(traj)
             self._start_with(traj, pending.ids)
             traj.tool_states.clear()
             traj.tool_return_positions.clear()
@@ -256,34 +217,76 @@ class ExternalAgent(ChatAgent):
 
         Raises:
             EpisodeEnded: No call within ``task.episode_idle_timeout_s``.
+            EpisodeLeft: This instance dropped the trajectory meanwhile (``drop``).
         """
         assert self._channel is not None, "attach() the episode channel first"
         state = self._turn(traj)
         timeout_s = spec.task.episode_idle_timeout_s
         if not traj.token_ids:
-            await self._channel.offer(self._offer(traj))
+            await self._offer_once(traj, timeout_s)
         elif state.reply is not None and not state.client_gone:
             await self._channel.reply(traj.trajectory_id, state.reply, timeout_s)
         while True:
-            call = await self._channel.next_call(traj.trajectory_id, timeout_s)
+            call = await self._channel.next_call(traj.trajectory_id, timeout_s,
+                                                 lambda: state.has_left)
+            if state.has_left:
+                raise await self._leave(traj, call, timeout_s)
             if call is None:
                 await self._channel.count(traj.job_id, "episodes_timed_out")
-                self._turns.pop(traj.trajectory_id, None)
+                self._forget(traj.trajectory_id, state)
                 raise EpisodeEnded(f"episode timed out: no call within "
                                    f"task.episode_idle_timeout_s = {timeout_s:g} s")
             results = await self._take(spec, traj, state, call)
+            if results is not None and state.has_left:  # dropped while it was taken
+                raise await self._leave(traj, call, timeout_s)
             if results is not None:
                 return results
 
-    async def _take(self, spec: JobSpec, traj: t.Trajectory, state: _Turn,
+    def drop(self, episode_ids: Sequence[str]) -> None:
+        """This instance no longer holds these episodes' trajectories (lease lost, job
+        ended): their waits end (within one blocking read), a call taken meanwhile goes
+        back, and a copy placed here again starts from fresh state."""
+        for episode_id in episode_ids:
+            state = self._turns.pop(episode_id, None)
+            if state is not None:
+                state.has_left = True
+
+    async def _offer_once(self, traj: t.Trajectory, timeout_s: float) -> None:
+        assert self._channel is not None
+        if not await self._channel.offer(self._offer(traj), timeout_s):
+            # Placed again (lease lapse, restart, resumed job): its program is still
+            # the one that opened it; its next call comes here.
+            await self._channel.count(traj.job_id, "episodes_placed_again")
+            logger.info("[episode] offered before; waiting for its program's calls "
+                        "episode_id=%s", traj.trajectory_id)
+
+    async def _leave(self, traj: t.Trajectory, call: ep.EpisodeCall | None,
+                     timeout_s: float) -> EpisodeLeft:
+        assert self._channel is not None
+        if call is not None:  # the holder now takes it, in order (it was the head)
+            await self._channel.give_back(traj.trajectory_id, call, timeout_s)
+        logger.info("[episode] dropped here; its calls go to its new holder episode_id=%s",
+                    traj.trajectory_id)
+        return EpisodeLeft(f"episode {traj.trajectory_id} left this instance")
+
+    def _forget(self, episode_id: str, state: EpisodeTurn) -> None:
+        if self._turns.get(episode_id) is state:  # not a copy placed here again
+            del self._turns[episode_id]
+
+    async def _take(self, spec: JobSpec, traj: t.Trajectory, state: EpisodeTurn,
                     call: ep.EpisodeCall) -> list[ToolTurnResult] | None:
         """Apply one call; None: keep waiting (an aborted call, a refused one)."""
         if call.kind == ep.ABORT:
             self._take_back(traj, state, call)
             return None
         if call.kind == ep.CLOSE:
-            state.pending = _Pending(close=call)
-            return [_result(EPISODE_CLOSE, 0)]
+            state.pending = PendingCall(close=call)
+            return [tool_result(EPISODE_CLOSE, 0)]
+        if needs_resync(traj, call):
+            await self._refuse(traj, call, ep.RESYNC, (
+                f"this rollout holds {len(traj.token_ids)} tokens of the episode, the call "
+                f"extends {call.num_context_tokens}: send the whole conversation"))
+            return None
         if traj.num_turns >= spec.task.max_turns:
             await self._refuse(traj, call, ep.INVALID_REQUEST, (
                 f"the episode used its task.max_turns = {spec.task.max_turns} turns: close "
@@ -308,20 +311,20 @@ class ExternalAgent(ChatAgent):
         state.stream = TurnStream(call.call_index, call.stop) if call.stream else None
         state.call_index = call.call_index
         if pending.is_whole:
-            return [_result(EPISODE_START, len(pending.ids))]
-        return [_result(_tool_type(m), len(pending.ids)) for m in messages]
+            return [tool_result(EPISODE_START, len(pending.ids))]
+        return [tool_result(tool_type(m), len(pending.ids)) for m in messages]
 
     def _render(self, traj: t.Trajectory,
-                call: ep.EpisodeCall) -> tuple[_Pending, list[dict[str, Any]]]:
+                call: ep.EpisodeCall) -> tuple[PendingCall, list[dict[str, Any]]]:
         messages = json.loads(call.messages_json)
         chat = self._format(call.tools_json)
-        if call.is_whole or not traj.token_ids:
-            return _Pending(ids=chat.prompt_ids(messages), is_whole=True,
-                            is_split=call.is_split), messages
+        if call.is_whole:  # (an extension of tokens not held here: see needs_resync)
+            return PendingCall(ids=chat.prompt_ids(messages), is_whole=True,
+                               is_split=call.is_split), messages
         closed = traj.token_ids[-1] in chat.stop_token_ids
-        return _Pending(ids=chat.tool_turn_ids(messages, turn_closed=closed)), messages
+        return PendingCall(ids=chat.tool_turn_ids(messages, turn_closed=closed)), messages
 
-    def _take_back(self, traj: t.Trajectory, state: _Turn, call: ep.EpisodeCall) -> None:
+    def _take_back(self, traj: t.Trajectory, state: EpisodeTurn, call: ep.EpisodeCall) -> None:
         """Remove the last call's messages and its sampled turn (its client went away
         before reading the reply; the program sends the call again or another one)."""
         known = state.reply is not None and state.reply.call_index != 0
@@ -347,7 +350,7 @@ class ExternalAgent(ChatAgent):
 
     def _close(self, traj: t.Trajectory, call: ep.EpisodeCall) -> None:
         """Mark the trajectory closed (its next_request is then None, on any instance)."""
-        state = self._turns.pop(traj.trajectory_id, _Turn())
+        state = self._turns.pop(traj.trajectory_id, EpisodeTurn())
         traj.status = t.TrajectoryStatus.FINISHED
         traj.final_text = state.reply.content if state.reply is not None else ""
         if call.has_reward:
@@ -356,8 +359,8 @@ class ExternalAgent(ChatAgent):
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _turn(self, traj: t.Trajectory) -> _Turn:
-        return self._turns.setdefault(traj.trajectory_id, _Turn())
+    def _turn(self, traj: t.Trajectory) -> EpisodeTurn:
+        return self._turns.setdefault(traj.trajectory_id, EpisodeTurn())
 
     def _format(self, tools_json: str) -> ChatFormat:
         """The model's template with the call's tools (one per tool set: building one
@@ -378,25 +381,3 @@ class ExternalAgent(ChatAgent):
             prompt_messages_json=traj.prompt_messages_json, metadata_json=traj.metadata_json,
             max_context_tokens=self.max_context_tokens)
 
-
-def _keep_as_segment(traj: t.Trajectory) -> None:
-    """Keep the sequence so far as a segment trained on its own (the program rewrote its
-    history), unless nothing in it was sampled (a prompt only: a retried first call, or
-    a split whose turn was aborted)."""
-    if any(traj.loss_mask):
-        traj.segments.append(t.Segment(traj.token_ids, traj.num_prompt_tokens, traj.loss_mask,
-                                       traj.logprobs, traj.token_versions))
-
-
-def _tool_type(message: dict[str, Any]) -> str:
-    """The causal signal of a new message: the tool's name, or ``user``."""
-    if message.get("role") == "tool":
-        return str(message.get("name") or "tool")
-    return USER_TURN
-
-
-def _result(tool_type: str, num_tokens: int) -> ToolTurnResult:
-    state = t.ToolReturnState(tool_type, t.SizeThresholds().classify(num_tokens),
-                              t.ToolStatus.SUCCESS)
-    return ToolTurnResult(tool_type, t.ToolResult(t.ToolStatus.SUCCESS, "", "", num_tokens, 0,
-                                                  state))

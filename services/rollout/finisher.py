@@ -30,6 +30,14 @@ logger = logging.getLogger(__name__)
 
 # Extra wait for a Score RPC beyond the job's reward.timeout_s (the gateway's own).
 SCORE_DEADLINE_MARGIN_S = 5.0
+# A trajectory that ends with no sampled token fails with this reason, counted here.
+UNSAMPLED_REASON = "no sampled tokens: nothing to train on"
+UNSAMPLED_COUNTER = "trajectories_unsampled"
+
+
+def has_sampled_tokens(traj: t.Trajectory) -> bool:
+    """True if any token of the trajectory (or of a kept segment) was sampled."""
+    return any(traj.loss_mask) or any(any(seg.loss_mask) for seg in traj.segments)
 
 
 class Finisher:
@@ -47,6 +55,14 @@ class Finisher:
     async def finish(self, ctx: JobContext, act: ActiveTrajectory,
                      final_answer: str | None) -> None:
         traj = act.traj
+        if not ctx.holds(act):
+            return  # dropped meanwhile (lease lost): re-placed, its new holder ends it
+        if not has_sampled_tokens(traj):
+            # Nothing the policy sampled (an episode closed before its first turn):
+            # nothing to train on, and an empty loss mask must never reach the trainer.
+            await self._store.count(traj.job_id, UNSAMPLED_COUNTER)
+            await self.fail(ctx, act, UNSAMPLED_REASON)
+            return
         if final_answer is not None:
             reward = ctx.spec.reward
             request = t.ScoreInput(
@@ -68,6 +84,8 @@ class Finisher:
         await self._publish(ctx, act)
 
     async def fail(self, ctx: JobContext, act: ActiveTrajectory, reason: str) -> None:
+        if not ctx.holds(act):
+            return  # dropped meanwhile (lease lost): re-placed, its new holder ends it
         act.traj.status = t.TrajectoryStatus.FAILED
         act.traj.failure_reason = reason
         logger.warning("[trajectory] failed trajectory_id=%s reason=%s",
@@ -77,8 +95,11 @@ class Finisher:
     async def _publish(self, ctx: JobContext, act: ActiveTrajectory) -> None:
         traj = act.traj
         traj.finished_at_ms = self._clock.now_ms()
-        if ctx.active.pop(traj.trajectory_id, None) is None:
-            return  # dropped meanwhile (lease lost): it was re-placed elsewhere
+        if not ctx.holds(act):
+            # Dropped meanwhile (lease lost): it was re-placed, maybe here again (then the
+            # entry is the new holder's and stays).
+            return
+        del ctx.active[traj.trajectory_id]
         # Fenced: refused when this instance's lease expired or was granted anew (the
         # scheduler re-placed the trajectory). The scheduler learns the finish from the
         # stream, so there is no call to make here.

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from libra.jobspec import JobSpec, job_spec_from_json
 from services.rollout.agent_registry import AgentUnavailable, build_agent_or_stand_in
-from services.rollout.external_agent import EpisodeChannel, ExternalAgent
+from services.rollout.episode_turn import EpisodeChannel
+from services.rollout.external_agent import ExternalAgent
 from services.rollout.finisher import Finisher
 from services.rollout.loop_types import ActiveTrajectory, EngineLoader, JobContext, RolloutSettings
 from services.rollout.weight_loader import WeightLoader
@@ -87,6 +88,14 @@ class Intake:
         if getattr(ctx.agent, "awaits_first_call", False) and not traj.token_ids:
             act.ready = False  # an episode: its program's first call is its prompt
             self._start_episode(ctx, act)
+
+    async def end_job(self, job_id: str, ctx: JobContext) -> None:
+        """The job ended: what is still running here will never be trained on (its
+        entries are acked, its episodes stop waiting), and its weights may be pruned."""
+        for act in list(ctx.active.values()):  # tasks pop from it meanwhile
+            await self._store.ack(self.settings.instance_id, act.entry.entry_id)
+        ctx.forget_active()
+        await self._store.leave_weights(job_id, self.settings.instance_id)
 
     async def _context(self, job_id: str) -> JobContext | None:
         served = self._job()

@@ -112,3 +112,17 @@ class JobContext:
     max_batch_size: int
     """The job's bucket's ``max_batch_size``, capped by this instance's."""
     active: dict[str, ActiveTrajectory] = field(default_factory=dict)
+
+    def holds(self, act: ActiveTrajectory) -> bool:
+        """True while ``act`` is this instance's copy of its trajectory (not dropped; a
+        copy of the same id placed here again is another object)."""
+        return self.active.get(act.traj.trajectory_id) is act
+
+    def forget_active(self) -> None:
+        """Drop every trajectory held here (the lease was lost, or the job ended). An
+        external agent also stops waiting for their programs' calls: each
+        trajectory's new holder takes them."""
+        drop = getattr(self.agent, "drop", None)
+        if drop is not None:
+            drop(list(self.active))
+        self.active.clear()

@@ -150,6 +150,9 @@ class MemoryRolloutStore:
         inbox.entries.clear()
         inbox.delivered.clear()
 
+    async def count(self, job_id: str, name: str) -> None:
+        self._counters[job_id][name] += 1
+
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None:
         events = self._events[job_id]
         events.append({"kind": kind, **fields})

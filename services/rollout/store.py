@@ -178,6 +178,9 @@ class RedisRolloutStore(JobRecordReader):
             pipe.xdel(keys.inbox(instance_id), entry_id)
             await pipe.execute()
 
+    async def count(self, job_id: str, name: str) -> None:
+        await self._r.hincrby(keys.counters(job_id), name, 1)
+
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None:
         await self._r.xadd(keys.events(job_id), {"kind": kind, **fields},
                            maxlen=keys.EVENTS_MAXLEN, approximate=True)

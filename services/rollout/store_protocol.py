@@ -46,6 +46,10 @@ class RolloutStore(Protocol):
 
     async def record_event(self, job_id: str, kind: str, **fields: str) -> None: ...
 
+    async def count(self, job_id: str, name: str) -> None:
+        """Bump the job's counter ``name`` by one."""
+        ...
+
     async def report_weights(self, job_id: str, instance_id: str, loaded: int,
                              loading: int) -> None: ...
 

@@ -2,6 +2,8 @@
 test_agent_endpoint.py (calls and what they record) and test_agent_episode_life.py
 (timeouts, aborts, conflicts, moves, the driver).
 
+``instance_there`` adds a second rollout instance on the same Redis.
+
 Real: the coordinator's REST app (build_app with the episode endpoint) served by uvicorn
 on a loopback socket, the ``openai`` AsyncOpenAI client, Redis (the session's
 redis-server) between endpoint and rollout, the rollout core running the ``external``
@@ -16,6 +18,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +42,15 @@ from services.coordinator.episode_store import RedisEpisodeStore
 from services.coordinator.rest import build_app
 from services.coordinator.store import RedisCoordinatorStore
 from services.rollout.backend import HfTokenizer
+from services.rollout.core import RolloutCore, RolloutSettings
 from services.rollout.episode_channel import RedisEpisodeChannel
+from services.rollout.store import RedisRolloutStore
+from tests.fakes.coordinator import FakeCoordinator
+from tests.fakes.engine import FakeEngine, FakeEngineLoader
 from tests.fakes.runner import FakeRunner
-from tests.unit.rollout.rig import JOB, Rig, started_rig
+from tests.fakes.scheduler import FakeScheduler
+from tests.fakes.toolgateway import FakeToolGateway
+from tests.unit.rollout.rig import JOB, THERE, Rig, started_rig
 from tests.waiting import wait_until
 
 MAX_CONTEXT_TOKENS = 400
@@ -159,6 +168,29 @@ async def stack(redis_server, tmp_path: Path, hf_model_dir) -> AsyncIterator[Sta
         await serving
         await coord_redis.aclose()
     await r.aclose()
+
+
+@asynccontextmanager
+async def instance_there(stack: Stack, engine: FakeEngine) -> AsyncIterator[RolloutCore]:
+    """A second rollout instance (THERE, bucket "long") on the stack's Redis, running
+    ``engine``; stopped, with its episode tasks, on exit."""
+    r = stack.rig.world.r  # the rig's Redis client (bytes)
+    there = RolloutCore(
+        RolloutSettings(instance_id=THERE, bucket="long", lease_ttl_ms=60_000,
+                        tool_deadline_s=5.0, idle_block_ms=5),
+        RedisRolloutStore(r), FakeEngineLoader(engine), FakeToolGateway(),
+        FakeScheduler(), FakeCoordinator(redis=r), FakeClock(),
+        episodes=RedisEpisodeChannel(r, SystemClock()))
+    await there.register()
+    there_loop = asyncio.create_task(there.run())
+    try:
+        yield there
+    finally:
+        await there.drain(0.0)
+        pending = [there_loop, *there._tasks]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def assistant_dict(message: Any) -> dict[str, Any]:

@@ -16,26 +16,19 @@ import openai
 import pytest
 
 from libra import types as t
-from libra.clock import FakeClock, SystemClock
 from libra_cli.agent import Driver
-from services.rollout.core import RolloutCore, RolloutSettings
-from services.rollout.episode_channel import RedisEpisodeChannel
-from services.rollout.store import RedisRolloutStore
-from tests.fakes.coordinator import FakeCoordinator
 from tests.fakes.engine import (
     BlockUntilAbort,
     FakeEngine,
-    FakeEngineLoader,
     HoldUntil,
     StreamUntil,
 )
-from tests.fakes.scheduler import FakeScheduler
-from tests.fakes.toolgateway import FakeToolGateway
 from tests.service.coordinator.agent_stack import (
     TOOLS,
     Stack,
     assistant_dict,
     call_text,
+    instance_there,
     read_streamed_text,
 )
 from tests.unit.rollout.rig import JOB, THERE, make_task
@@ -160,18 +153,9 @@ async def test_an_episode_moved_between_buckets_goes_on_on_the_target_instance(
     call): the target instance samples the reply and takes the next call. Whether the
     move lands before this instance's engine call or during it (its row is then stopped
     at once, with no token), the turn is sampled there."""
-    r = stack.rig.world.r  # the rig's Redis client (bytes)
     there_engine = FakeEngine(stack.tokenizer)
     there_engine.queue(call_text("6*7"), "It is 42.<|im_end|>")
-    there = RolloutCore(
-        RolloutSettings(instance_id=THERE, bucket="long", lease_ttl_ms=60_000,
-                        tool_deadline_s=5.0, idle_block_ms=5),
-        RedisRolloutStore(r), FakeEngineLoader(there_engine), FakeToolGateway(),
-        FakeScheduler(), FakeCoordinator(redis=r), FakeClock(),
-        episodes=RedisEpisodeChannel(r, SystemClock()))
-    await there.register()
-    there_loop = asyncio.create_task(there.run())
-    try:
+    async with instance_there(stack, there_engine):
         stack.rig.scheduler.move_to(THERE)
         stack.rig.engine.queue(BlockUntilAbort("", keep=0))
         await stack.rig.place(make_task(0))
@@ -195,13 +179,6 @@ async def test_an_episode_moved_between_buckets_goes_on_on_the_target_instance(
         assert traj.reward == 1.0 and traj.check_aligned() is None
         assert stack.rig.engine.requests == [] or stack.rig.engine.aborted_rows == [0]
         assert len(there_engine.requests) == 2  # both turns were sampled THERE
-    finally:
-        await there.drain(0.0)
-        there_loop.cancel()
-        pending = [there_loop, *there._tasks]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
 
 
 AGENT_PROGRAM = '''

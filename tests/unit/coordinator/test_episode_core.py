@@ -16,6 +16,7 @@ from services.coordinator.episode_core import (
     parse_request,
     plan_call,
     stream_chunks,
+    whole_call,
 )
 
 MODEL = "smollm2-135m-instruct"
@@ -23,7 +24,8 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}}}}]
 REPLY = ep.EpisodeReply(call_index=1, content="", finish_reason="tool_calls",
                         tool_calls=(ep.ToolCallOut("call_1", "calculator",
-                                                   '{"expression": "2+3"}'),))
+                                                   '{"expression": "2+3"}'),),
+                        prompt_tokens=40, completion_tokens=12)
 
 
 def state() -> ep.EpisodeState:
@@ -116,6 +118,20 @@ def test_a_call_that_repeats_the_reply_sends_only_the_new_messages() -> None:
     # The tool message gets its tool's name from the call it answers (the causal signal).
     assert json.loads(call.messages_json) == [
         {"role": "tool", "content": "5", "tool_call_id": "call_1", "name": "calculator"}]
+
+
+def test_a_call_that_extends_names_the_tokens_it_extends_and_a_resend_is_whole() -> None:
+    """A rollout holding another count (re-placed from an older state) answers RESYNC;
+    the endpoint then sends the same call again with the whole conversation."""
+    after, messages = first_exchange()
+    assert after.num_context_tokens == 40 + 12  # the reply's prompt and completion
+    request = parse_request(body(messages), MODEL)
+    call = plan_call(after, request)
+    assert call.num_context_tokens == 52 and not call.is_whole
+    again = whole_call(request, call.call_index, is_split=False)
+    assert (again.is_whole, again.is_split, again.call_index) == (True, False, 2)
+    assert json.loads(again.messages_json) == request.messages
+    assert again.num_context_tokens == 0  # nothing to check against: it renders all
 
 
 @pytest.mark.parametrize("rewrite", ["edited_user", "other_arguments", "tools_changed",
