@@ -1,7 +1,10 @@
 """A service's start-up imports leave out torch and transformers (seconds of CPU per
 process start: 4-7 s measured, most of a stack's start on two cores). The coordinator,
-scheduler and tool gateway never need them; the rollout and trainer services load them
-at their first job (services/rollout/backend.py, services/trainer/lazy_backend.py).
+scheduler and tool gateway never need them; the trainer service loads them at its first
+job (services/trainer/lazy_backend.py), a trainer rank process once it has joined one
+(services/trainer/distributed.py). The rollout service still imports them at start: made
+lazy, its start-up registration (AcquireLease) raced the coordinator's own start under
+`libra up`, which spawns every service at once ("rollout-0 exited at start-up", load 20).
 
 Each entry point is imported in a fresh interpreter (this one has torch loaded), which
 reports the heavy modules it then holds and, for the first one, the chain of imports that
@@ -48,13 +51,19 @@ def _heavy_after_import(module: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("entry_point", [
     "services.coordinator.__main__", "services.scheduler.__main__",
-    "services.toolgateway.__main__", "services.rollout.__main__",
-    "services.trainer.__main__",
+    "services.toolgateway.__main__", "services.trainer.__main__",
 ])
 def test_a_service_starts_without_torch_or_transformers(entry_point: str) -> None:
     heavy = _heavy_after_import(entry_point)
     assert heavy == {}, "\n".join(f"{name} <- " + " <- ".join(reversed(chain))
                                   for name, chain in heavy.items())
+
+
+def test_a_trainer_rank_waits_for_a_job_without_transformers() -> None:
+    # The rank's process (and the child it spawns for each attempt to join, which imports
+    # the same module) needs torch.distributed to dial rank 0; the model comes after.
+    heavy = _heavy_after_import("services.trainer.rank")
+    assert set(heavy) == {"torch"}, heavy
 
 
 def test_the_probe_sees_an_eager_import() -> None:
