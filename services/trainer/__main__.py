@@ -21,8 +21,8 @@ from libra.retry import RetryPolicy
 from libra.telemetry import init_logging, init_tracing
 from services.trainer.config import TrainerConfig
 from services.trainer.core import TrainerCore
-from services.trainer.distributed import make_backend_factory
 from services.trainer.job_series import run_series_pruning
+from services.trainer.lazy_backend import LazyBackendFactory
 from services.trainer.servicer import GradientChannelServicer, TrainerServicer
 from services.trainer.store import RedisTrainerStore
 from services.trainer.weight_server import WeightFaults, WeightServer
@@ -38,8 +38,8 @@ async def main(cfg: TrainerConfig) -> None:
     weights = WeightServer(store.job_run_dir, w.max_streams, WeightFaults(
         corrupt_chunk=w.fault_corrupt_chunk, corrupt_times=w.fault_corrupt_times,
         hold_after_chunks=w.fault_hold_after_chunks))
-    factory = make_backend_factory(cfg.num_threads, cfg.num_ranks, cfg.parallelism,
-                                   cfg.rendezvous.address, cfg.rendezvous.timeout_s)
+    factory = LazyBackendFactory(cfg.num_threads, cfg.num_ranks, cfg.parallelism,
+                                 cfg.rendezvous.address, cfg.rendezvous.timeout_s)
     core = TrainerCore(store, factory,
                        GrpcCoordinatorClient(cfg.peers.coordinator, cfg.peers.rpc_timeout_s,
                                              auth=ClientAuth.for_service(cfg.auth)),

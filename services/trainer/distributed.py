@@ -45,20 +45,24 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from libra.jobspec import JobSpec, job_spec_from_json
-from libra.training.backend import JobBackend, TorchBackendFactory
-from libra.training.parallel import PARALLELISMS
 from libra.training.samples import TrainSample
 from libra.training.tensors import state_checksum
 from services.trainer import rendezvous as meeting
 from services.trainer.core import BackendFactory
 from services.trainer.rendezvous import GroupSettings
+
+if TYPE_CHECKING:
+    # transformers (seconds of CPU) loads with the first model built, not at import: a
+    # rank process re-imports this module for every attempt to join, and most attempts
+    # of a rank waiting between jobs find none.
+    from libra.training.backend import JobBackend
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +82,8 @@ def resolve_device(device: str) -> str:
 
 def resolve_parallelism(parallelism: str, device: str) -> str:
     """``auto`` -> ``fsdp2`` on CUDA, ``ddp`` on CPU; ``ddp``/``fsdp2`` pass through."""
+    from libra.training.parallel import PARALLELISMS
+
     if parallelism == "auto":
         return "fsdp2" if device == "cuda" else "ddp"
     if parallelism not in PARALLELISMS:
@@ -152,6 +158,8 @@ def _worker_main(rank: int, address: str, join_timeout_s: float, local_rank: int
     logger.info("[train] rank %d of %d joined at %s", rank, job.world_size, address)
     # No destroy_process_group here: in gloo it can wait for rank 0, which is itself
     # waiting for this process to exit; the process leaves with os._exit instead.
+    from libra.training.backend import JobBackend
+
     backend = JobBackend(job_spec_from_json(job.spec_json), job.model_dir, job.num_threads,
                          write_model_dir=False)
     backend.enable_data_parallel(job.parallelism, placement)
@@ -222,6 +230,8 @@ class DistributedJobBackend:
             dist.init_process_group(process_group_backend(self.device),
                                     store=meeting.group_store(self._store, self._generation),
                                     rank=0, world_size=num_ranks, timeout=timeout)
+            from libra.training.backend import JobBackend
+
             self._local = JobBackend(spec, model_dir, num_threads)
             self._local.enable_data_parallel(self.parallelism, placement)
             sums = self.checksums()
@@ -365,6 +375,8 @@ def make_backend_factory(num_threads: int, num_ranks: int, parallelism: str = "a
     """The trainer's backend factory: in-process for 1 rank, a process group for more
     (ranks spawned here, or joining at ``rendezvous_address``)."""
     if num_ranks == 1:
+        from libra.training.backend import TorchBackendFactory
+
         return TorchBackendFactory(num_threads)
     return DistributedBackendFactory(num_threads, num_ranks, parallelism, rendezvous_address,
                                      timeout_s)

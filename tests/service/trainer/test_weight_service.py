@@ -1,4 +1,5 @@
-"""The trainer's WeightService and the rollout's weight fetcher, over real gRPC.
+"""The trainer's WeightService and the rollout's weight fetcher, over real gRPC (the model
+directory's fetch is in test_model_dir_fetch.py).
 
 Real parts: the grpc.aio server on a loopback port, the typed client, the fetcher writing
 to a real cache directory, the manifest writer the trainer publishes with, the rollout's
@@ -12,21 +13,16 @@ import asyncio
 import hashlib
 import json
 import os
-import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from libra import types as t
 from libra.clients.weights import GrpcWeightClient
 from libra.errors import InvalidArgument, NotFound, ResourceExhausted
-from libra.proto.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from libra.run_dir import weights_file
-from libra.weight_sync import WeightSyncError, read_verified, write_manifest
+from libra.weight_sync import WeightSyncError, read_verified
 from libra_cli.redis_server import free_ports
-from services.rollout.backend import TorchEngineLoader
 from services.rollout.memory_store import MemoryRolloutStore
 from services.rollout.weight_fetcher import (
     FetchedVersion,
@@ -35,74 +31,16 @@ from services.rollout.weight_fetcher import (
     verified_weights,
 )
 from services.rollout.weight_loader import WeightLoader
-from services.trainer.weight_server import WeightFaults, WeightServer
-from services.trainer.weight_servicer import WeightServicer
+from services.trainer.weight_server import WeightFaults
 from tests.fakes.engine import FakeEngine, make_tokenizer
-from tests.service.grpc_harness import serving
+from tests.service.trainer.weight_rig import (
+    CHUNK_BYTES,
+    JOB,
+    NUM_CHUNKS,
+    fetcher,
+    first_chunk,
+)
 from tests.waiting import wait_until
-
-JOB = "job-w"
-CHUNK_BYTES = 64 * 1024
-NUM_CHUNKS = 10
-
-
-def publish(run_dir: Path, version: int) -> tuple[bytes, str]:
-    """A published version of NUM_CHUNKS chunks, as the trainer writes it; returns the
-    weights bytes and the manifest's sha256 (what the Redis pointer carries)."""
-    path = weights_file(run_dir, version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = os.urandom(CHUNK_BYTES * NUM_CHUNKS - 123)  # a short last chunk
-    path.write_bytes(data)
-    _, digest = write_manifest(path, version, chunk_bytes=CHUNK_BYTES)
-    return data, digest
-
-
-class Trainer:
-    """A WeightServer over one run directory, served on a loopback port."""
-
-    def __init__(self, tmp: Path, max_streams: int = 4, faults: WeightFaults | None = None):
-        self.run_dir = tmp / "run"
-        self.data, self.digest = publish(self.run_dir, 1)
-        self.model_files = {"config.json": b'{"model_type": "llama"}',
-                            "model.safetensors": os.urandom(5 * (1 << 19) + 7)}  # 3 chunks
-        (self.run_dir / "model").mkdir()
-        for name, body in self.model_files.items():
-            (self.run_dir / "model" / name).write_bytes(body)
-        self.server = WeightServer(self._run_dir_of, max_streams, faults)
-        self.address = ""
-
-    async def _run_dir_of(self, job_id: str) -> str:
-        if job_id != JOB:
-            raise RuntimeError(f"job {job_id} has no run_dir")
-        return str(self.run_dir)
-
-
-@pytest.fixture
-async def serve(tmp_path: Path):  # noqa: ANN201
-    """``await serve(**kwargs)`` -> (Trainer, client) served until the test ends."""
-    stack: list = []
-
-    async def start(**kwargs) -> tuple[Trainer, GrpcWeightClient]:  # noqa: ANN003
-        trainer = Trainer(tmp_path, **kwargs)
-        ctx = serving("trainer", trainer_pb2_grpc.add_WeightServiceServicer_to_server,
-                      WeightServicer(trainer.server), trainer_pb2.DESCRIPTOR, "WeightService")
-        trainer.address = await ctx.__aenter__()
-        client = GrpcWeightClient(trainer.address, 5.0)
-        stack.append((ctx, client))
-        return trainer, client
-
-    yield start
-    for ctx, client in stack:
-        await client.close()
-        await ctx.__aexit__(None, None, None)
-
-
-def fetcher(client: GrpcWeightClient, tmp: Path) -> WeightFetcher:
-    return WeightFetcher(client, tmp / "cache", max_stream_retries=2, retry_backoff_s=0.01)
-
-
-async def first_chunk(stream: AsyncIterator) -> int:
-    return (await anext(stream)).index
 
 
 async def test_fetch_copies_the_version_byte_exact(serve, tmp_path: Path) -> None:
@@ -348,55 +286,3 @@ async def test_an_unreachable_trainer_is_reported_and_the_version_is_not_refused
     assert engine.policy_version == 0 and not loader.is_rejected(JOB, policy)
 
 
-async def test_the_model_dir_is_fetched_byte_exact(serve, tmp_path: Path) -> None:
-    trainer, client = await serve()
-    folder = await fetcher(client, tmp_path).fetch_model_dir(JOB)
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == trainer.model_files
-
-
-async def test_a_model_file_already_here_is_not_fetched_again(serve, tmp_path: Path) -> None:
-    trainer, client = await serve()
-    fetch = fetcher(client, tmp_path)
-    folder = await fetch.fetch_model_dir(JOB)
-    before = (folder / "model.safetensors").stat().st_mtime_ns
-    (folder / "config.json").write_bytes(b"{}")  # a stale copy is replaced
-    await fetch.fetch_model_dir(JOB)
-    assert (folder / "model.safetensors").stat().st_mtime_ns == before
-    assert (folder / "config.json").read_bytes() == trainer.model_files["config.json"]
-
-
-async def test_auto_source_fetches_the_model_dir_only_when_not_shared(serve,
-                                                                     tmp_path: Path) -> None:
-    trainer, client = await serve()
-    source = WeightSource("auto", fetcher(client, tmp_path))
-    shared = str(trainer.run_dir / "model")
-    here = await source.model_dir(JOB, t.PolicyInfo(1, "", trainer.digest, shared, 0))
-    assert here == shared and not (tmp_path / "cache").exists()
-    elsewhere = str(tmp_path / "elsewhere" / "model")
-    fetched = await source.model_dir(JOB, t.PolicyInfo(1, "", trainer.digest, elsewhere, 0))
-    assert fetched == str(tmp_path / "cache" / JOB / "model")
-
-
-@pytest.mark.parametrize("name", ["../v000001.safetensors", "", "model/x"])
-async def test_a_model_file_outside_the_model_dir_is_refused(serve, name: str) -> None:
-    _, client = await serve()
-    with pytest.raises(InvalidArgument) as raised:
-        await first_chunk(client.fetch_model_file(JOB, name))
-    assert raised.value.field == "name"
-
-
-
-async def test_an_engine_is_built_from_a_fetched_model_dir(serve, tmp_path: Path,
-                                                           hf_model_dir) -> None:
-    trainer, client = await serve()
-    original = hf_model_dir("llama")
-    shutil.rmtree(trainer.run_dir / "model")
-    shutil.copytree(original, trainer.run_dir / "model")
-    folder = await fetcher(client, tmp_path).fetch_model_dir(JOB)
-    loader = TorchEngineLoader()
-    engine, tokenizer = await asyncio.to_thread(loader.load, str(folder), None)
-    reference, reference_tokenizer = await asyncio.to_thread(loader.load, str(original), None)
-    fetched, expected = engine._model.state_dict(), reference._model.state_dict()
-    assert fetched.keys() == expected.keys()
-    assert all(torch.equal(fetched[k], expected[k]) for k in expected)
-    assert tokenizer.encode("2+2=4") == reference_tokenizer.encode("2+2=4")
