@@ -46,6 +46,8 @@ class PeersConfig:
     trainer: str = knob("127.0.0.1:50053", "trainer gRPC address")
     toolgateway: str = knob("127.0.0.1:50054", "tool gateway gRPC address")
     rpc_timeout_s: float = knob(10.0, "default deadline of a call to a peer")
+    startup_wait_s: float = knob(120.0, "at start, how long to wait for a peer this service "
+                                 "registers with (the coordinator) to answer")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -132,7 +132,7 @@ async def main(cfg: RolloutConfig) -> None:
     async def register(server: Server) -> None:
         host = cfg.advertise_host or cfg.server.host
         core.settings = dataclasses.replace(settings, address=f"{host}:{server.port}")
-        await core.register()
+        await core.register(wait_s=peers.startup_wait_s)
 
     name = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
     registration = Registration(rollout_pb2_grpc.add_RolloutServiceServicer_to_server,

@@ -166,9 +166,9 @@ class RolloutCore:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def register(self) -> t.Lease:
-        """Take this instance's lease from the coordinator (at start and after losing it)."""
-        return await self._keeper.register()
+    async def register(self, wait_s: float = 0.0) -> t.Lease:
+        """Take this instance's lease (at start, waiting up to ``wait_s`` for the coordinator)."""
+        return await self._keeper.register(wait_s)
 
     async def heartbeat(self) -> None:
         """Renew the lease every third of its TTL; on loss, drop work and re-register."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from libra import types as t
 from libra.cancellation import raise_if_cancelled
-from libra.errors import LeaseLost, LibraError
+from libra.errors import DeadlineExceeded, LeaseLost, LibraError, Unavailable
 from services.rollout.loop_types import LeaseHolder, RolloutSettings
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at ru
     from services.rollout.store_protocol import RolloutStore
 
 logger = logging.getLogger(__name__)
+
+# Start-up asks again after this, doubling up to the cap, while the coordinator is down.
+START_RETRY_S = 0.5
+START_RETRY_MAX_S = 5.0
 
 
 class LeaseKeeper:
@@ -43,7 +47,25 @@ class LeaseKeeper:
         self._held = held
         self._on_lost = on_lost
 
-    async def register(self) -> t.Lease:
+    async def register(self, wait_s: float = 0.0) -> t.Lease:
+        """Take the lease, waiting up to ``wait_s`` for a coordinator that does not answer
+        yet: compose, Kubernetes and `libra up` start the services in any order, and an
+        instance that gave up at once would need a restart to join."""
+        loop = asyncio.get_running_loop()
+        deadline_s, retry_s = loop.time() + wait_s, START_RETRY_S
+        while True:
+            try:
+                return await self._acquire()
+            except (Unavailable, DeadlineExceeded) as exc:
+                left_s = deadline_s - loop.time()
+                if left_s <= 0:
+                    raise
+                logger.warning("[lease] coordinator not answering yet error=%s; asking again"
+                               " (%.0fs of the start-up wait left)", exc, left_s)
+                await asyncio.sleep(min(retry_s, left_s))
+                retry_s = min(retry_s * 2, START_RETRY_MAX_S)
+
+    async def _acquire(self) -> t.Lease:
         s = self.settings
         await self._store.ensure_inbox(s.instance_id)
         self._held.lease = await self._coordinator.acquire_lease(

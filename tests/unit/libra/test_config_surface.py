@@ -26,8 +26,8 @@ SHARED = [
     "auth.tls_ca_file", "auth.tls_cert_file", "auth.tls_key_file", "auth.tls_client_ca_file",
     "auth.tls_client_cert_file", "auth.tls_client_key_file",
 ]
-PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.toolgateway",
-         "peers.trainer"]
+PEERS = ["peers.coordinator", "peers.rpc_timeout_s", "peers.scheduler", "peers.startup_wait_s",
+         "peers.toolgateway", "peers.trainer"]
 
 SNAPSHOT: dict[type, list[str]] = {
     CoordinatorConfig: sorted([*SHARED, *PEERS, "http_port", "lease_renewals_per_s",

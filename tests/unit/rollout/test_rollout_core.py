@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
+
 from libra import types as t
-from libra.errors import Internal
+from libra.errors import Internal, Unavailable
 from libra.jobspec import JobSpec, LayoutSpec
 from libra.types import Bucket
+from services.rollout import lease_keeper
 from tests.fakes.engine import make_tokenizer
 from tests.fakes.toolgateway import tool_result
 from tests.unit.rollout.rig import HERE, JOB, THERE, Rig, make_task
@@ -243,6 +246,25 @@ async def test_a_registration_refused_during_a_coordinator_restart_is_tried_agai
     renewed = len(rig.coordinator.renewed)
     await wait_until(lambda: len(rig.coordinator.renewed) > renewed)  # with the new lease
     assert rig.coordinator.renewed[-1] == (HERE, rig.coordinator.epoch)
+
+
+async def test_at_start_a_coordinator_not_up_yet_is_waited_for(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Services start in any order: the first asks meet a coordinator still starting.
+    monkeypatch.setattr(lease_keeper, "START_RETRY_S", 0.001)
+    rig.coordinator.acquire_unavailable_times = 3
+    lease = await rig.core.register(wait_s=60)
+    assert lease.epoch == rig.coordinator.epoch and rig.coordinator.acquire_unavailable_times == 0
+
+
+async def test_at_start_a_coordinator_that_never_answers_fails_after_the_wait(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lease_keeper, "START_RETRY_S", 0.001)
+    rig.coordinator.acquire_unavailable_times = 10**9
+    with pytest.raises(Unavailable, match="coordinator restarting"):
+        await rig.core.register(wait_s=0.05)
+    with pytest.raises(Unavailable):  # no wait asked: the first refusal is final
+        await rig.core.register()
 
 
 async def test_the_lease_is_renewed_every_third_of_the_ttl_granted(rig: Rig) -> None:
