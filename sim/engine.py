@@ -108,10 +108,8 @@ class Simulator:
         self.consumed: dict[int, list[TrajState]] = {}
         self.batch_span_s: dict[int, float | None] = {}
         self.release_s: dict[int, float] = {}
-        self.migrations = 0
-        self.rejected = 0
+        self.migrations = self.rejected = self.planner_moves = 0
         self.idle_while_queued: Counter[str] = Counter()
-        self.planner_moves = 0
         self.plan_events: list[dict[str, Any]] = []
         self.pool = HybridPool(
             teardown=self.teardown_node,
@@ -124,14 +122,10 @@ class Simulator:
             ),
             node_patterns=self.node_patterns,
         )
-        self.sync_pause_s = 0.0
-        self.weights_version = 0
-        """Trainer step of the weights the rollout instances serve (``sim.weight_sync``)."""
-        self.draining = False
-        """A drained sync is under way: no dispatch, no training (``drain_before_sync``)."""
-        self.drain_s = 0.0
-        """Seconds spent draining before syncs."""
-        self.drain_started_s = -1.0
+        # Weight sync (sim/weight_sync.py): the trainer step whose weights the rollout
+        # serves; a drained sync under way (no dispatch, no training), its start, total.
+        self.sync_pause_s, self.weights_version = 0.0, 0
+        self.draining, self.drain_started_s, self.drain_s = False, -1.0, 0.0
         # Oldest-token versions of started, unfinished trajectories (bounded consumption).
         self.in_flight_versions: Counter[int] = Counter()
         self.partial_rollouts = 0
