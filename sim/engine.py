@@ -362,10 +362,8 @@ class Simulator:
 
     # Main loop.
 
-    def run(self, train_steps: int | None = None) -> dict[str, Any]:
-        """Run to the end of the trace; return raw counters for ``metrics.summarise``.
-        With ``train_steps``: stop once that many steps are trained and return only
-        ``train_log`` (the twin's steady-state window; the rest is still in flight)."""
+    def run(self) -> dict[str, Any]:
+        """Run to the end of the trace; return raw counters for ``metrics.summarise``."""
         self._release_allowed(0.0)
         handlers = {
             TOOL: self._on_tool,
@@ -390,8 +388,6 @@ class Simulator:
                 self.replan_segment(inst, now)
             else:
                 handlers[kind](payload, now)
-                if kind == TRAIN_DONE and self.version == train_steps:
-                    return {"train_log": self.trainer.log[:train_steps]}
             if scout_timeout and self.pending and now - last_retry > scout_timeout / 2:
                 last_retry = now
                 self._push(now + scout_timeout + 1e-3, RETRY, None)

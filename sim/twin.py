@@ -6,12 +6,8 @@ instance and divides the critical path by the pipeline depth; C-MLFQ does neithe
 it ranked plans backwards. The twin replays the job's most recent steps through the
 same discrete-event engine with the **real placement policy** (``make_policy``, a fresh
 instance with the system's config), the candidate's split and layout, the staleness
-gate and the training time of the cost model, and returns the mean step interval of
-``measured_steps`` steps after the pipeline fill, with the pipeline still full: the
-trace runs on past them (a live job does not drain) and the simulation stops once they
-are trained. That keeps the twin short (issue 20 item 3: a decision <= 200 ms at 48
-GPUs) without measuring the drain, where a streaming pipeline has nothing left to
-overlap. ``PlanSearch`` calls it for its top closed-form candidates and for
+gate and the training time of the cost model, and returns the mean step interval after
+the pipeline fill. ``PlanSearch`` calls it for its top closed-form candidates and for
 the plan in force (``RolloutRefiner`` protocol), so gains are twin against twin.
 """
 
@@ -28,8 +24,8 @@ from sim.presets import ClusterSpec
 from sim.systems import SystemConfig
 from sim.trace import TraceTrajectory
 
-TWIN_MEASURED_STEPS = 3
-"""Steps measured after the fill (the fill is one pipeline depth)."""
+TWIN_STEPS_PER_DEPTH = 2
+"""Twin length in pipeline depths: one depth of fill, then the measured steps."""
 
 
 class TwinRefiner:
@@ -39,17 +35,15 @@ class TwinRefiner:
         cluster: Devices and model.
         system: The system whose policy and staleness the twin uses (its planner and
             elastic pool are switched off inside the twin).
-        measured_steps: Steps measured after the fill.
+        steps_per_depth: Twin length in pipeline depths.
     """
 
     def __init__(
         self,
         cluster: ClusterSpec,
         system: SystemConfig,
-        measured_steps: int = TWIN_MEASURED_STEPS,
+        steps_per_depth: int = TWIN_STEPS_PER_DEPTH,
     ) -> None:
-        if measured_steps < 1:
-            raise ValueError(f"measured_steps must be >= 1, got {measured_steps}")
         self._cluster = cluster
         self._depth = pipeline_depth(system.staleness if system.mode == "async" else 0)
         self._system = replace(
@@ -58,9 +52,7 @@ class TwinRefiner:
             enable_elastic=False,
             planner_config=PlannerConfig(enable_online=False, enable_elastic=False),
         )
-        self._measured = measured_steps
-        # Fill, measured steps, and one more depth released behind them (kept in flight).
-        self._steps = 2 * self._depth + measured_steps
+        self._steps = max(self._depth + 1, int(round(steps_per_depth * self._depth)))
         self._recent: deque[tuple[TraceTrajectory, ...]] = deque(maxlen=self._depth)
         self._cache: dict[tuple, float] = {}
         self.runs = 0
@@ -99,8 +91,7 @@ class TwinRefiner:
     def _simulate(self, plan: Plan) -> float:
         self.runs += 1
         try:
-            sim = Simulator(self._cluster, self.trace(), self._system, plan, None)
-            raw = sim.run(train_steps=self._depth + self._measured)
+            raw = Simulator(self._cluster, self.trace(), self._system, plan, None).run()
         except SimInfeasible:
             return math.inf
         ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]
@@ -112,8 +103,8 @@ class TwinRefiner:
 
 def steady_step_s(train_log: list[dict], depth: int) -> float:
     """Mean step interval of a whole run between the fill and the drain (the steps
-    ``steady_throughput`` counts): where a live job of hundreds of steps runs, and what
-    the twin predicts (``benchmarks/bench_planner_twin.py`` compares the two)."""
+    ``steady_throughput`` counts): where a live job of hundreds of steps runs
+    (``benchmarks/bench_planner_twin.py`` compares the twin with it)."""
     ends = [r["start_s"] + r["train_s"] for r in train_log]
     first, last = depth - 1, len(ends) - 1 - depth
     if last <= first:
