@@ -4,7 +4,8 @@ planner ranks, and the decision time (issue 20 item 5).
 For each workload and seed: the twin is fed steps 0-4, the search ranks its candidates
 (closed-form top 3 plus the best uniform plan), each is scored by the twin and by the
 closed form, and simulated statically over the whole 20-step trace (mean step interval
-after the fill). Decision time = one ``PlanSearch.search`` with an empty twin cache.
+between the fill and the drain, as ``steady_throughput`` counts). Decision time = one
+``PlanSearch.search`` with an empty twin cache (wall and CPU seconds).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_planner_twin.py [--seeds 0,1,2] [--json]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -30,9 +32,10 @@ from sim.engine import Simulator
 from sim.generators import SHAPES, GeneratorConfig, generate
 from sim.presets import cluster
 from sim.systems import system
-from sim.twin import TwinRefiner
+from sim.twin import TwinRefiner, steady_step_s
 
 HISTORY_STEPS = 5
+
 
 
 def measure(shape: str, seed: int) -> dict[str, Any]:
@@ -51,9 +54,10 @@ def measure(shape: str, seed: int) -> dict[str, Any]:
         SearchSpace(node_patterns=libra.node_patterns, train_tp=8), refiner=twin,
     )
     work = Workload(64, tuple(history), pipeline_depth(libra.staleness))
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     search.search(work)
     decision_s = time.perf_counter() - started
+    decision_cpu_s = time.process_time() - cpu_started
     model = search.cost_model(work)
     candidates = search._closed_form_top_k(model, work, 1.0, 1.0)
     candidates += search._best_uniform(model, work, candidates)
@@ -61,15 +65,15 @@ def measure(shape: str, seed: int) -> dict[str, Any]:
     rows = []
     for cand in candidates:
         raw = Simulator(spec, trace, static, cand.plan, None).run()
-        ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]
-        simulated = (ends[-1] - ends[HISTORY_STEPS - 1]) / (len(ends) - HISTORY_STEPS)
+        simulated = steady_step_s(raw["train_log"], pipeline_depth(libra.staleness))
         twin_s = max(cand.train_s, twin.rollout_s(cand.plan, work))
         rows.append({
             "train_gpus": cand.plan.train_gpus,
             "rollout_tps": cand.plan.to_dict()["rollout_tps"],
             "twin_s": twin_s, "closed_form_s": cand.objective_s, "simulated_s": simulated,
         })
-    return {"shape": shape, "seed": seed, "decision_s": decision_s, "twin_runs": twin.runs,
+    return {"shape": shape, "seed": seed, "decision_s": decision_s,
+            "decision_cpu_s": decision_cpu_s, "twin_runs": twin.runs, "pruned": search.pruned,
             "candidates": rows}
 
 
@@ -97,8 +101,12 @@ def main() -> None:
         print(f"{shape}: twin within +-15% on {within}/{len(rs)} candidates, median twin/sim "
               f"{statistics.median(rs):.2f}")
     times = [r["decision_s"] for r in results]
-    print(f"decision time (search with the twin, 48 GPUs): median {statistics.median(times):.2f} s,"
-          f" max {max(times):.2f} s, twin runs per decision {results[0]['twin_runs']}")
+    cpu = [r["decision_cpu_s"] for r in results]
+    runs = [r["twin_runs"] for r in results]
+    print(f"decision time (search with the twin, 48 GPUs): wall median "
+          f"{statistics.median(times):.3f} s, max {max(times):.3f} s; CPU median "
+          f"{statistics.median(cpu):.3f} s, max {max(cpu):.3f} s; twin runs per decision "
+          f"{min(runs)}-{max(runs)}; load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Events (a heap of ``(time, seq, kind, payload)``):
 - ``TRAIN_DONE``: a training step ended; weights sync to rollout; the planner runs;
 - ``RETRY``: re-try queued admissions (scout time-outs);
 - ``NODE_UP``: a re-created rollout node finished loading weights;
-- ``JOIN_ACTIVE``: a hybrid node lent to training is ready to contribute.
+- ``JOIN_ACTIVE``: a hybrid node lent to training is ready to contribute;
+- ``SYNC_DONE``: a drained weight sync ended (dispatch and training resume).
 
 The placement policy is the project's (``make_policy``); the loop only applies its
 load deltas, as the scheduler service does with ``HINCRBY``. Elsewhere: cluster changes
@@ -25,11 +26,11 @@ from collections import Counter
 from typing import Any
 
 from libra import types as lt
-from scheduling.planner import GlobalResourcePlanner, Plan, pipeline_depth
+from scheduling.planner import GlobalResourcePlanner, Plan
 from scheduling.policy import BucketLayout, TrajectoryDescriptor, make_policy
 from scheduling.policy.base import Reason
 from scheduling.policy.thresholds import idle_while_queued
-from sim import replan
+from sim import replan, weight_sync
 from sim.instance import Instance, Seq, SimInfeasible
 from sim.nodes import NodeRegistry
 from sim.pool import HybridPool
@@ -39,9 +40,8 @@ from sim.state import SimClock, TrajState
 from sim.systems import SystemConfig
 from sim.trace import TraceTrajectory
 from sim.trainer import BatchSource, SimTrainer
-from sim.weight_sync import sync_weights
 
-WAKE, TOOL, TRAIN_DONE, RETRY, NODE_UP, JOIN_ACTIVE = range(6)
+WAKE, TOOL, TRAIN_DONE, RETRY, NODE_UP, JOIN_ACTIVE, SYNC_DONE = range(7)
 STATUS = {
     "success": lt.ToolStatus.SUCCESS,
     "failure": lt.ToolStatus.FAILURE,
@@ -108,10 +108,8 @@ class Simulator:
         self.consumed: dict[int, list[TrajState]] = {}
         self.batch_span_s: dict[int, float | None] = {}
         self.release_s: dict[int, float] = {}
-        self.migrations = 0
-        self.rejected = 0
+        self.migrations = self.rejected = self.planner_moves = 0
         self.idle_while_queued: Counter[str] = Counter()
-        self.planner_moves = 0
         self.plan_events: list[dict[str, Any]] = []
         self.pool = HybridPool(
             teardown=self.teardown_node,
@@ -124,7 +122,10 @@ class Simulator:
             ),
             node_patterns=self.node_patterns,
         )
-        self.sync_pause_s = 0.0
+        # Weight sync (sim/weight_sync.py): the trainer step whose weights the rollout
+        # serves; a drained sync under way (no dispatch, no training), its start, total.
+        self.sync_pause_s, self.weights_version = 0.0, 0
+        self.draining, self.drain_started_s, self.drain_s = False, -1.0, 0.0
         # Oldest-token versions of started, unfinished trajectories (bounded consumption).
         self.in_flight_versions: Counter[int] = Counter()
         self.partial_rollouts = 0
@@ -164,7 +165,7 @@ class Simulator:
 
     def _release_step(self, step_index: int, now: float) -> None:
         step = self.steps[step_index]
-        self.batches.on_release(step, self.version)
+        self.batches.on_release(step, self.weights_version)
         self.release_s[step] = now
         for t in self.by_step[step]:
             t.released_s = now
@@ -175,6 +176,8 @@ class Simulator:
         heapq.heappush(self.pending, (t.rec.step, t.index, t))
 
     def admit_pending(self, now: float) -> None:
+        if self.draining:
+            return  # the reference pauses its dispatcher until the sync is done
         kept: list[tuple[int, int, TrajState]] = []
         while self.pending:
             item = heapq.heappop(self.pending)
@@ -211,9 +214,9 @@ class Simulator:
             prefill = max(1, prev.payload_tokens if prev else 1)
         t.needs_full_prefill = False
         if t.first_version < 0:
-            t.first_version = self.version
+            t.first_version = self.weights_version
             self.in_flight_versions[t.first_version] += 1
-        t.last_version = self.version
+        t.last_version = self.weights_version
         seq = Seq(t, prefill, turn.output_tokens, t.ctx - prefill, t.ctx + turn.output_tokens)
         inst = self.instances[t.instance]
         inst.waiting.append(seq)
@@ -291,12 +294,14 @@ class Simulator:
         if complete or self.system.consumption != "barrier":
             self._maybe_train(now)
         self.admit_pending(now)
+        if self.draining:
+            weight_sync.maybe_drained(self, now)
 
     # RL loop.
 
     def _maybe_train(self, now: float) -> None:
         trained = self.trainer.version
-        if self.trainer.busy or trained >= len(self.steps):
+        if self.trainer.busy or self.draining or trained >= len(self.steps):
             return
         step = self.steps[trained]
         batch = self.batches.take(
@@ -307,24 +312,10 @@ class Simulator:
         if batch is None:
             return
         self.consumed[step] = batch
-        self.batch_span_s[step] = self._span_s(step, batch, now)
+        self.batch_span_s[step] = replan.span_s(self, step, batch, now)
         tokens = [t.rec.total_tokens for t in batch]
         train_s = self.trainer.start(step, tokens, self.plan.train, len(self.pool.active), now)
         self._push(now + train_s, TRAIN_DONE, step)
-
-    def _span_s(self, step: int, batch: list[TrajState], now: float) -> float | None:
-        """Release to completion of a step (the elastic trigger's rollout signal).
-        Barrier: until the step's own completion; stream: until the batch is ready;
-        bounded: from the step's release until a step's worth is ready, once the pipeline
-        is full (before, ``None``: the first finishers are the shortest)."""
-        mode = self.system.consumption
-        if mode == "barrier":
-            return self.step_complete_s[step] - min(t.released_s for t in batch)
-        if mode == "stream":
-            return now - min(t.released_s for t in batch)
-        if self.trainer.version < pipeline_depth(self.system.staleness):
-            return None
-        return now - self.release_s[step]
 
     @property
     def version(self) -> int:
@@ -333,7 +324,7 @@ class Simulator:
 
     def _on_train_done(self, step: int, now: float) -> None:
         self.trainer.done()
-        sync_weights(self, now)
+        weight_sync.after_step(self, now)
         if self.planner is not None:
             replan.run_planner(self, step, now)
         self._release_allowed(now)
@@ -349,6 +340,15 @@ class Simulator:
         while self.released_steps < len(self.steps) and self.released_steps <= progress + bound:
             self._release_step(self.released_steps, now)
         self.admit_pending(now)
+
+    def sync_done_at(self, when: float) -> None:
+        """A drained sync's transfer ends at ``when``."""
+        self._push(when, SYNC_DONE, None)
+
+    def _on_sync_done(self, _payload: Any, now: float) -> None:
+        self.draining = False
+        self._release_allowed(now)
+        self._maybe_train(now)
 
     # Planner and elastic pool (sim/replan.py).
 
@@ -371,6 +371,7 @@ class Simulator:
             NODE_UP: self._on_node_up,
             RETRY: lambda _p, now: self.admit_pending(now),
             JOIN_ACTIVE: lambda node, _now: self.pool.on_join_active(node),
+            SYNC_DONE: self._on_sync_done,
         }
         scout_timeout = getattr(self.system.policy_config, "scout_timeout_s", None)
         last_retry = -math.inf

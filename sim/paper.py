@@ -172,6 +172,8 @@ def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
                 "migrations": float(np.mean([r["migrations"] for r in ok])),
                 "planner_moves": float(np.mean([r["planner_moves"] for r in ok])),
                 "plans_applied": float(np.mean([r.get("plans_applied", 0) for r in ok])),
+                "max_staleness": float(np.mean([r["max_consumed_staleness"] for r in ok])),
+                "sync_interval": ok[0].get("sync_interval", 1),
                 "split": _split_label(ok[0]),
             }
         if "libra" in rows and rows["libra"].get("throughput_mean"):
@@ -182,11 +184,14 @@ def summarise(cells: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
                 else None,
             }
             for label, oracle in (("best_peer", False), ("best_oracle_peer", True)):
+                # Extra rows (``headline=False``: stream-lb without a per-trajectory
+                # bound) are reported beside the headline, never as its best peer.
                 peers = {
                     n: r["throughput_mean"]
                     for n, r in rows.items()
                     if n not in ("libra", "sync-lb")
                     and n.endswith(ORACLE_SUFFIX) == oracle
+                    and system(n.removesuffix(ORACLE_SUFFIX)).headline
                     and r.get("throughput_mean")
                 }
                 best = max(peers, key=peers.get) if peers else None
@@ -217,7 +222,7 @@ def table(result: dict[str, Any]) -> str:
         f"split and layout (oracle, tuned on seed(s) {list(TUNING_SEEDS)})",
         f"{'workload':8} {'system':19} {'split':>7} {'traj/s':>8} {'spread':>7} {'steady':>7} "
         f"{'mk/LB':>6} {'mk/chn':>6} {'p99 s':>8} {'busy':>5} {'migr':>6} {'moves':>5} "
-        f"{'appl':>4}",
+        f"{'appl':>4} {'stale':>5} {'sync':>4}",
     ]
     for shape, rows in result["summary"].items():
         for name, row in rows.items():
@@ -232,7 +237,8 @@ def table(result: dict[str, Any]) -> str:
                 f"{row['makespan_over_bound']:6.2f} {row['makespan_over_chain']:6.2f} "
                 f"{row['p99_latency_s']:8.1f} "
                 f"{row['gpu_busy']:5.2f} {row['migrations']:6.0f} {row['planner_moves']:5.1f} "
-                f"{row['plans_applied']:4.1f}"
+                f"{row['plans_applied']:4.1f} {row['max_staleness']:5.1f} "
+                f"{row['sync_interval']:4d}"
             )
         ratios = rows.get("_ratios")
         if ratios:
@@ -241,6 +247,10 @@ def table(result: dict[str, Any]) -> str:
                 if ratios.get(label):
                     text += f"; libra / {ratios[label]} = {ratios[f'libra_vs_{label}']:.2f}x"
             lines.append(text)
+    lines.append(
+        "stale = max staleness of a trained trajectory (optimizer steps); sync = steps "
+        "between weight syncs; rows of systems with headline=False are extras, not peers"
+    )
     return "\n".join(lines)
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scheduling.planner import Plan
+from scheduling.planner import Plan, pipeline_depth
 from sim.planner_step import step_metrics
 from sim.presets import WEIGHT_LOAD_BW_BYTES_PER_S
 
 if TYPE_CHECKING:
     from sim.engine import Simulator
+    from sim.state import TrajState
 
 
 def run_planner(sim: Simulator, step: int, now: float) -> None:
@@ -74,3 +75,18 @@ def bring_up(sim: Simulator, node: int, pattern: tuple[int, ...], now: float) ->
         sim.model.num_params * sim.model.dtype_bytes / min(pattern) / WEIGHT_LOAD_BW_BYTES_PER_S
     )
     sim.node_up_at(now + load_s, node)
+
+
+def span_s(sim: Simulator, step: int, batch: list[TrajState], now: float) -> float | None:
+    """Release to completion of a step (the elastic trigger's rollout signal).
+    Barrier: until the step's own completion; stream: until the batch is ready;
+    bounded: from the step's release until a step's worth is ready, once the pipeline
+    is full (before, ``None``: the first finishers are the shortest)."""
+    mode = sim.system.consumption
+    if mode == "barrier":
+        return sim.step_complete_s[step] - min(t.released_s for t in batch)
+    if mode == "stream":
+        return now - min(t.released_s for t in batch)
+    if sim.trainer.version < pipeline_depth(sim.system.staleness):
+        return None
+    return now - sim.release_s[step]

@@ -23,6 +23,7 @@ def simulator_result(sim: Simulator) -> dict[str, Any]:
             "planner_moves": sim.planner_moves + sim.pool.moves,
             "consumed_staleness": sim.batches.staleness,
             "partial_rollouts": sim.partial_rollouts,
+            "drain_s": sim.drain_s,
             "rejected": sim.rejected,
             "plan_events": sim.plan_events,
             "policy_stats": sim.policy.stats(),

@@ -182,5 +182,7 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         "max_consumed_staleness": max(raw["consumed_staleness"], default=0),
         "mean_consumed_staleness": float(np.mean(raw["consumed_staleness"] or [0])),
         "partial_rollouts": raw["partial_rollouts"],
+        "sync_interval": fitted.sync_interval,
+        "drain_s": raw["drain_s"],
         "sim_wall_s": time.perf_counter() - started,
     }

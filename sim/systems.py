@@ -8,10 +8,26 @@ default (``sim.run.initial_plan``), or their own best split and layout from
 ``sim.sweep`` (an oracle). Only libra's planner chooses its split.
 
 ``stream-lb`` is the AReaL / verl-fully-async-like peer: least-loaded on homogeneous TP2
-instances, streaming consumption (a step trains on the first trajectories to finish,
-the staleness bound gating releases, no per-trajectory cut-off). ``libra`` consumes
-``bounded``: streaming under a per-trajectory staleness bound, with partial rollout's
-version accounting (``scheduling.staleness``, ``sim.weight_sync``).
+instances, streaming consumption under the same per-trajectory staleness bound as
+libra (``bounded``, bound 4: the reference's ``max_head_offpolicyness`` default, its
+AReaL-style staleness manager; verl V1's ``max_off_policy_threshold`` in ``wait``
+mode also waits rather than drops). ``stream-lb-unbounded`` is the same peer with
+the bound only at admission (releases gated, no per-trajectory cut-off; observed
+staleness 15-18): a labelled extra row, never the headline peer (``headline=False``).
+``libra`` consumes ``bounded`` too (``scheduling.staleness``, ``sim.weight_sync``).
+
+Weight sync (``sync_interval``, ``drain_before_sync``): each system syncs as its
+counterpart does by default. The reference's trainer (NetX-lab/Libra
+``trainer/async_rl_trainer.py``) syncs every ``sync_interval`` steps (5 in its
+48-GPU production config, ``configs/..._6node48_production_base.yaml``), and first
+pauses dispatch and waits until in-flight rollouts finish (``dispatcher.pause()``,
+``wait_until_idle``), the training loop blocked meanwhile: the reference's scheduler
+arms (``async-lb`` = its ``_homogeneous_lb`` control, ``length-aware``, ``la-mlfq``)
+run so. AReaL updates weights after every step and interrupts generation (no drain):
+``stream-lb``. Colocated ``sync-lb`` reloads every step. libra syncs every step with
+partial rollout, its design's default (``libra.jobspec`` ``sync_interval = 1``).
+Versions count optimizer steps, as the reference's do (``set_version(step + 1)`` at a
+sync): a trajectory's version is the trainer step of the weights it started under.
 
 ``toolcount`` is not compared: its priority orders two queues. In the scheduler's
 pending queue (where the service applies it) no trajectory has begun, so every
@@ -27,6 +43,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from libra.errors import InvalidArgument
 from libra.types import Bucket
 from scheduling.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
 from scheduling.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
@@ -54,6 +71,11 @@ from the Search-R1 config's long bucket, 40,960)."""
 REFERENCE_TRAIN_FRACTION = 32 / 48
 """Training share of the GPUs in the reference 48-GPU Qwen3-14B arms (``train_gpus: 32``,
 ``rollout_gpus: 16`` in ``configs/r2e_gym_qwen3_14b_mcore_gpu_6node48_100step*.yaml``)."""
+
+REFERENCE_SYNC_INTERVAL = 5
+"""Steps between weight syncs in the reference's 48-GPU production arms
+(``sync_interval: 5``, ``configs/r2e_gym_qwen3_14b_mcore_gpu_6node48_production_base.yaml``;
+its code default is 1, its 100-step validation arms use 25)."""
 
 TRAJECTORIES_PER_TP = 32
 """Per-instance cap on pinned trajectories = 32 x TP (stands in for the reference's
@@ -92,8 +114,17 @@ class SystemConfig:
     their step (AReaL, verl fully-async); ``bounded``: streaming under a per-trajectory
     staleness bound with partial rollout (libra; ``scheduling.staleness``). See
     ``sim.trainer.BatchSource``."""
+    sync_interval: int = 1
+    """Training steps between weight syncs to the rollout instances (the counterpart's
+    default; see the module docstring)."""
+    drain_before_sync: bool = False
+    """At a sync, stop dispatching and wait for in-flight trajectories to finish, the
+    trainer waiting too (the reference); otherwise generation continues across it."""
+    headline: bool = True
+    """Counts as a peer in the headline ratios (``False``: a labelled extra row)."""
 
     def __post_init__(self) -> None:
+        self._check_sync()
         if self.consumption not in CONSUMPTION_MODES:
             raise ValueError(
                 f"system {self.name!r}: consumption must be one of "
@@ -101,6 +132,31 @@ class SystemConfig:
             )
         if self.consumption != "barrier" and self.mode == "sync":
             raise ValueError(f"system {self.name!r}: a synchronous loop cannot stream")
+
+    def _check_sync(self) -> None:
+        """``sync_interval`` must be a whole number of steps the loop can keep to."""
+        n = self.sync_interval
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidArgument(
+                "sync_interval", f"system {self.name!r}: must be an integer >= 1, got {n!r}"
+            )
+        if self.mode == "sync" and n != 1:
+            raise InvalidArgument(
+                "sync_interval",
+                f"system {self.name!r}: a colocated loop reloads weights every step, got {n}",
+            )
+        if self.consumption == "bounded" and n > self.staleness + 1:
+            # A trajectory started just before a sync would be past the bound before the
+            # next sync could give newer weights: every step would wait on it.
+            raise InvalidArgument(
+                "sync_interval",
+                f"system {self.name!r}: {n} exceeds staleness + 1 = {self.staleness + 1}; "
+                f"bounded consumption could never train what starts late in an interval",
+            )
+        if self.drain_before_sync and (self.enable_replan or self.enable_elastic):
+            raise InvalidArgument(
+                "drain_before_sync", f"system {self.name!r}: not modelled with replanning"
+            )
 
     def with_split(self, train_gpus: int, pattern: tuple[int, ...], label: str) -> SystemConfig:
         """This system at a fixed split and one node pattern (static systems only)."""
@@ -167,6 +223,8 @@ SYSTEMS: dict[str, SystemConfig] = {
         policy="least_loaded",
         node_patterns=HOMOGENEOUS,
         planner_config=_STATIC_PLANNER,
+        sync_interval=REFERENCE_SYNC_INTERVAL,
+        drain_before_sync=True,
     ),
     "length-aware": SystemConfig(
         name="length-aware",
@@ -174,13 +232,23 @@ SYSTEMS: dict[str, SystemConfig] = {
         policy_config=LengthAwareConfig(),
         node_patterns=REFERENCE_HETEROGENEOUS,
         planner_config=_STATIC_PLANNER,
+        sync_interval=REFERENCE_SYNC_INTERVAL,
+        drain_before_sync=True,
     ),
     "stream-lb": SystemConfig(
         name="stream-lb",
         policy="least_loaded",
         node_patterns=HOMOGENEOUS,
         planner_config=_STATIC_PLANNER,
+        consumption="bounded",
+    ),
+    "stream-lb-unbounded": SystemConfig(
+        name="stream-lb-unbounded",
+        policy="least_loaded",
+        node_patterns=HOMOGENEOUS,
+        planner_config=_STATIC_PLANNER,
         consumption="stream",
+        headline=False,
     ),
     "la-mlfq": SystemConfig(
         name="la-mlfq",
@@ -188,6 +256,8 @@ SYSTEMS: dict[str, SystemConfig] = {
         policy_config=LaMlfqConfig(),
         node_patterns=REFERENCE_HETEROGENEOUS,
         planner_config=_STATIC_PLANNER,
+        sync_interval=REFERENCE_SYNC_INTERVAL,
+        drain_before_sync=True,
     ),
     "libra": SystemConfig(
         name="libra",

@@ -99,3 +99,14 @@ class TwinRefiner:
         if len(ends) - 1 <= first:
             return math.inf  # too few steps trained after the fill to measure
         return (ends[-1] - ends[first]) / (len(ends) - 1 - first)
+
+
+def steady_step_s(train_log: list[dict], depth: int) -> float:
+    """Mean step interval of a whole run between the fill and the drain (the steps
+    ``steady_throughput`` counts): where a live job of hundreds of steps runs
+    (``benchmarks/bench_planner_twin.py`` compares the twin with it)."""
+    ends = [r["start_s"] + r["train_s"] for r in train_log]
+    first, last = depth - 1, len(ends) - 1 - depth
+    if last <= first:
+        raise ValueError(f"{len(ends)} steps have no step between a fill and a drain of {depth}")
+    return (ends[last] - ends[first]) / (last - first)

@@ -123,6 +123,8 @@ class PlanSearch:
         self._layouts: dict[int, list[tuple[tuple[NodePattern, int], ...]]] = {}
         self._layout_counts: dict[int, list[LayoutCounts]] = {}
         self._cost_model: RolloutCostModel | None = None
+        self.pruned = 0
+        """Candidates not re-scored because their training time alone could not win."""
 
     def train_parallelism(self, train_nodes: int) -> TrainParallelism:
         """TP x PP per replica, DP over the rest of the training nodes."""
@@ -214,14 +216,20 @@ class PlanSearch:
         candidates = self._closed_form_top_k(model, work, train_factor, rollout_factor)
         if self.refiner is not None:
             candidates += self._best_uniform(model, work, candidates)
-        refined = [
-            Scored(
-                s.plan, s.train_s, self.rollout_s(model, s.plan, work, greedy=True) * rollout_factor
-            )
-            for s in candidates
-        ]
-        refined = [s for s in refined if not math.isinf(s.objective_s)]
-        return min(refined, key=lambda s: s.objective_s, default=None)
+        # Fewest training seconds first. A candidate whose training step alone takes at
+        # least the best objective refined so far cannot win (its objective is at least
+        # that), so it is not refined: exact pruning of the costly re-score (the twin).
+        best: tuple[float, int, Scored] | None = None  # (objective, candidate index, plan)
+        for index, s in sorted(enumerate(candidates), key=lambda e: e[1].train_s):
+            if best is not None and (s.train_s, index) >= best[:2]:
+                self.pruned += 1
+                continue
+            rollout_s = self.rollout_s(model, s.plan, work, greedy=True) * rollout_factor
+            refined = Scored(s.plan, s.train_s, rollout_s)
+            key = (refined.objective_s, index, refined)
+            if not math.isinf(refined.objective_s) and (best is None or key[:2] < best[:2]):
+                best = key
+        return best[2] if best is not None else None
 
     def _closed_form_top_k(
         self, model: RolloutCostModel, work: Workload, train_factor: float, rollout_factor: float

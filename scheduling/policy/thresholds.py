@@ -20,6 +20,8 @@ live instance, and every one of them is reachable:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -70,16 +72,18 @@ def live_thresholds(
     if len(lengths_tokens) < max(1, min_samples) or len(names) == 1:
         bounds = [float(layout.get(name).max_tokens) for name in names[:-1]]
         return names, (*_increasing(bounds), math.inf)
-    ordered = sorted(lengths_tokens)
+    ordered = sorted(lengths_tokens)  # linear on the sorted window C-MLFQ keeps
     total_tokens = sum(ordered) or 1.0
     total_share = sum(shares.values())
-    bounds, cum_share, cum_tokens, i = [], 0.0, 0.0, 0
+    # Running token sums, added in the same order as a loop over ``ordered`` would.
+    cum_tokens = list(itertools.accumulate(ordered, initial=0.0))[1:]
+    last = len(ordered) - 1
+    bounds, cum_share, i = [], 0.0, 0
     for name in names[:-1]:
         cum_share += shares[name] / total_share
-        # Smallest length at which the shortest trajectories hold this bucket's share.
-        while i < len(ordered) - 1 and (cum_tokens + ordered[i]) / total_tokens < cum_share:
-            cum_tokens += ordered[i]
-            i += 1
+        # Smallest length at which the shortest trajectories hold this bucket's share:
+        # the first index whose running sum reaches it (the sums never decrease).
+        i = bisect.bisect_left(cum_tokens, cum_share, i, last, key=lambda c: c / total_tokens)
         bounds.append(float(ordered[i]))
     return names, (*_increasing(bounds), math.inf)
 

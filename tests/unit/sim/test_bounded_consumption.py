@@ -76,7 +76,7 @@ def _trained_at(sim: Simulator) -> list[tuple[int, object]]:
 @pytest.mark.parametrize("shape", ["math", "r2e"])
 def test_bound_holds_nothing_trained_twice_and_versions_account(shape: str) -> None:
     trace = generate(GeneratorConfig(shape=shape, num_steps=10, prompts_per_step=8, seed=4))
-    lb = system("stream-lb").with_split(32, (2, 2, 2, 2), "reference")
+    lb = system("stream-lb-unbounded").with_split(32, (2, 2, 2, 2), "reference")
     bounded = _simulate(replace(lb, consumption="bounded"), trace)
     trained = _trained_at(bounded)
     ids = [t.rec.trajectory_id for _, t in trained]
@@ -127,9 +127,13 @@ RECORDED = {
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_results_match_the_engine_before_the_split(name: str) -> None:
     trace = generate(GeneratorConfig(shape="r2e", num_steps=8, prompts_per_step=8, seed=3))
-    conf = system(name)
+    # The configuration each ran with before: libra on the barrier, every system
+    # syncing each step without a drain, stream-lb without a per-trajectory bound.
+    conf = replace(system(name), sync_interval=1, drain_before_sync=False)
     if name == "libra":
-        conf = replace(conf, consumption="barrier")  # the mode it ran before
+        conf = replace(conf, consumption="barrier")
+    if name == "stream-lb":
+        conf = replace(system("stream-lb-unbounded"), name="stream-lb")
     r = run(SPEC, trace, conf)
     got = (r["throughput_traj_per_s"], r["makespan_s"], r["p99_traj_latency_s"],
            r["migrations"], r["gpu_busy_fraction"])

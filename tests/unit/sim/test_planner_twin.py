@@ -24,7 +24,7 @@ from sim.generators import GeneratorConfig, generate
 from sim.presets import cluster
 from sim.run import initial_plan
 from sim.systems import system
-from sim.twin import TwinRefiner
+from sim.twin import TwinRefiner, steady_step_s
 
 SPEC = cluster("a800x48")
 HISTORY_STEPS = 5
@@ -48,12 +48,11 @@ def _setup(shape: str, seed: int, consumption: str = "bounded"):
 
 
 def _simulated_step_s(trace, libra, plan) -> float:
-    """Mean step interval after the fill of the whole trace run at ``plan``, statically."""
+    """Mean step interval between the fill and the drain of the whole trace run at
+    ``plan``, statically (the twin predicts a live job's steady state)."""
     static = replace(libra, enable_replan=False, enable_elastic=False)
     raw = Simulator(SPEC, trace, static, plan, None).run()
-    ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]
-    first = pipeline_depth(libra.staleness) - 1
-    return (ends[-1] - ends[first]) / (len(ends) - 1 - first)
+    return steady_step_s(raw["train_log"], pipeline_depth(libra.staleness))
 
 
 def test_twin_agrees_with_the_simulation_on_the_candidates_it_ranks() -> None:
@@ -69,12 +68,27 @@ def test_twin_agrees_with_the_simulation_on_the_candidates_it_ranks() -> None:
         assert predicted == pytest.approx(simulated, rel=0.15), cand.plan.to_dict()
 
 
+def test_search_prunes_candidates_that_cannot_win_exactly() -> None:
+    _, _, twin, search, work = _setup("r2e", 1)
+    best = search.search(work)
+    assert search.pruned >= 1  # training alone outlasts the best objective: not refined
+    # Exact: the best of every candidate, each refined, is the same plan.
+    model = search.cost_model(work)
+    candidates = search._closed_form_top_k(model, work, 1.0, 1.0)
+    candidates += search._best_uniform(model, work, candidates)
+    full = min(
+        (max(c.train_s, twin.rollout_s(c.plan, work)) for c in candidates),
+    )
+    assert best is not None and best.objective_s == full
+
+
 def test_search_refines_with_the_twin_and_caches_per_history() -> None:
     _, _, twin, search, work = _setup("math", 1)
     best = search.search(work)
     assert best is not None and math.isfinite(best.objective_s)
     runs = twin.runs
-    assert runs >= 3  # top candidates plus the uniform guard, each simulated once
+    # Top candidates plus the uniform guard: each simulated once unless pruned.
+    assert runs >= 1 and runs + search.pruned == 4
     search.search(work)
     assert twin.runs == runs  # same history: cached
     twin.observe_step([])  # an empty step changes nothing
@@ -100,3 +114,4 @@ def test_live_planner_and_simulator_read_one_pipeline_depth() -> None:
     for bad in (-1, 1.5, True):
         with pytest.raises(PlanError, match="max_staleness"):
             pipeline_depth(bad)
+

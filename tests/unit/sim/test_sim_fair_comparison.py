@@ -42,7 +42,9 @@ def test_a_static_peer_without_a_split_runs_at_the_reference_split_for_every_see
 
 
 def test_only_static_peers_take_a_split_and_toolcount_is_not_compared() -> None:
-    assert set(STATIC_PEERS) == {"async-lb", "length-aware", "stream-lb", "la-mlfq"}
+    assert set(STATIC_PEERS) == {
+        "async-lb", "length-aware", "stream-lb", "stream-lb-unbounded", "la-mlfq"
+    }
     assert "toolcount" not in SYSTEM_NAMES
     for name in ("libra", "sync-lb"):
         with pytest.raises(ValueError, match="static split"):
