@@ -7,10 +7,12 @@ on stdin). Each instance keeps its lease - AcquireLease, then RenewLease every t
 the TTL the coordinator granted (the rollout ``LeaseKeeper``'s cadence; the coordinator
 scales TTLs with the fleet) through ``GrpcCoordinatorClient``, on the same loop as its
 work, as in a rollout process; a lost lease is acquired again and the work held is
-dropped. ``kill`` instances of the slice die at the mark (they stop renewing and
-working, as a crashed host): their leases must expire, and are counted apart from
-leases lost by live holders. In mode ``leases`` that is all; in mode ``instances`` each also does
-an instance's work - take trajectories from the inbox
+dropped (``renewals`` "batched", the default: one RenewLeases call renews the whole
+slice each beat, as a host holding many leases would). ``kill`` instances of the slice
+die at the mark (they stop renewing and working, as a crashed host): their leases must
+expire, and are counted apart from leases lost by live holders. In mode ``leases`` that
+is all; in mode ``instances`` each also does an instance's work - take trajectories
+from the inbox
   (``RedisRolloutStore.read_inbox``, a blocking XREADGROUP each), report tool returns
   on the scheduler's ``ToolReturns`` stream (``GrpcSchedulerClient``, unanswered stays
   as the rollout core sends them; a share sent as probes that wait for their answer,
@@ -110,6 +112,7 @@ class Leases:
         self.killed = {instance_id(i) for i in self.indexes()[:cfg.get("kill", 0)]}
         self.lat_s: list[float] = []
         self.lost = self.lost_total = self.renew_errors = 0
+        self.calls = 0  # renewal RPCs in the window (batched: one per beat)
         self.on_lost: Any = None  # called with the instance id
 
     def indexes(self) -> range:
@@ -132,11 +135,17 @@ class Leases:
 
     async def acquire_all(self) -> list[asyncio.Task[None]]:
         """Every lease, each renewed from its grant on (as ``LeaseKeeper``: a 3 s lease
-        granted first must not wait for the 500th grant); the renewal tasks."""
+        granted first must not wait for the 500th grant); the renewal tasks. With
+        ``renewals`` "batched" (the default) one task renews the whole slice with
+        RenewLeases; with "single" each instance renews its own with RenewLease."""
         indexes, keepers = self.indexes(), []
+        batched = self.cfg.get("renewals", "batched") == "batched"
         for lo in range(0, len(indexes), 100):  # in slices: 1,000 at once is no host's start
             await asyncio.gather(*(self.acquire(i) for i in indexes[lo:lo + 100]))
-            keepers += [asyncio.create_task(self.keep(i)) for i in indexes[lo:lo + 100]]
+            if not batched:
+                keepers += [asyncio.create_task(self.keep(i)) for i in indexes[lo:lo + 100]]
+            elif not keepers:  # from the first grants on; each beat takes the held ones
+                keepers.append(asyncio.create_task(self.keep_batched()))
         return keepers
 
     def dead(self, worker: str) -> bool:
@@ -165,10 +174,41 @@ class Leases:
                 self.renew_errors += 1
             await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
 
+    async def keep_batched(self) -> None:
+        """Renew every lease of the slice in one RenewLeases call (the client splits past
+        1,000) every third of the shortest granted TTL, as one rollout host holding many
+        leases would; a lost lease (GONE or FENCED in its answer) is acquired again and
+        its instance drops what it held. Each renewal counts once, as in ``keep``."""
+        while not self.control.stopped.is_set():
+            began = time.perf_counter()
+            period_s = min(self.ttl_ms.values()) / 3000
+            held = [t.LeaseRef(w, e) for w, e in self.epochs.items() if not self.dead(w)]
+            try:
+                renewals = await self.clients[0].renew_leases(held)
+            except LibraError:  # no answer within the client's deadline: try again
+                self.renew_errors += 1
+                renewals = []
+            if self.control.marked.is_set():
+                self.lat_s.extend([time.perf_counter() - began] * len(renewals))
+                self.calls += 1
+            for renewal in renewals:
+                if renewal.lease is not None:
+                    self.ttl_ms[renewal.worker_id] = renewal.lease.ttl_ms
+                    continue
+                self.lost += self.control.marked.is_set()
+                self.lost_total += 1
+                index = int(renewal.worker_id.rsplit("-", 1)[1])
+                if await self.acquire_again(index) and self.on_lost is not None:
+                    self.on_lost(renewal.worker_id)
+            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+
     async def close(self) -> dict[str, Any]:
         for client in self.clients:
             await client.close()
-        return {"renewals": len(self.lat_s), "lost": self.lost, "lost_total": self.lost_total,
+        calls = self.calls if self.cfg.get("renewals", "batched") == "batched" \
+            else len(self.lat_s)
+        return {"renewals": len(self.lat_s), "renew_calls": calls, "lost": self.lost,
+                "lost_total": self.lost_total,
                 "renew_errors": self.renew_errors, "killed": sorted(self.killed),
                 "ttl_ms_max": max(self.ttl_ms.values(), default=0),
                 **{f"renew_{k}": v for k, v in percentiles_ms(self.lat_s).items()}}
