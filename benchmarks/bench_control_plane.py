@@ -4,8 +4,9 @@ and scheduler processes over gRPC + Redis.
 Starts a real redis-server, ``python -m services.coordinator`` and ``python -m
 services.scheduler`` (their own processes, as deployed), then ``--drivers`` child
 processes whose asyncio tasks are the instances (benchmarks/control_plane_fleet.py).
-Every instance keeps its lease through the real client (AcquireLease, RenewLease every
-TTL/3). With ``--workload rollout`` (the default) they also do an instance's work
+Every instance keeps its lease through the real client (AcquireLease, then every TTL/3
+one RenewLeases call per driver for all its instances, or with ``--renewals single`` a
+RenewLease per instance). With ``--workload rollout`` (the default) they also do an instance's work
 through the real protocol: a job whose prompt set fills every instance to
 ``--per-instance`` trajectories (100 x 1,000 instances = 100,000 in flight) is written
 by the coordinator's store and started over the scheduler's StartJob; the instances
@@ -27,7 +28,8 @@ Measured over the window, after the fill (``--workload leases``: leases only):
   memory (INFO), and the load average beside each figure.
 
 Usage: ``python benchmarks/bench_control_plane.py [--instances 100 300 1000]
-[--seconds 30] [--workload rollout|leases] [--quick] [--json]``
+[--seconds 30] [--workload rollout|leases] [--renewals batched single] [--quick] [--json]``
+(several ``--renewals`` arms run alternately at each size).
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class Stack:
                                  "--server.metrics-port=-1"]),
                 ("scheduler", [f"--server.port={sched_port}",
                                f"--server.metrics-port={self.metrics_port}"])):
-            # --profile: the scheduler under cProfile (scheduler.prof in the log folder).
+            # --profile: the scheduler under cProfile (scheduler-<run>.prof in the log folder).
             prof = ["-m", "cProfile", "-o", str(tmp / f"scheduler-{n}.prof")] \
                 if profile and name == "scheduler" else []
             self.procs.append(subprocess.Popen(
@@ -366,7 +368,8 @@ def main() -> None:
     parser.add_argument("--quick-timeout-s", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="one JSON line per run")
     parser.add_argument("--profile", action="store_true",
-                        help="run the scheduler under cProfile (scheduler.prof, --log-dir)")
+                        help="run the scheduler under cProfile (scheduler-<size>-<arm>-<i>.prof "
+                             "in --log-dir)")
     parser.add_argument("--log-dir", help="keep the services' logs and Redis files here "
                                           "(default: a temporary folder, removed)")
     args = parser.parse_args()

@@ -113,6 +113,8 @@ class Leases:
         self.lat_s: list[float] = []
         self.lost = self.lost_total = self.renew_errors = 0
         self.calls = 0  # renewal RPCs in the window (batched: one per beat)
+        self.reacquiring: set[str] = set()  # batched: lost, being acquired again
+        self.tasks: set[asyncio.Task[None]] = set()
         self.on_lost: Any = None  # called with the instance id
 
     def indexes(self) -> range:
@@ -177,12 +179,15 @@ class Leases:
     async def keep_batched(self) -> None:
         """Renew every lease of the slice in one RenewLeases call (the client splits past
         1,000) every third of the shortest granted TTL, as one rollout host holding many
-        leases would; a lost lease (GONE or FENCED in its answer) is acquired again and
+        leases would; a lost lease (GONE or FENCED in its answer) is acquired again on
+        its own task, left out of the batches meanwhile (re-acquiring them one after
+        another here held the next batch back for seconds under load: more lapses), and
         its instance drops what it held. Each renewal counts once, as in ``keep``."""
         while not self.control.stopped.is_set():
             began = time.perf_counter()
             period_s = min(self.ttl_ms.values()) / 3000
-            held = [t.LeaseRef(w, e) for w, e in self.epochs.items() if not self.dead(w)]
+            held = [t.LeaseRef(w, e) for w, e in self.epochs.items()
+                    if not self.dead(w) and w not in self.reacquiring]
             try:
                 renewals = await self.clients[0].renew_leases(held)
             except LibraError:  # no answer within the client's deadline: try again
@@ -197,10 +202,22 @@ class Leases:
                     continue
                 self.lost += self.control.marked.is_set()
                 self.lost_total += 1
-                index = int(renewal.worker_id.rsplit("-", 1)[1])
-                if await self.acquire_again(index) and self.on_lost is not None:
-                    self.on_lost(renewal.worker_id)
+                self.reacquiring.add(renewal.worker_id)
+                task = asyncio.create_task(self.reacquire(renewal.worker_id))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
             await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+
+    async def reacquire(self, worker: str) -> None:
+        """A lost lease acquired again (tried again each beat until granted)."""
+        index = int(worker.rsplit("-", 1)[1])
+        while not await self.acquire_again(index):
+            if self.control.stopped.is_set():
+                return
+            await asyncio.sleep(min(self.ttl_ms.values()) / 3000)
+        self.reacquiring.discard(worker)
+        if self.on_lost is not None:
+            self.on_lost(worker)
 
     async def close(self) -> dict[str, Any]:
         for client in self.clients:

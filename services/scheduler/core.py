@@ -201,7 +201,8 @@ class SchedulerCore:
         # write (placements, admissions, policy state): see ``store.py``.
         with_leases = self._clock.now_s() - run.instances_at_s >= self._lease_snapshot_s
         status = await self._store.tick_state(run.job_id, run.finish_cursor,
-                                              MAX_FINISHES_PER_TICK, with_leases)
+                                              MAX_FINISHES_PER_TICK, with_leases,
+                                              self._requeuer.page_due(run))
         if status.state is None or status.state in ("succeeded", "failed", "cancelled"):
             await run.policy_store.flush()
             await self.stop_job(run.job_id)
@@ -214,7 +215,7 @@ class SchedulerCore:
         if status.leases is not None:  # read after the slots were given back
             self._take_snapshot(run, status.leases)
         # 3) Trajectories on instances whose lease expired go back to the queue.
-        await self._requeuer.requeue_orphans(run)
+        await self._requeuer.requeue_orphans(run, status.orphan_page)
         writes = TickWrites()
         # 4) Place what is queued (re-queued first, then by policy priority).
         await self._place_pending(run, writes)
