@@ -138,16 +138,18 @@ class Leases:
     async def acquire_all(self) -> list[asyncio.Task[None]]:
         """Every lease, each renewed from its grant on (as ``LeaseKeeper``: a 3 s lease
         granted first must not wait for the 500th grant); the renewal tasks. With
-        ``renewals`` "batched" (the default) one task renews the whole slice with
-        RenewLeases; with "single" each instance renews its own with RenewLease."""
+        ``renewals`` "batched" (the default) a task per 100 instances renews them with
+        RenewLeases, the groups a tenth of the period apart; with "single" each instance
+        renews its own with RenewLease."""
         indexes, keepers = self.indexes(), []
         batched = self.cfg.get("renewals", "batched") == "batched"
         for lo in range(0, len(indexes), 100):  # in slices: 1,000 at once is no host's start
             await asyncio.gather(*(self.acquire(i) for i in indexes[lo:lo + 100]))
             if not batched:
                 keepers += [asyncio.create_task(self.keep(i)) for i in indexes[lo:lo + 100]]
-            elif not keepers:  # from the first grants on; each beat takes the held ones
-                keepers.append(asyncio.create_task(self.keep_batched()))
+            else:
+                group = [instance_id(i) for i in indexes[lo:lo + 100]]
+                keepers.append(asyncio.create_task(self.keep_batched(group, lo // 100 % 10)))
         return keepers
 
     def dead(self, worker: str) -> bool:
@@ -176,20 +178,23 @@ class Leases:
                 self.renew_errors += 1
             await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
 
-    async def keep_batched(self) -> None:
-        """Renew every lease of the slice in one RenewLeases call (the client splits past
-        1,000) every third of the shortest granted TTL, as one rollout host holding many
-        leases would; a lost lease (GONE or FENCED in its answer) is acquired again on
-        its own task, left out of the batches meanwhile (re-acquiring them one after
-        another here held the next batch back for seconds under load: more lapses), and
-        its instance drops what it held. Each renewal counts once, as in ``keep``."""
+    async def keep_batched(self, group: list[str], phase: int) -> None:
+        """Renew a group of the slice's leases in one RenewLeases call every third of
+        the shortest granted TTL, as one rollout host holding many leases would. Groups
+        of 100, ``phase`` tenths of the period apart, so that no single beat decodes all
+        500 answers of a driver on the loop that also times its probes. A lost lease
+        (GONE or FENCED in its answer) is acquired again on its own task, left out of the
+        batches meanwhile (re-acquiring them one after another here held the next batch
+        back for seconds under load: more lapses), and its instance drops what it held.
+        Each renewal counts once, as in ``keep``."""
+        await asyncio.sleep(min(self.ttl_ms[w] for w in group) / 3000 * phase / 10)
         while not self.control.stopped.is_set():
             began = time.perf_counter()
-            period_s = min(self.ttl_ms.values()) / 3000
-            held = [t.LeaseRef(w, e) for w, e in self.epochs.items()
+            period_s = min(self.ttl_ms[w] for w in group) / 3000
+            held = [t.LeaseRef(w, self.epochs[w]) for w in group
                     if not self.dead(w) and w not in self.reacquiring]
             try:
-                renewals = await self.clients[0].renew_leases(held)
+                renewals = await self.clients[phase % len(self.clients)].renew_leases(held)
             except LibraError:  # no answer within the client's deadline: try again
                 self.renew_errors += 1
                 renewals = []
