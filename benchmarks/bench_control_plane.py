@@ -4,8 +4,9 @@ and scheduler processes over gRPC + Redis.
 Starts a real redis-server, ``python -m services.coordinator`` and ``python -m
 services.scheduler`` (their own processes, as deployed), then ``--drivers`` child
 processes whose asyncio tasks are the instances (benchmarks/control_plane_fleet.py).
-Every instance keeps its lease through the real client (AcquireLease, RenewLease every
-TTL/3). With ``--workload rollout`` (the default) they also do an instance's work
+Every instance keeps its lease through the real client (AcquireLease, then every TTL/3
+one RenewLeases call per driver for all its instances, or with ``--renewals single`` a
+RenewLease per instance). With ``--workload rollout`` (the default) they also do an instance's work
 through the real protocol: a job whose prompt set fills every instance to
 ``--per-instance`` trajectories (100 x 1,000 instances = 100,000 in flight) is written
 by the coordinator's store and started over the scheduler's StartJob; the instances
@@ -27,7 +28,8 @@ Measured over the window, after the fill (``--workload leases``: leases only):
   memory (INFO), and the load average beside each figure.
 
 Usage: ``python benchmarks/bench_control_plane.py [--instances 100 300 1000]
-[--seconds 30] [--workload rollout|leases] [--quick] [--json]``
+[--seconds 30] [--workload rollout|leases] [--renewals batched single] [--quick] [--json]``
+(several ``--renewals`` arms run alternately at each size).
 """
 
 from __future__ import annotations
@@ -88,9 +90,10 @@ def job_spec(instances: int, per_instance: int, samples: int) -> dict[str, Any]:
 class Stack:
     """redis-server, coordinator and scheduler as processes; the children that drive them."""
 
-    def __init__(self, tmp: Path, n: int, profile: bool = False,
+    def __init__(self, tmp: Path, n: str, profile: bool = False,
                  renewals_per_s: float = 250.0) -> None:
         self.tmp, self.procs, self.drivers = tmp, [], []
+        # One folder per run: a Redis reusing one would load the last run's dump.
         self.redis = start_redis(tmp / f"redis-{n}")
         coord_port, sched_port, self.metrics_port = free_ports(3)
         self.coordinator_address = f"127.0.0.1:{coord_port}"
@@ -103,8 +106,8 @@ class Stack:
                                  "--server.metrics-port=-1"]),
                 ("scheduler", [f"--server.port={sched_port}",
                                f"--server.metrics-port={self.metrics_port}"])):
-            # --profile: the scheduler under cProfile (scheduler.prof in the log folder).
-            prof = ["-m", "cProfile", "-o", str(tmp / "scheduler.prof")] \
+            # --profile: the scheduler under cProfile (scheduler-<run>.prof in the log folder).
+            prof = ["-m", "cProfile", "-o", str(tmp / f"scheduler-{n}.prof")] \
                 if profile and name == "scheduler" else []
             self.procs.append(subprocess.Popen(
                 [sys.executable, *prof, "-m", f"services.{name}", *args,
@@ -213,8 +216,9 @@ def train(stack: Stack, samples: int) -> None:
         stack.r.hincrby(keys.counters(JOB), "trained_groups", produced // samples - trained)
 
 
-def run(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    stack = Stack(tmp, n, args.profile, args.lease_renewals_per_s)
+def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str,
+        tag: str) -> dict[str, Any]:
+    stack = Stack(tmp, f"{n}-{renewals}-{tag}", args.profile, args.lease_renewals_per_s)
     try:
         base = {"instances": n, "buckets": BUCKETS, "redis_url": stack.redis.url,
                 "job_id": JOB, "seed": 0, "ttl_ms": args.ttl_ms, "channels": 2,
@@ -223,7 +227,7 @@ def run(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "scheduler": stack.scheduler_address, "block_ms": 1000, "period_s": 1.0,
                 "probe_share": 0.05, "reports_per_s": args.reports_per_s,
                 "max_in_flight": args.max_in_flight,
-                "finishes_per_s": args.finishes_per_s}
+                "finishes_per_s": args.finishes_per_s, "renewals": renewals}
         per_driver = math.ceil(n / args.drivers)
         kill_per_driver = math.ceil(args.kill / args.drivers)
         for first in range(0, n, per_driver):
@@ -232,7 +236,8 @@ def run(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for driver in stack.drivers:  # every lease held
             assert driver.stdout is not None
             json.loads(driver.stdout.readline())["ready"]
-        result: dict[str, Any] = {"instances": n, "workload": args.workload}
+        result: dict[str, Any] = {"instances": n, "workload": args.workload,
+                                  "renewals": renewals}
         if args.workload == "rollout":
             target = start_job(stack, args, n)
             began = time.monotonic()
@@ -281,6 +286,8 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
     out: dict[str, Any] = {
         "window_s": round(wall_s, 1),
         "renewals_per_s": round(sum(s["renewals"] for s in summaries) / wall_s, 1),
+        # RPCs that carried them (batched: one per driver and beat).
+        "renew_calls_per_s": round(sum(s["renew_calls"] for s in summaries) / wall_s, 1),
         # The drivers' renewals together: the worst driver's (a conservative merge).
         "renew_p50_ms": max(s["renew_p50_ms"] for s in summaries),
         "renew_p99_ms": max(s["renew_p99_ms"] for s in summaries),
@@ -341,6 +348,13 @@ def main() -> None:
     parser.add_argument("--ttl-ms", type=int, default=3000,
                         help="lease TTL the instances ask for (the coordinator may grant "
                              "more: --lease-renewals-per-s)")
+    parser.add_argument("--renewals", choices=("batched", "single"), nargs="+",
+                        default=["batched"],
+                        help="how the drivers renew: one RenewLeases call per driver and "
+                             "beat (batched) or one RenewLease per instance (single, the "
+                             "former way); several arms run alternately at each size")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of each size (the arms alternate within each)")
     parser.add_argument("--lease-renewals-per-s", type=float, default=250.0,
                         help="the coordinator's lease_renewals_per_s (0: TTLs as asked)")
     parser.add_argument("--kill", type=int, default=0,
@@ -354,7 +368,8 @@ def main() -> None:
     parser.add_argument("--quick-timeout-s", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="one JSON line per run")
     parser.add_argument("--profile", action="store_true",
-                        help="run the scheduler under cProfile (scheduler.prof, --log-dir)")
+                        help="run the scheduler under cProfile (scheduler-<size>-<arm>-<i>.prof "
+                             "in --log-dir)")
     parser.add_argument("--log-dir", help="keep the services' logs and Redis files here "
                                           "(default: a temporary folder, removed)")
     args = parser.parse_args()
@@ -365,12 +380,15 @@ def main() -> None:
         args.reports_per_s, args.finishes_per_s, args.ttl_ms = 5.0, 1.0, 30_000
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.instances:
-            result = run(n, args, Path(args.log_dir or tmp))
-            print(json.dumps(result) if args.json else _text(result), flush=True)
+            for i in range(args.repeat):
+                for renewals in args.renewals:
+                    result = run(n, args, Path(args.log_dir or tmp), renewals, str(i))
+                    print(json.dumps(result) if args.json else _text(result), flush=True)
 
 
 def _text(r: dict[str, Any]) -> str:
-    lines = [f"{r['instances']} instances ({r['workload']}), window {r['window_s']} s, "
+    lines = [f"{r['instances']} instances ({r['workload']}, {r['renewals']} renewals), "
+             f"window {r['window_s']} s, "
              f"load {r['loadavg']}:"]
     if r["workload"] == "rollout":
         lines.append(f"  in flight {r['in_flight']} (fill {r['fill_s']} s); tick p50 "
@@ -378,7 +396,8 @@ def _text(r: dict[str, Any]) -> str:
                      f" decisions/s, batch p99 {r['decide_batch_p99_ms']} ms (server), "
                      f"client p99 {r['client_decision_p99_ms']} ms; {r['finished_per_s']}"
                      f" finished/s; moves {r['moves']}, fenced {r['fenced']}")
-    lines.append(f"  {r['renewals_per_s']} renewals/s (TTL {r['lease_ttl_ms']} ms), p99 "
+    lines.append(f"  {r['renewals_per_s']} renewals/s in {r['renew_calls_per_s']} calls/s "
+                 f"(TTL {r['lease_ttl_ms']} ms), p99 "
                  f"{r['renew_p99_ms']} ms, lost {r['leases_lost']} (fill included "
                  f"{r['leases_lost_with_fill']}), killed {r['killed']} expired "
                  f"{r['killed_expired']}, driver loop lag p99 {r['driver_loop_lag_p99_ms']}"

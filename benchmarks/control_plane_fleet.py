@@ -7,10 +7,12 @@ on stdin). Each instance keeps its lease - AcquireLease, then RenewLease every t
 the TTL the coordinator granted (the rollout ``LeaseKeeper``'s cadence; the coordinator
 scales TTLs with the fleet) through ``GrpcCoordinatorClient``, on the same loop as its
 work, as in a rollout process; a lost lease is acquired again and the work held is
-dropped. ``kill`` instances of the slice die at the mark (they stop renewing and
-working, as a crashed host): their leases must expire, and are counted apart from
-leases lost by live holders. In mode ``leases`` that is all; in mode ``instances`` each also does
-an instance's work - take trajectories from the inbox
+dropped (``renewals`` "batched", the default: one RenewLeases call renews the whole
+slice each beat, as a host holding many leases would). ``kill`` instances of the slice
+die at the mark (they stop renewing and working, as a crashed host): their leases must
+expire, and are counted apart from leases lost by live holders. In mode ``leases`` that
+is all; in mode ``instances`` each also does an instance's work - take trajectories
+from the inbox
   (``RedisRolloutStore.read_inbox``, a blocking XREADGROUP each), report tool returns
   on the scheduler's ``ToolReturns`` stream (``GrpcSchedulerClient``, unanswered stays
   as the rollout core sends them; a share sent as probes that wait for their answer,
@@ -110,6 +112,9 @@ class Leases:
         self.killed = {instance_id(i) for i in self.indexes()[:cfg.get("kill", 0)]}
         self.lat_s: list[float] = []
         self.lost = self.lost_total = self.renew_errors = 0
+        self.calls = 0  # renewal RPCs in the window (batched: one per beat)
+        self.reacquiring: set[str] = set()  # batched: lost, being acquired again
+        self.tasks: set[asyncio.Task[None]] = set()
         self.on_lost: Any = None  # called with the instance id
 
     def indexes(self) -> range:
@@ -132,11 +137,19 @@ class Leases:
 
     async def acquire_all(self) -> list[asyncio.Task[None]]:
         """Every lease, each renewed from its grant on (as ``LeaseKeeper``: a 3 s lease
-        granted first must not wait for the 500th grant); the renewal tasks."""
+        granted first must not wait for the 500th grant); the renewal tasks. With
+        ``renewals`` "batched" (the default) a task per 100 instances renews them with
+        RenewLeases, the groups a tenth of the period apart; with "single" each instance
+        renews its own with RenewLease."""
         indexes, keepers = self.indexes(), []
+        batched = self.cfg.get("renewals", "batched") == "batched"
         for lo in range(0, len(indexes), 100):  # in slices: 1,000 at once is no host's start
             await asyncio.gather(*(self.acquire(i) for i in indexes[lo:lo + 100]))
-            keepers += [asyncio.create_task(self.keep(i)) for i in indexes[lo:lo + 100]]
+            if not batched:
+                keepers += [asyncio.create_task(self.keep(i)) for i in indexes[lo:lo + 100]]
+            else:
+                group = [instance_id(i) for i in indexes[lo:lo + 100]]
+                keepers.append(asyncio.create_task(self.keep_batched(group, lo // 100 % 10)))
         return keepers
 
     def dead(self, worker: str) -> bool:
@@ -165,10 +178,59 @@ class Leases:
                 self.renew_errors += 1
             await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
 
+    async def keep_batched(self, group: list[str], phase: int) -> None:
+        """Renew a group of the slice's leases in one RenewLeases call every third of
+        the shortest granted TTL, as one rollout host holding many leases would. Groups
+        of 100, ``phase`` tenths of the period apart, so that no single beat decodes all
+        500 answers of a driver on the loop that also times its probes. A lost lease
+        (GONE or FENCED in its answer) is acquired again on its own task, left out of the
+        batches meanwhile (re-acquiring them one after another here held the next batch
+        back for seconds under load: more lapses), and its instance drops what it held.
+        Each renewal counts once, as in ``keep``."""
+        await asyncio.sleep(min(self.ttl_ms[w] for w in group) / 3000 * phase / 10)
+        while not self.control.stopped.is_set():
+            began = time.perf_counter()
+            period_s = min(self.ttl_ms[w] for w in group) / 3000
+            held = [t.LeaseRef(w, self.epochs[w]) for w in group
+                    if not self.dead(w) and w not in self.reacquiring]
+            try:
+                renewals = await self.clients[phase % len(self.clients)].renew_leases(held)
+            except LibraError:  # no answer within the client's deadline: try again
+                self.renew_errors += 1
+                renewals = []
+            if self.control.marked.is_set():
+                self.lat_s.extend([time.perf_counter() - began] * len(renewals))
+                self.calls += 1
+            for renewal in renewals:
+                if renewal.lease is not None:
+                    self.ttl_ms[renewal.worker_id] = renewal.lease.ttl_ms
+                    continue
+                self.lost += self.control.marked.is_set()
+                self.lost_total += 1
+                self.reacquiring.add(renewal.worker_id)
+                task = asyncio.create_task(self.reacquire(renewal.worker_id))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+
+    async def reacquire(self, worker: str) -> None:
+        """A lost lease acquired again (tried again each beat until granted)."""
+        index = int(worker.rsplit("-", 1)[1])
+        while not await self.acquire_again(index):
+            if self.control.stopped.is_set():
+                return
+            await asyncio.sleep(min(self.ttl_ms.values()) / 3000)
+        self.reacquiring.discard(worker)
+        if self.on_lost is not None:
+            self.on_lost(worker)
+
     async def close(self) -> dict[str, Any]:
         for client in self.clients:
             await client.close()
-        return {"renewals": len(self.lat_s), "lost": self.lost, "lost_total": self.lost_total,
+        calls = self.calls if self.cfg.get("renewals", "batched") == "batched" \
+            else len(self.lat_s)
+        return {"renewals": len(self.lat_s), "renew_calls": calls, "lost": self.lost,
+                "lost_total": self.lost_total,
                 "renew_errors": self.renew_errors, "killed": sorted(self.killed),
                 "ttl_ms_max": max(self.ttl_ms.values(), default=0),
                 **{f"renew_{k}": v for k, v in percentiles_ms(self.lat_s).items()}}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from libra.errors import LeaseLost
 from libra.id_types import JobId, WorkerId
 
 
@@ -37,6 +38,43 @@ class Lease:
     epoch: int
     expires_at_ms: int
     ttl_ms: int
+
+
+class RenewOutcome(enum.Enum):
+    """One lease's fate in a batched renewal (``RenewLeases``)."""
+
+    RENEWED = "renewed"
+    GONE = "gone"  # expired or released: acquire a new one
+    FENCED = "fenced"  # granted anew at a newer epoch: another holder has it
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """A held lease as its holder names it in a batched renewal."""
+
+    worker_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewal:
+    """One lease's answer in a batched renewal, in the request's order: a lost lease is
+    an answer, not an error, so the other leases of the batch are still renewed and each
+    holder learns its own fate. ``lease`` is the renewed lease (RENEWED only)."""
+
+    worker_id: str
+    epoch: int  # the epoch the holder asked to renew
+    outcome: RenewOutcome
+    lease: Lease | None = None
+
+    def lease_or_raise(self) -> Lease:
+        """The renewed lease; LeaseLost (as ``RenewLease`` raises) when it was lost."""
+        if self.lease is None or self.outcome is not RenewOutcome.RENEWED:
+            if self.outcome is RenewOutcome.FENCED:
+                raise LeaseLost(f"lease of {self.worker_id} is held at a newer epoch than "
+                                f"{self.epoch}")
+            raise LeaseLost(f"lease of {self.worker_id} expired; acquire a new one")
+        return self.lease
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,9 @@ MAX_STEP_JSON_BYTES = 64 * 1024
 # Generations are wall-clock ms (services/coordinator/elastic.py); one this far ahead of
 # the receiver's clock is not from a coordinator (clock skew between hosts is far less).
 MAX_GENERATION_AHEAD_MS = 24 * 3600 * 1000
+# Leases one RenewLeases call renews: one Redis script runs over the batch, and Redis
+# serves nothing else meanwhile (about 2 ms for 1,000); clients split larger sets.
+MAX_LEASES_PER_RENEWAL = 1000
 
 
 def _has_surrogate(text: str) -> bool:

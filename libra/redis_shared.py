@@ -8,6 +8,7 @@ atomically in one round trip and one reply.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from libra import redis_keys as keys
@@ -42,14 +43,25 @@ async def ensure_consumer_group(redis: Any, stream: str, group: str) -> None:
 
 
 # ARGV is a list of operations, each: number of arguments after the key, command, index
-# of its key in KEYS, arguments. Every command the batch runs names exactly one key.
+# of its key in KEYS, arguments. Every command the batch runs names exactly one key. A
+# command named with a trailing '*' has one argument, a JSON array of its (text)
+# arguments, decoded here by cjson and run in slices of _MAX_FIELDS_PER_OP pairs.
 _SCRIPT_BATCH_LUA = """
 local i = 1
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
-  local call = {ARGV[i + 1], KEYS[tonumber(ARGV[i + 2])]}
-  for j = 1, n do call[2 + j] = ARGV[i + 2 + j] end
-  redis.call(unpack(call))
+  local command, key = ARGV[i + 1], KEYS[tonumber(ARGV[i + 2])]
+  if string.sub(command, -1) == '*' then
+    local args = cjson.decode(ARGV[i + 3])
+    command = string.sub(command, 1, -2)
+    for lo = 1, #args, 2000 do
+      redis.call(command, key, unpack(args, lo, math.min(lo + 1999, #args)))
+    end
+  else
+    local call = {command, key}
+    for j = 1, n do call[2 + j] = ARGV[i + 2 + j] end
+    redis.call(unpack(call))
+  end
   i = i + 3 + n
 end
 return 0
@@ -83,16 +95,31 @@ class ScriptBatch:
         index = self._keys.setdefault(key, len(self._keys) + 1)
         self._args += [len(args), command, index, *args]
 
+    def _op_text(self, command: str, key: str, args: list[Any]) -> bool:
+        """Queue ``command`` with its arguments as one JSON array when they are all text
+        (False otherwise: nothing queued). redis-py packs a command's arguments one by
+        one in Python, ~4 us each: a scheduler tick flushing the policy state of a few
+        hundred trajectories spent most of its time there; json.dumps is one C call."""
+        if not all(type(a) is str for a in args):
+            return False
+        self._op(command + "*", key, json.dumps(args, ensure_ascii=False))
+        return True
+
     def hset(self, name: str, key: Any = None, value: Any = None,
              mapping: dict[Any, Any] | None = None) -> None:
-        """Queue the pipeline's ``hset``, split so no Lua call passes ~8000 arguments."""
+        """Queue the pipeline's ``hset``, split so no Lua call passes ~8000 arguments
+        (text fields and values travel as one JSON argument)."""
         pairs = list((mapping or {}).items()) + ([(key, value)] if key is not None else [])
+        if len(pairs) > 1 and self._op_text("HSET", name, [x for p in pairs for x in p]):
+            return
         for start in range(0, len(pairs), _MAX_FIELDS_PER_OP):
             self._op("HSET", name, *(x for pair in pairs[start:start + _MAX_FIELDS_PER_OP]
                                      for x in pair))
 
     def hdel(self, name: str, *fields: Any) -> None:
         """Queue the pipeline's ``hdel``, split like :meth:`hset`."""
+        if len(fields) > 1 and self._op_text("HDEL", name, list(fields)):
+            return
         for start in range(0, len(fields), _MAX_FIELDS_PER_OP):
             self._op("HDEL", name, *fields[start:start + _MAX_FIELDS_PER_OP])
 

@@ -24,9 +24,12 @@ from libra.job_types import InstanceStatus as InstanceStatus
 from libra.job_types import Job as Job
 from libra.job_types import JobState as JobState
 from libra.job_types import Lease as Lease
+from libra.job_types import LeaseRef as LeaseRef
+from libra.job_types import LeaseRenewal as LeaseRenewal
 from libra.job_types import LeaseSummary as LeaseSummary
 from libra.job_types import LendResult as LendResult
 from libra.job_types import PolicyInfo as PolicyInfo
+from libra.job_types import RenewOutcome as RenewOutcome
 from libra.job_types import StepRecord as StepRecord
 from libra.job_types import TrainerStatus as TrainerStatus
 from libra.job_types import WorkerRole as WorkerRole

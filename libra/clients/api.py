@@ -9,7 +9,7 @@ pure (the import contract in pyproject.toml), not just free of those imports at 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from libra import types as t
@@ -31,6 +31,12 @@ class CoordinatorApi(Protocol):
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
         """Extend the lease held at ``epoch``; fails once it expired or was granted anew,
         which tells a zombie worker to stop."""
+        ...
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:
+        """Renew every lease a process holds at once: one answer per lease, in order; a
+        lost lease is an answer (GONE or FENCED; ``lease_or_raise`` raises LeaseLost),
+        so each holder learns its own fate and the others are still renewed."""
         ...
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from libra import types as t
@@ -10,10 +11,16 @@ from libra.clients.api import CoordinatorApi as CoordinatorApi
 from libra.clients.api import CoordinatorJobApi as CoordinatorJobApi
 from libra.clients.base import GrpcClientBase
 from libra.grpc_auth import ClientAuth
+from libra.limits import MAX_LEASES_PER_RENEWAL
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from libra.wire.common import lease_from_proto, role_to_proto
-from libra.wire.coordinator import job_from_proto, job_state_to_proto
+from libra.wire.coordinator import (
+    job_from_proto,
+    job_state_to_proto,
+    lease_refs_to_proto,
+    renewals_from_proto,
+)
 from libra.wire.step_record import step_record_to_json
 
 # CreateJob validates before storing: the model's config and tokenizer (loading
@@ -100,6 +107,18 @@ class GrpcCoordinatorClient(GrpcClientBase):
                                 pb.RenewLeaseRequest(worker_id=worker_id, epoch=epoch),
                                 idempotent=True)
         return lease_from_proto(resp.lease)
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:
+        """Renew every lease a process holds: one RenewLeases call per
+        ``MAX_LEASES_PER_RENEWAL`` leases (none for none); one answer per lease, in order.
+        A lost lease is an answer (``lease_or_raise`` raises LeaseLost), not an error."""
+        out: list[t.LeaseRenewal] = []
+        for lo in range(0, len(refs), MAX_LEASES_PER_RENEWAL):
+            resp = await self._call(
+                self._stub.RenewLeases,
+                lease_refs_to_proto(refs[lo:lo + MAX_LEASES_PER_RENEWAL]), idempotent=True)
+            out.extend(renewals_from_proto(resp))
+        return out
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         """Give the lease up on a clean exit, so peers need not wait for its TTL."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -349,6 +350,10 @@ class CoordinatorCore:
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
         """Extend the lease held at ``epoch``; fails once it expired or was granted anew."""
         return await self._workers.renew_lease(worker_id, epoch)
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:
+        """Renew a process's leases at once: one answer per lease, in order."""
+        return await self._workers.renew_leases(refs)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         """Give the lease up on a clean exit, so peers need not wait for its TTL."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from libra import types as t
@@ -77,6 +77,9 @@ class InProcessCoordinatorClient:
 
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
         return await _by_value(self._core.renew_lease(worker_id, epoch))
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:
+        return await _by_value(self._core.renew_leases(list(refs)))
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         await _by_value(self._core.release_lease(worker_id, epoch))

@@ -5,7 +5,7 @@ unit tests and the in-process loop use it."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from libra import types as t
@@ -125,6 +125,22 @@ class InMemoryCoordinatorStore:
                           lease.epoch, now_ms + ttl_ms, ttl_ms)
         self._leases[worker_id] = renewed
         return renewed
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
+                           ttl_ms_per_worker: int = 0) -> list[t.LeaseRenewal]:
+        out = []
+        for ref in refs:
+            lease = self._live(ref.worker_id)
+            if lease is None:
+                out.append(t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.GONE))
+            elif lease.epoch != ref.epoch:
+                out.append(t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.FENCED))
+            else:
+                renewed = await self.renew_lease(ref.worker_id, ref.epoch, now_ms,
+                                                 ttl_ms_per_worker)
+                out.append(t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.RENEWED,
+                                          renewed))
+        return out
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         lease = self._leases.get(worker_id)

@@ -7,7 +7,12 @@ import json
 from libra.proto.coordinator.v1 import coordinator_pb2 as pb
 from libra.proto.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from libra.wire.common import lease_to_proto, role_from_proto
-from libra.wire.coordinator import job_state_from_proto, job_to_proto
+from libra.wire.coordinator import (
+    job_state_from_proto,
+    job_to_proto,
+    lease_refs_from_proto,
+    renewals_to_proto,
+)
 from libra.wire.step_record import step_record_from_json
 from services.coordinator.core import CoordinatorCore
 from services.coordinator.step_metrics import export_step
@@ -52,6 +57,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
     async def RenewLease(self, request, context):  # noqa: N802, ANN001
         lease = await self._core.renew_lease(request.worker_id, request.epoch)
         return pb.RenewLeaseResponse(lease=lease_to_proto(lease))
+
+    async def RenewLeases(self, request, context):  # noqa: N802, ANN001
+        renewals = await self._core.renew_leases(lease_refs_from_proto(request))
+        return renewals_to_proto(renewals)
 
     async def ReleaseLease(self, request, context):  # noqa: N802, ANN001
         await self._core.release_lease(request.worker_id, request.epoch)

@@ -13,13 +13,13 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from libra import redis_keys as keys
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import LeaseLost, NotFound, register_unavailable
+from libra.errors import NotFound, register_unavailable
 from libra.redis_fields import LEASE_EPOCH, lease_from_hash, lease_to_hash
 from services.coordinator.memory_store import InMemoryCoordinatorStore
 from services.coordinator.store_protocol import (
@@ -89,6 +89,18 @@ def _job_from_hash(h: dict[str, str]) -> t.Job:
                  step=int(h.get("step", 0)), policy_version=int(h.get("policy_version", 0)),
                  run_dir=h.get("run_dir", ""), priority=int(h.get("priority", 0)),
                  num_resumes=int(h.get("num_resumes", 0)))
+
+
+def renewal_from_reply(ref: t.LeaseRef, reply: list[Any], now_ms: int) -> t.LeaseRenewal:
+    """One lease's answer from ``RENEW_LUA``'s reply for it."""
+    code = int(reply[0])
+    if code == -1:
+        return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.GONE)
+    if code == -2:
+        return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.FENCED)
+    flat = reply[1]
+    lease = lease_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)), code, now_ms)
+    return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.RENEWED, lease)
 
 
 class RedisCoordinatorStore:
@@ -260,16 +272,19 @@ class RedisCoordinatorStore:
 
     async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
                           ttl_ms_per_worker: int = 0) -> t.Lease:
-        reply = await self._retrying("renew_lease", lambda: self._renew(
-            keys=[keys.lease(worker_id), keys.WORKERS],
-            args=[str(epoch), ttl_ms_per_worker, MAX_LEASE_TTL_MS]))
-        code = int(reply[0])
-        if code == -1:
-            raise lease_lost_gone(worker_id)
-        if code == -2:
-            raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
-        flat = reply[1]
-        return lease_from_hash(dict(zip(flat[::2], flat[1::2], strict=True)), code, now_ms)
+        renewed = await self.renew_leases([t.LeaseRef(worker_id, epoch)], now_ms,
+                                          ttl_ms_per_worker)
+        return renewed[0].lease_or_raise()
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
+                           ttl_ms_per_worker: int = 0) -> list[t.LeaseRenewal]:
+        if not refs:
+            return []
+        replies = await self._retrying("renew_leases", lambda: self._renew(
+            keys=[keys.WORKERS, *(keys.lease(r.worker_id) for r in refs)],
+            args=[ttl_ms_per_worker, MAX_LEASE_TTL_MS, *(str(r.epoch) for r in refs)]))
+        return [renewal_from_reply(ref, reply, now_ms)
+                for ref, reply in zip(refs, replies, strict=True)]
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         await self._retrying("release_lease", lambda: self._release(

@@ -10,7 +10,7 @@ suite in ``tests/store/test_coordinator_store_contract.py`` runs against both.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from libra import types as t
@@ -113,6 +113,12 @@ class CoordinatorStore(Protocol):
                           ttl_ms_per_worker: int = 0) -> t.Lease:
         """Extend the lease by its TTL, raised first to ``lease_ttl_floor_ms`` of the
         fleet as it is now (a TTL never shrinks while held). Raises LeaseLost."""
+        ...
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
+                           ttl_ms_per_worker: int = 0) -> list[t.LeaseRenewal]:
+        """``renew_lease`` over a batch, atomically and in one round trip: one answer per
+        ref, in order; a lost lease is an answer (GONE or FENCED), not an error."""
         ...
 
     async def release_lease(self, worker_id: str, epoch: int) -> None: ...

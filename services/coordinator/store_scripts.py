@@ -12,27 +12,35 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return epoch
 """
 
-# KEYS[1] = lease key, KEYS[2] = workers set; ARGV[1] = epoch the caller holds,
-# ARGV[2] = TTL ms per worker (0: none), ARGV[3] = the most a floor may be
-# Returns {ttl_ms, hash} (one round trip: the renewal is the busiest call at 1,000
-# holders), {-1} when the lease is gone, {-2} when the epoch moved on. The TTL is raised
-# to ARGV[2] x the workers set's size (``store_protocol.lease_ttl_floor_ms``), never
-# lowered.
+# KEYS[1] = workers set, KEYS[2..] = lease keys; ARGV[1] = TTL ms per worker (0: none),
+# ARGV[2] = the most a floor may be, ARGV[3..] = the epoch held of each lease, in KEYS'
+# order (RenewLease is a batch of one). Returns one reply per lease, in order: {ttl_ms,
+# hash} when renewed, {-1} when the lease is gone, {-2} when the epoch moved on. A batch
+# is one round trip and one SCARD: the renewal is the busiest call at 1,000 holders. The
+# TTL is raised to ARGV[1] x the workers set's size (``store_protocol.lease_ttl_floor_ms``),
+# never lowered. Epochs compare as strings, as the hash holds them.
 RENEW_LUA = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if not epoch then return {-1} end
-if epoch ~= ARGV[1] then return {-2} end
-local ttl = tonumber(redis.call('HGET', KEYS[1], 'ttl_ms'))
-local per = tonumber(ARGV[2])
-if per > 0 then
-  local floor = math.min(tonumber(ARGV[3]), per * redis.call('SCARD', KEYS[2]))
-  if floor > ttl then
-    ttl = floor
-    redis.call('HSET', KEYS[1], 'ttl_ms', ttl)
+local per = tonumber(ARGV[1])
+local floor = 0
+if per > 0 then floor = math.min(tonumber(ARGV[2]), per * redis.call('SCARD', KEYS[1])) end
+local out = {}
+for i = 2, #KEYS do
+  local epoch = redis.call('HGET', KEYS[i], 'epoch')
+  if not epoch then
+    out[i - 1] = {-1}
+  elseif epoch ~= ARGV[i + 1] then
+    out[i - 1] = {-2}
+  else
+    local ttl = tonumber(redis.call('HGET', KEYS[i], 'ttl_ms'))
+    if floor > ttl then
+      ttl = floor
+      redis.call('HSET', KEYS[i], 'ttl_ms', ttl)
+    end
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    out[i - 1] = {ttl, redis.call('HGETALL', KEYS[i])}
   end
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
-return {ttl, redis.call('HGETALL', KEYS[1])}
+return out
 """
 
 # KEYS[1] = lease key, KEYS[2] = fence counter

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 
 from libra import types as t
 from libra.clock import Clock
 from libra.errors import InvalidArgument
-from libra.limits import check_id
+from libra.limits import MAX_LEASES_PER_RENEWAL, check_id
 from services.coordinator.store_protocol import MAX_LEASE_TTL_MS, CoordinatorStore
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,25 @@ class WorkerRegistry:
         check_id(worker_id, "worker_id")
         return await self._store.renew_lease(worker_id, epoch, self._clock.now_ms(),
                                              self._ttl_ms_per_worker)
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:
+        """Renew a process's leases in one store call: one answer per lease, in order (a
+        lost one is an answer). Refused whole, naming the field, when the batch is over
+        ``MAX_LEASES_PER_RENEWAL``, an id is malformed or a worker is named twice."""
+        if len(refs) > MAX_LEASES_PER_RENEWAL:
+            raise InvalidArgument("leases", f"{len(refs)} leases, at most "
+                                  f"{MAX_LEASES_PER_RENEWAL} a call (split the batch)")
+        seen: set[str] = set()
+        for i, ref in enumerate(refs):
+            check_id(ref.worker_id, f"leases[{i}].worker_id")
+            if ref.worker_id in seen:  # two answers for one lease: which one holds?
+                raise InvalidArgument(f"leases[{i}].worker_id",
+                                      f"{ref.worker_id} is named twice in the batch")
+            seen.add(ref.worker_id)
+        if not refs:
+            return []
+        return await self._store.renew_leases(refs, self._clock.now_ms(),
+                                              self._ttl_ms_per_worker)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         check_id(worker_id, "worker_id")

@@ -184,7 +184,8 @@ class MemorySchedulerStore:
         self._job(job_id)  # the stream and its group exist with the job here
 
     async def tick_state(self, job_id: str, finish_cursor: str, max_finishes: int,
-                         with_leases: bool = False) -> TickState:
+                         with_leases: bool = False,
+                         orphan_page: tuple[int, int] | None = None) -> TickState:
         job = self._job(job_id)
         finishes = []
         while finish_cursor == ">" and job.finishes and len(finishes) < max_finishes:
@@ -194,8 +195,10 @@ class MemorySchedulerStore:
             finishes.append(FinishRecord(finish.entry_id, finish.trajectory_id,
                                          finish.total_tokens, finish.status, released))
         snapshot = await self.lease_snapshot(job_id) if with_leases else None
+        page = None if orphan_page is None else await self.assignments_page(job_id,
+                                                                            *orphan_page)
         return TickState(job.state or None, job.step, job.published, dict(job.counters),
-                         finishes, snapshot)
+                         finishes, snapshot, page)
 
     async def assignments(self, job_id: str) -> dict[str, str]:
         return dict(self._job(job_id).assignments)

@@ -38,6 +38,9 @@ class TickState:
     counters: dict[str, int] = field(default_factory=dict)
     finishes: list[FinishRecord] = field(default_factory=list)
     leases: LeaseSnapshot | None = None  # only when the tick asked for it
+    # A page of the orphan sweep (next cursor, assignments), only when the tick asked:
+    # read in the same round trip, not one more per tick while a sweep is under way.
+    orphan_page: tuple[int, dict[str, str]] | None = None
 
 
 @dataclass

@@ -71,9 +71,11 @@ _RELEASE_LUA = _RELEASE_FN_LUA + "return release(KEYS[1], KEYS[2], KEYS[3], ARGV
 
 # KEYS: 1 job hash, 2 policy pointer, 3 counters, 4 trajectory stream, 5 assignments,
 # 6 tasks, 7 load, 8 workers set. ARGV: 1 consumer group, 2 cursor ('>' or '0'),
-# 3 max finishes, 4 '1' to read the leases, 5 lease key prefix, 6.. the lease fields to
-# read (``LEASE_SUMMARY_FIELDS``).
-# Returns {job {state, step}, published, counters, finishes, leases, load, read error}.
+# 3 max finishes, 4 '1' to read the leases, 5 the orphan sweep's HSCAN cursor ('': no
+# page), 6 its COUNT, 7 lease key prefix, 8.. the lease fields to read
+# (``LEASE_SUMMARY_FIELDS``).
+# Returns {job {state, step}, published, counters, finishes, leases, load, read error,
+# page {next cursor, flat assignments} or {}}.
 # Per finish: {entry id, trajectory id, total tokens, status, the instance whose slot it
 # gave back or '', the trajectory's data only when the entry has no total_tokens}; it
 # is released (``release``) and acknowledged. Per worker: {id, role, bucket,
@@ -107,12 +109,14 @@ end
 local leases, load = {}, {}
 if ARGV[4] == '1' then
   for _, worker in ipairs(redis.call('SMEMBERS', KEYS[8])) do
-    local lease = redis.call('HMGET', ARGV[5] .. worker, unpack(ARGV, 6))
+    local lease = redis.call('HMGET', ARGV[7] .. worker, unpack(ARGV, 8))
     leases[#leases + 1] = {worker, lease[1], lease[2], lease[3]}
   end
   load = redis.call('HGETALL', KEYS[7])
 end
-return {job, published, counters, finishes, leases, load, read_error}
+local page = {}
+if ARGV[5] ~= '' then page = redis.call('HSCAN', KEYS[5], ARGV[5], 'COUNT', ARGV[6]) end
+return {job, published, counters, finishes, leases, load, read_error, page}
 """
 
 
@@ -147,17 +151,21 @@ class RedisSchedulerStore(JobRecordReader):
         return int(raw) if raw else 0
 
     async def tick_state(self, job_id: str, finish_cursor: str, max_finishes: int,
-                         with_leases: bool = False) -> TickState:
+                         with_leases: bool = False,
+                         orphan_page: tuple[int, int] | None = None) -> TickState:
         """One round trip: state, step, published?, counters, up to ``max_finishes``
         finishes (slots given back, entries acknowledged) and, ``with_leases``, the
-        lease snapshot. ``finish_cursor`` is ``0`` (delivered but not acknowledged:
-        after a restart) or ``>`` (new entries)."""
-        job, published, counters, finishes, leases, load, read_error = await self._tick(
+        lease snapshot, and ``orphan_page`` (cursor, count), that HSCAN page of the
+        assignments. ``finish_cursor`` is ``0`` (delivered but not acknowledged: after a
+        restart) or ``>`` (new entries)."""
+        page_cursor, page_count = orphan_page or ("", 0)
+        job, published, counters, finishes, leases, load, read_error, page = await self._tick(
             keys=[keys.job(job_id), keys.policy(job_id), keys.counters(job_id),
                   keys.trajectories(job_id), keys.assignments(job_id), keys.tasks(job_id),
                   keys.load(job_id), keys.WORKERS],
             args=[keys.SCHEDULER_GROUP, finish_cursor, max_finishes,
-                  "1" if with_leases else "0", keys.lease(""), *LEASE_SUMMARY_FIELDS])
+                  "1" if with_leases else "0", page_cursor, page_count, keys.lease(""),
+                  *LEASE_SUMMARY_FIELDS])
         if read_error:
             if b"NOGROUP" not in read_error:
                 raise RuntimeError(f"reading the finishes of job {job_id}: "
@@ -170,7 +178,8 @@ class RedisSchedulerStore(JobRecordReader):
                                       _load(load))
         return TickState(_text(state) if state else None, int(step) if step else 0,
                          bool(published), {_text(k): int(v) for k, v in _pairs(counters)},
-                         [_finish_record(entry) for entry in finishes], snapshot)
+                         [_finish_record(entry) for entry in finishes], snapshot,
+                         None if orphan_page is None else _page(page))
 
     async def ensure_finish_group(self, job_id: str) -> None:
         """The scheduler's consumer group on the job's trajectory stream, from its start."""
@@ -356,6 +365,11 @@ def _finish_record(entry: list[bytes]) -> FinishRecord:
 def _load(value: Any) -> dict[str, int]:
     """The job's load hash: instance id -> trajectories assigned."""
     return {_text(k): int(v) for k, v in _pairs(value)}
+
+
+def _page(reply: Any) -> tuple[int, dict[str, str]]:
+    """An HSCAN reply of the assignments: the next cursor and the page, decoded."""
+    return int(reply[0]), {_text(k): _text(v) for k, v in _pairs(reply[1])}
 
 
 def _pairs(value: Any) -> list[tuple[Any, Any]]:

@@ -17,6 +17,7 @@ writes it (role, bucket, epoch), so fenced writes (the rollout's publish) see it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,18 @@ class FakeCoordinator:
         lease = self._lease(worker_id, *self._last)
         await self._mirror(lease, worker_id)
         return lease
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:
+        out = []
+        for ref in refs:
+            try:
+                lease = await self.renew_lease(ref.worker_id, ref.epoch)
+            except LeaseLost:
+                out.append(t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.GONE))
+            else:
+                out.append(t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.RENEWED,
+                                          lease))
+        return out
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         self.released.append((worker_id, epoch))

@@ -63,3 +63,17 @@ async def test_a_failing_command_raises_and_keeps_what_ran_before(
         await batch.execute()
     assert await r.get("first") == b"1"
     assert await r.get("after") is None
+
+
+async def test_text_arguments_travel_as_json_and_land_byte_for_byte(
+        r: aioredis.Redis) -> None:
+    # Quotes, backslashes, non-ASCII and JSON inside values: what the policy state holds.
+    text = {f"t{i}": f'{{"k": "v\\\\{i}", "name": "ü–✓ \\"q\\""}}' for i in range(3)}
+    batch = ScriptBatch(register_script_batch(r))
+    batch.hset("h", mapping=text)
+    batch.hset("h", mapping={"bytes": b"\xff\x00", "n": 3})  # not all text: as before
+    batch.hdel("h", "t0", "t1")
+    await batch.execute()
+    assert batch._args[1] == "HSET*"  # the text mapping went as one JSON argument
+    assert await r.hgetall("h") == {b"t2": text["t2"].encode(), b"bytes": b"\xff\x00",
+                                    b"n": b"3"}

@@ -83,6 +83,28 @@ async def test_an_orphan_behind_an_unchanged_set_of_instances_is_found_by_the_sw
     assert (await store.assignments(JOB)).get("handed-off") == "rollout-0"  # re-placed
 
 
+async def test_an_instance_leaving_restarts_the_sweep_a_page_per_tick(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease that lapsed re-queues its instance's work through a sweep restarted at
+    once, a page per tick: never one read of every assignment (100,000 at 1,000
+    instances, at every lapse)."""
+    monkeypatch.setattr(requeue, "ORPHAN_SCAN_PAGE", 3)
+    store, clock = MemorySchedulerStore(), FakeClock()
+    for name in ("rollout-0", "rollout-1"):
+        await add_instance(store, name, "short")
+    core = await started(store, clock, prompts=4, samples=2, cap=100)
+    await core._tick(core._jobs[JOB])  # 8 placed over both; the first sweep is done
+    lost = [tid for tid, inst in (await store.assignments(JOB)).items() if inst == "rollout-1"]
+    assert 0 < len(lost) < 8
+    store.expire_lease("rollout-1")  # within ORPHAN_SCAN_S of the last sweep
+    await core._tick(core._jobs[JOB])
+    assert 0 < (await counters(store))["requeued"] <= 3  # this tick: page one alone
+    for _ in range(2):  # 8 assignments, 3 a page
+        await core._tick(core._jobs[JOB])
+    assert (await counters(store))["requeued"] == len(lost)
+    assert set((await store.assignments(JOB)).values()) == {"rollout-0"}
+
+
 async def test_load_changes_follow_the_snapshot_they_are_given() -> None:
     store, clock = MemorySchedulerStore(), FakeClock()
     run = (await started(store, clock, prompts=1, samples=2, staleness=1, cap=1))._jobs[JOB]

@@ -25,15 +25,17 @@ _sym_db = _symbol_database.Default()
 from libra.proto.common.v1 import common_pb2 as libra_dot_proto_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,libra/proto/coordinator/v1/coordinator.proto\x12\x1alibra.proto.coordinator.v1\x1a\"libra/proto/common/v1/common.proto\"\xa0\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x33\n\x05state\x18\x03 \x01(\x0e\x32$.libra.proto.coordinator.v1.JobState\x12\x11\n\tspec_json\x18\x04 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x05 \x01(\x03\x12\x15\n\rupdated_at_ms\x18\x06 \x01(\x03\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0c\n\x04step\x18\x08 \x01(\x05\x12\x16\n\x0epolicy_version\x18\t \x01(\x05\x12\x0f\n\x07run_dir\x18\n \x01(\t\x12\x10\n\x08priority\x18\x0b \x01(\x05\x12\x16\n\x0equeue_position\x18\x0c \x01(\x05\x12\x13\n\x0bnum_resumes\x18\r \x01(\x05\"G\n\x10\x43reateJobRequest\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x13\n\x0bspec_format\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\"A\n\x11\x43reateJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"~\n\x0eGetJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\x12\x12\n\nsteps_json\x18\x02 \x03(\t\x12\x15\n\rcounters_json\x18\x03 \x01(\t\x12\x13\n\x0b\x65vents_json\x18\x04 \x03(\t\"8\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Z\n\x10ListJobsResponse\x12-\n\x04jobs\x18\x01 \x03(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x11\x43\x61ncelJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"4\n\x10ResumeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\"A\n\x11ResumeJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\x8a\x01\n\x13\x41\x63quireLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12/\n\x04role\x18\x02 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\x12\x0e\n\x06\x62ucket\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x05 \x01(\x03\"C\n\x14\x41\x63quireLeaseResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"5\n\x11RenewLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"A\n\x12RenewLeaseResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"7\n\x13ReleaseLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"\x16\n\x14ReleaseLeaseResponse\"u\n\x17\x43hangeWorkerRoleRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65xpected_epoch\x18\x02 \x01(\x03\x12/\n\x04role\x18\x03 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\"G\n\x18\x43hangeWorkerRoleResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"\x14\n\x12ListWorkersRequest\"C\n\x13ListWorkersResponse\x12,\n\x06leases\x18\x01 \x03(\x0b\x32\x1c.libra.proto.common.v1.Lease\"O\n\x11ReportStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tstep_json\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"\x14\n\x12ReportStepResponse\"l\n\x14ReportJobDoneRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x33\n\x05state\x18\x02 \x01(\x0e\x32$.libra.proto.coordinator.v1.JobState\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x17\n\x15ReportJobDoneResponse*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xbf\n\n\x12\x43oordinatorService\x12h\n\tCreateJob\x12,.libra.proto.coordinator.v1.CreateJobRequest\x1a-.libra.proto.coordinator.v1.CreateJobResponse\x12_\n\x06GetJob\x12).libra.proto.coordinator.v1.GetJobRequest\x1a*.libra.proto.coordinator.v1.GetJobResponse\x12\x65\n\x08ListJobs\x12+.libra.proto.coordinator.v1.ListJobsRequest\x1a,.libra.proto.coordinator.v1.ListJobsResponse\x12h\n\tCancelJob\x12,.libra.proto.coordinator.v1.CancelJobRequest\x1a-.libra.proto.coordinator.v1.CancelJobResponse\x12h\n\tResumeJob\x12,.libra.proto.coordinator.v1.ResumeJobRequest\x1a-.libra.proto.coordinator.v1.ResumeJobResponse\x12q\n\x0c\x41\x63quireLease\x12/.libra.proto.coordinator.v1.AcquireLeaseRequest\x1a\x30.libra.proto.coordinator.v1.AcquireLeaseResponse\x12k\n\nRenewLease\x12-.libra.proto.coordinator.v1.RenewLeaseRequest\x1a..libra.proto.coordinator.v1.RenewLeaseResponse\x12q\n\x0cReleaseLease\x12/.libra.proto.coordinator.v1.ReleaseLeaseRequest\x1a\x30.libra.proto.coordinator.v1.ReleaseLeaseResponse\x12n\n\x0bListWorkers\x12..libra.proto.coordinator.v1.ListWorkersRequest\x1a/.libra.proto.coordinator.v1.ListWorkersResponse\x12}\n\x10\x43hangeWorkerRole\x12\x33.libra.proto.coordinator.v1.ChangeWorkerRoleRequest\x1a\x34.libra.proto.coordinator.v1.ChangeWorkerRoleResponse\x12k\n\nReportStep\x12-.libra.proto.coordinator.v1.ReportStepRequest\x1a..libra.proto.coordinator.v1.ReportStepResponse\x12t\n\rReportJobDone\x12\x30.libra.proto.coordinator.v1.ReportJobDoneRequest\x1a\x31.libra.proto.coordinator.v1.ReportJobDoneResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,libra/proto/coordinator/v1/coordinator.proto\x12\x1alibra.proto.coordinator.v1\x1a\"libra/proto/common/v1/common.proto\"\xa0\x02\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x33\n\x05state\x18\x03 \x01(\x0e\x32$.libra.proto.coordinator.v1.JobState\x12\x11\n\tspec_json\x18\x04 \x01(\t\x12\x15\n\rcreated_at_ms\x18\x05 \x01(\x03\x12\x15\n\rupdated_at_ms\x18\x06 \x01(\x03\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0c\n\x04step\x18\x08 \x01(\x05\x12\x16\n\x0epolicy_version\x18\t \x01(\x05\x12\x0f\n\x07run_dir\x18\n \x01(\t\x12\x10\n\x08priority\x18\x0b \x01(\x05\x12\x16\n\x0equeue_position\x18\x0c \x01(\x05\x12\x13\n\x0bnum_resumes\x18\r \x01(\x05\"G\n\x10\x43reateJobRequest\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x13\n\x0bspec_format\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\"A\n\x11\x43reateJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"~\n\x0eGetJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\x12\x12\n\nsteps_json\x18\x02 \x03(\t\x12\x15\n\rcounters_json\x18\x03 \x01(\t\x12\x13\n\x0b\x65vents_json\x18\x04 \x03(\t\"8\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Z\n\x10ListJobsResponse\x12-\n\x04jobs\x18\x01 \x03(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"A\n\x11\x43\x61ncelJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"4\n\x10ResumeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\"A\n\x11ResumeJobResponse\x12,\n\x03job\x18\x01 \x01(\x0b\x32\x1f.libra.proto.coordinator.v1.Job\"\x8a\x01\n\x13\x41\x63quireLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12/\n\x04role\x18\x02 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\x12\x0e\n\x06\x62ucket\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x05 \x01(\x03\"C\n\x14\x41\x63quireLeaseResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"5\n\x11RenewLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"A\n\x12RenewLeaseResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\",\n\x08LeaseRef\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"J\n\x12RenewLeasesRequest\x12\x34\n\x06leases\x18\x01 \x03(\x0b\x32$.libra.proto.coordinator.v1.LeaseRef\"\x98\x01\n\x0cLeaseRenewal\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x39\n\x07outcome\x18\x03 \x01(\x0e\x32(.libra.proto.coordinator.v1.RenewOutcome\x12+\n\x05lease\x18\x04 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"Q\n\x13RenewLeasesResponse\x12:\n\x08renewals\x18\x01 \x03(\x0b\x32(.libra.proto.coordinator.v1.LeaseRenewal\"7\n\x13ReleaseLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"\x16\n\x14ReleaseLeaseResponse\"u\n\x17\x43hangeWorkerRoleRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65xpected_epoch\x18\x02 \x01(\x03\x12/\n\x04role\x18\x03 \x01(\x0e\x32!.libra.proto.common.v1.WorkerRole\"G\n\x18\x43hangeWorkerRoleResponse\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.libra.proto.common.v1.Lease\"\x14\n\x12ListWorkersRequest\"C\n\x13ListWorkersResponse\x12,\n\x06leases\x18\x01 \x03(\x0b\x32\x1c.libra.proto.common.v1.Lease\"O\n\x11ReportStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tstep_json\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"\x14\n\x12ReportStepResponse\"l\n\x14ReportJobDoneRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x33\n\x05state\x18\x02 \x01(\x0e\x32$.libra.proto.coordinator.v1.JobState\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x17\n\x15ReportJobDoneResponse*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05*z\n\x0cRenewOutcome\x12\x1d\n\x19RENEW_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n\x15RENEW_OUTCOME_RENEWED\x10\x01\x12\x16\n\x12RENEW_OUTCOME_GONE\x10\x02\x12\x18\n\x14RENEW_OUTCOME_FENCED\x10\x03\x32\xaf\x0b\n\x12\x43oordinatorService\x12h\n\tCreateJob\x12,.libra.proto.coordinator.v1.CreateJobRequest\x1a-.libra.proto.coordinator.v1.CreateJobResponse\x12_\n\x06GetJob\x12).libra.proto.coordinator.v1.GetJobRequest\x1a*.libra.proto.coordinator.v1.GetJobResponse\x12\x65\n\x08ListJobs\x12+.libra.proto.coordinator.v1.ListJobsRequest\x1a,.libra.proto.coordinator.v1.ListJobsResponse\x12h\n\tCancelJob\x12,.libra.proto.coordinator.v1.CancelJobRequest\x1a-.libra.proto.coordinator.v1.CancelJobResponse\x12h\n\tResumeJob\x12,.libra.proto.coordinator.v1.ResumeJobRequest\x1a-.libra.proto.coordinator.v1.ResumeJobResponse\x12q\n\x0c\x41\x63quireLease\x12/.libra.proto.coordinator.v1.AcquireLeaseRequest\x1a\x30.libra.proto.coordinator.v1.AcquireLeaseResponse\x12k\n\nRenewLease\x12-.libra.proto.coordinator.v1.RenewLeaseRequest\x1a..libra.proto.coordinator.v1.RenewLeaseResponse\x12n\n\x0bRenewLeases\x12..libra.proto.coordinator.v1.RenewLeasesRequest\x1a/.libra.proto.coordinator.v1.RenewLeasesResponse\x12q\n\x0cReleaseLease\x12/.libra.proto.coordinator.v1.ReleaseLeaseRequest\x1a\x30.libra.proto.coordinator.v1.ReleaseLeaseResponse\x12n\n\x0bListWorkers\x12..libra.proto.coordinator.v1.ListWorkersRequest\x1a/.libra.proto.coordinator.v1.ListWorkersResponse\x12}\n\x10\x43hangeWorkerRole\x12\x33.libra.proto.coordinator.v1.ChangeWorkerRoleRequest\x1a\x34.libra.proto.coordinator.v1.ChangeWorkerRoleResponse\x12k\n\nReportStep\x12-.libra.proto.coordinator.v1.ReportStepRequest\x1a..libra.proto.coordinator.v1.ReportStepResponse\x12t\n\rReportJobDone\x12\x30.libra.proto.coordinator.v1.ReportJobDoneRequest\x1a\x31.libra.proto.coordinator.v1.ReportJobDoneResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'libra.proto.coordinator.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATE']._serialized_start=2029
-  _globals['_JOBSTATE']._serialized_end=2184
+  _globals['_JOBSTATE']._serialized_start=2389
+  _globals['_JOBSTATE']._serialized_end=2544
+  _globals['_RENEWOUTCOME']._serialized_start=2546
+  _globals['_RENEWOUTCOME']._serialized_end=2668
   _globals['_JOB']._serialized_start=113
   _globals['_JOB']._serialized_end=401
   _globals['_CREATEJOBREQUEST']._serialized_start=403
@@ -64,26 +66,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWLEASEREQUEST']._serialized_end=1357
   _globals['_RENEWLEASERESPONSE']._serialized_start=1359
   _globals['_RENEWLEASERESPONSE']._serialized_end=1424
-  _globals['_RELEASELEASEREQUEST']._serialized_start=1426
-  _globals['_RELEASELEASEREQUEST']._serialized_end=1481
-  _globals['_RELEASELEASERESPONSE']._serialized_start=1483
-  _globals['_RELEASELEASERESPONSE']._serialized_end=1505
-  _globals['_CHANGEWORKERROLEREQUEST']._serialized_start=1507
-  _globals['_CHANGEWORKERROLEREQUEST']._serialized_end=1624
-  _globals['_CHANGEWORKERROLERESPONSE']._serialized_start=1626
-  _globals['_CHANGEWORKERROLERESPONSE']._serialized_end=1697
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1699
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1719
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1721
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1788
-  _globals['_REPORTSTEPREQUEST']._serialized_start=1790
-  _globals['_REPORTSTEPREQUEST']._serialized_end=1869
-  _globals['_REPORTSTEPRESPONSE']._serialized_start=1871
-  _globals['_REPORTSTEPRESPONSE']._serialized_end=1891
-  _globals['_REPORTJOBDONEREQUEST']._serialized_start=1893
-  _globals['_REPORTJOBDONEREQUEST']._serialized_end=2001
-  _globals['_REPORTJOBDONERESPONSE']._serialized_start=2003
-  _globals['_REPORTJOBDONERESPONSE']._serialized_end=2026
-  _globals['_COORDINATORSERVICE']._serialized_start=2187
-  _globals['_COORDINATORSERVICE']._serialized_end=3530
+  _globals['_LEASEREF']._serialized_start=1426
+  _globals['_LEASEREF']._serialized_end=1470
+  _globals['_RENEWLEASESREQUEST']._serialized_start=1472
+  _globals['_RENEWLEASESREQUEST']._serialized_end=1546
+  _globals['_LEASERENEWAL']._serialized_start=1549
+  _globals['_LEASERENEWAL']._serialized_end=1701
+  _globals['_RENEWLEASESRESPONSE']._serialized_start=1703
+  _globals['_RENEWLEASESRESPONSE']._serialized_end=1784
+  _globals['_RELEASELEASEREQUEST']._serialized_start=1786
+  _globals['_RELEASELEASEREQUEST']._serialized_end=1841
+  _globals['_RELEASELEASERESPONSE']._serialized_start=1843
+  _globals['_RELEASELEASERESPONSE']._serialized_end=1865
+  _globals['_CHANGEWORKERROLEREQUEST']._serialized_start=1867
+  _globals['_CHANGEWORKERROLEREQUEST']._serialized_end=1984
+  _globals['_CHANGEWORKERROLERESPONSE']._serialized_start=1986
+  _globals['_CHANGEWORKERROLERESPONSE']._serialized_end=2057
+  _globals['_LISTWORKERSREQUEST']._serialized_start=2059
+  _globals['_LISTWORKERSREQUEST']._serialized_end=2079
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=2081
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=2148
+  _globals['_REPORTSTEPREQUEST']._serialized_start=2150
+  _globals['_REPORTSTEPREQUEST']._serialized_end=2229
+  _globals['_REPORTSTEPRESPONSE']._serialized_start=2231
+  _globals['_REPORTSTEPRESPONSE']._serialized_end=2251
+  _globals['_REPORTJOBDONEREQUEST']._serialized_start=2253
+  _globals['_REPORTJOBDONEREQUEST']._serialized_end=2361
+  _globals['_REPORTJOBDONERESPONSE']._serialized_start=2363
+  _globals['_REPORTJOBDONERESPONSE']._serialized_end=2386
+  _globals['_COORDINATORSERVICE']._serialized_start=2671
+  _globals['_COORDINATORSERVICE']._serialized_end=4126
 # @@protoc_insertion_point(module_scope)

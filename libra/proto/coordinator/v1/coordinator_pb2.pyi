@@ -43,6 +43,29 @@ JOB_STATE_FAILED: JobState.ValueType  # 4
 JOB_STATE_CANCELLED: JobState.ValueType  # 5
 Global___JobState: _TypeAlias = JobState  # noqa: Y015
 
+class _RenewOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RenewOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RenewOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RENEW_OUTCOME_UNSPECIFIED: _RenewOutcome.ValueType  # 0
+    RENEW_OUTCOME_RENEWED: _RenewOutcome.ValueType  # 1
+    RENEW_OUTCOME_GONE: _RenewOutcome.ValueType  # 2
+    """Expired or released: acquire a new lease."""
+    RENEW_OUTCOME_FENCED: _RenewOutcome.ValueType  # 3
+    """Granted anew at a newer epoch: another holder has it (stop, as on LeaseLost)."""
+
+class RenewOutcome(_RenewOutcome, metaclass=_RenewOutcomeEnumTypeWrapper): ...
+
+RENEW_OUTCOME_UNSPECIFIED: RenewOutcome.ValueType  # 0
+RENEW_OUTCOME_RENEWED: RenewOutcome.ValueType  # 1
+RENEW_OUTCOME_GONE: RenewOutcome.ValueType  # 2
+"""Expired or released: acquire a new lease."""
+RENEW_OUTCOME_FENCED: RenewOutcome.ValueType  # 3
+"""Granted anew at a newer epoch: another holder has it (stop, as on LeaseLost)."""
+Global___RenewOutcome: _TypeAlias = RenewOutcome  # noqa: Y015
+
 @_typing.final
 class Job(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -438,6 +461,102 @@ class RenewLeaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RenewLeaseResponse: _TypeAlias = RenewLeaseResponse  # noqa: Y015
+
+@_typing.final
+class LeaseRef(_message.Message):
+    """A held lease as its holder names it in RenewLeases."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseRef: _TypeAlias = LeaseRef  # noqa: Y015
+
+@_typing.final
+class RenewLeasesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRef]: ...
+    def __init__(
+        self,
+        *,
+        leases: _abc.Iterable[Global___LeaseRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewLeasesRequest: _TypeAlias = RenewLeasesRequest  # noqa: Y015
+
+@_typing.final
+class LeaseRenewal(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    epoch: _builtins.int
+    """The epoch the holder asked to renew."""
+    outcome: Global___RenewOutcome.ValueType
+    @_builtins.property
+    def lease(self) -> _common_pb2.Lease:
+        """The renewed lease (RENEW_OUTCOME_RENEWED only)."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        outcome: Global___RenewOutcome.ValueType = ...,
+        lease: _common_pb2.Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "lease", b"lease", "outcome", b"outcome", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseRenewal: _TypeAlias = LeaseRenewal  # noqa: Y015
+
+@_typing.final
+class RenewLeasesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RENEWALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def renewals(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRenewal]: ...
+    def __init__(
+        self,
+        *,
+        renewals: _abc.Iterable[Global___LeaseRenewal] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["renewals", b"renewals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewLeasesResponse: _TypeAlias = RenewLeasesResponse  # noqa: Y015
 
 @_typing.final
 class ReleaseLeaseRequest(_message.Message):

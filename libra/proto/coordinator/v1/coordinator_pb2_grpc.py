@@ -69,6 +69,11 @@ class CoordinatorServiceStub:
                 request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeaseRequest.SerializeToString,
                 response_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeaseResponse.FromString,
                 _registered_method=True)
+        self.RenewLeases = channel.unary_unary(
+                '/libra.proto.coordinator.v1.CoordinatorService/RenewLeases',
+                request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeasesRequest.SerializeToString,
+                response_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeasesResponse.FromString,
+                _registered_method=True)
         self.ReleaseLease = channel.unary_unary(
                 '/libra.proto.coordinator.v1.CoordinatorService/ReleaseLease',
                 request_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.SerializeToString,
@@ -143,6 +148,15 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewLeases(self, request, context):
+        """Renew every lease a process holds in one call (one Redis script over the batch):
+        one answer per lease, in the request's order; a lost lease is an answer, not an
+        error. At most 1,000 leases a call (INVALID_ARGUMENT naming "leases" past it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReleaseLease(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -212,6 +226,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.RenewLease,
                     request_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeaseRequest.FromString,
                     response_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeaseResponse.SerializeToString,
+            ),
+            'RenewLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLeases,
+                    request_deserializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeasesRequest.FromString,
+                    response_serializer=libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeasesResponse.SerializeToString,
             ),
             'ReleaseLease': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseLease,
@@ -428,6 +447,33 @@ class CoordinatorService:
             '/libra.proto.coordinator.v1.CoordinatorService/RenewLease',
             libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeaseRequest.SerializeToString,
             libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/libra.proto.coordinator.v1.CoordinatorService/RenewLeases',
+            libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeasesRequest.SerializeToString,
+            libra_dot_proto_dot_coordinator_dot_v1_dot_coordinator__pb2.RenewLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,

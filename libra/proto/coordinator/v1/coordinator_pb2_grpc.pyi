@@ -41,6 +41,11 @@ class CoordinatorServiceStub:
     """
     AcquireLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AcquireLeaseRequest, _coordinator_pb2.AcquireLeaseResponse]
     RenewLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RenewLeaseRequest, _coordinator_pb2.RenewLeaseResponse]
+    RenewLeases: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RenewLeasesRequest, _coordinator_pb2.RenewLeasesResponse]
+    """Renew every lease a process holds in one call (one Redis script over the batch):
+    one answer per lease, in the request's order; a lost lease is an answer, not an
+    error. At most 1,000 leases a call (INVALID_ARGUMENT naming "leases" past it).
+    """
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReleaseLeaseRequest, _coordinator_pb2.ReleaseLeaseResponse]
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListWorkersRequest, _coordinator_pb2.ListWorkersResponse]
     ChangeWorkerRole: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ChangeWorkerRoleRequest, _coordinator_pb2.ChangeWorkerRoleResponse]
@@ -63,6 +68,11 @@ class CoordinatorServiceAsyncStub(CoordinatorServiceStub):
     """
     AcquireLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AcquireLeaseRequest, _coordinator_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
     RenewLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RenewLeaseRequest, _coordinator_pb2.RenewLeaseResponse]  # type: ignore[assignment]
+    RenewLeases: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RenewLeasesRequest, _coordinator_pb2.RenewLeasesResponse]  # type: ignore[assignment]
+    """Renew every lease a process holds in one call (one Redis script over the batch):
+    one answer per lease, in the request's order; a lost lease is an answer, not an
+    error. At most 1,000 leases a call (INVALID_ARGUMENT naming "leases" past it).
+    """
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReleaseLeaseRequest, _coordinator_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
     ListWorkers: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListWorkersRequest, _coordinator_pb2.ListWorkersResponse]  # type: ignore[assignment]
     ChangeWorkerRole: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ChangeWorkerRoleRequest, _coordinator_pb2.ChangeWorkerRoleResponse]  # type: ignore[assignment]
@@ -124,6 +134,17 @@ class CoordinatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.RenewLeaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.RenewLeaseResponse, _abc.Awaitable[_coordinator_pb2.RenewLeaseResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RenewLeases(
+        self,
+        request: _coordinator_pb2.RenewLeasesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.RenewLeasesResponse, _abc.Awaitable[_coordinator_pb2.RenewLeasesResponse]]:
+        """Renew every lease a process holds in one call (one Redis script over the batch):
+        one answer per lease, in the request's order; a lost lease is an answer, not an
+        error. At most 1,000 leases a call (INVALID_ARGUMENT naming "leases" past it).
+        """
 
     @_abc_1.abstractmethod
     def ReleaseLease(
