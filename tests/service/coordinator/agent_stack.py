@@ -193,6 +193,17 @@ async def instance_there(stack: Stack, engine: FakeEngine) -> AsyncIterator[Roll
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+async def answer_the_tool_call(stack: Stack, client: Any, messages: list[dict[str, Any]],
+                               first: Any) -> Any:
+    """The calculator episode's second call: ``first``'s tool call answered with 42
+    (``messages`` gains the assistant turn and the tool message)."""
+    call = first.choices[0].message.tool_calls[0]
+    messages += [assistant_dict(first.choices[0].message),
+                 {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    return await client.chat.completions.create(model=stack.model, messages=messages,
+                                                tools=TOOLS)
+
+
 def assistant_dict(message: Any) -> dict[str, Any]:
     """The reply as an agent appends it (the openai message model, as a dict)."""
     return message.model_dump(exclude_none=True)

@@ -26,6 +26,7 @@ from tests.fakes.engine import (
 from tests.service.coordinator.agent_stack import (
     TOOLS,
     Stack,
+    answer_the_tool_call,
     assistant_dict,
     call_text,
     instance_there,
@@ -165,11 +166,7 @@ async def test_an_episode_moved_between_buckets_goes_on_on_the_target_instance(
         messages: list[dict[str, Any]] = [{"role": "user", "content": "6*7?"}]
         first = await client.chat.completions.create(model=stack.model, messages=messages,
                                                      tools=TOOLS)
-        call = first.choices[0].message.tool_calls[0]
-        messages += [assistant_dict(first.choices[0].message),
-                     {"role": "tool", "tool_call_id": call.id, "content": "42"}]
-        second = await client.chat.completions.create(model=stack.model, messages=messages,
-                                                      tools=TOOLS)
+        second = await answer_the_tool_call(stack, client, messages, first)
         assert second.choices[0].message.content == "It is 42."
         await stack.http.post(
             f"{stack.base_url}/v1/episodes/{episode['episode_id']}/reward",

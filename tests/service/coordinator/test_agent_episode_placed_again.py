@@ -23,7 +23,7 @@ from tests.fakes.engine import FakeEngine
 from tests.service.coordinator.agent_stack import (
     TOOLS,
     Stack,
-    assistant_dict,
+    answer_the_tool_call,
     call_text,
     instance_there,
 )
@@ -79,11 +79,7 @@ async def test_an_episode_placed_again_goes_on_with_the_one_program_that_opened_
         if first is None:
             first = await client.chat.completions.create(model=stack.model, messages=messages,
                                                          tools=TOOLS)
-        call = first.choices[0].message.tool_calls[0]
-        messages += [assistant_dict(first.choices[0].message),
-                     {"role": "tool", "tool_call_id": call.id, "content": "42"}]
-        second = await client.chat.completions.create(model=stack.model, messages=messages,
-                                                      tools=TOOLS)
+        second = await answer_the_tool_call(stack, client, messages, first)
         assert second.choices[0].message.content == "It is 42."
         # Offered once: no second program can open it.
         assert await num_offers(stack) == 0
