@@ -10,7 +10,7 @@ from typing import Any
 
 from libra import types as t
 from libra.clock import Clock
-from libra.errors import LeaseLost, NotFound
+from libra.errors import NotFound
 from services.coordinator.store_protocol import (
     StepAppend,
     default_step_key,
@@ -115,32 +115,25 @@ class InMemoryCoordinatorStore:
 
     async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
                           ttl_ms_per_worker: int = 0) -> t.Lease:
-        lease = self._live(worker_id)
-        if lease is None:
-            raise lease_lost_gone(worker_id)
-        if lease.epoch != epoch:
-            raise LeaseLost(f"lease of {worker_id} is held at a newer epoch than {epoch}")
-        ttl_ms = max(lease.ttl_ms, self._ttl_floor_ms(ttl_ms_per_worker, worker_id))
-        renewed = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
-                          lease.epoch, now_ms + ttl_ms, ttl_ms)
-        self._leases[worker_id] = renewed
-        return renewed
+        renewed = await self.renew_leases([t.LeaseRef(worker_id, epoch)], now_ms,
+                                          ttl_ms_per_worker)
+        return renewed[0].lease_or_raise()
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
                            ttl_ms_per_worker: int = 0) -> list[t.LeaseRenewal]:
-        out = []
-        for ref in refs:
-            lease = self._live(ref.worker_id)
-            if lease is None:
-                out.append(t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.GONE))
-            elif lease.epoch != ref.epoch:
-                out.append(t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.FENCED))
-            else:
-                renewed = await self.renew_lease(ref.worker_id, ref.epoch, now_ms,
-                                                 ttl_ms_per_worker)
-                out.append(t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.RENEWED,
-                                          renewed))
-        return out
+        return [self._renew(ref, now_ms, ttl_ms_per_worker) for ref in refs]
+
+    def _renew(self, ref: t.LeaseRef, now_ms: int, ttl_ms_per_worker: int) -> t.LeaseRenewal:
+        lease = self._live(ref.worker_id)
+        if lease is None:
+            return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.GONE)
+        if lease.epoch != ref.epoch:
+            return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.FENCED)
+        ttl_ms = max(lease.ttl_ms, self._ttl_floor_ms(ttl_ms_per_worker, ref.worker_id))
+        renewed = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
+                          lease.epoch, now_ms + ttl_ms, ttl_ms)
+        self._leases[ref.worker_id] = renewed
+        return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.RENEWED, renewed)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         lease = self._leases.get(worker_id)

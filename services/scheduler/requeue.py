@@ -24,6 +24,11 @@ ORPHAN_SCAN_S = 2.0
 ORPHAN_SCAN_PAGE = 2000
 
 
+def _sweep_due(run: JobRun, now_s: float) -> bool:
+    """A sweep is under way (its cursor is past the start) or the next one is due."""
+    return bool(run.orphan_cursor) or now_s - run.last_orphan_scan_s >= ORPHAN_SCAN_S
+
+
 class Requeuer:
     """Puts trajectories back in the job's queue (needs the store and a clock)."""
 
@@ -34,7 +39,7 @@ class Requeuer:
     def page_due(self, run: JobRun) -> tuple[int, int] | None:
         """The sweep's next page (cursor, count) when one is due now, else None: the tick
         reads it with its state, in the same round trip."""
-        if run.orphan_cursor or self._clock.now_s() - run.last_orphan_scan_s >= ORPHAN_SCAN_S:
+        if _sweep_due(run, self._clock.now_s()):
             return run.orphan_cursor, ORPHAN_SCAN_PAGE
         return None
 
@@ -61,7 +66,7 @@ class Requeuer:
             run.last_live = live
             if is_gone:
                 run.orphan_cursor, run.last_orphan_scan_s, page = 0, float("-inf"), None
-        if not run.orphan_cursor and now_s - run.last_orphan_scan_s < ORPHAN_SCAN_S:
+        if not _sweep_due(run, now_s):
             return
         if not run.orphan_cursor:
             run.last_orphan_scan_s = now_s
