@@ -121,29 +121,34 @@ def step_chain_bound_s(
 
 def lower_bound_s(
     cluster: ClusterSpec, trace: list[TraceTrajectory], staleness: int = 0,
-    stream: bool = False,
+    stream: bool = False, group: bool = False,
 ) -> dict[str, float]:
     """The bound, its two bounds and the longest-trajectory term.
 
     ``staleness`` is the compared system's bound (0 for the synchronous loop); a larger
     one only loosens the chain, so each system is measured against its own constraint.
-    ``stream``: a step trains on whichever trajectories finish first, so its chain term
-    is the shortest trajectory's critical path, not its step's longest.
+    ``stream``: a step trains on whichever units finish first, so its chain term is the
+    shortest unit's critical path, not its step's longest; ``group``: the unit is a
+    GRPO group, ready when its longest member is (``sim.trainer.BatchSource``).
     """
     work = sum(rollout_work_gpu_s(cluster, t) for t in trace) + train_work_gpu_s(cluster, trace)
     work_s = work / cluster.num_gpus
     steps = sorted({t.step for t in trace})
+    paths = [critical_path_s(cluster, t) for t in trace]
     longest_by_step = {s: 0.0 for s in steps}
-    for t in trace:
-        longest_by_step[t.step] = max(longest_by_step[t.step], critical_path_s(cluster, t))
+    for t, path in zip(trace, paths, strict=True):
+        longest_by_step[t.step] = max(longest_by_step[t.step], path)
     train_by_step = [
         train_work_gpu_s(cluster, [t for t in trace if t.step == s]) / cluster.num_gpus
         for s in steps
     ]
     per_step = [longest_by_step[s] for s in steps]
     if stream:
-        shortest = min(critical_path_s(cluster, t) for t in trace)
-        per_step = [shortest] * len(steps)
+        unit_s: dict[tuple[int, str], float] = {}
+        for t, path in zip(trace, paths, strict=True):
+            key = (t.step, t.group_id if group else t.trajectory_id)
+            unit_s[key] = max(unit_s.get(key, 0.0), path)
+        per_step = [min(unit_s.values())] * len(steps)
     chain_s = step_chain_bound_s(per_step, train_by_step, staleness)
     return {
         "lower_bound_s": max(work_s, chain_s),

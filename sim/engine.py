@@ -103,7 +103,11 @@ class Simulator:
             colocated=self.system.mode == "sync",
         )
         self.released_steps = 0
-        self.batches = BatchSource(self.system.consumption, self.by_step)
+        self.twin_fed_steps = 0
+        """Release steps handed to the planner's twin (``sim.replan.feed_twin``)."""
+        self.batches = BatchSource(
+            self.system.consumption, self.by_step, self.system.consume_unit
+        )
         self.step_complete_s: dict[int, float] = {}
         self.consumed: dict[int, list[TrajState]] = {}
         self.batch_span_s: dict[int, float | None] = {}

@@ -24,7 +24,7 @@ def run_planner(sim: Simulator, step: int, now: float) -> None:
     """Feed step ``step`` to the planner (and its twin); apply its plan and pool size."""
     batch = [t.rec for t in sim.consumed[step]]
     if sim.twin is not None:
-        sim.twin.observe_step(batch)
+        feed_twin(sim)
     metrics = step_metrics(
         version=sim.version,
         log=sim.trainer.log[-1],
@@ -49,6 +49,20 @@ def run_planner(sim: Simulator, step: int, now: float) -> None:
     if event.elastic is not None and sim.system.enable_elastic:
         sim.pool.resize(event.elastic.desired_replicas, sorted(sim.node_patterns), now)
         sim.admit_pending(now)
+
+
+def feed_twin(sim: Simulator) -> None:
+    """Hand the twin each released step whose trajectories have all finished, in step
+    order, and the newest released step (the trend's target). Whole release steps, not
+    consumed batches: under streaming a batch is the first finishers, the shortest."""
+    while sim.twin_fed_steps < sim.released_steps:
+        step = sim.steps[sim.twin_fed_steps]
+        if any(t.finished_s < 0 for t in sim.by_step[step]):
+            break
+        sim.twin.observe_step([t.rec for t in sim.by_step[step]])
+        sim.twin_fed_steps += 1
+    if sim.released_steps:
+        sim.twin.observe_release(sim.steps[sim.released_steps - 1])
 
 
 def apply_plan(sim: Simulator, plan: Plan, now: float) -> None:

@@ -146,7 +146,10 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         return {**base, "feasible": False, "reason": str(exc)}
     staleness = 0 if fitted.mode == "sync" else fitted.staleness
     twin_runs = twin.runs if twin is not None else 0
-    bound = lower_bound_s(cluster, trace, staleness, stream=fitted.consumption != "barrier")
+    bound = lower_bound_s(
+        cluster, trace, staleness, stream=fitted.consumption != "barrier",
+        group=fitted.consume_unit == "group",
+    )
     makespan = raw["makespan_s"]
     lat = np.array(raw["latencies_s"])
     tokens = sum(t.total_tokens for t in trace)
@@ -179,6 +182,7 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         "plans_applied": sum(1 for e in raw["plan_events"] if e["applied"]),
         "twin_runs": twin_runs,
         "consumption": fitted.consumption,
+        "consume_unit": fitted.consume_unit,
         "max_consumed_staleness": max(raw["consumed_staleness"], default=0),
         "mean_consumed_staleness": float(np.mean(raw["consumed_staleness"] or [0])),
         "partial_rollouts": raw["partial_rollouts"],

@@ -47,7 +47,7 @@ from libra.errors import InvalidArgument
 from libra.types import Bucket
 from scheduling.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
 from scheduling.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
-from sim.trainer import CONSUMPTION_MODES
+from sim.trainer import CONSUMPTION_MODES, check_consume_unit
 
 HOMOGENEOUS = ((2, 2, 2, 2),)
 """8 x TP2 per node: the reference's homogeneous-LB control arm."""
@@ -114,6 +114,11 @@ class SystemConfig:
     their step (AReaL, verl fully-async); ``bounded``: streaming under a per-trajectory
     staleness bound with partial rollout (libra; ``scheduling.staleness``). See
     ``sim.trainer.BatchSource``."""
+    consume_unit: str = "group"
+    """What a streaming consumption takes as one unit (``sim.trainer.BatchSource``):
+    ``group``, a prompt's samples once the last finishes (the reference, AReaL and our
+    trainer train only complete GRPO groups), or ``trajectory`` (each on its own, the
+    simulator before session 14; kept for the ablation)."""
     sync_interval: int = 1
     """Training steps between weight syncs to the rollout instances (the counterpart's
     default; see the module docstring)."""
@@ -125,6 +130,7 @@ class SystemConfig:
 
     def __post_init__(self) -> None:
         self._check_sync()
+        check_consume_unit(self.consume_unit)
         if self.consumption not in CONSUMPTION_MODES:
             raise ValueError(
                 f"system {self.name!r}: consumption must be one of "

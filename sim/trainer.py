@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from typing import Any
 
+from libra.errors import InvalidArgument
 from scheduling.planner import HardwareSpec, ModelSpec, TrainParallelism, train_step_s
 from scheduling.staleness import bounded_batch
 
@@ -66,6 +69,18 @@ class SimTrainer:
 
 
 CONSUMPTION_MODES = ("barrier", "stream", "bounded")
+CONSUME_UNITS = ("group", "trajectory")
+"""What a streaming trainer takes as one unit: a whole GRPO group, ready when its last
+member finishes (the reference, AReaL, our trainer), or each trajectory on its own."""
+
+
+def check_consume_unit(unit: object) -> str:
+    """``unit`` if it is a consumption unit, else ``InvalidArgument`` naming the field."""
+    if unit not in CONSUME_UNITS:
+        raise InvalidArgument(
+            "consume_unit", f"must be one of {', '.join(CONSUME_UNITS)}, got {unit!r}"
+        )
+    return str(unit)
 
 
 class BatchSource:
@@ -73,31 +88,54 @@ class BatchSource:
 
     ``barrier`` (the reference, verl, slime): step s trains on step s's trajectories
     once all of them have finished. ``stream`` (AReaL, verl fully-async): a step trains
-    on the first ``len(step s)`` trajectories to finish, whichever step released them;
+    on the first units to finish, as many as step s has, whichever step released them;
     a straggler is consumed by a later step, its staleness (trainer version at
-    consumption minus the version its step was released at) recorded.
+    consumption minus the version its step was released at) recorded. ``bounded``:
+    streaming under a per-unit staleness bound (``scheduling.staleness``).
+
+    The unit (``consume_unit``): GRPO normalises advantages within a prompt's group, so
+    the reference (``_collect_complete_grpo_batch``), AReaL (``GroupedRolloutWorkflow``
+    gathers a prompt's samples before it yields the episode) and our trainer
+    (``services/trainer/batch_collector.py``) train only complete groups. A group is
+    ready when its last member finishes; its version is its oldest member's (the live
+    trainer drops a group when any member is stale). Under the barrier every step's
+    groups are complete, so the unit changes nothing there.
 
     Args:
-        mode: ``barrier`` or ``stream``.
+        mode: ``barrier``, ``stream`` or ``bounded``.
         by_step: Trajectories of each step (their count is the batch size).
+        unit: ``group`` (members share ``rec.group_id`` within a step) or ``trajectory``.
 
     Raises:
         ValueError: Unknown mode.
+        InvalidArgument: Unknown unit (field ``consume_unit``).
     """
 
-    def __init__(self, mode: str, by_step: dict[int, list[Any]]) -> None:
+    def __init__(self, mode: str, by_step: dict[int, list[Any]], unit: str = "group") -> None:
         if mode not in CONSUMPTION_MODES:
             raise ValueError(
                 f"consumption must be one of {', '.join(CONSUMPTION_MODES)}, got {mode!r}"
             )
         self._mode, self._by_step = mode, by_step
+        self._unit = check_consume_unit(unit)
         self._done: dict[int, int] = {}
-        self._ready: list[Any] = []
+        self._members = Counter(self._key(t) for ts in by_step.values() for t in ts)
+        self._units_per_step = {
+            s: len({self._key(t) for t in ts}) for s, ts in by_step.items()
+        }
+        self._held: dict[tuple[int, str], list[Any]] = {}
+        """Finished members of units not yet complete."""
+        self._ready: list[list[Any]] = []
+        """Complete units, in the order their last member finished."""
         self.released_version: dict[int, int] = {}
         self.consumed = 0
         """Trajectories handed to training so far."""
         self.staleness: list[int] = []
         """Per consumed trajectory: versions between its step's release and its use."""
+
+    def _key(self, traj: Any) -> tuple[int, str]:
+        rec = traj.rec
+        return (rec.step, rec.group_id if self._unit == "group" else rec.trajectory_id)
 
     def on_release(self, step: int, version: int) -> None:
         """Step ``step`` was released at trainer ``version``."""
@@ -107,7 +145,11 @@ class BatchSource:
         """A trajectory finished; True when its step is now complete."""
         step = traj.rec.step
         self._done[step] = self._done.get(step, 0) + 1
-        self._ready.append(traj)
+        key = self._key(traj)
+        members = self._held.setdefault(key, [])
+        members.append(traj)
+        if len(members) == self._members[key]:
+            self._ready.append(self._held.pop(key))
         return self._done[step] == len(self._by_step[step])
 
     def take(
@@ -118,30 +160,39 @@ class BatchSource:
         step ``step``'s trajectories finished), else ``None``. ``bounded`` also takes
         the oldest-token versions ``in_flight``, the bound and ``last`` (nothing more
         will finish)."""
-        if self._mode == "bounded":
-            versions = [t.first_version for t in self._ready]
-            picked = bounded_batch(
-                versions, in_flight, version, len(self._by_step[step]), max_staleness, last=last
-            )
-            if picked is None:
-                return None
-            chosen = set(picked)
-            batch = [self._ready[i] for i in picked]
-            self._ready = [t for i, t in enumerate(self._ready) if i not in chosen]
-            self.staleness += [version - t.first_version for t in batch]
-            self.consumed += len(batch)
-            return batch
         if self._mode == "barrier":
             if not complete:
                 return None
             batch = self._by_step[step]
             ids = {id(t) for t in batch}
-            self._ready = [t for t in self._ready if id(t) not in ids]
-        else:
-            size = len(self._by_step[step])
+            self._ready = [u for u in self._ready if id(u[0]) not in ids]
+            return self._consumed(batch, version, by_release=True)
+        size = self._units_per_step[step]
+        if self._mode == "stream":
             if len(self._ready) < size:
                 return None
-            batch, self._ready = self._ready[:size], self._ready[size:]
-        self.staleness += [version - self.released_version[t.rec.step] for t in batch]
+            units, self._ready = self._ready[:size], self._ready[size:]
+            return self._consumed([t for u in units for t in u], version, by_release=True)
+        # A unit's version is its oldest member's; an incomplete unit counts as in
+        # flight at the oldest version among its members, finished or not.
+        held = (t.first_version for members in self._held.values() for t in members)
+        picked = bounded_batch(
+            [min(t.first_version for t in u) for u in self._ready],
+            itertools.chain(in_flight, held), version, size, max_staleness, last=last,
+        )
+        if picked is None:
+            return None
+        chosen = set(picked)
+        batch = [t for i in picked for t in self._ready[i]]
+        self._ready = [u for i, u in enumerate(self._ready) if i not in chosen]
+        return self._consumed(batch, version, by_release=False)
+
+    def _consumed(self, batch: list[Any], version: int, *, by_release: bool) -> list[Any]:
+        """Count ``batch`` as trained at ``version``; staleness from its step's release
+        (barrier, stream) or its oldest token (bounded)."""
+        if by_release:
+            self.staleness += [version - self.released_version[t.rec.step] for t in batch]
+        else:
+            self.staleness += [version - t.first_version for t in batch]
         self.consumed += len(batch)
         return batch

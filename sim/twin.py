@@ -9,6 +9,16 @@ instance with the system's config), the candidate's split and layout, the stalen
 gate and the training time of the cost model, and returns the mean step interval after
 the pipeline fill. ``PlanSearch`` calls it for its top closed-form candidates and for
 the plan in force (``RolloutRefiner`` protocol), so gains are twin against twin.
+
+What it replays (issue 20, session 14): the last ``pipeline depth`` *complete* release
+steps (every trajectory finished; under streaming a consumed batch is its step's first
+finishers, the shortest), with their model outputs scaled by the recent length trend
+to the step being released now, since a plan runs the work to come, not the work
+seen. Response lengths grow during RL (DAPO, DeepSeek-R1); replaying steps 0-4 as-is
+under-predicted later steps by ~20% (session 13). The trend is a least-squares fit of
+log mean post-prompt tokens over the last ``TREND_WINDOW_STEPS`` complete steps (the
+reference's planner also plans from a sliding window of recent lengths); a scaled
+trajectory never grows past the longest one seen, where the job's context budget binds.
 """
 
 from __future__ import annotations
@@ -17,6 +27,9 @@ import math
 from collections import deque
 from dataclasses import replace
 
+import numpy as np
+
+from libra.errors import InvalidArgument
 from scheduling.planner import Plan, PlannerConfig, Workload, pipeline_depth
 from sim.engine import Simulator
 from sim.instance import SimInfeasible
@@ -26,6 +39,11 @@ from sim.trace import TraceTrajectory
 
 TWIN_STEPS_PER_DEPTH = 2
 """Twin length in pipeline depths: one depth of fill, then the measured steps."""
+TREND_WINDOW_STEPS = 10
+"""Complete release steps the length trend is fitted over (two pipeline depths at
+staleness 4: long enough to average a step's noise, short enough to follow drift)."""
+MIN_TREND_STEPS = 3
+"""Fewer complete steps than this: no trend (a slope from two noisy means is noise)."""
 
 
 class TwinRefiner:
@@ -36,6 +54,8 @@ class TwinRefiner:
         system: The system whose policy and staleness the twin uses (its planner and
             elastic pool are switched off inside the twin).
         steps_per_depth: Twin length in pipeline depths.
+        trend: Scale the replayed outputs by the recent length trend (``False``: replay
+            as observed, the twin before session 14).
     """
 
     def __init__(
@@ -43,6 +63,8 @@ class TwinRefiner:
         cluster: ClusterSpec,
         system: SystemConfig,
         steps_per_depth: int = TWIN_STEPS_PER_DEPTH,
+        *,
+        trend: bool = True,
     ) -> None:
         self._cluster = cluster
         self._depth = pipeline_depth(system.staleness if system.mode == "async" else 0)
@@ -55,18 +77,60 @@ class TwinRefiner:
         self._steps = max(self._depth + 1, int(round(steps_per_depth * self._depth)))
         self._recent: deque[tuple[TraceTrajectory, ...]] = deque(maxlen=self._depth)
         self._cache: dict[tuple, float] = {}
+        if not isinstance(trend, bool):
+            raise InvalidArgument("trend", f"must be True or False, got {trend!r}")
+        self._trend = trend
+        self._means: deque[tuple[int, float]] = deque(maxlen=TREND_WINDOW_STEPS)
+        """(release step, mean post-prompt tokens) of the complete steps observed."""
+        self._longest_tokens = 0
+        self._frontier_step: int | None = None
         self.runs = 0
 
     def observe_step(self, trajectories: list[TraceTrajectory]) -> None:
-        """Append one finished step's trajectories (the oldest beyond the depth drops)."""
-        if trajectories:
-            self._recent.append(tuple(trajectories))
-            self._cache.clear()
+        """Append one complete step's trajectories (the oldest beyond the depth drops).
+        A step observed again (the preflight's startup profile, then the whole step)
+        replaces its earlier entry."""
+        if not trajectories:
+            return
+        step = trajectories[0].step
+        mean = sum(t.post_prompt_tokens for t in trajectories) / len(trajectories)
+        if self._means and self._means[-1][0] == step:
+            self._means.pop()
+            self._recent.pop()
+        self._recent.append(tuple(trajectories))
+        self._means.append((step, mean))
+        self._longest_tokens = max(
+            self._longest_tokens, max(t.total_tokens for t in trajectories)
+        )
+        self._cache.clear()
+
+    def observe_release(self, step: int) -> None:
+        """The newest released step: what the trend extrapolates to."""
+        if step != self._frontier_step:
+            self._frontier_step = step
+            if self._trend:
+                self._cache.clear()
+
+    def length_scale(self) -> float:
+        """Output-length factor from the replayed steps to the newest released one (1.0
+        without a trend, a frontier or ``MIN_TREND_STEPS`` complete steps)."""
+        if not self._trend or self._frontier_step is None or len(self._means) < MIN_TREND_STEPS:
+            return 1.0
+        steps = np.array([s for s, _ in self._means], dtype=float)
+        logs = np.log([max(m, 1.0) for _, m in self._means])
+        if np.ptp(steps) == 0:
+            return 1.0
+        slope = float(np.polyfit(steps, logs, 1)[0])
+        replayed = float(np.mean([r[0].step for r in self._recent]))
+        return math.exp(slope * (self._frontier_step - replayed))
 
     def trace(self) -> list[TraceTrajectory]:
-        """The twin's workload: the recent steps cycled to ``steps`` steps, renumbered."""
+        """The twin's workload: the recent steps, scaled to the trend, cycled to
+        ``steps`` steps, renumbered."""
         out: list[TraceTrajectory] = []
-        recent = list(self._recent)
+        factor = self.length_scale()
+        recent = [tuple(_scaled(t, factor, self._longest_tokens) for t in r)
+                  for r in self._recent]
         for step in range(self._steps):
             for t in recent[step % len(recent)]:
                 out.append(
@@ -99,6 +163,20 @@ class TwinRefiner:
         if len(ends) - 1 <= first:
             return math.inf  # too few steps trained after the fill to measure
         return (ends[-1] - ends[first]) / (len(ends) - 1 - first)
+
+
+def _scaled(traj: TraceTrajectory, factor: float, cap_tokens: int) -> TraceTrajectory:
+    """``traj`` with its model outputs times ``factor``, its total kept <= ``cap_tokens``
+    (never below its own total: the cap only stops growth)."""
+    if factor == 1.0:
+        return traj
+    out = traj.output_tokens
+    fixed = traj.total_tokens - out
+    room = max(cap_tokens, traj.total_tokens) - fixed
+    factor = min(factor, room / out) if out else factor
+    turns = tuple(replace(t, output_tokens=max(1, round(t.output_tokens * factor)))
+                  for t in traj.turns)
+    return replace(traj, turns=turns)
 
 
 def steady_step_s(train_log: list[dict], depth: int) -> float:
