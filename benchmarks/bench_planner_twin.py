@@ -61,6 +61,7 @@ def measure(shape: str, seed: int) -> dict[str, Any]:
     model = search.cost_model(work)
     candidates = search._closed_form_top_k(model, work, 1.0, 1.0)
     candidates += search._best_uniform(model, work, candidates)
+    candidates += search._homogeneous_per_split(model, work, candidates)
     static = replace(libra, enable_replan=False, enable_elastic=False)
     rows = []
     for cand in candidates:

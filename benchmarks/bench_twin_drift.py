@@ -10,8 +10,8 @@ sees it) two twins are fed what the run had by then:
 - ``new``: the complete release steps (every trajectory finished), scaled by the
   length trend to the newest released step (``sim.twin``).
 
-Each ranks the search's candidates (closed-form top 3 plus the best uniform plan, from
-the consumed history). Reference per candidate: the whole trace simulated statically
+Each ranks the search's candidates (closed-form top 3, the best uniform plan and each
+top split's best homogeneous layout, from the consumed history). Reference per candidate: the whole trace simulated statically
 at it, the mean step interval over the plan's tenure (steps K .. K + plan interval - 1).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_twin_drift.py [--seeds 10,11,12]
@@ -91,6 +91,7 @@ def measure(workload: str, seed: int, decisions: list[int]) -> list[dict[str, An
         model = search.cost_model(work)
         cands = search._closed_form_top_k(model, work, 1.0, 1.0)
         cands += search._best_uniform(model, work, cands)
+        cands += search._homogeneous_per_split(model, work, cands)
         if plan0.key() not in {c.plan.key() for c in cands}:
             cands.append(replace(cands[0], plan=plan0, train_s=search.train_s(plan0.train, work)))
         for cand in cands:

@@ -1,0 +1,94 @@
+"""Libra's layout is a plan variable (issue 20, session 14 lever 3): the twin judges a
+homogeneous layout at each split the closed form ranks top, and C-MLFQ on one bucket
+routes by load, as least-loaded does."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduling.planner import (
+    ClusterShape,
+    PlanError,
+    PlanSearch,
+    RequestStats,
+    SearchSpace,
+    Workload,
+    pipeline_depth,
+)
+from sim.generators import GeneratorConfig, generate
+from sim.presets import cluster
+from sim.run import run
+from sim.systems import LIBRA_PATTERNS, system
+
+SPEC = cluster("a800x48")
+TRACE = generate(GeneratorConfig(shape="math", num_steps=6, prompts_per_step=8, seed=7))
+
+
+class _Refiner:
+    """Scores every plan alike and records which plans it was asked about."""
+
+    def __init__(self) -> None:
+        self.asked: list = []
+
+    def rollout_s(self, plan, work) -> float:
+        self.asked.append(plan)
+        return 1.0
+
+
+def _search(**space: object) -> tuple[PlanSearch, _Refiner, Workload]:
+    refiner = _Refiner()
+    search = PlanSearch(
+        SPEC.hardware, SPEC.model, ClusterShape(SPEC.num_nodes, 8),
+        SearchSpace(node_patterns=LIBRA_PATTERNS, train_tp=8, **space), refiner=refiner,
+    )
+    history = tuple(RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s) for t in TRACE)
+    return search, refiner, Workload(64, history, pipeline_depth(4))
+
+
+def _homogeneous(plan) -> bool:
+    return len({tp for node in plan.rollout_nodes for tp in node}) == 1
+
+
+def test_each_top_split_gets_its_best_homogeneous_layout_judged() -> None:
+    search, _, work = _search()
+    model = search.cost_model(work)
+    top = search._closed_form_top_k(model, work, 1.0, 1.0)
+    extra = search._homogeneous_per_split(model, work, top)
+    splits = {c.plan.train_gpus for c in top}
+    assert extra and all(_homogeneous(c.plan) for c in extra)
+    assert {c.plan.train_gpus for c in extra} <= splits
+    assert len({c.plan.key() for c in top + extra}) == len(top) + len(extra)  # no repeats
+
+
+def test_heterogeneity_required_adds_none() -> None:
+    search, _, work = _search(require_heterogeneous=True)
+    model = search.cost_model(work)
+    top = search._closed_form_top_k(model, work, 1.0, 1.0)
+    assert search._homogeneous_per_split(model, work, top) == []
+
+
+def test_the_option_off_is_not_consulted(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    for value in (False, True):
+        search, _, work = _search(homogeneous_per_split=value)
+        monkeypatch.setattr(search, "_homogeneous_per_split",
+                            lambda *a, v=value: calls.append(v) or [])
+        search.search(work)
+    assert calls == [True]
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_a_non_bool_option_names_the_field(value: object) -> None:
+    with pytest.raises(PlanError, match="homogeneous_per_split"):
+        _search(homogeneous_per_split=value)
+
+
+@pytest.mark.parametrize("pattern", [(8,), (2, 2, 2, 2)])
+def test_cmlfq_on_one_bucket_routes_as_least_loaded(pattern: tuple[int, ...]) -> None:
+    lb = system("stream-lb").with_split(24, pattern, "test")
+    cm = replace(lb, policy="cmlfq", policy_config=system("libra").policy_config)
+    a, b = run(SPEC, TRACE, lb), run(SPEC, TRACE, cm)
+    assert b["migrations"] == 0
+    assert b["throughput_traj_per_s"] == pytest.approx(a["throughput_traj_per_s"], rel=0.02)
