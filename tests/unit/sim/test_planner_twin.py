@@ -76,6 +76,7 @@ def test_search_prunes_candidates_that_cannot_win_exactly() -> None:
     model = search.cost_model(work)
     candidates = search._closed_form_top_k(model, work, 1.0, 1.0)
     candidates += search._best_uniform(model, work, candidates)
+    candidates += search._homogeneous_per_split(model, work, candidates)
     full = min(
         (max(c.train_s, twin.rollout_s(c.plan, work)) for c in candidates),
     )
@@ -87,8 +88,14 @@ def test_search_refines_with_the_twin_and_caches_per_history() -> None:
     best = search.search(work)
     assert best is not None and math.isfinite(best.objective_s)
     runs = twin.runs
-    # Top candidates plus the uniform guard: each simulated once unless pruned.
-    assert runs >= 1 and runs + search.pruned == 4
+    # Top candidates, the uniform guard and each top split's homogeneous layout: each
+    # simulated once unless pruned.
+    model = search.cost_model(work)
+    cands = search._closed_form_top_k(model, work, 1.0, 1.0)
+    cands += search._best_uniform(model, work, cands)
+    cands += search._homogeneous_per_split(model, work, cands)
+    assert len(cands) > 4
+    assert runs >= 1 and runs + search.pruned == len(cands)
     search.search(work)
     assert twin.runs == runs  # same history: cached
     twin.observe_step([])  # an empty step changes nothing
