@@ -274,24 +274,18 @@ class PlanSearch:
         learns a trajectory's length only from its tool returns does not realise that
         (issue 20). One uniform plan in the refined set lets the twin judge it.
         """
-        nodes = self._train_node_options()
-        single = [s for n in nodes if (s := self._single_pattern_at(model, work, n)) is not None]
-        if not single:
-            return []
-        best = min(single, key=lambda s: s.objective_s)
-        return [best] if best.plan.key() not in {s.plan.key() for s in taken} else []
+        single = [s for n in self._train_node_options()
+                  if (s := self._single_pattern_at(model, work, n)) is not None]
+        best = min(single, key=lambda s: s.objective_s, default=None)
+        return [best] if best and best.plan.key() not in {s.plan.key() for s in taken} else []
 
     def _homogeneous_per_split(
         self, model: RolloutCostModel, work: Workload, taken: list[Scored]
     ) -> list[Scored]:
-        """The closed form's best homogeneous layout (one TP degree) at each split among
-        ``taken``, unless already taken or the space requires heterogeneity.
-
-        Libra's planner chooses the layout for each split (design digest 5.3: per
-        training configuration, the rollout layout with the smallest predicted makespan,
-        homogeneous ones included unless heterogeneity is required; C-MLFQ on one bucket
-        routes by load), so the twin judges a homogeneous layout beside each split's mix
-        (issue 20, session 14).
+        """The best homogeneous layout (one TP degree) at each split among ``taken``,
+        unless taken or heterogeneity is required: Libra's planner picks the layout per
+        split (design digest 5.3, homogeneous ones allowed; C-MLFQ on one bucket routes
+        by load), so the twin judges one beside each split's mix (issue 20, session 14).
         """
         if self.space.require_heterogeneous:
             return []
@@ -318,8 +312,8 @@ class PlanSearch:
         for pattern in self.space.node_patterns:
             if homogeneous and len(set(pattern)) > 1:
                 continue
-            row = ((tuple((tp, pattern.count(tp) * nodes_left) for tp in dict.fromkeys(pattern))),
-                   len(pattern) * nodes_left, max(pattern))
+            counts = tuple((tp, pattern.count(tp) * nodes_left) for tp in dict.fromkeys(pattern))
+            row = (counts, len(pattern) * nodes_left, max(pattern))
             index, t_roll = model.best_fast_layout([row], scale, work.pipeline_depth)
             if index < 0:
                 continue
