@@ -11,8 +11,9 @@ sees it) two twins are fed what the run had by then:
   length trend to the newest released step (``sim.twin``).
 
 Each ranks the search's candidates (closed-form top 3, the best uniform plan and each
-top split's best homogeneous layout, from the consumed history). Reference per candidate: the whole trace simulated statically
-at it, the mean step interval over the plan's tenure (steps K .. K + plan interval - 1).
+top split's best homogeneous layout, from the consumed history). Reference per
+candidate: the whole trace simulated statically at it, the mean step interval over the
+plan's tenure (steps K .. K + plan interval - 1).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_twin_drift.py [--seeds 10,11,12]
         [--workloads r2e-drift,search-drift,math-drift] [--decisions 5,10] [--json]
