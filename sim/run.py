@@ -70,7 +70,7 @@ def initial_plan(
     twin = None
     if system.planner_twin:
         twin = TwinRefiner(cluster, system)
-        twin.observe_step(step0[:STARTUP_PROFILE_SIZE])
+        twin.observe_step(step0[:STARTUP_PROFILE_SIZE], provisional=True)
     planner = GlobalResourcePlanner(
         PlanSearch(cluster.hardware, cluster.model, shape, space, refiner=twin), config
     )

@@ -84,19 +84,23 @@ class TwinRefiner:
         """(release step, mean post-prompt tokens) of the complete steps observed."""
         self._longest_tokens = 0
         self._frontier_step: int | None = None
+        self._provisional = False
         self.runs = 0
 
-    def observe_step(self, trajectories: list[TraceTrajectory]) -> None:
+    def observe_step(
+        self, trajectories: list[TraceTrajectory], *, provisional: bool = False
+    ) -> None:
         """Append one complete step's trajectories (the oldest beyond the depth drops).
-        A step observed again (the preflight's startup profile, then the whole step)
-        replaces its earlier entry."""
+        A ``provisional`` entry (the preflight's startup profile) is replaced by the
+        next step observed."""
         if not trajectories:
             return
         step = trajectories[0].step
         mean = sum(t.post_prompt_tokens for t in trajectories) / len(trajectories)
-        if self._means and self._means[-1][0] == step:
+        if self._provisional:
             self._means.pop()
             self._recent.pop()
+        self._provisional = provisional
         self._recent.append(tuple(trajectories))
         self._means.append((step, mean))
         self._longest_tokens = max(

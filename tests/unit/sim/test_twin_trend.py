@@ -80,13 +80,19 @@ def test_shrinking_lengths_scale_down() -> None:
     assert all(t.output_tokens < 8000 for t in twin.trace())
 
 
-def test_a_step_observed_again_replaces_the_startup_profile() -> None:
+def test_the_next_step_replaces_the_startup_profile() -> None:
     twin = _twin()
-    twin.observe_step(_step(0, 500, n=2))
+    twin.observe_step(_step(0, 500, n=2), provisional=True)
     twin.observe_step(_step(0, 700, n=4))
     twin.observe_step(_step(1, 700))
     assert len(twin.trace()) == twin._steps * 4  # two steps of 4, no profile left
     assert math.isclose(twin.length_scale(), 1.0)
+    # Without the flag, batches that start at the same step are all kept (a caller
+    # feeding consumed batches, as the twin before session 14 was fed).
+    kept = _twin()
+    kept.observe_step(_step(0, 500, n=2))
+    kept.observe_step(_step(0, 700, n=4))
+    assert len(kept.trace()) == kept._steps // 2 * (2 + 4)
 
 
 def test_the_run_feeds_the_twin_only_complete_release_steps() -> None:
