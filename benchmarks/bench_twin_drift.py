@@ -7,8 +7,10 @@ sees it) two twins are fed what the run had by then:
 
 - ``old``: the last pipeline depth of *consumed batches*, replayed as observed (the
   twin before session 14);
-- ``new``: the complete release steps (every trajectory finished), scaled by the
-  length trend to the newest released step (``sim.twin``).
+- ``steps``: the last pipeline depth of complete release steps (every trajectory
+  finished), replayed as observed;
+- ``new``: the same, scaled by the length trend to the newest released step
+  (``sim.twin``, the default).
 
 Each ranks the search's candidates (closed-form top 3, the best uniform plan and each
 top split's best homogeneous layout, from the consumed history). Reference per
@@ -56,11 +58,12 @@ def _tenure_s(ends: list[float], k: int, interval: int) -> float:
     return (ends[k - 1 + interval] - ends[k - 1]) / interval
 
 
-def _feed(sim: Simulator, k: int, ends: list[float]) -> tuple[TwinRefiner, TwinRefiner, list]:
-    """The old and the new twin as they stood after training step k-1, and the history."""
+def _feed(sim: Simulator, k: int, ends: list[float]) -> tuple[dict[str, TwinRefiner], list]:
+    """The three twins as they stood after training step k-1, and the history."""
     libra = system("libra")
     now = ends[k - 1]
     old, new = TwinRefiner(SPEC, libra, trend=False), TwinRefiner(SPEC, libra)
+    steps = TwinRefiner(SPEC, libra, trend=False)
     batches = list(sim.consumed.values())[:k]
     for batch in batches[-pipeline_depth(libra.staleness):]:
         old.observe_step([t.rec for t in batch])
@@ -68,10 +71,11 @@ def _feed(sim: Simulator, k: int, ends: list[float]) -> tuple[TwinRefiner, TwinR
         if any(t.finished_s < 0 or t.finished_s > now for t in sim.by_step[step]):
             break
         new.observe_step([t.rec for t in sim.by_step[step]])
+        steps.observe_step([t.rec for t in sim.by_step[step]])
     new.observe_release(max(s for s, at in sim.release_s.items() if at <= now))
     history = [RequestStats(t.rec.prompt_tokens, t.rec.post_prompt_tokens, t.rec.tool_s)
                for b in batches for t in b]
-    return old, new, history
+    return {"old": old, "steps": steps, "new": new}, history
 
 
 def measure(workload: str, seed: int, decisions: list[int]) -> list[dict[str, Any]]:
@@ -85,7 +89,7 @@ def measure(workload: str, seed: int, decisions: list[int]) -> list[dict[str, An
     simulated: dict[tuple, list[float]] = {}
     rows = []
     for k in decisions:
-        old, new, history = _feed(sim, k, ends)
+        twins, history = _feed(sim, k, ends)
         search = PlanSearch(SPEC.hardware, SPEC.model, ClusterShape(SPEC.num_nodes, 8),
                             SearchSpace(node_patterns=libra.node_patterns, train_tp=8))
         work = Workload(64, tuple(history), pipeline_depth(libra.staleness))
@@ -104,9 +108,9 @@ def measure(workload: str, seed: int, decisions: list[int]) -> list[dict[str, An
                 "train_gpus": cand.plan.train_gpus,
                 "rollout_tps": cand.plan.to_dict()["rollout_tps"],
                 "in_force": key == plan0.key(),
-                "old_s": max(cand.train_s, old.rollout_s(cand.plan, work)),
-                "new_s": max(cand.train_s, new.rollout_s(cand.plan, work)),
-                "length_scale": new.length_scale(),
+                **{f"{name}_s": max(cand.train_s, twin.rollout_s(cand.plan, work))
+                   for name, twin in twins.items()},
+                "length_scale": twins["new"].length_scale(),
                 "simulated_s": _tenure_s(simulated[key], k, interval),
             })
     return rows
@@ -127,7 +131,7 @@ def main() -> None:
         return
     for w in args.workloads.split(","):
         sel = [r for r in rows if r["workload"] == w]
-        for label in ("old", "new"):
+        for label in ("old", "steps", "new"):
             ratios = [r[f"{label}_s"] / r["simulated_s"] for r in sel]
             within = sum(1 for x in ratios if abs(x - 1) <= 0.15)
             print(f"{w:13} {label}: within +-15% {within}/{len(ratios)}, median "
