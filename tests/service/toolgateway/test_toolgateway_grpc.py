@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 
 import grpc
 import pytest
@@ -71,11 +70,11 @@ async def test_python_error_returns_traceback_as_failure(gateway):
 
 
 async def test_deadline_propagates_to_the_sandbox(gateway):
-    start = time.monotonic()
+    # The code sleeps 5 s, within the python tool's own 10 s limit (python_timeout_s): it
+    # times out only if the call's 500 ms deadline reached the sandbox. (No wall-clock
+    # bound here: on a loaded machine the process start alone can take seconds.)
     res = await py(gateway, "import time\ntime.sleep(5)", deadline_ms=500)
-    elapsed = time.monotonic() - start
     assert res.status is T and res.state.key == "python:small:timeout"
-    assert elapsed < 2.5, f"timeout took {elapsed:.2f}s for a 500 ms deadline"
 
 
 # -- refusals map to libra.errors ------------------------------------------------------

@@ -83,7 +83,9 @@ async def test_resume_continues_from_the_checkpoint_and_trains_nothing_twice(rig
     await rig.write(*[tr for g in range(3) for tr in make_group(g)])
     first = rig.new_core()
     await first.start_job(JOB)
-    await wait_until(lambda: first.step == 3)
+    # Step 3 reported (the records below start with it), not just counted: ``step``
+    # counts a step before its checkpoint and report are written.
+    await wait_until(lambda: len(rig.coordinator.steps) == 3)
     await first.stop_job(JOB)  # as if killed: steps 1-3 done, checkpoint at step 2
     await rig.write(*[tr for g in range(3, 6) for tr in make_group(g)])
     second = rig.new_core()
@@ -112,7 +114,10 @@ async def test_a_cancel_and_resume_counts_every_trajectory_once_whatever_its_sta
     await rig.write(*make_group(0), make_group(1)[0])  # step 1, and a half group held
     first = rig.new_core()
     await first.start_job(JOB)
-    await wait_until(lambda: first.step == 1)
+    # Step 1 reported, hence checkpointed: ``step`` counts it before the checkpoint is
+    # written (in a thread), and a stop before that write left no checkpoint to resume
+    # from (seen under load: all three steps redone, 8 trained).
+    await wait_until(lambda: len(rig.coordinator.steps) == 1)
     await wait_until(lambda: rig.pending())
     await first.stop_job(JOB)  # cancelled: tr-1-0 delivered, not acked
     await rig.write(make_group(1)[1])  # published while cancelled, never read
