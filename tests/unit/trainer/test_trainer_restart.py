@@ -23,7 +23,7 @@ from tests.unit.trainer.trainer_rig import (  # noqa: F401 - the rig fixture
     make_group,
     rig,
 )
-from tests.waiting import wait_until
+from tests.waiting import DEFAULT_TIMEOUT_S, wait_until
 
 # -- restart -------------------------------------------------------------------------------
 
@@ -214,11 +214,11 @@ async def test_a_stop_during_the_warm_start_ends_it_and_frees_the_trainer(rig: R
     rig.backend.warm_start = slow_warm_start
     core = rig.new_core()
     await core.start_job(JOB)
-    await asyncio.to_thread(in_warm_start.wait, 5.0)
+    assert await asyncio.to_thread(in_warm_start.wait, DEFAULT_TIMEOUT_S)
     await core.stop_job(JOB)
     assert core._task.done()
     # The thread sees the stop at its next check (before the next SFT step).
-    assert await asyncio.to_thread(stopped_early.wait, 5.0)
+    assert await asyncio.to_thread(stopped_early.wait, DEFAULT_TIMEOUT_S)
     await core.start_job(JOB)  # not "busy with" the stopped job
     await core.stop_job(JOB)  # and end this one's warm start too (its thread would linger)
 
@@ -242,7 +242,7 @@ async def _ended_but_reporting(rig: Rig) -> TrainerCore:
     core = rig.new_core()
     await rig.write(*make_group(0))
     await core.start_job(JOB)
-    await asyncio.wait_for(rig.coordinator.reporting.wait(), 5.0)
+    await asyncio.wait_for(rig.coordinator.reporting.wait(), DEFAULT_TIMEOUT_S)
     assert core.phase == "done" and not core._task.done()
     return core
 
@@ -255,7 +255,7 @@ async def test_a_start_waits_for_the_previous_jobs_done_report(rig: Rig) -> None
     await asyncio.sleep(0)
     assert not start.done()
     rig.coordinator.gate.set()
-    await asyncio.wait_for(start, 5.0)
+    await asyncio.wait_for(start, DEFAULT_TIMEOUT_S)
     assert rig.coordinator.done[0][1] is t.JobState.SUCCEEDED
     assert core.phase in ("warmup", "training")
 
