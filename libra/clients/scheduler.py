@@ -94,8 +94,8 @@ class GrpcSchedulerClient(GrpcClientBase):
         # Set when answers shrink ``_unanswered``: the sender waits on it at a full window.
         self._room: asyncio.Future[None] | None = None
         self._batch_ids = itertools.count(1)
-        # Reports made, the batches that carried them, the answers those got and the
-        # streams opened for them (benchmarks, tests).
+        # Reports made, the batches written that carried them, the answers those got and
+        # the streams opened for them (benchmarks, tests).
         self.num_reports = 0
         self.num_report_batches = 0
         self.num_report_answers = 0
@@ -149,12 +149,14 @@ class GrpcSchedulerClient(GrpcClientBase):
             instance_id=instance_id, lease_epoch=epoch, reports=[q.report for q in items],
             batch_id=batch.batch_id, answer_stays=any(q.needs_answer for q in items),
             max_unanswered=self._max_unanswered)
-        self.num_report_batches += 1
         try:
             async with asyncio.timeout(self._timeout_s):  # no task per batch (wait_for)
                 stream = self._open_stream()
                 self._unanswered.append(batch)
                 await stream.write(request)
+                # Counted once written: a close after this point finds the batch out,
+                # to be answered as the stream ends (before it, the batch is not sent).
+                self.num_report_batches += 1
                 # An answer is due where asked for, and within the window once it is
                 # full: it comes before the next batch goes, or the stream is broken.
                 if request.answer_stays:

@@ -21,6 +21,7 @@ from libra.errors import InvalidArgument, ResourceExhausted, error_from_status
 from libra.grpcx import insecure_channel
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
+from libra.wire.toolgateway import tool_result_from_proto
 from libra_cli.main import main as cli_main
 from services.toolgateway.sandbox import SandboxConfig
 from tests.waiting import wait_until
@@ -78,9 +79,16 @@ async def test_python_error_returns_traceback_as_failure(gateway):
 
 async def test_deadline_propagates_to_the_sandbox(gateway):
     # The code sleeps 5 s, within the python tool's own 10 s limit (python_timeout_s): it
-    # times out only if the call's 500 ms deadline reached the sandbox. (No wall-clock
-    # bound here: on a loaded machine the process start alone can take seconds.)
-    res = await py(gateway, "import time\ntime.sleep(5)", deadline_ms=500)
+    # times out only if the call's 500 ms deadline reached the sandbox. The RPC's own
+    # deadline is generous here: the client's (the call's + 1 s) can pass first on a
+    # loaded machine, before the gateway's timeout answer arrives.
+    async with insecure_channel(gateway.address) as channel:
+        resp = await pb_grpc.ToolGatewayServiceStub(channel).ExecuteToolCall(
+            pb.ExecuteToolCallRequest(trajectory_id="traj", call_id="p1", tool="python",
+                                      args_json=json.dumps({"code": "import time\n"
+                                                            "time.sleep(5)"}),
+                                      deadline_ms=500), timeout=60)
+    res = tool_result_from_proto(resp, "p1")
     assert res.status is T and res.state.key == "python:small:timeout"
 
 
