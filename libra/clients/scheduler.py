@@ -41,6 +41,7 @@ from libra.errors import Internal, LibraError, Unavailable
 from libra.grpc_auth import ClientAuth
 from libra.proto.scheduler.v1 import scheduler_pb2 as spb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as spb_grpc
+from libra.retry import Sleep
 from libra.wire.common import traj_status_to_proto
 from libra.wire.scheduler import (
     decision_from_proto,
@@ -79,9 +80,10 @@ class GrpcSchedulerClient(GrpcClientBase):
 
     def __init__(self, address: str, timeout_s: float = 10.0, linger_s: float = 0.0,
                  max_unanswered: int = MAX_UNANSWERED_BATCHES, *,
-                 auth: ClientAuth | None = None) -> None:
+                 auth: ClientAuth | None = None, sleep: Sleep = asyncio.sleep) -> None:
         super().__init__(address, timeout_s, auth=auth)
         self._linger_s = linger_s
+        self._sleep = sleep  # the linger's wait (tests end it when they choose)
         self._max_unanswered = max_unanswered
         self._stub = spb_grpc.SchedulerServiceStub(self._channel)
         self._queue: dict[tuple[str, int], list[_Queued]] = {}
@@ -92,8 +94,8 @@ class GrpcSchedulerClient(GrpcClientBase):
         # Set when answers shrink ``_unanswered``: the sender waits on it at a full window.
         self._room: asyncio.Future[None] | None = None
         self._batch_ids = itertools.count(1)
-        # Reports made, the batches that carried them, the answers those got and the
-        # streams opened for them (benchmarks, tests).
+        # Reports made, the batches written that carried them, the answers those got and
+        # the streams opened for them (benchmarks, tests).
         self.num_reports = 0
         self.num_report_batches = 0
         self.num_report_answers = 0
@@ -131,7 +133,7 @@ class GrpcSchedulerClient(GrpcClientBase):
 
     async def _send_queued(self) -> None:
         # Let reports raised in the same loop iteration (or within the linger) join.
-        await asyncio.sleep(self._linger_s)
+        await self._sleep(self._linger_s)
         while self._queue:
             (instance_id, epoch), items = next(iter(self._queue.items()))
             batch, rest = items[:MAX_REPORTS_PER_BATCH], items[MAX_REPORTS_PER_BATCH:]
@@ -147,12 +149,14 @@ class GrpcSchedulerClient(GrpcClientBase):
             instance_id=instance_id, lease_epoch=epoch, reports=[q.report for q in items],
             batch_id=batch.batch_id, answer_stays=any(q.needs_answer for q in items),
             max_unanswered=self._max_unanswered)
-        self.num_report_batches += 1
         try:
             async with asyncio.timeout(self._timeout_s):  # no task per batch (wait_for)
                 stream = self._open_stream()
                 self._unanswered.append(batch)
                 await stream.write(request)
+                # Counted once written: a close after this point finds the batch out,
+                # to be answered as the stream ends (before it, the batch is not sent).
+                self.num_report_batches += 1
                 # An answer is due where asked for, and within the window once it is
                 # full: it comes before the next batch goes, or the stream is broken.
                 if request.answer_stays:

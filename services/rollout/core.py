@@ -26,7 +26,8 @@ does not hold the trajectory.
 The core composes collaborators, each given only the state it needs: the lease
 (``lease_keeper``), reports and handoffs (``mover``), lending to training (``lender``),
 verified weight loads (``weight_loader``), scoring and publishing (``finisher``), inbox
-intake and the job's engine and agent (``intake``); the loop's types are in ``loop_types``.
+intake and the job's engine and agent (``intake``), a turn's tool calls and their reports
+(``tool_step``); the loop's types are in ``loop_types``.
 Pure: the engine, Redis and peers come in as collaborators.
 """
 
@@ -39,11 +40,10 @@ from typing import TYPE_CHECKING, Any
 from libra import types as t
 from libra.cancellation import raise_if_cancelled
 from libra.clock import Clock
-from libra.errors import LibraError
 from services.rollout import agent, trace_spans
 from services.rollout.batch_window import BatchWindow, wait_for_wakeup
 from services.rollout.engine_types import GenerationRequest, GenerationResult
-from services.rollout.episode_turn import EpisodeChannel, EpisodeEnded
+from services.rollout.episode_turn import EpisodeChannel
 from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
 from services.rollout.hybrid_join import ChannelOpener, TrainerLoader
 from services.rollout.intake import Intake
@@ -61,6 +61,7 @@ from services.rollout.loop_types import (
 from services.rollout.mover import Mover
 from services.rollout.profile import LoopProfile
 from services.rollout.tool_calls import ToolCaller
+from services.rollout.tool_step import ToolStep
 from services.rollout.weight_loader import WeightLoader
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -86,7 +87,6 @@ class RolloutCore:
                  weight_source: WeightSource | None = None) -> None:
         self._settings = settings
         self._store = store
-        self._tool_calls = ToolCaller(tools, clock, settings.tool_deadline_s)
         self._coordinator = coordinator
         self._clock = clock
         self._job: tuple[str, JobContext] | None = None
@@ -99,10 +99,6 @@ class RolloutCore:
         self.trajectories_finished = 0
         # Moves handed off mid-turn (their engine row stopped).
         self.num_moves_mid_turn = 0
-        # Tool returns at which a trajectory waited for its decision (a move was pending)
-        # and the time they waited: the decision's cost on the critical path.
-        self.num_decision_waits = 0
-        self.decision_wait_s = 0.0
         self._stepping = False  # an engine call is in flight
         self.window = BatchWindow(clock)  # external agents' calls share engine calls
         self.profile = LoopProfile()  # the loop's own costs (GetInstanceStatus)
@@ -117,6 +113,9 @@ class RolloutCore:
         self.weights = WeightLoader(sid, store, settings.weight_load_deadline_s,
                                     weight_source)
         self._finisher = Finisher(sid, tools, store, self._held, clock, self.profile)
+        self._tool_step = ToolStep(ToolCaller(tools, clock, settings.tool_deadline_s),
+                                   self._mover, self._finisher, self.window, self.profile,
+                                   clock, self._become_ready)
         self._intake = Intake(settings, store, loader, self.weights, self._finisher, episodes,
                               job=lambda: self._job, serve=self._serve,
                               start_episode=self._start_episode)
@@ -148,6 +147,16 @@ class RolloutCore:
     def num_moves_moot(self) -> int:
         """MOVE decisions that came too late: the trajectory had finished or left already."""
         return self._mover.num_moves_moot
+
+    @property
+    def num_decision_waits(self) -> int:
+        """Tool returns at which a trajectory waited for its decision (a move was pending)."""
+        return self._tool_step.num_decision_waits
+
+    @property
+    def decision_wait_s(self) -> float:
+        """The time those waits took: the decision's cost on the critical path."""
+        return self._tool_step.decision_wait_s
 
     @property
     def hybrid_phase(self) -> str:
@@ -338,64 +347,18 @@ class RolloutCore:
             self.trajectories_finished += 1
             self._spawn(self._finisher.finish(ctx, act, outcome.final_answer))
         else:
-            self._spawn(self._call_tool(ctx, act, outcome))
+            self._spawn(self._tool_step.run(ctx, act, outcome))
 
     def _serve(self, job: tuple[str, JobContext]) -> None:
         self._job = job
 
     def _start_episode(self, ctx: JobContext, act: ActiveTrajectory) -> None:
-        self._spawn(self._call_tool(ctx, act, agent.TurnOutcome()))
+        self._spawn(self._tool_step.run(ctx, act, agent.TurnOutcome()))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(self.profile.task(coro))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    # -- per-trajectory steps (run as tasks) ------------------------------------------------
-
-    async def _call_tool(self, ctx: JobContext, act: ActiveTrajectory,
-                         outcome: agent.TurnOutcome) -> None:
-        traj = act.traj
-        if not ctx.holds(act):  # dropped before it started: its episode is not offered
-            return
-        # An external agent's "tool" is its program's next call (external_agent.py),
-        # awaited as such by the batching window.
-        external = getattr(ctx.agent, "run_turn", None)
-        turn = (external or self._tool_calls.run_turn)(ctx.spec, traj, outcome)
-        try:
-            results = await self.profile.timed(
-                "tool", self.window.awaiting_call(turn) if external else turn,
-                traj.trajectory_id)
-        except LibraError as exc:  # (nothing is published for a trajectory dropped here)
-            await self._finisher.fail(ctx, act, str(exc) if isinstance(exc, EpisodeEnded)
-                                      else f"tool gateway: {exc}")
-            return
-        if external and not ctx.holds(act):
-            return  # dropped meanwhile: the agent's state for this id is the new copy's
-        ctx.agent.apply_tool_results(traj, results)
-        # Every return extends the trajectory's causal path; the decision that counts is
-        # the last one's (the earlier ones' decisions land like any late decision).
-        for item in results[:-1]:
-            self._mover.spawn_report(self._mover.apply_decision_later(
-                ctx, act, self._mover.report(traj, item.result.state, needs_answer=False)))
-        result = results[-1].result
-        if act.move is None:
-            # Staying is the default: the trajectory goes on here at once, and a MOVE
-            # applies when it comes back (mid-turn if need be), so a decision's round
-            # trip never holds a trajectory nor the engine.
-            self._mover.spawn_report(self._mover.apply_decision_later(
-                ctx, act, self._mover.report(traj, result.state, needs_answer=False)))
-            self._become_ready(act)
-            return
-        # A move is pending: the trajectory leaves at this boundary anyway, so take this
-        # return's decision first (the policy may now want it elsewhere, or back here).
-        started_s = self._clock.now_s()
-        self._mover.note_decision(act, await self._mover.decide(
-            self._mover.report(traj, result.state, needs_answer=True)))
-        self.num_decision_waits += 1
-        self.decision_wait_s += self._clock.now_s() - started_s
-        if not self._mover.hand_off_if_due(ctx, act):
-            self._become_ready(act)
 
     def _become_ready(self, act: ActiveTrajectory) -> None:
         act.ready = True

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from libra import types as t
 from libra.clock import Clock
@@ -44,8 +44,8 @@ from libra.jobspec import JobSpec, job_spec_from_json
 from libra.retry import RetryPolicy, Sleep
 from libra.rewardspec import RewardSpec
 from libra.training import channel as ch
-from libra.training.samples import TrainSample
 from services.trainer import trace_spans
+from services.trainer.backend_protocol import Backend, BackendFactory
 from services.trainer.batch_collector import Batch, BatchCollector
 from services.trainer.elastic import GradientDomain, HybridSession
 from services.trainer.elastic_step import ElasticTrainer
@@ -71,43 +71,6 @@ CANCEL_REPEAT_S = 0.2
 
 # Counter-field prefix of the scheduler's per-bucket placements (``placed:<bucket>``).
 _PLACED = "placed:"
-
-
-class Backend(Protocol):
-    """The training engine of one job (torch: ``libra.training``); the core drives it
-    without importing torch, so tests can pass a small fake."""
-
-    def warm_start(self, should_stop: Callable[[], bool] = ...) -> dict[str, float]:
-        """Supervised steps on the demonstrations before GRPO; ``should_stop`` ends it early."""
-        ...
-
-    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
-        """One GRPO step on a complete batch of groups; returns the step's metrics."""
-        ...
-
-    def save_weights(self, path: str) -> str:
-        """Write the policy weights to ``path`` (what rollouts load); returns their sha256."""
-        ...
-
-    def save_checkpoint(self, directory: str) -> list[str]:
-        """Write model, optimizer and RNG state (what a resume needs); returns the files."""
-        ...
-
-    def load_checkpoint(self, directory: str) -> None:
-        """Restore the state ``save_checkpoint`` wrote (a resumed job)."""
-        ...
-
-    def load_model_weights(self, checkpoint_dir: str) -> None:
-        """``init_from``: only a checkpoint's model weights (optimizer, RNG, step fresh)."""
-        ...
-
-
-class BackendFactory(Protocol):
-    """Builds the backend for one job, so a job's model and settings choose it."""
-
-    def create(self, spec: JobSpec, model_dir: str) -> Backend:
-        """The backend for ``spec``, its model loaded from ``model_dir``."""
-        ...
 
 
 class TrainerCore:

@@ -55,7 +55,7 @@ from libra.jobspec import JobSpec, job_spec_from_json
 from libra.training.samples import TrainSample
 from libra.training.tensors import state_checksum
 from services.trainer import rendezvous as meeting
-from services.trainer.core import BackendFactory
+from services.trainer.backend_protocol import BackendFactory
 from services.trainer.rendezvous import GroupSettings
 
 if TYPE_CHECKING:

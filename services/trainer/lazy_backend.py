@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from libra.jobspec import JobSpec
-    from services.trainer.core import Backend, BackendFactory
+    from services.trainer.backend_protocol import Backend, BackendFactory
 
 
 class LazyBackendFactory:

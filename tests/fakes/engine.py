@@ -30,12 +30,16 @@ def make_tokenizer(max_context_tokens: int = 384) -> HfTokenizer:
         _TOKENIZER = build_tokenizer()
     return HfTokenizer(_TOKENIZER, stop_token_ids(_TOKENIZER), max_context_tokens)
 
+# A hang guard for a row blocked until aborted, never reached in a passing test: an abort
+# a loaded machine delivers late must still find the row blocked (it was 5 s).
+BLOCK_GUARD_S = 60.0
+
 
 @dataclass(frozen=True)
 class BlockUntilAbort:
     """Script item: ``generate`` blocks until ``abort()`` or ``abort_rows`` names its row
-    (or 5 s), then returns the first ``keep`` tokens of ``text`` with finish reason
-    ``aborted``."""
+    (or ``BLOCK_GUARD_S``), then returns the first ``keep`` tokens of ``text`` with finish
+    reason ``aborted``."""
 
     text: str
     keep: int
@@ -134,7 +138,7 @@ class FakeEngine:
                 self.token_sink([(row, token_id)])
 
     def _block_until_aborted(self, row: int) -> None:
-        deadline_s = time.monotonic() + 5.0
+        deadline_s = time.monotonic() + BLOCK_GUARD_S
         while time.monotonic() < deadline_s and row not in self._rows:
             if self._abort.wait(0.01):
                 self._abort.clear()

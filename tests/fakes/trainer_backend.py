@@ -1,4 +1,5 @@
-"""Fake trainer backend and factory (``services.trainer.core.Backend``/``BackendFactory``).
+"""Fake trainer backend and factory (``Backend``, ``BackendFactory`` of
+services/trainer/backend_protocol.py).
 
 Replaces: the torch model, optimizer and safetensors writer of the trainer. Everything
 else is real. ``train_step`` records the samples and returns fixed metrics (or raises

@@ -79,7 +79,7 @@ async def test_a_client_gone_mid_call_aborts_it_and_its_turn_never_reaches_train
     await wait_until(lambda: stack.counter("episode_calls_aborted"), timeout_s=10.0)
     if row == "stopped mid-turn":
         # The row was stopped by the rollout (the fake would otherwise hold it 5 s).
-        await wait_until(lambda: stack.rig.engine.aborted_rows == [0], timeout_s=4.0)
+        await wait_until(lambda: stack.rig.engine.aborted_rows == [0])
     release.set()
     # (409 while the gone call's handler still finishes: the client retries it.)
     again = await client.with_options(max_retries=3).chat.completions.create(

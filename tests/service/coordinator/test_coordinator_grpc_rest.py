@@ -58,7 +58,7 @@ async def server(core: CoordinatorCore) -> AsyncIterator[Server]:
 
 @pytest.fixture
 async def client(server: Server) -> AsyncIterator[GrpcCoordinatorClient]:
-    c = GrpcCoordinatorClient(f"127.0.0.1:{server.port}", timeout_s=5.0)
+    c = GrpcCoordinatorClient(f"127.0.0.1:{server.port}", timeout_s=30.0)  # a hang guard
     yield c
     await c.close()
 
@@ -188,14 +188,14 @@ async def test_health_reports_serving(server: Server) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for name in ("", SERVICE_NAME):
-            resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=30)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def test_reflection_lists_coordinator_service(server: Server) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        call = stub.ServerReflectionInfo(timeout=5)
+        call = stub.ServerReflectionInfo(timeout=30)
         await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
         resp = await call.read()
         await call.done_writing()
@@ -217,7 +217,7 @@ async def test_stop_flips_health_to_not_serving_before_the_server_stops(
 
         async def drain(_grace_s: float) -> None:
             # Runs inside stop(), while the server still answers RPCs.
-            resp = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            resp = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
             seen.append(resp.status)
 
         await srv.stop(drain)

@@ -49,7 +49,7 @@ async def client(core: CoordinatorCore) -> AsyncIterator[GrpcCoordinatorClient]:
     srv = Server("coordinator", ServerConfig(port=0, metrics_port=-1, shutdown_grace_s=2.0),
                  [registration])
     await srv.start()
-    c = GrpcCoordinatorClient(f"127.0.0.1:{srv.port}", timeout_s=5.0)
+    c = GrpcCoordinatorClient(f"127.0.0.1:{srv.port}", timeout_s=30.0)  # a hang guard
     yield c
     await c.close()
     await srv.stop()

@@ -22,6 +22,7 @@ from services.scheduler.core import SchedulerCore
 from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.store import RedisSchedulerStore
 from tests.service.grpc_harness import serving
+from tests.waiting import wait_until
 
 STATE = t.ToolReturnState("calculator", t.SizeClass.SMALL, t.ToolStatus.SUCCESS)
 EPOCH = 7
@@ -92,15 +93,28 @@ async def test_concurrent_reports_share_one_batch(client: GrpcSchedulerClient) -
 
 async def test_reports_within_the_linger_share_one_batch(client: GrpcSchedulerClient) -> None:
     await client.start_job("j1")
-    lingering = GrpcSchedulerClient(client.address, linger_s=0.2)
+    # The linger ends when the test says, not after 0.2 s of a clock that a loaded
+    # machine can stall past the reports' 20 ms spacing.
+    linger_over = asyncio.Event()
+    lingered_s: list[float] = []
+
+    async def linger(seconds: float) -> None:
+        lingered_s.append(seconds)
+        await linger_over.wait()
+
+    lingering = GrpcSchedulerClient(client.address, linger_s=0.2, sleep=linger)
 
     async def report_later(index: int) -> t.PlacementDecision:
         await asyncio.sleep(0.02 * index)  # apart in time, within the linger
         return await lingering.report_tool_return("j1", f"traj-{index}", STATE, 3,
                                                   "rollout-0", EPOCH)
 
-    decisions = await asyncio.gather(*(report_later(i) for i in range(3)))
+    reports = asyncio.gather(*(report_later(i) for i in range(3)))
+    await wait_until(lambda: lingering.num_reports == 3)
+    linger_over.set()
+    decisions = await reports
     await lingering.close()
+    assert lingered_s == [0.2]
     assert [d.reason for d in decisions] == ["unknown_trajectory"] * 3
     assert (lingering.num_reports, lingering.num_report_batches) == (3, 1)
 

@@ -31,6 +31,7 @@ from services.trainer.elastic_step import ElasticTrainer
 from services.trainer.servicer import GradientChannelServicer
 from tests.fakes.events import EventRecorder
 from tests.service.grpc_harness import serving
+from tests.waiting import wait_until
 
 JOB = "job-e"
 WORKER = "rollout-1"
@@ -89,15 +90,28 @@ async def run_steps(trainer: ElasticTrainer, first: int, last: int,
     for step in range(first, last + 1):
         await trainer.boundary(step - 1, policy_version=0)
         records.append(await trainer.train(batch(step), step))
-        await asyncio.sleep(0.05)  # the rollout wait of a real step: hybrids catch up
+        await hybrids_caught_up(trainer, step)
 
 
-async def start_hybrid(address: str, leases: Leases,
+async def hybrids_caught_up(trainer: ElasticTrainer, step: int) -> None:
+    """The rollout wait of a real step, in which hybrids catch up: here, until every
+    hybrid past its snapshot has applied ``step`` (or left). A join state advances only
+    at a boundary the hybrid has caught up with; a fixed 50 ms wait fell behind a slow
+    snapshot load (1 s injected: the join never activated in 10 steps)."""
+    await wait_until(lambda: all(s.detached or s.base_step is None or s.applied_step >= step
+                                 for s in trainer.domain.sessions.values()))
+
+
+async def start_hybrid(trainer: ElasticTrainer, address: str, leases: Leases,
                        load: Any = None) -> tuple[HybridJoin, asyncio.Task]:
+    """A hybrid joining ``trainer``, once connected (the next boundary offers it the
+    snapshot)."""
     hello = ch.Hello(JOB, WORKER, leases.lease.epoch, 1)
     join = HybridJoin(hello, address, GrpcGradientChannel(),
                       load or (lambda snap: TorchHybridTrainer(snap, 1)), leases.activate)
-    return join, asyncio.create_task(join.run())
+    task = asyncio.create_task(join.run())
+    await wait_until(lambda: WORKER in trainer.domain.sessions)
+    return join, task
 
 
 class Injected:
@@ -128,7 +142,7 @@ async def test_join_activates_and_weights_stay_bitwise_equal(setup) -> None:  # 
     records: list[dict[str, float]] = []
     async with channel_server(trainer) as address:
         await run_steps(trainer, 1, 2, records)  # before the join
-        join, task = await start_hybrid(address, leases)
+        join, task = await start_hybrid(trainer, address, leases)
         await run_steps(trainer, 3, 14, records)
         assert join.phase == "active", join.phase
         assert trainer.domain.active(), events.kinds()
@@ -148,7 +162,7 @@ async def test_a_hybrid_that_dies_mid_step_loses_no_slice(setup) -> None:  # noq
     trainer, backend, leases, events = setup
     records: list[dict[str, float]] = []
     async with channel_server(trainer) as address:
-        join, task = await start_hybrid(address, leases)
+        join, task = await start_hybrid(trainer, address, leases)
         await run_steps(trainer, 1, 10, records)
         assert join.phase == "active"
 
@@ -177,7 +191,7 @@ async def test_a_hung_hybrid_is_dropped_at_the_deadline(tmp_path: Path) -> None:
                              GradientDomain(SystemClock(), events), leases, events)
     records: list[dict[str, float]] = []
     async with channel_server(trainer) as address:
-        join, task = await start_hybrid(address, leases)
+        join, task = await start_hybrid(trainer, address, leases)
         await run_steps(trainer, 1, 10, records)
         assert join.phase == "active"
         real = join._trainer
@@ -199,7 +213,7 @@ async def test_fencing_detaches_a_hybrid_whose_lease_moved_on(setup) -> None:  #
     trainer, backend, leases, events = setup
     records: list[dict[str, float]] = []
     async with channel_server(trainer) as address:
-        join, task = await start_hybrid(address, leases)
+        join, task = await start_hybrid(trainer, address, leases)
         await run_steps(trainer, 1, 10, records)
         assert trainer.domain.active()
         # The coordinator gave the worker back to rollout (a newer epoch): fenced off.

@@ -109,11 +109,20 @@ def test_json_lines_keep_their_fields_and_text_lines_are_wrapped(
     assert got == {"service": "scheduler", "ts": T0_S, "line": _text(T0, "hello")}
 
 
+def _as_from_a_terminal() -> None:
+    # A child inherits an ignored SIGINT: bash ignores it for a job it starts with `&`
+    # without job control (a suite run in the background), and Python then keeps it
+    # ignored, so Ctrl-C could never end `-f`. A terminal's Ctrl-C reaches a process
+    # whose SIGINT is the default, as here.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_follow_prints_appended_lines_and_follows_a_rotation(run_root: Path) -> None:
     current = logs_dir(run_root) / "coordinator.log"
     proc = subprocess.Popen([sys.executable, "-m", "libra_cli.main", "--run-root",
                              str(run_root), "logs", "coordinator", "-f"], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_terminal)
     try:
         assert proc.stdout is not None
         seen = [proc.stdout.readline() for _ in range(7)]  # the log so far
@@ -126,4 +135,10 @@ def test_follow_prints_appended_lines_and_follows_a_rotation(run_root: Path) -> 
         assert proc.stdout.readline().rstrip().endswith("rotated")
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # not left following the log after the test
+            proc.wait()
+            raise
+    assert code == 0

@@ -17,7 +17,7 @@ from services.rollout import lease_keeper
 from tests.fakes.engine import make_tokenizer
 from tests.fakes.toolgateway import tool_result
 from tests.unit.rollout.rig import HERE, JOB, THERE, Rig, make_task
-from tests.waiting import wait_until
+from tests.waiting import DEFAULT_TIMEOUT_S, wait_until
 
 # -- answer in one turn --------------------------------------------------------------------
 
@@ -280,7 +280,7 @@ async def test_the_lease_is_renewed_every_third_of_the_ttl_granted(rig: Rig) -> 
 async def test_drain_releases_the_lease(rig: Rig) -> None:
     rig.start()
     await rig.core.drain(0.0)
-    await asyncio.wait_for(rig.task, 1.0)
+    await asyncio.wait_for(rig.task, DEFAULT_TIMEOUT_S)
     assert rig.coordinator.released == [(HERE, 1)]
 
 
@@ -289,7 +289,7 @@ async def test_drain_ends_cleanly_when_the_coordinator_is_stopping_too(rig: Rig)
     rig.coordinator.release_error = Internal("CANCELLED")
     rig.start()
     await rig.core.drain(0.0)
-    await asyncio.wait_for(rig.task, 1.0)
+    await asyncio.wait_for(rig.task, DEFAULT_TIMEOUT_S)
     assert rig.coordinator.released == [(HERE, 1)]
 
 
@@ -352,7 +352,7 @@ async def test_a_cancel_that_lands_as_the_loop_is_woken_still_stops_it(rig: Rig)
         for _ in range(passes):
             await asyncio.sleep(0)
         rig.task.cancel()
-        done, _ = await asyncio.wait([rig.task], timeout=5.0)
+        done, _ = await asyncio.wait([rig.task], timeout=DEFAULT_TIMEOUT_S)
         assert done, f"the loop ran on after a cancel {passes} pass(es) after its wake-up"
     rig.task = None
     rig.tools.gate.set()  # and a loop started again finishes the trajectory
@@ -381,7 +381,7 @@ async def test_a_cancel_swallowed_below_the_loop_still_stops_it(rig: Rig) -> Non
     rig.start()
     await entered.wait()  # the loop is reading the job's state
     rig.task.cancel()
-    done, _ = await asyncio.wait([rig.task], timeout=5.0)
+    done, _ = await asyncio.wait([rig.task], timeout=DEFAULT_TIMEOUT_S)
     release.set()
     assert done and rig.task.cancelled()
     rig.task = None

@@ -10,7 +10,7 @@ import pytest
 from libra import types as t
 from tests.fakes.engine import BlockUntilAbort
 from tests.unit.rollout.rig import HERE, JOB, Rig, make_task
-from tests.waiting import wait_until
+from tests.waiting import DEFAULT_TIMEOUT_S, wait_until
 
 # -- weights -------------------------------------------------------------------------------
 
@@ -139,15 +139,22 @@ async def test_corrupt_chunk_is_an_error_event_and_the_old_weights_keep_serving(
 
 async def test_fetch_past_the_deadline_is_an_error_event_not_a_hang(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
+    import threading
 
     import services.rollout.weight_loader as weight_loader
 
-    monkeypatch.setattr(weight_loader, "read_verified", lambda *_: time.sleep(1.0) or b"")
+    # The read ends only when the test is done: the 50 ms deadline passes first however
+    # slow the machine (a 1 s read could finish first behind a stalled event loop).
+    test_done = threading.Event()
+    monkeypatch.setattr(weight_loader, "read_verified",
+                        lambda *_: test_done.wait(DEFAULT_TIMEOUT_S) and b"")
     rig.core.weights.load_deadline_s = 0.05
-    await _publish_manifest(rig, 1, b"weights v1 bytes")
-    rig.engine.queue("<ans>3</ans>")
-    await rig.place(make_task())
-    await rig.run_until_published()
-    (event,) = await rig.events("weights_load_timeout")
-    assert event["version"] == "1"
+    try:
+        await _publish_manifest(rig, 1, b"weights v1 bytes")
+        rig.engine.queue("<ans>3</ans>")
+        await rig.place(make_task())
+        await rig.run_until_published()
+        (event,) = await rig.events("weights_load_timeout")
+        assert event["version"] == "1"
+    finally:
+        test_done.set()

@@ -19,7 +19,7 @@ from tests.unit.trainer.trainer_rig import (  # noqa: F401 - the rig fixture
     make_group,
     rig,
 )
-from tests.waiting import wait_until
+from tests.waiting import DEFAULT_TIMEOUT_S, wait_until
 
 
 def _public_methods(cls: type) -> dict[str, inspect.Signature]:
@@ -40,7 +40,7 @@ async def test_a_job_runs_to_its_end_through_the_client(rig: Rig) -> None:
     client = InProcessTrainerClient(core)
     assert (await client.status()).phase == "idle"
     await client.start_job(JOB)
-    await asyncio.wait_for(core.wait(), 5.0)
+    await asyncio.wait_for(core.wait(), DEFAULT_TIMEOUT_S)
     status = await client.status()
     assert (status.job_id, status.phase, status.step) == (JOB, "done", 2)
     assert [rec["step"] for _, rec in rig.coordinator.steps] == [1, 2]

@@ -23,7 +23,7 @@ from tests.unit.trainer.trainer_rig import (  # noqa: F401 - the rig fixture
     make_group,
     rig,
 )
-from tests.waiting import wait_until
+from tests.waiting import DEFAULT_TIMEOUT_S, wait_until
 
 # -- restart -------------------------------------------------------------------------------
 
@@ -83,7 +83,9 @@ async def test_resume_continues_from_the_checkpoint_and_trains_nothing_twice(rig
     await rig.write(*[tr for g in range(3) for tr in make_group(g)])
     first = rig.new_core()
     await first.start_job(JOB)
-    await wait_until(lambda: first.step == 3)
+    # Step 3 reported (the records below start with it), not just counted: ``step``
+    # counts a step before its checkpoint and report are written.
+    await wait_until(lambda: len(rig.coordinator.steps) == 3)
     await first.stop_job(JOB)  # as if killed: steps 1-3 done, checkpoint at step 2
     await rig.write(*[tr for g in range(3, 6) for tr in make_group(g)])
     second = rig.new_core()
@@ -112,7 +114,10 @@ async def test_a_cancel_and_resume_counts_every_trajectory_once_whatever_its_sta
     await rig.write(*make_group(0), make_group(1)[0])  # step 1, and a half group held
     first = rig.new_core()
     await first.start_job(JOB)
-    await wait_until(lambda: first.step == 1)
+    # Step 1 reported, hence checkpointed: ``step`` counts it before the checkpoint is
+    # written (in a thread), and a stop before that write left no checkpoint to resume
+    # from (seen under load: all three steps redone, 8 trained).
+    await wait_until(lambda: len(rig.coordinator.steps) == 1)
     await wait_until(lambda: rig.pending())
     await first.stop_job(JOB)  # cancelled: tr-1-0 delivered, not acked
     await rig.write(make_group(1)[1])  # published while cancelled, never read
@@ -209,11 +214,11 @@ async def test_a_stop_during_the_warm_start_ends_it_and_frees_the_trainer(rig: R
     rig.backend.warm_start = slow_warm_start
     core = rig.new_core()
     await core.start_job(JOB)
-    await asyncio.to_thread(in_warm_start.wait, 5.0)
+    assert await asyncio.to_thread(in_warm_start.wait, DEFAULT_TIMEOUT_S)
     await core.stop_job(JOB)
     assert core._task.done()
     # The thread sees the stop at its next check (before the next SFT step).
-    assert await asyncio.to_thread(stopped_early.wait, 5.0)
+    assert await asyncio.to_thread(stopped_early.wait, DEFAULT_TIMEOUT_S)
     await core.start_job(JOB)  # not "busy with" the stopped job
     await core.stop_job(JOB)  # and end this one's warm start too (its thread would linger)
 
@@ -237,7 +242,7 @@ async def _ended_but_reporting(rig: Rig) -> TrainerCore:
     core = rig.new_core()
     await rig.write(*make_group(0))
     await core.start_job(JOB)
-    await asyncio.wait_for(rig.coordinator.reporting.wait(), 5.0)
+    await asyncio.wait_for(rig.coordinator.reporting.wait(), DEFAULT_TIMEOUT_S)
     assert core.phase == "done" and not core._task.done()
     return core
 
@@ -250,7 +255,7 @@ async def test_a_start_waits_for_the_previous_jobs_done_report(rig: Rig) -> None
     await asyncio.sleep(0)
     assert not start.done()
     rig.coordinator.gate.set()
-    await asyncio.wait_for(start, 5.0)
+    await asyncio.wait_for(start, DEFAULT_TIMEOUT_S)
     assert rig.coordinator.done[0][1] is t.JobState.SUCCEEDED
     assert core.phase in ("warmup", "training")
 

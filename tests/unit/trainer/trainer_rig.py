@@ -21,6 +21,7 @@ from services.trainer.memory_store import MemoryTrainerStore
 from tests.fakes.coordinator import FakeCoordinator
 from tests.fakes.sleep import FakeSleep
 from tests.fakes.trainer_backend import FakeBackend, FakeBackendFactory
+from tests.waiting import DEFAULT_TIMEOUT_S
 
 JOB = "job-1"
 
@@ -84,7 +85,8 @@ class Rig:
             await self.store.append(JOB, traj)
             self.store.add_counters(JOB, produced=1)
 
-    async def run_job(self, core: TrainerCore | None = None, timeout_s: float = 5.0) -> TrainerCore:
+    async def run_job(self, core: TrainerCore | None = None,
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> TrainerCore:
         """Start the job on a new core (or keep the given one running) until it ends."""
         if core is None:
             core = self.new_core()
