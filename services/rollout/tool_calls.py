@@ -4,8 +4,10 @@ and the clock come in as collaborators).
 The calls of a turn run concurrently. A call that cannot run comes back as a tool error
 the model reads (and a ``failure`` in the causal signal), never as a failed trajectory:
 a name the job does not enable, a malformed call the parser reported, arguments the
-tool's schema refuses. Only the gateway being unreachable past the deadline fails the
-trajectory (the caller's ``LibraError``).
+tool's schema refuses. A gateway that answers too late (the call's RPC deadline passed:
+the gateway's own timeout answer was delayed, e.g. by load) is a ``timeout`` return, as
+the gateway would have answered. Only the gateway being unreachable past the deadline
+fails the trajectory (the caller's ``LibraError``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from libra import tracing
 from libra import types as t
 from libra.chat.toolcalls import ToolCall
 from libra.clock import Clock
-from libra.errors import InvalidArgument, LibraError, NotFound
+from libra.errors import DeadlineExceeded, InvalidArgument, LibraError, NotFound
 from libra.jobspec import JobSpec
 from services.rollout import agent
 
@@ -83,12 +85,23 @@ class ToolCaller:
                 return await self._tools.execute(
                     traj.trajectory_id, call_id, tool, args, max(remaining_ms, 1),
                     spec.tools.options_for(tool))
+            except DeadlineExceeded:
+                # The RPC's deadline is the call's remaining budget plus a margin, so the
+                # budget is spent: the tool timed out, whoever noticed it first.
+                return timed_out_result(call_id, tool, budget_s)
             except LibraError as exc:
                 if not exc.retryable or self._clock.now_s() + delay_s >= deadline_s:
                     raise
             await asyncio.sleep(delay_s)
             retries[0] += 1
             delay_s = min(delay_s * 2, 1.0)
+
+
+def timed_out_result(call_id: str, tool: str, budget_s: float) -> t.ToolResult:
+    """The ``timeout`` return of a call whose answer did not come within its budget."""
+    return t.ToolResult(t.ToolStatus.TIMEOUT, "", "timeout", 0, int(budget_s * 1000),
+                        t.ToolReturnState(tool, t.SizeClass.SMALL, t.ToolStatus.TIMEOUT),
+                        call_id=call_id, tool=tool)
 
 
 def _call_attributes(call_id: str, result: t.ToolResult,
