@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -111,11 +112,17 @@ class Leases:
         # The first ``kill`` of the slice die at the mark.
         self.killed = {instance_id(i) for i in self.indexes()[:cfg.get("kill", 0)]}
         self.lat_s: list[float] = []
-        self.lost = self.lost_total = self.renew_errors = 0
+        self.lost = self.lost_total = self.lost_registering = self.renew_errors = 0
         self.calls = 0  # renewal RPCs in the window (batched: one per beat)
         self.reacquiring: set[str] = set()  # batched: lost, being acquired again
         self.tasks: set[asyncio.Task[None]] = set()
         self.on_lost: Any = None  # called with the instance id
+        # When each lease was last granted or renewed (perf_counter), and every lapse:
+        # seconds after this process was ready (negative: while registering), the TTL
+        # held, ms since the last grant or renewal. Says when and why leases lapsed.
+        self.renewed_at: dict[str, float] = {}
+        self.ready_at: float | None = None
+        self.lapses: list[tuple[float, int, int]] = []
 
     def indexes(self) -> range:
         return range(self.cfg["first"], self.cfg["first"] + self.cfg["count"])
@@ -126,6 +133,14 @@ class Leases:
             "127.0.0.1:1", self.cfg["ttl_ms"])
         self.epochs[lease.worker_id] = lease.epoch
         self.ttl_ms[lease.worker_id] = lease.ttl_ms
+        self.renewed_at[lease.worker_id] = time.perf_counter()
+
+    def note_lapse(self, worker: str) -> None:
+        now = time.perf_counter()
+        self.lost_registering += self.ready_at is None
+        since_ready = now - (self.ready_at if self.ready_at is not None else now)
+        self.lapses.append((round(since_ready, 2), self.ttl_ms[worker],
+                            round(1000 * (now - self.renewed_at[worker]))))
 
     async def acquire_again(self, index: int) -> bool:
         try:
@@ -167,9 +182,11 @@ class Leases:
             try:
                 lease = await client.renew_lease(worker, self.epochs[worker])
                 self.ttl_ms[worker] = lease.ttl_ms
+                self.renewed_at[worker] = time.perf_counter()
                 if self.control.marked.is_set():
                     self.lat_s.append(time.perf_counter() - began)
             except LeaseLost:
+                self.note_lapse(worker)
                 self.lost += self.control.marked.is_set()
                 self.lost_total += 1  # the fill included
                 if await self.acquire_again(index) and self.on_lost is not None:
@@ -204,7 +221,9 @@ class Leases:
             for renewal in renewals:
                 if renewal.lease is not None:
                     self.ttl_ms[renewal.worker_id] = renewal.lease.ttl_ms
+                    self.renewed_at[renewal.worker_id] = began
                     continue
+                self.note_lapse(renewal.worker_id)
                 self.lost += self.control.marked.is_set()
                 self.lost_total += 1
                 self.reacquiring.add(renewal.worker_id)
@@ -231,8 +250,10 @@ class Leases:
             else len(self.lat_s)
         return {"renewals": len(self.lat_s), "renew_calls": calls, "lost": self.lost,
                 "lost_total": self.lost_total,
+                "lost_registering": self.lost_registering,
                 "renew_errors": self.renew_errors, "killed": sorted(self.killed),
                 "ttl_ms_max": max(self.ttl_ms.values(), default=0),
+                "lapses": self.lapses[:50],
                 **{f"renew_{k}": v for k, v in percentiles_ms(self.lat_s).items()}}
 
 
@@ -388,6 +409,7 @@ async def main(cfg: dict[str, Any]) -> None:
     keepers = await leases.acquire_all()
     lag_s: list[float] = []
     keepers.append(asyncio.create_task(loop_lag(control, lag_s)))
+    leases.ready_at = time.perf_counter()
     print(json.dumps({"ready": len(leases.epochs)}), flush=True)
     if fleet is not None:
         work = await fleet.run()
@@ -402,4 +424,8 @@ async def main(cfg: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(json.loads(sys.stdin.readline())))
+    config = json.loads(sys.stdin.readline())
+    # The fleet stands in for other hosts: at the lowest priority it takes only the CPU
+    # the control plane leaves (bench_control_plane.py --fleet-nice says why).
+    os.nice(config.get("nice", 0))
+    asyncio.run(main(config))
