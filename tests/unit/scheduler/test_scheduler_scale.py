@@ -4,6 +4,8 @@ sweep by pages, load changes by index, routing in one pass."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import random
 
@@ -43,6 +45,31 @@ async def test_a_tick_places_a_bounded_number_and_the_next_tick_goes_on() -> Non
         await core._tick(core._jobs[JOB])
     assert (await counters(store))["admitted_groups"] == 600  # the whole budget, in time
     assert len(await store.assignments(JOB)) == 1200
+
+
+async def test_a_tick_stopped_at_the_bound_is_followed_at_once_not_a_period_later() -> None:
+    """The fill: a loop whose tick placed MAX_PLACED_PER_TICK with more to place runs
+    the next one as soon as waiting reports were served. With an hour's period, only
+    that can place more than one tick's worth; once everything is placed it waits."""
+    store, clock = MemorySchedulerStore(), FakeClock()
+    for i in range(4):
+        await add_instance(store, f"rollout-{i}", "short")
+    store.put_job(JOB, make_spec(prompts=300, samples=2, staleness=1, cap=1000).to_json(),
+                  published=True)
+    core = SchedulerCore(store, clock, tick_s=3600.0)
+    loop = asyncio.create_task(core.run())
+    try:
+        for _ in range(1000):  # event-loop turns, not time
+            await asyncio.sleep(0)
+            if (await counters(store)).get("admitted_groups", 0) == 600:
+                break
+        assert (await counters(store))["admitted_groups"] == 600  # the whole budget
+        assert len(await store.assignments(JOB)) == 1200
+    finally:
+        await core.drain(0.0)
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
 
 
 async def test_the_pending_queue_is_placed_a_bounded_number_per_tick() -> None:
