@@ -47,6 +47,9 @@ class JobRun:
     last_live: set[str] | frozenset[str] = field(default_factory=set)
     last_orphan_scan_s: float = float("-inf")
     orphan_cursor: int = 0  # where the sweep for orphans goes on (0: none under way)
+    # Instances that left the live set, until the sweep after it ended (requeue.py):
+    # their assignments are orphans, and they get no placement, even when back.
+    departed: set[str] = field(default_factory=set)
     # The job's pending queue as Redis holds it, None until read: only this process
     # writes the queue, so after one read it is kept here and not read again (a failed
     # write makes it unknown).
@@ -62,7 +65,10 @@ class JobRun:
     refresh_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def set_instances(self, instances: list[t.InstanceLoad], at_s: float) -> None:
-        """A new snapshot of the live instances' loads, taken at ``at_s``."""
+        """A new snapshot of the live instances' loads, taken at ``at_s``; departed
+        ones (back before their work was swept) are left out until the sweep ends."""
+        if self.departed:
+            instances = [i for i in instances if i.instance_id not in self.departed]
         self.instances = LoadIndex(build_layout(self.spec), instances)
         self.instances_at_s = at_s
 

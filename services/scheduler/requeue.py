@@ -60,11 +60,17 @@ class Requeuer:
         # was the tick's largest cost (cProfile). A sweep takes a page a tick, so a gone
         # instance's work is re-queued within ``assignments / ORPHAN_SCAN_PAGE`` ticks
         # (one below 2,000 in flight), after its TTL (seconds) has run out anyway.
+        # An instance that left is "departed" until a sweep started after it left has
+        # ended: its work is re-queued from every page, even once it is back with a new
+        # lease (it dropped that work when the lease was lost), and it gets no
+        # placement meanwhile (``departed`` is left out of the snapshot's instances),
+        # so its load counts only the assignments not yet re-queued.
         now_s = self._clock.now_s()
         if live is not run.last_live and live != run.last_live:
-            is_gone = bool(run.last_live - live)  # not for instances that only joined
+            gone = run.last_live - live  # not for instances that only joined
             run.last_live = live
-            if is_gone:
+            if gone:
+                run.departed |= gone
                 run.orphan_cursor, run.last_orphan_scan_s, page = 0, float("-inf"), None
         if not _sweep_due(run, now_s):
             return
@@ -74,8 +80,10 @@ class Requeuer:
             run.job_id, run.orphan_cursor, ORPHAN_SCAN_PAGE)
         orphaned: dict[str, list[str]] = {}
         for traj_id, instance_id in assigned.items():
-            if instance_id not in live:
+            if instance_id not in live or instance_id in run.departed:
                 orphaned.setdefault(instance_id, []).append(traj_id)
+        if not run.orphan_cursor:  # the sweep ended: every departed one was swept
+            run.departed = set()
         for instance_id, traj_ids in orphaned.items():
             await self._store.forget_instance(run.job_id, instance_id)
             await self.requeue_many(run, traj_ids)
@@ -106,13 +114,14 @@ class Requeuer:
             except UnknownTrajectory:
                 pass
             if traj is None:
-                await self._store.finish(run.job_id, traj_id)
+                await self._store.release(run.job_id, traj_id)  # its slot too
                 continue
             traj.attempt += 1
             back.append(traj)
-        await self._store.requeue_many(run.job_id, back)
+        requeued = set(await self._store.requeue_many(run.job_id, back))
         if run.pending is not None:
-            run.pending.update((traj.trajectory_id, traj) for traj in back)
+            run.pending.update((traj.trajectory_id, traj) for traj in back
+                               if traj.trajectory_id in requeued)
 
     async def requeue(self, run: JobRun, traj_id: str) -> None:
         """One trajectory back to the queue (its attempt counted); forgotten when its

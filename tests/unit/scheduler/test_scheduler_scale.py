@@ -5,6 +5,7 @@ sweep by pages, load changes by index, routing in one pass."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import random
@@ -130,6 +131,41 @@ async def test_an_instance_leaving_restarts_the_sweep_a_page_per_tick(
         await core._tick(core._jobs[JOB])
     assert (await counters(store))["requeued"] == len(lost)
     assert set((await store.assignments(JOB)).values()) == {"rollout-0"}
+
+
+async def test_an_instance_back_before_the_sweep_ended_has_all_its_former_work_requeued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease lapses and the instance is back (a new epoch) while the sweep has read
+    one page: it dropped its work with the lease, so every page re-queues what it
+    held, it gets no placement until the sweep ended, and every instance's load keeps
+    counting its assignments (the former sweep forgot the load at the first page and
+    left the later pages' work assigned to it: filled past its cap, work stuck)."""
+    monkeypatch.setattr(requeue, "ORPHAN_SCAN_PAGE", 3)
+    store, clock = MemorySchedulerStore(), FakeClock()
+    for name in ("rollout-0", "rollout-1"):
+        await add_instance(store, name, "short")
+    core = await started(store, clock, prompts=6, samples=2, cap=100)
+    run = core._jobs[JOB]
+    await core._tick(run)  # 12 placed over both; the first sweep is done
+    former = {tid for tid, inst in (await store.assignments(JOB)).items()
+              if inst == "rollout-1"}
+    assert len(former) > 3  # more than one page of it
+    store.expire_lease("rollout-1")
+    await core._tick(run)  # gone: the sweep restarts, one page
+    await add_instance(store, "rollout-1", "short", epoch=2)  # back with a new lease
+    for _ in range(10):
+        await core._tick(run)
+        held = {tid for tid, inst in (await store.assignments(JOB)).items()
+                if inst == "rollout-1"}
+        assert held <= former  # nothing new for it while its work is swept
+        if not run.departed:
+            break
+    assert not run.departed and not held  # every former trajectory of it re-queued
+    loads = {inst: n for inst, n in store.load(JOB).items() if n}
+    assert loads == dict(collections.Counter((await store.assignments(JOB)).values()))
+    assert "rollout-1" not in run.instances.ids
+    await core._tick(run)  # the sweep over, it is a placement target again
+    assert "rollout-1" in run.instances.ids
 
 
 async def test_load_changes_follow_the_snapshot_they_are_given() -> None:
