@@ -5,10 +5,11 @@ hosts would have), speaking the real protocol through the real clients and store
 A process holds a slice of the instances (the configuration arrives as one JSON line
 on stdin). Each instance keeps its lease - AcquireLease, then RenewLease every third of
 the TTL the coordinator granted (the rollout ``LeaseKeeper``'s cadence; the coordinator
-scales TTLs with the fleet) through ``GrpcCoordinatorClient``, on the same loop as its
-work, as in a rollout process; a lost lease is acquired again and the work held is
-dropped (``renewals`` "batched", the default: one RenewLeases call renews the whole
-slice each beat, as a host holding many leases would). ``kill`` instances of the slice
+scales TTLs with the fleet) through ``GrpcCoordinatorClient``, on a thread and event
+loop of their own beside the instances' work (``Leases.run`` says why); a lost lease is
+acquired again and the work held is dropped (``renewals`` "batched", the default: one
+RenewLeases call renews the whole slice each beat, as a host holding many leases
+would). ``kill`` instances of the slice
 die at the mark (they stop renewing and working, as a crashed host): their leases must
 expire, and are counted apart from leases lost by live holders. In mode ``leases`` that
 is all; in mode ``instances`` each also does an instance's work - take trajectories
@@ -31,6 +32,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -87,8 +89,9 @@ class Control:
 
 
 async def loop_lag(control: Control, out: list[float]) -> None:
-    """How late this process's event loop runs a 0.1 s timer (in the window): a renewal
-    queued behind the instances' work waits that long before it is even sent."""
+    """How late this process's work loop runs a 0.1 s timer (in the window): a report
+    or a publish waits that long before it is even sent (renewals have their own loop,
+    ``Leases.run``)."""
     while not control.stopped.is_set():
         began = time.perf_counter()
         await asyncio.sleep(0.1)
@@ -105,8 +108,7 @@ class Leases:
 
     def __init__(self, cfg: dict[str, Any], control: Control) -> None:
         self.cfg, self.control = cfg, control
-        self.clients = [GrpcCoordinatorClient(cfg["coordinator"])
-                        for _ in range(cfg["channels"])]
+        self.clients: list[GrpcCoordinatorClient] = []  # on the leases' loop (``run``)
         self.epochs: dict[str, int] = {}
         self.ttl_ms: dict[str, int] = {}  # as granted (the coordinator may raise it)
         # The first ``kill`` of the slice die at the mark.
@@ -242,6 +244,20 @@ class Leases:
         self.reacquiring.discard(worker)
         if self.on_lost is not None:
             self.on_lost(worker)
+
+    async def run(self, ready: threading.Event) -> dict[str, Any]:
+        """Acquire every lease, set ``ready``, renew until stopped; the summary. Runs on
+        a thread and event loop of its own (``main``): the driver stands in for 500
+        hosts, each renewing its lease apart from its work, while one loop for all
+        would put each renewal behind 500 instances' reports and inbox reads (loop lag
+        of seconds, leases lapsed that no host of one instance would lose)."""
+        self.clients = [GrpcCoordinatorClient(self.cfg["coordinator"])
+                        for _ in range(self.cfg["channels"])]
+        keepers = await self.acquire_all()
+        self.ready_at = time.perf_counter()
+        ready.set()
+        await asyncio.gather(*keepers)
+        return await self.close()
 
     async def close(self) -> dict[str, Any]:
         for client in self.clients:
@@ -380,10 +396,14 @@ class Fleet:
         self.count("finished" if published else "fenced")
 
     async def prepare(self) -> None:
-        """Every inbox's consumer group, before the lease (as ``LeaseKeeper.register``)."""
+        """Every inbox's consumer group, before the lease (as ``LeaseKeeper.register``),
+        and the connections the blocking inbox reads hold: opened before the leases
+        exist, not in the first seconds of the leases' short first TTLs (a host's
+        start-up comes before its registration too)."""
         for index in self.leases.indexes():
             self.held[instance_id(index)] = {}
             await self.store.ensure_inbox(instance_id(index))
+        await asyncio.gather(*(self.redis.ping() for _ in self.leases.indexes()))
 
     async def run(self) -> dict[str, Any]:
         tasks = []
@@ -406,18 +426,25 @@ async def main(cfg: dict[str, Any]) -> None:
     fleet = Fleet(cfg, control, leases) if cfg["mode"] == "instances" else None
     if fleet is not None:
         await fleet.prepare()
-    keepers = await leases.acquire_all()
+        main_loop = asyncio.get_running_loop()
+        leases.on_lost = lambda iid: main_loop.call_soon_threadsafe(fleet.drop, iid)
+    ready = threading.Event()
+    renewing = asyncio.get_running_loop().run_in_executor(
+        None, lambda: asyncio.run(leases.run(ready)))
+    while not ready.is_set():  # a failed acquire ends the thread: raise it here
+        if renewing.done():
+            renewing.result()
+        await asyncio.sleep(0.05)
     lag_s: list[float] = []
-    keepers.append(asyncio.create_task(loop_lag(control, lag_s)))
-    leases.ready_at = time.perf_counter()
+    lag = asyncio.create_task(loop_lag(control, lag_s))
     print(json.dumps({"ready": len(leases.epochs)}), flush=True)
     if fleet is not None:
         work = await fleet.run()
     else:
         await control.stopped.wait()
         work = {}
-    await asyncio.gather(*keepers)
-    summary = {**await leases.close(), **work,
+    await lag
+    summary = {**await renewing, **work,
                **{f"loop_lag_{k}": v for k, v in percentiles_ms(lag_s).items()}}
     print(json.dumps(summary), flush=True)
     follower.cancel()
