@@ -69,8 +69,30 @@ class JobRun:
         ones (back before their work was swept) are left out until the sweep ends."""
         if self.departed:
             instances = [i for i in instances if i.instance_id not in self.departed]
-        self.instances = LoadIndex(build_layout(self.spec), instances)
         self.instances_at_s = at_s
+        index = self.instances
+        if isinstance(index, LoadIndex) and _same_members(index, instances):
+            # The same instances (the usual case: a snapshot every 0.25 s, leases that
+            # live for seconds): the loads that differ are moved in the index, O(changes),
+            # instead of building an index of 1,000 again (a third of a snapshot's cost).
+            for inst in instances:
+                held = index.get(inst.instance_id)
+                if held is not None and held.active_trajectories != inst.active_trajectories:
+                    index.add_load(inst.instance_id,
+                                   inst.active_trajectories - held.active_trajectories)
+            return
+        self.instances = LoadIndex(build_layout(self.spec), instances)
+
+
+def _same_members(index: LoadIndex, instances: list[t.InstanceLoad]) -> bool:
+    """Whether ``instances`` are the index's instances (ids, buckets, liveness)."""
+    if len(instances) != len(index):
+        return False
+    for inst in instances:
+        held = index.get(inst.instance_id)
+        if held is None or held.bucket != inst.bucket or held.is_live != inst.is_live:
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

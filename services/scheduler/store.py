@@ -378,8 +378,21 @@ def _load(value: Any) -> dict[str, int]:
 
 
 def _page(reply: Any) -> tuple[int, dict[str, str]]:
-    """An HSCAN reply of the assignments: the next cursor and the page, decoded."""
-    return int(reply[0]), {_text(k): _text(v) for k, v in _pairs(reply[1])}
+    """An HSCAN reply of the assignments: the next cursor and the page, decoded. Each
+    instance id is decoded once (a page of 2,000 names about 20 instances): at 100,000
+    in flight a page is read every tick, and decoding it field by field was 2/3 of the
+    sweep's cost (cProfile)."""
+    flat = reply[1]
+    if isinstance(flat, dict):
+        flat = [x for kv in flat.items() for x in kv]
+    names: dict[Any, str] = {}
+    page = {}
+    for key, value in zip(flat[::2], flat[1::2], strict=True):
+        name = names.get(value)
+        if name is None:
+            name = names[value] = _text(value)
+        page[key.decode() if isinstance(key, bytes) else key] = name
+    return int(reply[0]), page
 
 
 def _pairs(value: Any) -> list[tuple[Any, Any]]:

@@ -58,6 +58,7 @@ async def test_a_tick_stopped_at_the_bound_is_followed_at_once_not_a_period_late
     store.put_job(JOB, make_spec(prompts=300, samples=2, staleness=1, cap=1000).to_json(),
                   published=True)
     core = SchedulerCore(store, clock, tick_s=3600.0)
+    await core.start_job(JOB)  # its dataset opens on a thread: not counted in turns
     loop = asyncio.create_task(core.run())
     try:
         for _ in range(1000):  # event-loop turns, not time
@@ -180,6 +181,26 @@ async def test_load_changes_follow_the_snapshot_they_are_given() -> None:
     apply_local_load(run, (("r-1", -1),))
     assert second[0].active_trajectories == 6 and first[1].active_trajectories == 2
     assert list(run.instances) == second and run.instances_at_s == 2.0
+
+
+async def test_a_snapshot_of_the_same_instances_moves_only_the_loads_that_changed() -> None:
+    """The lease snapshot (every 0.25 s) of an unchanged fleet updates the index in
+    place, O(changes); a fleet that changed gets a new index."""
+    store, clock = MemorySchedulerStore(), FakeClock()
+    run = (await started(store, clock, prompts=1, samples=2, staleness=1, cap=4))._jobs[JOB]
+    run.set_instances([t.InstanceLoad(t.InstanceId(f"r-{i}"), "short", 0) for i in range(3)],
+                      1.0)
+    index = run.instances
+    run.set_instances([t.InstanceLoad(t.InstanceId(f"r-{i}"), "short", 4 if i == 1 else 0)
+                       for i in range(3)], 2.0)
+    assert run.instances is index and run.instances_at_s == 2.0
+    assert [inst.active_trajectories for inst in run.instances] == [0, 4, 0]
+    assert list(index.ids_at("short", 0)) == ["r-0", "r-2"]  # r-1 is full (cap 4)
+    moved = [t.InstanceLoad(t.InstanceId("r-0"), "long", 0),
+             t.InstanceLoad(t.InstanceId("r-1"), "short", 0),
+             t.InstanceLoad(t.InstanceId("r-2"), "short", 0)]
+    run.set_instances(moved, 3.0)  # a bucket changed: a new index
+    assert run.instances is not index and list(run.instances) == moved
 
 
 def _route_by_load_reference(instances: list[t.InstanceLoad], layout: BucketLayout,
