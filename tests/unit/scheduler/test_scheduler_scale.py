@@ -93,8 +93,9 @@ async def test_the_pending_queue_is_placed_a_bounded_number_per_tick() -> None:
 async def test_an_orphan_behind_an_unchanged_set_of_instances_is_found_by_the_sweep(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """An assignment to an instance the scheduler never saw live (a handoff racing a
-    lease loss) is re-queued by the paged sweep, one page per tick."""
-    monkeypatch.setattr(requeue, "ORPHAN_SCAN_PAGE", 3)
+    lease loss) is re-queued by the periodic sweep, a small page per tick."""
+    monkeypatch.setattr(requeue, "ORPHAN_SCAN_PAGE", 100)  # not this sweep's
+    monkeypatch.setattr(requeue, "ORPHAN_SAFETY_PAGE", 3)
     store, clock = MemorySchedulerStore(), FakeClock()
     await add_instance(store, "rollout-0", "short")
     core = await started(store, clock, prompts=4, samples=2, cap=100)
@@ -118,6 +119,7 @@ async def test_an_instance_leaving_restarts_the_sweep_a_page_per_tick(
     once, a page per tick: never one read of every assignment (100,000 at 1,000
     instances, at every lapse)."""
     monkeypatch.setattr(requeue, "ORPHAN_SCAN_PAGE", 3)
+    monkeypatch.setattr(requeue, "ORPHAN_SAFETY_PAGE", 1)  # not this sweep's
     store, clock = MemorySchedulerStore(), FakeClock()
     for name in ("rollout-0", "rollout-1"):
         await add_instance(store, name, "short")
@@ -142,6 +144,7 @@ async def test_an_instance_back_before_the_sweep_ended_has_all_its_former_work_r
     counting its assignments (the former sweep forgot the load at the first page and
     left the later pages' work assigned to it: filled past its cap, work stuck)."""
     monkeypatch.setattr(requeue, "ORPHAN_SCAN_PAGE", 3)
+    monkeypatch.setattr(requeue, "ORPHAN_SAFETY_PAGE", 1)
     store, clock = MemorySchedulerStore(), FakeClock()
     for name in ("rollout-0", "rollout-1"):
         await add_instance(store, name, "short")
