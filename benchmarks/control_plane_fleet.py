@@ -403,7 +403,14 @@ class Fleet:
         for index in self.leases.indexes():
             self.held[instance_id(index)] = {}
             await self.store.ensure_inbox(instance_id(index))
-        await asyncio.gather(*(self.redis.ping() for _ in self.leases.indexes()))
+        # 50 connects at a time (each held until all are open, or the pool would hand
+        # the same 50 out again): 500 at once overflowed Redis's accept backlog on a
+        # busy host, and a dropped SYN is retried after 1, 3, 7 ... s (a driver hung).
+        pool, held = self.redis.connection_pool, []
+        for _ in range(0, self.cfg["count"], 50):
+            held += await asyncio.gather(*(pool.get_connection() for _ in range(50)))
+        for conn in held:
+            await pool.release(conn)
 
     async def run(self) -> dict[str, Any]:
         tasks = []
