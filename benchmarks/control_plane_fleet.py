@@ -5,10 +5,11 @@ hosts would have), speaking the real protocol through the real clients and store
 A process holds a slice of the instances (the configuration arrives as one JSON line
 on stdin). Each instance keeps its lease - AcquireLease, then RenewLease every third of
 the TTL the coordinator granted (the rollout ``LeaseKeeper``'s cadence; the coordinator
-scales TTLs with the fleet) through ``GrpcCoordinatorClient``, on the same loop as its
-work, as in a rollout process; a lost lease is acquired again and the work held is
-dropped (``renewals`` "batched", the default: one RenewLeases call renews the whole
-slice each beat, as a host holding many leases would). ``kill`` instances of the slice
+scales TTLs with the fleet) through ``GrpcCoordinatorClient``, on a thread and event
+loop of their own beside the instances' work (``Leases.run`` says why); a lost lease is
+acquired again and the work held is dropped (``renewals`` "batched", the default: one
+RenewLeases call renews the whole slice each beat, as a host holding many leases
+would). ``kill`` instances of the slice
 die at the mark (they stop renewing and working, as a crashed host): their leases must
 expire, and are counted apart from leases lost by live holders. In mode ``leases`` that
 is all; in mode ``instances`` each also does an instance's work - take trajectories
@@ -28,8 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,33 +42,21 @@ sys.path.insert(0, str(ROOT))
 
 import redis.asyncio as aioredis  # noqa: E402
 
+from benchmarks.control_plane_leases import (  # noqa: E402
+    Leases,
+    instance_id,
+    percentiles_ms,
+)
 from libra import types as t  # noqa: E402
-from libra.clients.coordinator import GrpcCoordinatorClient  # noqa: E402
 from libra.clients.runner import GrpcSchedulerClient  # noqa: E402
-from libra.errors import LeaseLost, LibraError  # noqa: E402
+from libra.errors import LibraError  # noqa: E402
+from libra.gc_policy import tune_for_latency  # noqa: E402
 from services.rollout.store import RedisRolloutStore  # noqa: E402
 
 STATES = [t.ToolReturnState(tool, size, status) for tool in ("calculator", "search")
           for size in t.SizeClass for status in t.ToolStatus]
 # A placed trajectory held by an instance: its inbox entry, its task, tokens so far.
 Held = dict[str, tuple[str, t.Trajectory, int]]
-
-
-def instance_id(index: int) -> str:
-    return f"synthetic-{index:05d}"
-
-
-def bucket_of(index: int, buckets: list[str]) -> str:
-    return buckets[index % len(buckets)]
-
-
-def percentiles_ms(samples_s: list[float]) -> dict[str, float]:
-    """p50, p99 and max in ms (all 0.0 without samples)."""
-    if not samples_s:
-        return {"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
-    lat = sorted(samples_s)
-    pick = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)  # noqa: E731
-    return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": round(1000 * lat[-1], 2)}
 
 
 class Control:
@@ -86,154 +77,14 @@ class Control:
 
 
 async def loop_lag(control: Control, out: list[float]) -> None:
-    """How late this process's event loop runs a 0.1 s timer (in the window): a renewal
-    queued behind the instances' work waits that long before it is even sent."""
+    """How late this process's work loop runs a 0.1 s timer (in the window): a report
+    or a publish waits that long before it is even sent (renewals have their own loop,
+    ``Leases.run``)."""
     while not control.stopped.is_set():
         began = time.perf_counter()
         await asyncio.sleep(0.1)
         if control.marked.is_set():
             out.append(time.perf_counter() - began - 0.1)
-
-
-# -- leases -------------------------------------------------------------------------------
-
-class Leases:
-    """The leases of a slice of instances: AcquireLease, then RenewLease every TTL/3 (the
-    rollout ``LeaseKeeper``'s cadence); a lost lease is acquired again (a new epoch) and
-    the instance drops what it held, as the rollout core does."""
-
-    def __init__(self, cfg: dict[str, Any], control: Control) -> None:
-        self.cfg, self.control = cfg, control
-        self.clients = [GrpcCoordinatorClient(cfg["coordinator"])
-                        for _ in range(cfg["channels"])]
-        self.epochs: dict[str, int] = {}
-        self.ttl_ms: dict[str, int] = {}  # as granted (the coordinator may raise it)
-        # The first ``kill`` of the slice die at the mark.
-        self.killed = {instance_id(i) for i in self.indexes()[:cfg.get("kill", 0)]}
-        self.lat_s: list[float] = []
-        self.lost = self.lost_total = self.renew_errors = 0
-        self.calls = 0  # renewal RPCs in the window (batched: one per beat)
-        self.reacquiring: set[str] = set()  # batched: lost, being acquired again
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.on_lost: Any = None  # called with the instance id
-
-    def indexes(self) -> range:
-        return range(self.cfg["first"], self.cfg["first"] + self.cfg["count"])
-
-    async def acquire(self, index: int) -> None:
-        lease = await self.clients[index % len(self.clients)].acquire_lease(
-            instance_id(index), t.WorkerRole.CORE_ROLLOUT, bucket_of(index, self.cfg["buckets"]),
-            "127.0.0.1:1", self.cfg["ttl_ms"])
-        self.epochs[lease.worker_id] = lease.epoch
-        self.ttl_ms[lease.worker_id] = lease.ttl_ms
-
-    async def acquire_again(self, index: int) -> bool:
-        try:
-            await self.acquire(index)
-            return True
-        except LibraError:  # the next beat renews at the old epoch: LeaseLost again
-            self.renew_errors += 1
-            return False
-
-    async def acquire_all(self) -> list[asyncio.Task[None]]:
-        """Every lease, each renewed from its grant on (as ``LeaseKeeper``: a 3 s lease
-        granted first must not wait for the 500th grant); the renewal tasks. With
-        ``renewals`` "batched" (the default) a task per 100 instances renews them with
-        RenewLeases, the groups a tenth of the period apart; with "single" each instance
-        renews its own with RenewLease."""
-        indexes, keepers = self.indexes(), []
-        batched = self.cfg.get("renewals", "batched") == "batched"
-        for lo in range(0, len(indexes), 100):  # in slices: 1,000 at once is no host's start
-            await asyncio.gather(*(self.acquire(i) for i in indexes[lo:lo + 100]))
-            if not batched:
-                keepers += [asyncio.create_task(self.keep(i)) for i in indexes[lo:lo + 100]]
-            else:
-                group = [instance_id(i) for i in indexes[lo:lo + 100]]
-                keepers.append(asyncio.create_task(self.keep_batched(group, lo // 100 % 10)))
-        return keepers
-
-    def dead(self, worker: str) -> bool:
-        """Killed at the mark: it neither renews nor works from then on."""
-        return self.control.marked.is_set() and worker in self.killed
-
-    async def keep(self, index: int) -> None:
-        worker = instance_id(index)
-        client = self.clients[index % len(self.clients)]
-        # Renewals spread over the period, as instances that started apart do.
-        await asyncio.sleep(self.ttl_ms[worker] / 3000 * ((index - self.cfg["first"]) % 100)
-                            / 100)
-        while not self.control.stopped.is_set() and not self.dead(worker):
-            began, period_s = time.perf_counter(), self.ttl_ms[worker] / 3000
-            try:
-                lease = await client.renew_lease(worker, self.epochs[worker])
-                self.ttl_ms[worker] = lease.ttl_ms
-                if self.control.marked.is_set():
-                    self.lat_s.append(time.perf_counter() - began)
-            except LeaseLost:
-                self.lost += self.control.marked.is_set()
-                self.lost_total += 1  # the fill included
-                if await self.acquire_again(index) and self.on_lost is not None:
-                    self.on_lost(worker)
-            except LibraError:  # no answer within the client's deadline: try again
-                self.renew_errors += 1
-            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
-
-    async def keep_batched(self, group: list[str], phase: int) -> None:
-        """Renew a group of the slice's leases in one RenewLeases call every third of
-        the shortest granted TTL, as one rollout host holding many leases would. Groups
-        of 100, ``phase`` tenths of the period apart, so that no single beat decodes all
-        500 answers of a driver on the loop that also times its probes. A lost lease
-        (GONE or FENCED in its answer) is acquired again on its own task, left out of the
-        batches meanwhile (re-acquiring them one after another here held the next batch
-        back for seconds under load: more lapses), and its instance drops what it held.
-        Each renewal counts once, as in ``keep``."""
-        await asyncio.sleep(min(self.ttl_ms[w] for w in group) / 3000 * phase / 10)
-        while not self.control.stopped.is_set():
-            began = time.perf_counter()
-            period_s = min(self.ttl_ms[w] for w in group) / 3000
-            held = [t.LeaseRef(w, self.epochs[w]) for w in group
-                    if not self.dead(w) and w not in self.reacquiring]
-            try:
-                renewals = await self.clients[phase % len(self.clients)].renew_leases(held)
-            except LibraError:  # no answer within the client's deadline: try again
-                self.renew_errors += 1
-                renewals = []
-            if self.control.marked.is_set():
-                self.lat_s.extend([time.perf_counter() - began] * len(renewals))
-                self.calls += 1
-            for renewal in renewals:
-                if renewal.lease is not None:
-                    self.ttl_ms[renewal.worker_id] = renewal.lease.ttl_ms
-                    continue
-                self.lost += self.control.marked.is_set()
-                self.lost_total += 1
-                self.reacquiring.add(renewal.worker_id)
-                task = asyncio.create_task(self.reacquire(renewal.worker_id))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
-            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
-
-    async def reacquire(self, worker: str) -> None:
-        """A lost lease acquired again (tried again each beat until granted)."""
-        index = int(worker.rsplit("-", 1)[1])
-        while not await self.acquire_again(index):
-            if self.control.stopped.is_set():
-                return
-            await asyncio.sleep(min(self.ttl_ms.values()) / 3000)
-        self.reacquiring.discard(worker)
-        if self.on_lost is not None:
-            self.on_lost(worker)
-
-    async def close(self) -> dict[str, Any]:
-        for client in self.clients:
-            await client.close()
-        calls = self.calls if self.cfg.get("renewals", "batched") == "batched" \
-            else len(self.lat_s)
-        return {"renewals": len(self.lat_s), "renew_calls": calls, "lost": self.lost,
-                "lost_total": self.lost_total,
-                "renew_errors": self.renew_errors, "killed": sorted(self.killed),
-                "ttl_ms_max": max(self.ttl_ms.values(), default=0),
-                **{f"renew_{k}": v for k, v in percentiles_ms(self.lat_s).items()}}
 
 
 # -- instances ----------------------------------------------------------------------------
@@ -359,10 +210,21 @@ class Fleet:
         self.count("finished" if published else "fenced")
 
     async def prepare(self) -> None:
-        """Every inbox's consumer group, before the lease (as ``LeaseKeeper.register``)."""
+        """Every inbox's consumer group, before the lease (as ``LeaseKeeper.register``),
+        and the connections the blocking inbox reads hold: opened before the leases
+        exist, not in the first seconds of the leases' short first TTLs (a host's
+        start-up comes before its registration too)."""
         for index in self.leases.indexes():
             self.held[instance_id(index)] = {}
             await self.store.ensure_inbox(instance_id(index))
+        # 50 connects at a time (each held until all are open, or the pool would hand
+        # the same 50 out again): 500 at once overflowed Redis's accept backlog on a
+        # busy host, and a dropped SYN is retried after 1, 3, 7 ... s (a driver hung).
+        pool, held = self.redis.connection_pool, []
+        for _ in range(0, self.cfg["count"], 50):
+            held += await asyncio.gather(*(pool.get_connection() for _ in range(50)))
+        for conn in held:
+            await pool.release(conn)
 
     async def run(self) -> dict[str, Any]:
         tasks = []
@@ -385,21 +247,36 @@ async def main(cfg: dict[str, Any]) -> None:
     fleet = Fleet(cfg, control, leases) if cfg["mode"] == "instances" else None
     if fleet is not None:
         await fleet.prepare()
-    keepers = await leases.acquire_all()
+        main_loop = asyncio.get_running_loop()
+        leases.on_lost = lambda iid: main_loop.call_soon_threadsafe(fleet.drop, iid)
+    # A driver holds ~540,000 objects; its full collections took 1.5-4.5 s each at load
+    # 14 (holding the GIL: no renewal ran), which no host of one instance would see.
+    tune_for_latency()
+    ready = threading.Event()
+    renewing = asyncio.get_running_loop().run_in_executor(
+        None, lambda: asyncio.run(leases.run(ready)))
+    while not ready.is_set():  # a failed acquire ends the thread: raise it here
+        if renewing.done():
+            renewing.result()
+        await asyncio.sleep(0.05)
     lag_s: list[float] = []
-    keepers.append(asyncio.create_task(loop_lag(control, lag_s)))
+    lag = asyncio.create_task(loop_lag(control, lag_s))
     print(json.dumps({"ready": len(leases.epochs)}), flush=True)
     if fleet is not None:
         work = await fleet.run()
     else:
         await control.stopped.wait()
         work = {}
-    await asyncio.gather(*keepers)
-    summary = {**await leases.close(), **work,
+    await lag
+    summary = {**await renewing, **work,
                **{f"loop_lag_{k}": v for k, v in percentiles_ms(lag_s).items()}}
     print(json.dumps(summary), flush=True)
     follower.cancel()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(json.loads(sys.stdin.readline())))
+    config = json.loads(sys.stdin.readline())
+    # The fleet stands in for other hosts: at the lowest priority it takes only the CPU
+    # the control plane leaves (bench_control_plane.py --fleet-nice says why).
+    os.nice(config.get("nice", 0))
+    asyncio.run(main(config))

@@ -23,6 +23,7 @@ from libra.clients.toolgateway import GrpcToolGatewayClient
 from libra.clock import SystemClock
 from libra.config import load_config, redact
 from libra.data_roots import check_search_corpus, resolve_roots
+from libra.gc_policy import tune_for_latency
 from libra.grpc_auth import ClientAuth
 from libra.grpcx import Registration, serve
 from libra.proto.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -105,6 +106,7 @@ async def main(cfg: CoordinatorConfig) -> None:
                               retry=Retry(NoBackoff(), 0))
     core = build_core(cfg, redis)
     step_metrics.register(core)
+    tune_for_latency()  # full collections of 80-160 ms delayed renewals (gc_policy.py)
     name = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
     registration = Registration(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
                                 CoordinatorServicer(core), name)

@@ -99,37 +99,42 @@ class InMemoryCoordinatorStore:
             return None
         return lease
 
-    def _ttl_floor_ms(self, ttl_ms_per_worker: int, worker_id: str) -> int:
+    def _ttl_floor_ms(self, ttl_ms_per_worker: int, worker_id: str, num_joining: int) -> int:
         # The workers holding a live lease, this one counted (the Redis store counts the
         # workers set, which an expired worker leaves when leases are next listed).
         others = sum(1 for w in self._leases if w != worker_id and self._live(w) is not None)
-        return lease_ttl_floor_ms(ttl_ms_per_worker, others + 1)
+        return lease_ttl_floor_ms(ttl_ms_per_worker, others + 1 + num_joining)
 
-    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0) -> t.Lease:
+    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0,
+                            num_joining: int = 0) -> t.Lease:
         self._fence += 1
-        ttl_ms = max(lease.ttl_ms, self._ttl_floor_ms(ttl_ms_per_worker, lease.worker_id))
+        ttl_ms = max(lease.ttl_ms, self._ttl_floor_ms(ttl_ms_per_worker, lease.worker_id,
+                                                      num_joining))
         granted = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
                           self._fence, self._clock.now_ms() + ttl_ms, ttl_ms)
         self._leases[lease.worker_id] = granted
         return granted
 
     async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
-                          ttl_ms_per_worker: int = 0) -> t.Lease:
+                          ttl_ms_per_worker: int = 0, num_joining: int = 0) -> t.Lease:
         renewed = await self.renew_leases([t.LeaseRef(worker_id, epoch)], now_ms,
-                                          ttl_ms_per_worker)
+                                          ttl_ms_per_worker, num_joining)
         return renewed[0].lease_or_raise()
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
-                           ttl_ms_per_worker: int = 0) -> list[t.LeaseRenewal]:
-        return [self._renew(ref, now_ms, ttl_ms_per_worker) for ref in refs]
+                           ttl_ms_per_worker: int = 0,
+                           num_joining: int = 0) -> list[t.LeaseRenewal]:
+        return [self._renew(ref, now_ms, ttl_ms_per_worker, num_joining) for ref in refs]
 
-    def _renew(self, ref: t.LeaseRef, now_ms: int, ttl_ms_per_worker: int) -> t.LeaseRenewal:
+    def _renew(self, ref: t.LeaseRef, now_ms: int, ttl_ms_per_worker: int,
+               num_joining: int) -> t.LeaseRenewal:
         lease = self._live(ref.worker_id)
         if lease is None:
             return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.GONE)
         if lease.epoch != ref.epoch:
             return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.FENCED)
-        ttl_ms = max(lease.ttl_ms, self._ttl_floor_ms(ttl_ms_per_worker, ref.worker_id))
+        ttl_ms = max(lease.ttl_ms, self._ttl_floor_ms(ttl_ms_per_worker, ref.worker_id,
+                                                      num_joining))
         renewed = t.Lease(lease.worker_id, lease.role, lease.bucket, lease.address,
                           lease.epoch, now_ms + ttl_ms, ttl_ms)
         self._leases[ref.worker_id] = renewed

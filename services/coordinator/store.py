@@ -245,11 +245,12 @@ class RedisCoordinatorStore:
         return {**counters, "in_flight_unconsumed": int(unconsumed),
                 "in_flight_running": int(running), "in_flight_pending_admission": int(pending)}
 
-    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0) -> t.Lease:
+    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0,
+                            num_joining: int = 0) -> t.Lease:
         if ttl_ms_per_worker > 0:
             workers = await self._retrying("acquire_lease",
                                            lambda: self._num_workers_with(lease.worker_id))
-            floor_ms = lease_ttl_floor_ms(ttl_ms_per_worker, workers)
+            floor_ms = lease_ttl_floor_ms(ttl_ms_per_worker, workers + num_joining)
             lease = dataclasses.replace(lease, ttl_ms=max(lease.ttl_ms, floor_ms))
         fields = lease_to_hash(lease)
         fields.pop(LEASE_EPOCH)  # the grant script sets it from the fence
@@ -271,18 +272,20 @@ class RedisCoordinatorStore:
         return int(size) + (0 if member else 1)
 
     async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
-                          ttl_ms_per_worker: int = 0) -> t.Lease:
+                          ttl_ms_per_worker: int = 0, num_joining: int = 0) -> t.Lease:
         renewed = await self.renew_leases([t.LeaseRef(worker_id, epoch)], now_ms,
-                                          ttl_ms_per_worker)
+                                          ttl_ms_per_worker, num_joining)
         return renewed[0].lease_or_raise()
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
-                           ttl_ms_per_worker: int = 0) -> list[t.LeaseRenewal]:
+                           ttl_ms_per_worker: int = 0,
+                           num_joining: int = 0) -> list[t.LeaseRenewal]:
         if not refs:
             return []
         replies = await self._retrying("renew_leases", lambda: self._renew(
             keys=[keys.WORKERS, *(keys.lease(r.worker_id) for r in refs)],
-            args=[ttl_ms_per_worker, MAX_LEASE_TTL_MS, *(str(r.epoch) for r in refs)]))
+            args=[ttl_ms_per_worker, MAX_LEASE_TTL_MS, num_joining,
+                  *(str(r.epoch) for r in refs)]))
         return [renewal_from_reply(ref, reply, now_ms)
                 for ref, reply in zip(refs, replies, strict=True)]
 

@@ -103,20 +103,24 @@ class CoordinatorStore(Protocol):
         separate reads can see it on both sides of the identity (or on neither)."""
         ...
 
-    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0) -> t.Lease:
+    async def acquire_lease(self, lease: t.Lease, ttl_ms_per_worker: int = 0,
+                            num_joining: int = 0) -> t.Lease:
         """Grant ``lease`` at a new epoch. ``ttl_ms_per_worker`` > 0 scales the TTL with
         the fleet (``lease_ttl_floor_ms``): the granted TTL is the larger of the asked one
-        and that floor, and the returned lease carries it."""
+        and that floor, and the returned lease carries it. ``num_joining``: workers whose
+        registration is under way besides the store's fleet; the floor counts them."""
         ...
 
     async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
-                          ttl_ms_per_worker: int = 0) -> t.Lease:
+                          ttl_ms_per_worker: int = 0, num_joining: int = 0) -> t.Lease:
         """Extend the lease by its TTL, raised first to ``lease_ttl_floor_ms`` of the
-        fleet as it is now (a TTL never shrinks while held). Raises LeaseLost."""
+        fleet as it is now, ``num_joining`` included (a TTL never shrinks while held).
+        Raises LeaseLost."""
         ...
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
-                           ttl_ms_per_worker: int = 0) -> list[t.LeaseRenewal]:
+                           ttl_ms_per_worker: int = 0,
+                           num_joining: int = 0) -> list[t.LeaseRenewal]:
         """``renew_lease`` over a batch, atomically and in one round trip: one answer per
         ref, in order; a lost lease is an answer (GONE or FENCED), not an error."""
         ...

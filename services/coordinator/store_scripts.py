@@ -13,22 +13,26 @@ return epoch
 """
 
 # KEYS[1] = workers set, KEYS[2..] = lease keys; ARGV[1] = TTL ms per worker (0: none),
-# ARGV[2] = the most a floor may be, ARGV[3..] = the epoch held of each lease, in KEYS'
-# order (RenewLease is a batch of one). Returns one reply per lease, in order: {ttl_ms,
+# ARGV[2] = the most a floor may be, ARGV[3] = workers registering besides the set (the
+# floor counts them), ARGV[4..] = the epoch held of each lease, in KEYS' order
+# (RenewLease is a batch of one). Returns one reply per lease, in order: {ttl_ms,
 # hash} when renewed, {-1} when the lease is gone, {-2} when the epoch moved on. A batch
 # is one round trip and one SCARD: the renewal is the busiest call at 1,000 holders. The
-# TTL is raised to ARGV[1] x the workers set's size (``store_protocol.lease_ttl_floor_ms``),
+# TTL is raised to ARGV[1] x (the workers set's size + ARGV[3])
+# (``store_protocol.lease_ttl_floor_ms``),
 # never lowered. Epochs compare as strings, as the hash holds them.
 RENEW_LUA = """
 local per = tonumber(ARGV[1])
 local floor = 0
-if per > 0 then floor = math.min(tonumber(ARGV[2]), per * redis.call('SCARD', KEYS[1])) end
+if per > 0 then
+  floor = math.min(tonumber(ARGV[2]), per * (redis.call('SCARD', KEYS[1]) + tonumber(ARGV[3])))
+end
 local out = {}
 for i = 2, #KEYS do
   local epoch = redis.call('HGET', KEYS[i], 'epoch')
   if not epoch then
     out[i - 1] = {-1}
-  elseif epoch ~= ARGV[i + 1] then
+  elseif epoch ~= ARGV[i + 2] then
     out[i - 1] = {-2}
   else
     local ttl = tonumber(redis.call('HGET', KEYS[i], 'ttl_ms'))

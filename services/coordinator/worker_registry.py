@@ -5,6 +5,7 @@ elastic hybrid pool's fenced role changes. Pure: the store comes in as the port
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Sequence
@@ -19,6 +20,12 @@ logger = logging.getLogger(__name__)
 
 MIN_LEASE_TTL_MS = 200
 MAX_ADDRESS_CHARS = 512  # host:port or a unix socket path
+# Grants the store works on at once; further registrations wait their turn here, where
+# they cost nothing. A renewal is never held back: it queues behind at most this many
+# grants (4 round trips each), not behind a burst of 1,000 (a fleet's first
+# registration put every early holder's renewal behind the whole burst: lapses of live
+# holders whose 3 s leases were granted first).
+MAX_GRANTS_IN_FLIGHT = 8
 
 # The elastic hybrid pool's role moves: target role -> roles a lease may hold before it.
 # hybrid-rollout -> hybrid-joining (lend), hybrid-joining -> hybrid-training (activate),
@@ -44,13 +51,27 @@ class WorkerRegistry:
     least 3 s x workers / that rate, so the renewals a fleet sends stay within it however
     large it grows (at 1,000 holders of 3 s leases they were 333 a second, and the
     coordinator and holders starved each other: lapses of live holders). The price is
-    failure detection: a dead worker's work is re-placed after its TTL, not 3 s."""
+    failure detection: a dead worker's work is re-placed after its TTL, not 3 s.
+
+    The fleet a floor counts includes the registrations under way (``num_joining``):
+    during a fleet's first registration the store holds only the workers granted so far,
+    and the first leases got the asked 3 s while hundreds more were about to renew too.
+    Counting them, a renewal during the burst raises an early lease's TTL to what the
+    whole fleet's renewals allow, and grants beyond ``MAX_GRANTS_IN_FLIGHT`` wait here
+    so that renewals are not queued behind them."""
 
     def __init__(self, store: CoordinatorStore, clock: Clock,
                  lease_renewals_per_s: float = 0.0) -> None:
         self._store = store
         self._clock = clock
         self._ttl_ms_per_worker = ttl_ms_per_worker(lease_renewals_per_s)
+        self._grants = asyncio.Semaphore(MAX_GRANTS_IN_FLIGHT)
+        self._num_registering = 0  # AcquireLease calls entered and not yet answered
+
+    @property
+    def num_registering(self) -> int:
+        """Registrations under way: waiting for their turn or being granted."""
+        return self._num_registering
 
     async def acquire_lease(self, worker_id: str, role: t.WorkerRole, bucket: str,
                             address: str, ttl_ms: int) -> t.Lease:
@@ -64,7 +85,14 @@ class WorkerRegistry:
             raise InvalidArgument("ttl_ms", f"must be in [{MIN_LEASE_TTL_MS}, "
                                   f"{MAX_LEASE_TTL_MS}]")
         lease = t.Lease(t.WorkerId(worker_id), role, bucket, address, 0, 0, ttl_ms)
-        granted = await self._store.acquire_lease(lease, self._ttl_ms_per_worker)
+        self._num_registering += 1
+        try:
+            async with self._grants:
+                # The others still registering count: they renew soon too.
+                granted = await self._store.acquire_lease(
+                    lease, self._ttl_ms_per_worker, self._num_registering - 1)
+        finally:
+            self._num_registering -= 1
         logger.info("[lease] granted worker_id=%s role=%s bucket=%s epoch=%d ttl_ms=%d",
                     worker_id, role.value, bucket, granted.epoch, granted.ttl_ms)
         return granted
@@ -72,7 +100,7 @@ class WorkerRegistry:
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
         check_id(worker_id, "worker_id")
         return await self._store.renew_lease(worker_id, epoch, self._clock.now_ms(),
-                                             self._ttl_ms_per_worker)
+                                             self._ttl_ms_per_worker, self._num_registering)
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:
         """Renew a process's leases in one store call: one answer per lease, in order (a
@@ -91,7 +119,7 @@ class WorkerRegistry:
         if not refs:
             return []
         return await self._store.renew_leases(refs, self._clock.now_ms(),
-                                              self._ttl_ms_per_worker)
+                                              self._ttl_ms_per_worker, self._num_registering)
 
     async def release_lease(self, worker_id: str, epoch: int) -> None:
         check_id(worker_id, "worker_id")

@@ -11,6 +11,7 @@ import logging
 
 from libra.clock import SystemClock
 from libra.config import load_config, redact
+from libra.gc_policy import tune_for_latency
 from libra.grpcx import Registration, serve
 from libra.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from libra.redis_connect import redis_client
@@ -31,6 +32,7 @@ async def main(cfg: SchedulerConfig) -> None:
                          lease_snapshot_s=5 * cfg.tick_s,
                          observe_tick_s=scheduler_metrics.observe_tick)
     scheduler_metrics.register(core)
+    tune_for_latency()  # full collections were the p99 ticks (libra/gc_policy.py)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
     registration = Registration(
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(core), name

@@ -45,6 +45,7 @@ class Admission:
         while admitted - consumed < budget_groups and not run.pending:
             if (num_groups and max_trajectories is not None
                     and len(placed) + len(queued) + group_size > max_trajectories):
+                writes.is_capped = True  # the budget and the instances take more
                 break
             group = self.make_group(run, admitted)
             placed += _traced_placements(assign(run, group, run.instances),

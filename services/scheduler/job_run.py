@@ -47,6 +47,9 @@ class JobRun:
     last_live: set[str] | frozenset[str] = field(default_factory=set)
     last_orphan_scan_s: float = float("-inf")
     orphan_cursor: int = 0  # where the sweep for orphans goes on (0: none under way)
+    # Instances that left the live set, until the sweep after it ended (requeue.py):
+    # their assignments are orphans, and they get no placement, even when back.
+    departed: set[str] = field(default_factory=set)
     # The job's pending queue as Redis holds it, None until read: only this process
     # writes the queue, so after one read it is kept here and not read again (a failed
     # write makes it unknown).
@@ -62,9 +65,34 @@ class JobRun:
     refresh_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def set_instances(self, instances: list[t.InstanceLoad], at_s: float) -> None:
-        """A new snapshot of the live instances' loads, taken at ``at_s``."""
-        self.instances = LoadIndex(build_layout(self.spec), instances)
+        """A new snapshot of the live instances' loads, taken at ``at_s``; departed
+        ones (back before their work was swept) are left out until the sweep ends."""
+        if self.departed:
+            instances = [i for i in instances if i.instance_id not in self.departed]
         self.instances_at_s = at_s
+        index = self.instances
+        if isinstance(index, LoadIndex) and _same_members(index, instances):
+            # The same instances (the usual case: a snapshot every 0.25 s, leases that
+            # live for seconds): the loads that differ are moved in the index, O(changes),
+            # instead of building an index of 1,000 again (a third of a snapshot's cost).
+            for inst in instances:
+                held = index.get(inst.instance_id)
+                if held is not None and held.active_trajectories != inst.active_trajectories:
+                    index.add_load(inst.instance_id,
+                                   inst.active_trajectories - held.active_trajectories)
+            return
+        self.instances = LoadIndex(build_layout(self.spec), instances)
+
+
+def _same_members(index: LoadIndex, instances: list[t.InstanceLoad]) -> bool:
+    """Whether ``instances`` are the index's instances (ids, buckets, liveness)."""
+    if len(instances) != len(index):
+        return False
+    for inst in instances:
+        held = index.get(inst.instance_id)
+        if held is None or held.bucket != inst.bucket or held.is_live != inst.is_live:
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,8 @@ class _Job:
     tasks: dict[str, t.Trajectory] = field(default_factory=dict)
     assignments: dict[str, str] = field(default_factory=dict)
     load: collections.Counter[str] = field(default_factory=collections.Counter)
+    # The assignments' keys when the running sweep started (``assignments_page``).
+    sweep_keys: list[str] = field(default_factory=list)
     # The trajectory stream's unread finishes: (entry id, finish) in append order.
     finishes: collections.deque[tuple[str, FinishRecord]] = field(
         default_factory=collections.deque)
@@ -151,16 +153,23 @@ class MemorySchedulerStore:
         job = self._job(job_id)
         return [copy.deepcopy(job.pending[k]) for k in sorted(job.pending)]
 
-    async def requeue(self, job_id: str, traj: t.Trajectory) -> None:
-        job = self._job(job_id)
-        job.tasks.pop(traj.trajectory_id, None)
-        job.assignments.pop(traj.trajectory_id, None)
-        job.pending[traj.trajectory_id] = copy.deepcopy(traj)
-        job.counters["requeued"] += 1
+    async def requeue(self, job_id: str, traj: t.Trajectory) -> bool:
+        return bool(await self.requeue_many(job_id, [traj]))
 
-    async def requeue_many(self, job_id: str, trajs: list[t.Trajectory]) -> None:
+    async def requeue_many(self, job_id: str, trajs: list[t.Trajectory]) -> list[str]:
+        job = self._job(job_id)
+        back = []
         for traj in trajs:
-            await self.requeue(job_id, traj)
+            instance = job.assignments.pop(traj.trajectory_id, None)
+            if instance is None:
+                continue  # finished meanwhile: nothing to re-queue
+            job.tasks.pop(traj.trajectory_id, None)
+            job.load[instance] -= 1
+            job.pending[traj.trajectory_id] = copy.deepcopy(traj)
+            back.append(traj.trajectory_id)
+        if back:
+            job.counters["requeued"] += len(back)
+        return back
 
     async def tasks_of(self, job_id: str,
                        trajectory_ids: list[str]) -> list[t.Trajectory | None]:
@@ -205,18 +214,21 @@ class MemorySchedulerStore:
 
     async def assignments_page(self, job_id: str, cursor: int,
                                count: int) -> tuple[int, dict[str, str]]:
-        # Pages by position (dicts keep insertion order); a change between pages may
-        # skip or repeat an entry, as HSCAN may repeat one: the next sweep sees it.
-        items = list(self._job(job_id).assignments.items())
-        page = dict(items[cursor:cursor + count])
-        return (0 if cursor + count >= len(items) else cursor + count), page
+        # HSCAN's guarantee: a full sweep returns every entry present from its start to
+        # its end (pages over the keys held at the start, those still there); entries
+        # added meanwhile may be left out.
+        job = self._job(job_id)
+        if cursor == 0:
+            job.sweep_keys = list(job.assignments)
+        keys_now = job.sweep_keys[cursor:cursor + count]
+        page = {k: job.assignments[k] for k in keys_now if k in job.assignments}
+        return (0 if cursor + count >= len(job.sweep_keys) else cursor + count), page
 
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None:
         return copy.deepcopy(self._job(job_id).tasks.get(trajectory_id))
 
     async def forget_instance(self, job_id: str, instance_id: str) -> None:
         self._inboxes.pop(instance_id, None)
-        self._job(job_id).load.pop(instance_id, None)
 
     async def clear_load(self, job_id: str) -> None:
         self._job(job_id).load.clear()

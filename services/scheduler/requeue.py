@@ -19,9 +19,19 @@ logger = logging.getLogger("services.scheduler.core")
 # Period of the sweep for trajectories pinned to instances that are gone (a safety net:
 # a change in the set of live instances is scanned for at once).
 ORPHAN_SCAN_S = 2.0
-# Assignments read per tick by that sweep: at 100,000 in flight one HGETALL took a tick
-# past 100 ms (Redis and this process both), a page of 2,000 costs a few ms.
+# Assignments read per tick by a sweep after an instance left: at 100,000 in flight one
+# HGETALL took a tick past 100 ms (Redis and this process both), a page of 2,000 costs
+# a few ms, and the gone instance's work is re-queued within 50 ticks.
 ORPHAN_SCAN_PAGE = 2000
+# The periodic sweep's page (nothing left: the safety net). At 100,000 in flight a sweep
+# never ends before the next is due, so this is read at every tick: a page of 2,000 was
+# most of a steady tick's own work (100 kB to read and decode, cProfile); 250 sweep
+# 100,000 in 400 ticks (20 s at 20 ticks a second).
+ORPHAN_SAFETY_PAGE = 250
+
+
+def _page_size(run: JobRun) -> int:
+    return ORPHAN_SCAN_PAGE if run.departed else ORPHAN_SAFETY_PAGE
 
 
 def _sweep_due(run: JobRun, now_s: float) -> bool:
@@ -40,7 +50,7 @@ class Requeuer:
         """The sweep's next page (cursor, count) when one is due now, else None: the tick
         reads it with its state, in the same round trip."""
         if _sweep_due(run, self._clock.now_s()):
-            return run.orphan_cursor, ORPHAN_SCAN_PAGE
+            return run.orphan_cursor, _page_size(run)
         return None
 
     async def requeue_orphans(self, run: JobRun,
@@ -60,22 +70,30 @@ class Requeuer:
         # was the tick's largest cost (cProfile). A sweep takes a page a tick, so a gone
         # instance's work is re-queued within ``assignments / ORPHAN_SCAN_PAGE`` ticks
         # (one below 2,000 in flight), after its TTL (seconds) has run out anyway.
+        # An instance that left is "departed" until a sweep started after it left has
+        # ended: its work is re-queued from every page, even once it is back with a new
+        # lease (it dropped that work when the lease was lost), and it gets no
+        # placement meanwhile (``departed`` is left out of the snapshot's instances),
+        # so its load counts only the assignments not yet re-queued.
         now_s = self._clock.now_s()
         if live is not run.last_live and live != run.last_live:
-            is_gone = bool(run.last_live - live)  # not for instances that only joined
+            gone = run.last_live - live  # not for instances that only joined
             run.last_live = live
-            if is_gone:
+            if gone:
+                run.departed |= gone
                 run.orphan_cursor, run.last_orphan_scan_s, page = 0, float("-inf"), None
         if not _sweep_due(run, now_s):
             return
         if not run.orphan_cursor:
             run.last_orphan_scan_s = now_s
         run.orphan_cursor, assigned = page or await self._store.assignments_page(
-            run.job_id, run.orphan_cursor, ORPHAN_SCAN_PAGE)
+            run.job_id, run.orphan_cursor, _page_size(run))
         orphaned: dict[str, list[str]] = {}
         for traj_id, instance_id in assigned.items():
-            if instance_id not in live:
+            if instance_id not in live or instance_id in run.departed:
                 orphaned.setdefault(instance_id, []).append(traj_id)
+        if not run.orphan_cursor:  # the sweep ended: every departed one was swept
+            run.departed = set()
         for instance_id, traj_ids in orphaned.items():
             await self._store.forget_instance(run.job_id, instance_id)
             await self.requeue_many(run, traj_ids)
@@ -106,13 +124,14 @@ class Requeuer:
             except UnknownTrajectory:
                 pass
             if traj is None:
-                await self._store.finish(run.job_id, traj_id)
+                await self._store.release(run.job_id, traj_id)  # its slot too
                 continue
             traj.attempt += 1
             back.append(traj)
-        await self._store.requeue_many(run.job_id, back)
+        requeued = set(await self._store.requeue_many(run.job_id, back))
         if run.pending is not None:
-            run.pending.update((traj.trajectory_id, traj) for traj in back)
+            run.pending.update((traj.trajectory_id, traj) for traj in back
+                               if traj.trajectory_id in requeued)
 
     async def requeue(self, run: JobRun, traj_id: str) -> None:
         """One trajectory back to the queue (its attempt counted); forgotten when its

@@ -53,6 +53,9 @@ class TickWrites:
     num_groups: int = 0  # admitted groups
     eval_round: int = 0  # an eval round admitted (libra/evaluation.py), 0: none
     eval_size: int = 0  # its trajectories
+    # Stopped at the per-tick bound with more that would fit: the next tick should not
+    # wait a period (SchedulerCore.run).
+    is_capped: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -45,10 +45,15 @@ class SchedulerStore(Protocol):
 
     async def pending(self, job_id: str) -> list[t.Trajectory]: ...
 
-    async def requeue(self, job_id: str, traj: t.Trajectory) -> None: ...
+    async def requeue(self, job_id: str, traj: t.Trajectory) -> bool:
+        """``requeue_many`` of one; whether it was re-queued."""
+        ...
 
-    async def requeue_many(self, job_id: str, trajs: list[t.Trajectory]) -> None:
-        """``requeue`` for many, in one atomic write."""
+    async def requeue_many(self, job_id: str, trajs: list[t.Trajectory]) -> list[str]:
+        """Put the trajectories still assigned back in the queue, atomically: each one's
+        assignment and task are forgotten and its instance's load goes down by one (as a
+        release does: the load always counts the instance's assignments). One no longer
+        assigned (finished meanwhile) is skipped. Returns the ids re-queued."""
         ...
 
     async def tasks_of(self, job_id: str,
@@ -79,7 +84,10 @@ class SchedulerStore(Protocol):
 
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None: ...
 
-    async def forget_instance(self, job_id: str, instance_id: str) -> None: ...
+    async def forget_instance(self, job_id: str, instance_id: str) -> None:
+        """Drop a gone instance's inbox (what it held is re-queued from the tasks; its
+        load follows the re-queues, which may come a page at a time)."""
+        ...
 
     async def clear_load(self, job_id: str) -> None:
         """Forget the job's per-instance loads (nothing of it is assigned any more)."""

@@ -104,3 +104,15 @@ async def test_a_batch_raises_every_ttl_to_the_fleet_floor(sut: StoreUnderTest) 
     renewals = await sut.store.renew_leases([t.LeaseRef(x.worker_id, x.epoch) for x in held],
                                             sut.now_ms(), ttl_ms_per_worker=4_000)
     assert [r.lease_or_raise().ttl_ms for r in renewals] == [8_000, 8_000]  # 2 workers
+
+
+async def test_the_floor_counts_the_workers_still_registering(sut: StoreUnderTest) -> None:
+    # During a fleet's first registration the store holds 1 worker while 9 more are on
+    # their way: a grant and a renewal size the TTL for all 10 (4 s each).
+    first = await sut.store.acquire_lease(make_lease("a", ttl_ms=1_000),
+                                          ttl_ms_per_worker=4_000, num_joining=9)
+    assert first.ttl_ms == 40_000
+    held = await sut.store.acquire_lease(make_lease("b", ttl_ms=1_000))
+    (renewal,) = await sut.store.renew_leases([t.LeaseRef("b", held.epoch)], sut.now_ms(),
+                                              ttl_ms_per_worker=4_000, num_joining=8)
+    assert renewal.lease_or_raise().ttl_ms == 40_000  # 2 in the store + 8 joining

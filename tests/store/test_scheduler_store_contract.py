@@ -146,11 +146,26 @@ async def test_requeue_moves_a_trajectory_back_to_the_queue(world: World) -> Non
     await placed(world, "a")
     moved = traj("a")
     moved.attempt = 1
-    await world.store.requeue(JOB, moved)
+    assert await world.store.requeue(JOB, moved)
     assert await world.store.assignments(JOB) == {}
+    assert await world.load() == {"ro-0": 0}  # its slot given back
     assert [(tr.trajectory_id, tr.attempt) for tr in await world.store.pending(JOB)] \
         == [("a", 1)]
     assert (await world.store.counters(JOB))["requeued"] == 1
+
+
+async def test_requeue_many_gives_slots_back_and_skips_the_finished(world: World) -> None:
+    """An instance's work re-queued a page at a time keeps its load equal to what is
+    still assigned to it; a trajectory finished meanwhile is not re-queued."""
+    await world.job()
+    await placed(world, "a", "b", "c")
+    assert await world.store.release(JOB, "c") == "ro-0"  # finished meanwhile
+    first = await world.store.requeue_many(JOB, [traj("a")])
+    assert (first, await world.load()) == (["a"], {"ro-0": 1})  # b still there
+    assert await world.store.requeue_many(JOB, [traj("b"), traj("c")]) == ["b"]
+    assert await world.load() == {"ro-0": 0}
+    assert sorted(tr.trajectory_id for tr in await world.store.pending(JOB)) == ["a", "b"]
+    assert (await world.store.counters(JOB))["requeued"] == 2
 
 
 async def test_finish_forgets_without_touching_the_load(world: World) -> None:
@@ -210,8 +225,10 @@ async def test_forget_instance_and_clear_load(world: World) -> None:
     await placed(world, "a", instance="ro-0")
     await placed(world, "b", instance="ro-1")
     await world.store.forget_instance(JOB, "ro-0")
-    assert (await world.load(), await world.inbox_size("ro-0")) == ({"ro-1": 1}, 0)
-    assert await world.store.assignments(JOB) == {"a": "ro-0", "b": "ro-1"}  # re-queued later
+    # The inbox goes; the load still counts the assignments, which are re-queued later
+    # (their re-queue gives the slots back).
+    assert (await world.load(), await world.inbox_size("ro-0")) == ({"ro-0": 1, "ro-1": 1}, 0)
+    assert await world.store.assignments(JOB) == {"a": "ro-0", "b": "ro-1"}
     await world.store.clear_load(JOB)
     assert await world.load() == {}
 

@@ -34,9 +34,10 @@ class CountingStore(InMemoryCoordinatorStore):
         super().__init__(clock)
         self.batches: list[int] = []
 
-    async def renew_leases(self, refs, now_ms, ttl_ms_per_worker=0):  # noqa: ANN001, ANN201
+    async def renew_leases(self, refs, now_ms, ttl_ms_per_worker=0,  # noqa: ANN001, ANN201
+                           num_joining=0):  # noqa: ANN001
         self.batches.append(len(refs))
-        return await super().renew_leases(refs, now_ms, ttl_ms_per_worker)
+        return await super().renew_leases(refs, now_ms, ttl_ms_per_worker, num_joining)
 
 
 def make_core(renewals_per_s: float = 0.0) -> tuple[CoordinatorCore, CountingStore, FakeClock]:
