@@ -14,6 +14,8 @@ CPU comes out of some other process's share.
   assignment, inbox entry, load +1), newly queued trajectories, admitted groups and the
   policy's changed state, so a crash cannot leave a trajectory counted but not queued.
 
+That write's commands and the decoding of the read's reply are in ``tick_codec.py``.
+
 Moves are not written here: the rollout instance commits a move (assignment, load,
 counters) when it hands the trajectory off.
 
@@ -30,25 +32,30 @@ it), which a Redis Cluster would refuse: Libra keeps its state on one Redis serv
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 from libra import redis_keys as keys
 from libra import types as t
-from libra.evaluation import EVAL_ROUNDS_COUNTER, eval_size_counter
 from libra.redis_fields import LEASE_SUMMARY_FIELDS, lease_summary
 from libra.redis_shared import JobRecordReader, ensure_consumer_group
 from libra.wire.common import decode_trajectory, encode_trajectory
 from services.scheduler.redis_policy_store import RedisPolicyStore
 from services.scheduler.state import (
     ROLLOUT_ROLES,
-    FinishRecord,
     LeaseSnapshot,
     TickState,
     TickWrites,
     lease_snapshot,
 )
 from services.scheduler.store_protocol import FlushablePolicyStore, SchedulerStore
+from services.scheduler.tick_codec import (
+    decode_load,
+    decode_page,
+    finish_record,
+    pairs,
+    text,
+    tick_commands,
+)
 
 __all__ = ["ROLLOUT_ROLES", "FlushablePolicyStore", "RedisPolicyStore", "RedisSchedulerStore",
            "SchedulerStore"]
@@ -187,17 +194,17 @@ class RedisSchedulerStore(JobRecordReader):
         if read_error:
             if b"NOGROUP" not in read_error:
                 raise RuntimeError(f"reading the finishes of job {job_id}: "
-                                   f"{_text(read_error)}")
+                                   f"{text(read_error)}")
             await self.ensure_finish_group(job_id)  # the stream was deleted meanwhile
         state, step = job
         snapshot = None
         if with_leases:
-            snapshot = lease_snapshot([lease_summary(_text(row[0]), row[1:]) for row in leases],
-                                      _load(load))
-        return TickState(_text(state) if state else None, int(step) if step else 0,
-                         bool(published), {_text(k): int(v) for k, v in _pairs(counters)},
-                         [_finish_record(entry) for entry in finishes], snapshot,
-                         None if orphan_page is None else _page(page))
+            snapshot = lease_snapshot([lease_summary(text(row[0]), row[1:]) for row in leases],
+                                      decode_load(load))
+        return TickState(text(state) if state else None, int(step) if step else 0,
+                         bool(published), {text(k): int(v) for k, v in pairs(counters)},
+                         [finish_record(entry) for entry in finishes], snapshot,
+                         None if orphan_page is None else decode_page(page))
 
     async def ensure_finish_group(self, job_id: str) -> None:
         """The scheduler's consumer group on the job's trajectory stream, from its start."""
@@ -215,8 +222,8 @@ class RedisSchedulerStore(JobRecordReader):
         leases, load = await self._leases(
             keys=[keys.WORKERS, keys.load(job_id or "-")],
             args=[keys.lease(""), "1" if job_id else "0", *LEASE_SUMMARY_FIELDS])
-        return lease_snapshot([lease_summary(_text(row[0]), row[1:]) for row in leases],
-                              _load(load))
+        return lease_snapshot([lease_summary(text(row[0]), row[1:]) for row in leases],
+                              decode_load(load))
 
     async def lease_epoch(self, worker_id: str) -> int | None:
         """One lease's epoch (a report's fence: not the 1,000 leases of a snapshot)."""
@@ -245,7 +252,7 @@ class RedisSchedulerStore(JobRecordReader):
         pending queue or of admitted groups), newly queued trajectories and the count
         of admitted groups."""
         await policy_store.flush(also=None if writes.is_empty else
-                                 lambda pipe: _tick_commands(pipe, job_id, writes))
+                                 lambda pipe: tick_commands(pipe, job_id, writes))
 
     async def pending(self, job_id: str) -> list[t.Trajectory]:
         raw = await self._r.hgetall(keys.pending(job_id))
@@ -264,7 +271,7 @@ class RedisSchedulerStore(JobRecordReader):
             keys=[keys.assignments(job_id), keys.tasks(job_id), keys.load(job_id),
                   keys.pending(job_id), keys.counters(job_id)],
             args=[x for traj in trajs for x in (traj.trajectory_id, encode_trajectory(traj))])
-        return [_text(traj_id) for traj_id in back]
+        return [text(traj_id) for traj_id in back]
 
     async def tasks_of(self, job_id: str,
                        trajectory_ids: list[str]) -> list[t.Trajectory | None]:
@@ -315,92 +322,3 @@ class RedisSchedulerStore(JobRecordReader):
 
     async def clear_load(self, job_id: str) -> None:
         await self._r.delete(keys.load(job_id))
-
-
-
-def _tick_commands(pipe: Any, job_id: str, writes: TickWrites) -> None:
-    if writes.placed_from_pending:
-        pipe.hdel(keys.pending(job_id), *(tr.trajectory_id for tr in writes.placed_from_pending))
-    if writes.queued:
-        pipe.hset(keys.pending(job_id), mapping={
-            traj.trajectory_id: encode_trajectory(traj) for traj in writes.queued})
-    _place_commands(pipe, job_id, writes.placed_from_pending + writes.placed)
-    if writes.num_groups:
-        pipe.hincrby(keys.counters(job_id), "admitted_groups", writes.num_groups)
-        pipe.hincrby(keys.counters(job_id), "admitted", sum(
-            not tr.is_eval for tr in writes.queued + writes.placed))
-    if writes.eval_round:
-        # With the round's trajectories: the trainer learns its size, and a restarted
-        # scheduler does not admit it again.
-        pipe.hset(keys.counters(job_id), mapping={
-            EVAL_ROUNDS_COUNTER: writes.eval_round,
-            eval_size_counter(writes.eval_round): writes.eval_size})
-
-
-def _place_commands(pipe: Any, job_id: str, trajs: list[t.Trajectory]) -> None:
-    """Queue the placement of ``trajs`` (``instance_id`` set): one command per hash and
-    per counter for all of them, one inbox entry each."""
-    if not trajs:
-        return
-    data = {traj.trajectory_id: encode_trajectory(traj) for traj in trajs}
-    pipe.hset(keys.tasks(job_id), mapping=data)
-    pipe.hset(keys.assignments(job_id),
-              mapping={traj.trajectory_id: traj.instance_id for traj in trajs})
-    for traj in trajs:
-        pipe.xadd(keys.inbox(traj.instance_id),
-                  {"job_id": job_id, "task": data[traj.trajectory_id]})
-    for instance_id, count in collections.Counter(tr.instance_id for tr in trajs).items():
-        pipe.hincrby(keys.load(job_id), instance_id, count)
-    for bucket, count in collections.Counter(tr.bucket for tr in trajs).items():
-        pipe.hincrby(keys.counters(job_id), keys.placed_counter(bucket), count)
-
-
-def _finish_record(entry: list[bytes]) -> FinishRecord:
-    """A finish as the tick script returns it. The rollout writes ``total_tokens`` and
-    ``status`` beside the trajectory; an entry without them comes with the trajectory,
-    decoded here. One without fields (deleted after delivery) has nothing to learn."""
-    entry_id, traj_id, total_tokens, status, instance, data = entry
-    released = _text(instance) or None
-    if data:
-        traj = decode_trajectory(data)
-        return FinishRecord(_text(entry_id), traj.trajectory_id, traj.num_generated_tokens,
-                            traj.status, released)
-    if not traj_id or not total_tokens:
-        return FinishRecord(_text(entry_id), _text(traj_id), 0, t.TrajectoryStatus.FAILED,
-                            released)
-    return FinishRecord(_text(entry_id), _text(traj_id), int(total_tokens),
-                        t.TrajectoryStatus(_text(status)), released)
-
-
-def _load(value: Any) -> dict[str, int]:
-    """The job's load hash: instance id -> trajectories assigned."""
-    return {_text(k): int(v) for k, v in _pairs(value)}
-
-
-def _page(reply: Any) -> tuple[int, dict[str, str]]:
-    """An HSCAN reply of the assignments: the next cursor and the page, decoded. Each
-    instance id is decoded once (a page of 2,000 names about 20 instances): at 100,000
-    in flight a page is read every tick, and decoding it field by field was 2/3 of the
-    sweep's cost (cProfile)."""
-    flat = reply[1]
-    if isinstance(flat, dict):
-        flat = [x for kv in flat.items() for x in kv]
-    names: dict[Any, str] = {}
-    page = {}
-    for key, value in zip(flat[::2], flat[1::2], strict=True):
-        name = names.get(value)
-        if name is None:
-            name = names[value] = _text(value)
-        page[key.decode() if isinstance(key, bytes) else key] = name
-    return int(reply[0]), page
-
-
-def _pairs(value: Any) -> list[tuple[Any, Any]]:
-    """A hash's (field, value) pairs: from redis-py's dict, or a script's flat list."""
-    if isinstance(value, dict):
-        return list(value.items())
-    return list(zip(value[::2], value[1::2], strict=True))
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
