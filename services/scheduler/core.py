@@ -26,20 +26,10 @@ from the job's trajectory stream once per tick (no RPC per trajectory), and a ti
 read (status, counters, finishes given back, leases when due) and at most one write
 (placements, admissions and the policy's state), which ``store.py`` describes.
 
-Moves: a MOVE is decided here but committed by the rollout instance when it hands the
-trajectory off (one fenced Lua step re-pins assignment and load and counts the
-migration; ``services/rollout/store.py``). The instance does not wait for the decision,
-so a move can come too late (the trajectory finished first) and then never happens:
-Redis, which only the handoff changes, stays right. The decision's load change is
-applied at once to this process's snapshot of loads (a reservation on the target, so
-caps hold between ticks); for a move that never happens it is off until the next lease
-snapshot re-reads the loads.
-
-Fencing: every report carries the reporting instance's lease epoch, checked against the
-epochs of the last lease snapshot (that one lease is re-read when a report claims a newer
-epoch than the snapshot knows); a stale one is refused with ``FailedPrecondition``.
-Only instances whose lease role is a rollout role receive placements; what is assigned
-to an instance whose lease is gone or whose role left the rollout roles is re-queued.
+Moves (decided here, committed by the rollout instance's handoff) and the fencing of
+reports by lease epoch: ``reports.py``. Only instances whose lease role is a rollout role
+receive placements; what is assigned to an instance whose lease is gone or whose role
+left the rollout roles is re-queued.
 """
 
 from __future__ import annotations
@@ -56,8 +46,6 @@ from libra.data import open_job_dataset
 from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.evaluation import eval_rows, eval_steps
 from libra.jobspec import job_spec_from_json
-from libra.limits import check_id
-from scheduling.policy.errors import UnknownTrajectory
 from scheduling.policy.registry import check_layout, make_policy
 from services.scheduler.admission import Admission
 from services.scheduler.job_run import (
@@ -70,8 +58,9 @@ from services.scheduler.job_run import (
     gauges_of,
 )
 from services.scheduler.placement import assign, check_idle
+from services.scheduler.reports import LeaseFence, apply_finishes, decide, learn_finish
 from services.scheduler.requeue import ORPHAN_SCAN_S, Requeuer
-from services.scheduler.state import FinishRecord, LeaseSnapshot, TickWrites
+from services.scheduler.state import LeaseSnapshot, TickWrites
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store_protocol import SchedulerStore
@@ -119,7 +108,7 @@ class SchedulerCore:
         self._jobs: dict[str, JobRun] = {}
         self._stopping = False
         # Lease epoch of every live worker as of the last lease snapshot (fencing).
-        self._epochs: dict[str, int] = {}
+        self._fence = LeaseFence(store)
         # Collaborators with narrow state: admission needs the clock, re-queueing the store.
         self._admission = Admission(clock)
         self._requeuer = Requeuer(store, clock)
@@ -224,7 +213,7 @@ class SchedulerCore:
         self._observe_steps(run, status.step)
         # 2) The policy learns from finished trajectories (their slots were given back
         #    by the read, before the orphan scan: a finished one is never re-queued).
-        self._apply_finishes(run, status.finishes)
+        apply_finishes(run, status.finishes)
         if status.leases is not None:  # read after the slots were given back
             self._take_snapshot(run, status.leases)
         # 3) Trajectories on instances whose lease expired go back to the queue.
@@ -288,39 +277,13 @@ class SchedulerCore:
 
     def _take_snapshot(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
         run.set_instances(snapshot.instances, self._clock.now_s())
-        self._epochs = snapshot.epochs
-
-    def _apply_finishes(self, run: JobRun, finishes: list[FinishRecord]) -> None:
-        if not finishes:
-            if run.finish_cursor == "0":
-                run.finish_cursor = ">"  # nothing left from before: read new entries
-            return
-        for finish in finishes:
-            if finish.released_from is None:
-                continue  # re-queued meanwhile (its slot is given back), or read twice
-            self._learn_finish(run, finish.trajectory_id, finish.total_tokens,
-                               finish.status)
-            apply_local_load(run, ((finish.released_from, -1),))
+        self._fence.take(snapshot.epochs)
 
     # -- RPCs from rollout instances -----------------------------------------------------
 
     async def check_fence(self, instance_id: str, epoch: int) -> None:
         """Refuse a report whose epoch is not the instance's current lease epoch."""
-        check_id(instance_id, "instance_id")
-        current = self._epochs.get(instance_id)
-        behind = current is None or epoch > current  # the snapshot may predate a grant
-        if current != epoch and behind:
-            # This instance's lease alone (at 1,000 instances a full snapshot per stale
-            # report was most of the scheduler's time once leases churned).
-            current = await self._store.lease_epoch(instance_id)
-            if current is None:
-                self._epochs.pop(instance_id, None)
-            else:
-                self._epochs[instance_id] = current
-        if current != epoch:
-            held = "no live lease" if current is None else f"current epoch {current}"
-            raise FailedPrecondition(
-                f"stale lease epoch {epoch} of {instance_id!r} ({held}): report refused")
+        await self._fence.check(instance_id, epoch)
 
     async def report_tool_returns(
         self, instance_id: str, epoch: int, reports: list[ToolReturnReport]
@@ -335,7 +298,7 @@ class SchedulerCore:
                 out.append(FailedPrecondition(f"job {report.job_id!r} is not being scheduled"))
                 continue
             await self._refresh_if_stale(run)  # the loop is behind: read fresh loads
-            out.append(self._decide(run, report))
+            out.append(decide(run, report))
         return out
 
     async def report_tool_return(
@@ -344,26 +307,7 @@ class SchedulerCore:
         """One report, unfenced (callers in this process; the servicer fences first)."""
         run = self._run(job_id)
         await self._refresh_if_stale(run)
-        return self._decide(run, ToolReturnReport(job_id, traj_id, state, tokens_so_far))
-
-    def _decide(self, run: JobRun, report: ToolReturnReport) -> t.PlacementDecision:
-        """The policy's decision, in memory: nothing is written (the instance commits a
-        move when it hands the trajectory off); a move's load change is applied to the
-        local snapshot of loads."""
-        try:
-            decision = run.policy.on_tool_return(t.TrajectoryId(report.trajectory_id),
-                                                 report.state, report.tokens_so_far,
-                                                 run.instances)
-        except UnknownTrajectory:
-            run.decisions["unknown"] += 1
-            return t.PlacementDecision(t.DecisionAction.STAY, reason="unknown_trajectory")
-        run.decisions[decision.reason.value] += 1
-        action = t.DecisionAction.MOVE if decision.is_move else t.DecisionAction.STAY
-        if decision.is_move:
-            apply_local_load(run, decision.load_deltas)
-            run.migrations += 1  # decided; the job's ``migrations`` counter counts handoffs
-        return t.PlacementDecision(action, decision.to_bucket, decision.to_instance_id,
-                                   decision.reason.value)
+        return decide(run, ToolReturnReport(job_id, traj_id, state, tokens_so_far))
 
     async def report_finished(
         self, job_id: str, traj_id: str, total_tokens: int, status: t.TrajectoryStatus
@@ -375,18 +319,8 @@ class SchedulerCore:
         run = self._jobs.get(job_id)
         if run is None or instance_id is None:
             return  # not scheduled here, or re-queued meanwhile (its slot is given back)
-        self._learn_finish(run, traj_id, total_tokens, status)
+        learn_finish(run, traj_id, total_tokens, status)
         apply_local_load(run, ((instance_id, -1),))
-
-    def _learn_finish(self, run: JobRun, traj_id: str, total_tokens: int,
-                      status: t.TrajectoryStatus) -> None:
-        try:
-            if status is t.TrajectoryStatus.FINISHED:
-                run.policy.finish(t.TrajectoryId(traj_id), total_tokens)
-            else:
-                run.policy.abort(t.TrajectoryId(traj_id))
-        except UnknownTrajectory:
-            pass  # placed by a previous scheduler process whose policy state was lost
 
     def gauges(self) -> list[JobGauges]:
         """Every scheduled job's figures as of its last tick (read by /metrics)."""
