@@ -12,13 +12,12 @@ Events (a heap of ``(time, seq, kind, payload)``):
 
 The placement policy is the project's (``make_policy``); the loop only applies its
 load deltas, as the scheduler service does with ``HINCRBY``. Elsewhere: cluster changes
-(``sim.replan``), weight sync and partial rollout (``sim.weight_sync``), batches
-(``sim.trainer``), the result (``sim.results``).
+(``sim.replan``), weight sync and partial rollout (``sim.weight_sync``), the RL step
+loop (``sim.rl_loop``), batches (``sim.trainer``), the result (``sim.results``).
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import math
@@ -30,7 +29,7 @@ from scheduling.planner import GlobalResourcePlanner, Plan
 from scheduling.policy import BucketLayout, TrajectoryDescriptor, make_policy
 from scheduling.policy.base import Reason
 from scheduling.policy.thresholds import idle_while_queued
-from sim import replan, weight_sync
+from sim import replan, rl_loop, weight_sync
 from sim.instance import Instance, Seq, SimInfeasible
 from sim.nodes import NodeRegistry
 from sim.pool import HybridPool
@@ -149,7 +148,7 @@ class Simulator:
             self.policy.abort(lt.TrajectoryId(t.rec.trajectory_id))
             t.placed, t.instance, t.needs_full_prefill = False, "", True
             if not t.in_tool:
-                self._queue(t)
+                self.enqueue(t)
         return handed
 
     def trajs_on(self, iid: str) -> list[TrajState]:
@@ -167,16 +166,8 @@ class Simulator:
 
     # Admission.
 
-    def _release_step(self, step_index: int, now: float) -> None:
-        step = self.steps[step_index]
-        self.batches.on_release(step, self.weights_version)
-        self.release_s[step] = now
-        for t in self.by_step[step]:
-            t.released_s = now
-            self._queue(t)
-        self.released_steps = step_index + 1
-
-    def _queue(self, t: TrajState) -> None:
+    def enqueue(self, t: TrajState) -> None:
+        """Queue ``t`` for admission (earlier steps first, then trace order)."""
         heapq.heappush(self.pending, (t.rec.step, t.index, t))
 
     def admit_pending(self, now: float) -> None:
@@ -267,7 +258,7 @@ class Simulator:
         t.turn += 1
         t.in_tool = False
         if not t.placed:  # handed back while the tool ran
-            self._queue(t)
+            self.enqueue(t)
             self.admit_pending(now)
             return
         state = lt.ToolReturnState(
@@ -296,63 +287,25 @@ class Simulator:
         if complete:
             self.step_complete_s[t.rec.step] = now
         if complete or self.system.consumption != "barrier":
-            self._maybe_train(now)
+            rl_loop.maybe_train(self, now)
         self.admit_pending(now)
         if self.draining:
             weight_sync.maybe_drained(self, now)
 
-    # RL loop.
-
-    def _maybe_train(self, now: float) -> None:
-        trained = self.trainer.version
-        if self.trainer.busy or self.draining or trained >= len(self.steps):
-            return
-        step = self.steps[trained]
-        batch = self.batches.take(
-            step, step in self.step_complete_s, trained,
-            in_flight=self.in_flight_versions, max_staleness=self.system.staleness,
-            last=self.finished == len(self.trajs),
-        )
-        if batch is None:
-            return
-        self.consumed[step] = batch
-        self.batch_span_s[step] = replan.span_s(self, step, batch, now)
-        tokens = [t.rec.total_tokens for t in batch]
-        train_s = self.trainer.start(step, tokens, self.plan.train, len(self.pool.active), now)
-        self._push(now + train_s, TRAIN_DONE, step)
+    # RL loop (sim/rl_loop.py).
 
     @property
     def version(self) -> int:
         """Steps trained."""
         return self.trainer.version
 
-    def _on_train_done(self, step: int, now: float) -> None:
-        self.trainer.done()
-        weight_sync.after_step(self, now)
-        if self.planner is not None:
-            replan.run_planner(self, step, now)
-        self._release_allowed(now)
-        self._maybe_train(now)
-
-    def _release_allowed(self, now: float) -> None:
-        bound = 0 if self.system.mode == "sync" else self.system.staleness
-        progress = self.version
-        if self.system.consumption == "bounded":
-            # Whole steps' worth consumed, as the live scheduler's admission budget counts
-            # (a batch may take more than a step's share when due trajectories demand it).
-            progress = bisect.bisect_right(self.cum_sizes, self.batches.consumed)
-        while self.released_steps < len(self.steps) and self.released_steps <= progress + bound:
-            self._release_step(self.released_steps, now)
-        self.admit_pending(now)
+    def train_done_at(self, when: float, step: int) -> None:
+        """Training step ``step`` ends at ``when``."""
+        self._push(when, TRAIN_DONE, step)
 
     def sync_done_at(self, when: float) -> None:
         """A drained sync's transfer ends at ``when``."""
         self._push(when, SYNC_DONE, None)
-
-    def _on_sync_done(self, _payload: Any, now: float) -> None:
-        self.draining = False
-        self._release_allowed(now)
-        self._maybe_train(now)
 
     # Planner and elastic pool (sim/replan.py).
 
@@ -368,14 +321,14 @@ class Simulator:
 
     def run(self) -> dict[str, Any]:
         """Run to the end of the trace; return raw counters for ``metrics.summarise``."""
-        self._release_allowed(0.0)
+        rl_loop.release_allowed(self, 0.0)
         handlers = {
             TOOL: self._on_tool,
-            TRAIN_DONE: self._on_train_done,
+            TRAIN_DONE: lambda step, now: rl_loop.on_train_done(self, step, now),
             NODE_UP: self._on_node_up,
             RETRY: lambda _p, now: self.admit_pending(now),
             JOIN_ACTIVE: lambda node, _now: self.pool.on_join_active(node),
-            SYNC_DONE: self._on_sync_done,
+            SYNC_DONE: lambda _p, now: rl_loop.on_sync_done(self, now),
         }
         scout_timeout = getattr(self.system.policy_config, "scout_timeout_s", None)
         last_retry = -math.inf
