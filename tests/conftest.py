@@ -22,32 +22,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from libra_cli.redis_server import EmbeddedRedis, start_redis  # noqa: E402
-from tests import xdist_groups  # noqa: E402
 
-# Parallel runs (`make test`): the groups of tests that share a worker (tests/xdist_groups.py).
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if xdist_groups.is_grouping_controller(config):
-        xdist_groups.make_groups_dir(config)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:  # noqa: ANN001 (xdist's WorkerController)
-    xdist_groups.pass_groups_dir(node.config, node.workerinput)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201
-    """``--dist loadgroup``: whole modules and ``xdist_group`` groups per worker."""
-    if xdist_groups.is_grouping_controller(config):
-        return xdist_groups.make_scheduler(config, log)
-    return None
-
-
-@pytest.hookimpl(trylast=True)  # after tests/integration/conftest.py has set its groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    xdist_groups.write_groups(config, items)
+# Parallel runs (`make test`): the groups of tests that share a worker.
+from tests.xdist_groups import (  # noqa: E402, F401
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_configure_node,
+    pytest_xdist_make_scheduler,
+)
 
 
 @pytest.fixture(scope="session")

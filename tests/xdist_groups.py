@@ -41,25 +41,24 @@ def group_of(item: pytest.Item) -> str:
     return "_".join(names) or item.nodeid.split("::", 1)[0]
 
 
-def is_grouping_controller(config: pytest.Config) -> bool:
-    """This process distributes tests over workers with ``--dist loadgroup``."""
-    return (not hasattr(config, "workerinput")
-            and getattr(config.option, "dist", "no") == "loadgroup")
+# The hooks: tests/conftest.py imports them (so does the test of this module's own conftest).
 
 
-def make_groups_dir(config: pytest.Config) -> None:
-    """The controller's folder where workers leave their groups; removed at the end."""
-    path = tempfile.mkdtemp(prefix="libra-xdist-groups-")
-    config.stash[_DIR] = path
-    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_grouping_controller(config):
+        path = tempfile.mkdtemp(prefix="libra-xdist-groups-")  # where workers leave groups
+        config.stash[_DIR] = path
+        config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
 
 
-def pass_groups_dir(config: pytest.Config, workerinput: dict[str, Any]) -> None:
-    if _DIR in config.stash:
-        workerinput[GROUPS_DIR_KEY] = config.stash[_DIR]
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:  # xdist's WorkerController
+    if _DIR in node.config.stash:
+        node.workerinput[GROUPS_DIR_KEY] = node.config.stash[_DIR]
 
 
-def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)  # after every hook that sets groups (tests/integration)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On a worker of a grouping run: every collected test's group, to the controller's
     folder (written whole, then renamed into place: the scheduler never reads half)."""
     workerinput = getattr(config, "workerinput", {})
@@ -71,7 +70,11 @@ def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     os.replace(tmp, out)
 
 
-def make_scheduler(config: pytest.Config, log: Any) -> Any:
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: whole modules and ``xdist_group`` groups per worker."""
+    if not _is_grouping_controller(config):
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
@@ -88,6 +91,11 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
                 self._groups = json.loads(files[0].read_text())
             return self._groups[nodeid]
 
-    config.option.loadscopereorder = False
+    config.option.loadscopereorder = False  # collection order (see the docstring)
     return GroupScheduling()
 
+
+def _is_grouping_controller(config: pytest.Config) -> bool:
+    """This process distributes tests over workers with ``--dist loadgroup``."""
+    return (not hasattr(config, "workerinput")
+            and getattr(config.option, "dist", "no") == "loadgroup")
