@@ -53,7 +53,9 @@ def _run_suite(tmp_path: Path) -> list[tuple[str, str]]:
     log = tmp_path / "run.log"
     env = {**os.environ, "RUN_LOG": str(log), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-n", "2", "--dist", "loadgroup"],
+                          "-n", "2", "--dist", "loadgroup",
+                          # its own temp root: no new numbered dir beside other runs' own
+                          "--basetemp", str(tmp_path / "basetemp")],
                          cwd=suite, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [line.split(" ", 1) for line in log.read_text().splitlines()]
