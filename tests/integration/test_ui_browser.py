@@ -31,9 +31,11 @@ pytestmark = pytest.mark.integration
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HAS_BROWSER = CHROMIUM.exists() and Path(CHROMEDRIVER).exists()
-# Long enough that the job is still running when every check is done (it is cancelled
-# at the end): "running" is then a fact, not a race.
-NUM_STEPS = 200
+# Far more steps than the module lasts (a step takes 0.1 s or more), so the job is still
+# running when every check is done, on a quiet machine or beside another test process
+# (it is cancelled at the end): "running" is then a fact, not a race. (200 steps once
+# ended before `libra status` looked, in a parallel run.)
+NUM_STEPS = 10_000
 WAIT_S = 240.0  # a step takes seconds here; minutes on a loaded shared machine
 
 
