@@ -28,8 +28,8 @@ read (status, counters, finishes given back, leases when due) and at most one wr
 
 Moves (decided here, committed by the rollout instance's handoff) and the fencing of
 reports by lease epoch: ``reports.py``. Only instances whose lease role is a rollout role
-receive placements; what is assigned to an instance whose lease is gone or whose role
-left the rollout roles is re-queued.
+receive placements; what is assigned to an instance whose lease is gone, whose role
+left the rollout roles or whose lease epoch changed (a restart) is re-queued.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ class SchedulerCore:
                 await self._refresh_instances(run)
 
     def _take_snapshot(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
-        run.set_instances(snapshot.instances, self._clock.now_s())
+        run.set_instances(snapshot.instances, self._clock.now_s(), snapshot.epochs)
         self._fence.take(snapshot.epochs)
 
     # -- RPCs from rollout instances -----------------------------------------------------

@@ -50,6 +50,9 @@ class JobRun:
     # Instances that left the live set, until the sweep after it ended (requeue.py):
     # their assignments are orphans, and they get no placement, even when back.
     departed: set[str] = field(default_factory=set)
+    # Lease epoch of each rollout-role instance in the last snapshot: one seen under
+    # another epoch is a new incarnation (``set_instances``).
+    epochs: dict[str, int] = field(default_factory=dict)
     # The job's pending queue as Redis holds it, None until read: only this process
     # writes the queue, so after one read it is kept here and not read again (a failed
     # write makes it unknown).
@@ -64,9 +67,14 @@ class JobRun:
     # Held while reports re-read a stale snapshot of leases (one read for all of them).
     refresh_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def set_instances(self, instances: list[t.InstanceLoad], at_s: float) -> None:
+    def set_instances(self, instances: list[t.InstanceLoad], at_s: float,
+                      epochs: dict[str, int] | None = None) -> None:
         """A new snapshot of the live instances' loads, taken at ``at_s``; departed
-        ones (back before their work was swept) are left out until the sweep ends."""
+        ones (back before their work was swept) are left out until the sweep ends.
+        ``epochs``: the snapshot's lease epochs; an instance seen under a new epoch
+        departed too (see ``note_epochs``)."""
+        if epochs is not None:
+            self.note_epochs(instances, epochs)
         if self.departed:
             instances = [i for i in instances if i.instance_id not in self.departed]
         self.instances_at_s = at_s
@@ -82,6 +90,23 @@ class JobRun:
                                    inst.active_trajectories - held.active_trajectories)
             return
         self.instances = LoadIndex(build_layout(self.spec), instances)
+
+    def note_epochs(self, instances: list[t.InstanceLoad], epochs: dict[str, int]) -> None:
+        """An instance live in both snapshots under another lease epoch is departed.
+
+        A new epoch means a new incarnation: restarted under the same id within its
+        lease TTL (it never left the live set), or lent to training and back between
+        two snapshots (its work handed back). Either way what the old one held is
+        dropped: the new process reads only new inbox entries, and the old epoch's
+        reports and publishes are fenced off. Made departed, it is left out of this
+        snapshot, so the orphan sweep sees it leave the live set and handles it as a
+        lapse (requeue.py): a sweep from the start re-queues everything assigned to it,
+        once, and it gets no placement until that sweep ended."""
+        now = {inst.instance_id: epochs[inst.instance_id] for inst in instances
+               if inst.instance_id in epochs}
+        self.departed |= {iid for iid, epoch in now.items()
+                          if self.epochs.get(iid, epoch) != epoch}
+        self.epochs = now
 
 
 def _same_members(index: LoadIndex, instances: list[t.InstanceLoad]) -> bool:

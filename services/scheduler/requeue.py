@@ -74,7 +74,10 @@ class Requeuer:
         # ended: its work is re-queued from every page, even once it is back with a new
         # lease (it dropped that work when the lease was lost), and it gets no
         # placement meanwhile (``departed`` is left out of the snapshot's instances),
-        # so its load counts only the assignments not yet re-queued.
+        # so its load counts only the assignments not yet re-queued. An instance seen
+        # under a new lease epoch (restarted within its TTL: never out of the live set)
+        # is made departed by the snapshot (``JobRun.note_epochs``), so it leaves
+        # ``live`` here and is handled the same way.
         now_s = self._clock.now_s()
         if live is not run.last_live and live != run.last_live:
             gone = run.last_live - live  # not for instances that only joined
@@ -98,8 +101,8 @@ class Requeuer:
             await self._store.forget_instance(run.job_id, instance_id)
             await self.requeue_many(run, traj_ids)
             logger.warning(
-                "[requeue] instance lost its lease or left the rollout roles instance_id=%s "
-                "trajectories=%d",
+                "[requeue] instance lost its lease, left the rollout roles or restarted "
+                "instance_id=%s trajectories=%d",
                 instance_id,
                 len(traj_ids),
             )
