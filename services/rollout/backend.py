@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libra import types as t
 from libra.jobspec import ModelSpec
-from libra.models.hf import default_device, load_tokenizer, max_position_embeddings
-from libra.models.tiny import stop_token_ids as tiny_stop_token_ids
 from services.rollout.engine_types import EngineCallLog
-from services.rollout.torch_engine import TorchEngine
+
+if TYPE_CHECKING:
+    from services.rollout.torch_engine import TorchEngine
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,11 @@ class HfTokenizer:
 
 def job_tokenizer(model_dir: str, model: ModelSpec, max_position_embeddings: int) -> HfTokenizer:
     """The tokenizer of a job's model directory, with its turn-ending tokens and context."""
+    # torch and transformers load here, at the first job, not at the service's start (a
+    # rollout process that is never given a job never pays their seconds of import).
+    from libra.models.hf import load_tokenizer
+    from libra.models.tiny import stop_token_ids as tiny_stop_token_ids
+
     tokenizer = load_tokenizer(model_dir)
     if model.kind == "tiny-llama":
         return HfTokenizer(tokenizer, tiny_stop_token_ids(tokenizer), max_position_embeddings)
@@ -61,7 +66,8 @@ class TorchEngineLoader:
     def __init__(self, num_threads: int = 1, seed: int = 0, device: str = "") -> None:
         self._num_threads = num_threads
         self._seed = seed
-        self._device = device or default_device()
+        self._device = device
+        """The device given, or "" for the default one, resolved at the first load."""
         self.calls = EngineCallLog()
         self.context_limit_tokens = 0
         """The context length of the last job loaded (0 before any): one sequence's
@@ -72,7 +78,11 @@ class TorchEngineLoader:
         """Load the model (``model``: the job's ``[model]``, the tiny one when None); the
         torch backend runs one device per instance, so a bucket's ``tp_degree`` only
         matters for vLLM (logged when it is ignored here)."""
+        from libra.models.hf import default_device, max_position_embeddings
+        from services.rollout.torch_engine import TorchEngine
+
         model = model or ModelSpec()
+        self._device = self._device or default_device()
         if tp_degree > 1:
             logger.warning("[engine] torch backend ignores tp_degree=%d (use engine=vllm)",
                            tp_degree)

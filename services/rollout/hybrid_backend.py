@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from libra.jobspec import job_spec_from_json
 from libra.training import channel as ch
-from libra.training.backend import JobBackend
 from libra.training.samples import TrainSample
 
 
 class TorchHybridTrainer:
     def __init__(self, snapshot: ch.Snapshot, num_threads: int) -> None:
+        # torch loads when a worker is lent, not at the rollout service's start.
+        from libra.training.backend import JobBackend
+
         spec = job_spec_from_json(snapshot.spec_json)
         self._backend = JobBackend(spec, "", num_threads, write_model_dir=False)
         self._backend.load_checkpoint(snapshot.directory)

@@ -2,9 +2,10 @@
 process start: 4-7 s measured, most of a stack's start on two cores). The coordinator,
 scheduler and tool gateway never need them; the trainer service loads them at its first
 job (services/trainer/lazy_backend.py), a trainer rank process once it has joined one
-(services/trainer/distributed.py). The rollout service still imports them at start: made
-lazy, its start-up registration (AcquireLease) raced the coordinator's own start under
-`libra up`, which spawns every service at once ("rollout-0 exited at start-up", load 20).
+(services/trainer/distributed.py), the rollout service when its first job's engine is built
+or it is lent to a trainer (services/rollout/backend.py, hybrid_backend.py). A rollout that
+registers before the coordinator listens waits for it (peers.startup_wait_s): its faster
+start once raced the coordinator's under `libra up`.
 
 Each entry point is imported in a fresh interpreter (this one has torch loaded), which
 reports the heavy modules it then holds and, for the first one, the chain of imports that
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from libra.jobspec import JobSpec, ModelSpec
+from services.rollout.backend import TorchEngineLoader
 from services.trainer.lazy_backend import LazyBackendFactory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ def _heavy_after_import(module: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("entry_point", [
     "services.coordinator.__main__", "services.scheduler.__main__",
-    "services.toolgateway.__main__", "services.trainer.__main__",
+    "services.toolgateway.__main__", "services.trainer.__main__", "services.rollout.__main__",
 ])
 def test_a_service_starts_without_torch_or_transformers(entry_point: str) -> None:
     heavy = _heavy_after_import(entry_point)
@@ -86,3 +88,16 @@ def test_the_lazy_factory_builds_the_backend_at_the_first_job(tmp_path: Path) ->
     assert isinstance(inner, TorchBackendFactory) and isinstance(first, JobBackend)
     second = factory.create(spec, str(tmp_path / "b"))
     assert factory._factory is inner and second is not first  # one factory, a backend a job
+
+
+def test_the_rollout_loader_resolves_its_device_and_builds_the_engine_at_the_first_load(
+        hf_model_dir) -> None:
+    from libra.models.hf import default_device
+    from services.rollout.torch_engine import TorchEngine
+
+    loader = TorchEngineLoader(num_threads=1)
+    assert loader._device == ""  # not resolved (torch not asked) before a job
+    engine, tokenizer = loader.load(str(hf_model_dir("llama")), None, 1, ModelSpec(kind="hf"))
+    assert loader._device == default_device() and isinstance(engine, TorchEngine)
+    assert tokenizer.decode(tokenizer.encode("2+2=4")) == "2+2=4"
+    assert loader.context_limit_tokens == tokenizer.max_context_tokens > 0
