@@ -110,6 +110,22 @@ async def test_a_deleted_inbox_is_recreated_empty_and_then_delivers(world: World
     assert entry.trajectory.trajectory_id == "tr-0"
 
 
+async def test_a_restarted_incarnation_reads_only_new_entries_and_the_old_is_fenced(
+        world: World) -> None:
+    """The same instance id restarted within its lease TTL (a new epoch): what the old
+    incarnation was delivered is never delivered again (the scheduler re-queues it on
+    the epoch change, so it runs once), and the old epoch's publish is refused."""
+    await world.set_lease_epoch(HERE, 1)
+    old_entry = await inbox_entry(world)  # delivered to the old one, never acked
+    await world.set_lease_epoch(HERE, 2)  # the new incarnation's lease
+    await world.store.ensure_inbox(HERE)  # its start-up
+    await world.place(task(1), HERE)
+    assert [e.trajectory.trajectory_id
+            for e in await world.store.read_inbox(HERE, 5, 0)] == ["tr-1"]
+    assert not await world.store.publish(finished(), HERE, old_entry, 1)
+    assert await world.published(JOB) == []
+
+
 async def test_ack_and_clear_inbox_remove_entries(world: World) -> None:
     entry_id = await inbox_entry(world)
     await world.place(task(1), HERE)
