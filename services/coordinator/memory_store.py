@@ -12,6 +12,7 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import NotFound
 from services.coordinator.store_protocol import (
+    RenewsOneAsABatch,
     StepAppend,
     default_step_key,
     lease_lost_epoch,
@@ -23,7 +24,7 @@ from services.coordinator.store_protocol import (
 )
 
 
-class InMemoryCoordinatorStore:
+class InMemoryCoordinatorStore(RenewsOneAsABatch):
     """The same contract in process memory, with a clock for expiry (unit tests)."""
 
     def __init__(self, clock: Clock) -> None:
@@ -114,12 +115,6 @@ class InMemoryCoordinatorStore:
                           self._fence, self._clock.now_ms() + ttl_ms, ttl_ms)
         self._leases[lease.worker_id] = granted
         return granted
-
-    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
-                          ttl_ms_per_worker: int = 0, num_joining: int = 0) -> t.Lease:
-        renewed = await self.renew_leases([t.LeaseRef(worker_id, epoch)], now_ms,
-                                          ttl_ms_per_worker, num_joining)
-        return renewed[0].lease_or_raise()
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
                            ttl_ms_per_worker: int = 0,

@@ -28,6 +28,7 @@ from services.coordinator.store_protocol import (
     MIN_PRIORITY,
     QUEUE_SEQ_SPAN,
     CoordinatorStore,
+    RenewsOneAsABatch,
     StepAppend,
     default_step_key,
     lease_lost_epoch,
@@ -103,7 +104,7 @@ def renewal_from_reply(ref: t.LeaseRef, reply: list[Any], now_ms: int) -> t.Leas
     return t.LeaseRenewal(ref.worker_id, ref.epoch, t.RenewOutcome.RENEWED, lease)
 
 
-class RedisCoordinatorStore:
+class RedisCoordinatorStore(RenewsOneAsABatch):
     """Jobs, history and leases in Redis (keys from ``libra.redis_keys``)."""
 
     def __init__(self, redis: Any, clock: Clock, retry_attempts: int = RETRY_ATTEMPTS,
@@ -270,12 +271,6 @@ class RedisCoordinatorStore:
             pipe.sismember(keys.WORKERS, worker_id)
             size, member = await pipe.execute()
         return int(size) + (0 if member else 1)
-
-    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
-                          ttl_ms_per_worker: int = 0, num_joining: int = 0) -> t.Lease:
-        renewed = await self.renew_leases([t.LeaseRef(worker_id, epoch)], now_ms,
-                                          ttl_ms_per_worker, num_joining)
-        return renewed[0].lease_or_raise()
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
                            ttl_ms_per_worker: int = 0,

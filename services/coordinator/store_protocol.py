@@ -145,6 +145,23 @@ class CoordinatorStore(Protocol):
 MAX_LEASE_TTL_MS = 600_000
 
 
+class RenewsOneAsABatch:
+    """``renew_lease`` for a store: its ``renew_leases`` over a batch of one, so each
+    store decides RENEWED / GONE / FENCED in one place and ``LeaseLost`` comes only from
+    ``LeaseRenewal.lease_or_raise``."""
+
+    async def renew_leases(self, refs: Sequence[t.LeaseRef], now_ms: int,
+                           ttl_ms_per_worker: int = 0,
+                           num_joining: int = 0) -> list[t.LeaseRenewal]:
+        raise NotImplementedError
+
+    async def renew_lease(self, worker_id: str, epoch: int, now_ms: int,
+                          ttl_ms_per_worker: int = 0, num_joining: int = 0) -> t.Lease:
+        renewed = await self.renew_leases([t.LeaseRef(worker_id, epoch)], now_ms,
+                                          ttl_ms_per_worker, num_joining)
+        return renewed[0].lease_or_raise()
+
+
 def lease_ttl_floor_ms(ttl_ms_per_worker: int, num_workers: int) -> int:
     """The least TTL of a lease in a fleet of ``num_workers``: ``ttl_ms_per_worker``
     each (0: no floor), at most ``MAX_LEASE_TTL_MS``. Holders renew every third of their
