@@ -195,6 +195,11 @@ class RolloutCore:
         return len(self._job[1].active) if self._job else 0
 
     @property
+    def num_tasks(self) -> int:
+        """Tool steps and hand-offs still running in the background (0 = all settled)."""
+        return len(self._tasks)
+
+    @property
     def job_id(self) -> str:
         """The job this instance works on; empty between jobs."""
         return self._job[0] if self._job else ""

@@ -211,7 +211,7 @@ async def test_tool_return_after_cancel_is_neither_published_nor_handed_off(rig:
     rig.scheduler.move_to(THERE)
     rig.tools.gate.set()
     await wait_until(lambda: rig.scheduler.tool_returns)
-    await asyncio.sleep(0.05)  # let the tool task finish what it would do
+    await wait_until(lambda: rig.core.num_tasks == 0)  # the tool task did all it would do
     assert await rig.inbox_size(THERE) == 0
     assert await rig.num_published() == 0
 
@@ -228,7 +228,7 @@ async def test_lost_lease_drops_work_and_registers_again(short_lease_rig: Rig) -
     assert rig.core.num_active == 0
     rig.tools.gate.set()
     await wait_until(lambda: rig.scheduler.tool_returns)
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: rig.core.num_tasks == 0)
     assert await rig.num_published() == 0
 
 
