@@ -1,4 +1,4 @@
-"""Parallel test runs (`make test`: pytest-xdist ``-n 2 --dist loadgroup``): which tests
+"""Parallel test runs (`make test`: pytest-xdist ``-n N --dist loadgroup``, N one per CPU):
 must share a worker, and a scheduler that keeps them together.
 
 Each test module runs whole on one worker, in its order (as ``--dist loadfile``): a
