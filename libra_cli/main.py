@@ -38,10 +38,22 @@ from typing import Any
 from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import InvalidArgument, LibraError
-from libra.grpc_auth import ClientAuth
 from libra.jobspec import JobSpec, job_spec_from_dict, parse_document
 from libra.run_dir import is_dir_reference
-from libra_cli import agent, certs, credentials, gc, logs, model, run, sim, stack, tool, top
+from libra_cli import (
+    agent,
+    certs,
+    credentials,
+    gc,
+    logs,
+    model,
+    run,
+    sim,
+    stack,
+    status,
+    tool,
+    top,
+)
 from libra_cli.launcher import ROOT
 from libra_cli.observe import ObserveOptions, default_venv
 from libra_cli.report import build_report, write_report
@@ -206,55 +218,6 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def with_leases(rows: list[dict[str, Any]], leases: list[t.Lease]) -> list[dict[str, Any]]:
-    """Each service row gains its worker lease (worker_id, role, epoch, bucket), matched
-    by worker id or address; rows without a live lease get empty values."""
-    by_key = {**{lease.address: lease for lease in leases},
-              **{lease.worker_id: lease for lease in leases}}
-    out = []
-    for row in rows:
-        lease = by_key.get(row["name"]) or by_key.get(row["address"])
-        out.append({**row, "worker_id": lease.worker_id if lease else "",
-                    "role": lease.role.value if lease else "",
-                    "epoch": lease.epoch if lease else 0,
-                    "bucket": lease.bucket if lease else ""})
-    return out
-
-
-async def _status_reads(address: str, auth: ClientAuth | None = None
-                        ) -> tuple[list[t.Lease], dict[str, Any] | None]:
-    """The live leases and the running job's counters (None when no job runs); both
-    empty when the coordinator is down (the health column already says so)."""
-    client = GrpcCoordinatorClient(address, timeout_s=3.0, auth=auth)
-    try:
-        leases = await client.list_workers()
-        running = [j for j in await client.list_jobs() if j.state is t.JobState.RUNNING]
-        if not running:
-            return leases, None
-        return leases, top.job_counters(await top.fetch_view(client, running[-1].job_id))
-    except LibraError:
-        return [], None
-    finally:
-        await client.close()
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    state = stack.read_state(args.run_root)
-    if state is None:
-        _print({"running": False}, args.json)
-        return 1
-    leases, job = asyncio.run(_status_reads(stack.coordinator_address(state),
-                                            credentials.cli_auth(args)))
-    services = with_leases(stack.status(state), leases)
-    if args.json:
-        _print({"services": services, "job": job}, True)
-        return 0
-    _print(services, False)
-    print("job: " + ("  ".join(f"{k}={v}" for k, v in job.items()) if job
-                     else "none running"))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="libra", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -291,9 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phoenix-grpc-port", type=int, default=0, metavar="PORT",
                    help="Phoenix OTLP/gRPC receiver port (default: a free one)")
     add("down", cmd_down, "stop what `libra up` started, by pid")
-    add("status", cmd_status, "name, pid, address, health and lease (role, epoch, "
-        "bucket) of each service, and the running job's counters (steps, trajectories, "
-        "reward, throughput, bottleneck verdict); --json: {services: [...], job: {...}}")
+    p = add("status", status.cmd_status, "name, pid, address, health and lease (role, "
+            "epoch, bucket) of each service, and the running job's counters (steps, "
+            "trajectories, reward, throughput, bottleneck verdict); --json: {services: "
+            "[...], job: {...} | null, error: null | why the coordinator did not answer}. "
+            "Exit 1: no stack runs; 2: the coordinator did not answer (the message says "
+            "what to try)")
+    p.add_argument("--timeout", type=status.positive_seconds,
+                   default=status.DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help="how long to wait for the coordinator's answers, all together "
+                   f"(default {status.DEFAULT_TIMEOUT_S:g}; raise it on a loaded host)")
     p = add("submit", cmd_submit, "submit a job spec to the running stack; while another "
             "job runs it waits PENDING in the queue (docs/jobs.md)")
     p.add_argument("job", type=Path)

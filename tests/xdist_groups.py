@@ -1,5 +1,5 @@
-"""Parallel test runs (`make test`: pytest-xdist ``-n 2 --dist loadgroup``): which tests
-must share a worker, and a scheduler that keeps them together.
+"""Parallel test runs (`make test`: pytest-xdist ``-n N --dist loadgroup``, one worker per
+CPU): which tests must share a worker, and a scheduler that keeps them together.
 
 Each test module runs whole on one worker, in its order (as ``--dist loadfile``): a
 module fixture (a started stack, a built model) is built once, not once per worker. A

@@ -11,6 +11,7 @@ from libra.clients.base import GrpcClientBase
 from libra.grpc_auth import ClientAuth
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
+from libra.tool_deadline import rpc_timeout_s
 from libra.wire.toolgateway import (
     score_input_to_proto,
     score_output_from_proto,
@@ -31,12 +32,14 @@ class GrpcToolGatewayClient(GrpcClientBase):
                       ) -> t.ToolResult:
         """Run one tool call; a tool that fails comes back as a result with a failure state,
         only a refusal (unknown tool, bad arguments, busy) raises."""
-        # Idempotent by call_id: the gateway's outcome is a function of the call id.
+        # Idempotent by call_id: the gateway's outcome is a function of the call id. The
+        # gateway answers by the budget plus its answer margin (libra/tool_deadline.py):
+        # the RPC deadline only catches one that never answers.
         resp = await self._call(self._stub.ExecuteToolCall, pb.ExecuteToolCallRequest(
             trajectory_id=trajectory_id, call_id=call_id, tool=tool,
             args_json=json.dumps(args), deadline_ms=deadline_ms,
             options_json=json.dumps(options or {})),
-            idempotent=True, timeout_s=max(deadline_ms / 1000.0, 0.1) + 1.0)
+            idempotent=True, timeout_s=rpc_timeout_s(deadline_ms))
         return tool_result_from_proto(resp, call_id)
 
     async def score(self, request: t.ScoreInput, timeout_s: float | None = None

@@ -37,6 +37,7 @@ from libra.models.hf_dir import (
     save_weights_file,
     tied_groups,
 )
+from libra.models.progress_bars import bars_wanted, progress_bars
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +188,10 @@ def smollm2_gguf_path() -> Path:
 
 
 def import_gguf(gguf_path: Path, out: Path, *, force: bool = False,
-                progress: Progress = quiet) -> ImportSummary:
+                progress: Progress = quiet, show_bars: bool | None = None) -> ImportSummary:
     """Convert ``gguf_path`` into a Hugging Face directory at ``out`` (atomically).
+    ``show_bars``: transformers' progress bars; None: only when stderr is a terminal
+    (libra/models/progress_bars.py), so a CI log gets the ``progress`` lines alone.
 
     Raises:
         InvalidArgument: The file is missing, not GGUF, of an unsupported architecture or
@@ -202,7 +205,8 @@ def import_gguf(gguf_path: Path, out: Path, *, force: bool = False,
              f"tensors ({types})")
     check_convertible(header)
     check_output_dir(out, force=force)
-    model, tokenizer = _load_dequantised(gguf_path, progress)
+    with progress_bars(bars_wanted() if show_bars is None else show_bars):
+        model, tokenizer = _load_dequantised(gguf_path, progress)
     eos_ids = _eos_token_ids(header, tokenizer)
     with atomic_output_dir(out, force=force) as tmp:
         progress(f"[import] writing {out} ...")

@@ -5,9 +5,10 @@ The calls of a turn run concurrently. A call that cannot run comes back as a too
 the model reads (and a ``failure`` in the causal signal), never as a failed trajectory:
 a name the job does not enable, a malformed call the parser reported, arguments the
 tool's schema refuses. A gateway that answers too late (the call's RPC deadline passed:
-the gateway's own timeout answer was delayed, e.g. by load) is a ``timeout`` return, as
-the gateway would have answered. Only the gateway being unreachable past the deadline
-fails the trajectory (the caller's ``LibraError``).
+the gateway answers within it by design, libra/tool_deadline.py, so it is stuck or
+overloaded past its margin) is a ``timeout`` return, as the gateway would have answered.
+Only the gateway being unreachable past the deadline fails the trajectory (the caller's
+``LibraError``).
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ class ToolCaller:
                     traj.trajectory_id, call_id, tool, args, max(remaining_ms, 1),
                     spec.tools.options_for(tool))
             except DeadlineExceeded:
-                # The RPC's deadline is the call's remaining budget plus a margin, so the
-                # budget is spent: the tool timed out, whoever noticed it first.
+                # The RPC's deadline is the call's remaining budget plus the time the
+                # gateway may take to answer (libra/tool_deadline.py), so the budget is
+                # spent: the tool timed out, and the gateway did not say so in time.
                 return timed_out_result(call_id, tool, budget_s)
             except LibraError as exc:
                 if not exc.retryable or self._clock.now_s() + delay_s >= deadline_s:

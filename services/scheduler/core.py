@@ -132,6 +132,7 @@ class SchedulerCore:
         policy = make_policy(spec.layout.policy, build_layout(spec),
                              config=build_policy_config(spec), store=policy_store)
         last_step = await self._store.job_step(job_id)
+        saved_epochs = await self._store.placement_epochs(job_id)  # job_run.note_epochs
         await self._store.ensure_finish_group(job_id)
         task = spec.task
         steps = eval_steps(spec.algorithm.num_steps, task.eval_interval)
@@ -143,7 +144,7 @@ class SchedulerCore:
         if job_id in self._jobs:  # started concurrently meanwhile
             return
         run = JobRun(job_id, spec, policy, policy_store, dataset.train, last_step=last_step,
-                     eval_steps=steps, eval_rows=rows)
+                     eval_steps=steps, eval_rows=rows, saved_epochs=saved_epochs)
         if resume:
             await self._requeuer.requeue_all(run)
         self._jobs[job_id] = run

@@ -53,6 +53,11 @@ class JobRun:
     # Lease epoch of each rollout-role instance in the last snapshot: one seen under
     # another epoch is a new incarnation (``set_instances``).
     epochs: dict[str, int] = field(default_factory=dict)
+    # The store's copy (``placement_epochs``): the epoch each instance's assignments were
+    # made under, read at start. A restarted scheduler has no ``epochs`` of its own, so
+    # an instance that restarted (or lapsed) while it was down shows only here.
+    saved_epochs: dict[str, int] = field(default_factory=dict)
+    epochs_dirty: bool = False  # ``epochs`` or ``departed`` changed since the last save
     # The job's pending queue as Redis holds it, None until read: only this process
     # writes the queue, so after one read it is kept here and not read again (a failed
     # write makes it unknown).
@@ -92,7 +97,8 @@ class JobRun:
         self.instances = LoadIndex(build_layout(self.spec), instances)
 
     def note_epochs(self, instances: list[t.InstanceLoad], epochs: dict[str, int]) -> None:
-        """An instance live in both snapshots under another lease epoch is departed.
+        """An instance live in both snapshots under another lease epoch is departed, and
+        so is one whose saved epoch (``saved_epochs``) is not its epoch now.
 
         A new epoch means a new incarnation: restarted under the same id within its
         lease TTL (it never left the live set), or lent to training and back between
@@ -101,12 +107,29 @@ class JobRun:
         reports and publishes are fenced off. Made departed, it is left out of this
         snapshot, so the orphan sweep sees it leave the live set and handles it as a
         lapse (requeue.py): a sweep from the start re-queues everything assigned to it,
-        once, and it gets no placement until that sweep ended."""
+        once, and it gets no placement until that sweep ended. The saved epochs catch
+        what happened while this process was not running (restarted, or gone, while
+        the scheduler was down): its own ``epochs`` start empty."""
         now = {inst.instance_id: epochs[inst.instance_id] for inst in instances
                if inst.instance_id in epochs}
         self.departed |= {iid for iid, epoch in now.items()
                           if self.epochs.get(iid, epoch) != epoch}
+        self.departed |= {iid for iid, epoch in self.saved_epochs.items()
+                          if now.get(iid) != epoch}
+        if now != self.epochs:
+            self.epochs_dirty = True
         self.epochs = now
+
+    def epochs_to_save(self) -> dict[str, int]:
+        """What the store's placement epochs should hold now: the epoch of every instance
+        in the snapshot that is not departed (placements go to it under that epoch),
+        and, for a departed one, the epoch its old work was placed under, kept until a
+        sweep ended (a scheduler that dies mid-sweep leaves the next one to finish)."""
+        want = {iid: epoch for iid, epoch in self.epochs.items()
+                if iid not in self.departed}
+        want.update((iid, epoch) for iid, epoch in self.saved_epochs.items()
+                    if iid in self.departed)
+        return want
 
 
 def _same_members(index: LoadIndex, instances: list[t.InstanceLoad]) -> bool:

@@ -54,6 +54,8 @@ class _Job:
     # The trajectory stream's unread finishes: (entry id, finish) in append order.
     finishes: collections.deque[tuple[str, FinishRecord]] = field(
         default_factory=collections.deque)
+    # Instance -> lease epoch its work was placed under (``keys.placement_epochs``).
+    placement_epochs: dict[str, int] = field(default_factory=dict)
     # The policy's flushed state (what ``open_policy_store`` reloads).
     policy_state: dict[str, Any] = field(default_factory=dict)
 
@@ -232,6 +234,16 @@ class MemorySchedulerStore:
 
     async def clear_load(self, job_id: str) -> None:
         self._job(job_id).load.clear()
+
+    async def placement_epochs(self, job_id: str) -> dict[str, int]:
+        return dict(self._job(job_id).placement_epochs)
+
+    async def update_placement_epochs(self, job_id: str, epochs: dict[str, int],
+                                      gone: list[str]) -> None:
+        saved = self._job(job_id).placement_epochs
+        saved.update(epochs)
+        for instance_id in gone:
+            saved.pop(instance_id, None)
 
     async def open_policy_store(self, job_id: str) -> MemoryPolicyStore:
         return MemoryPolicyStore(self._job(job_id).policy_state)

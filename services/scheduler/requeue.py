@@ -55,9 +55,28 @@ class Requeuer:
 
     async def requeue_orphans(self, run: JobRun,
                               page: tuple[int, dict[str, str]] | None = None) -> None:
-        """Re-queue what is assigned to instances no longer live for placements.
-        ``page``: the sweep's page read by the tick (``page_due``); read here when due
-        and not given."""
+        """Re-queue what is assigned to instances no longer live for placements, then
+        save the epochs placements are made under. ``page``: the sweep's page read by
+        the tick (``page_due``); read here when due and not given."""
+        await self._sweep(run, page)
+        # After the sweep's re-queues and before the tick's placements: a new epoch is
+        # saved only once nothing of the old one is assigned, and before anything is
+        # placed under it (a restarted scheduler compares with what was saved).
+        await self._save_epochs(run)
+
+    async def _save_epochs(self, run: JobRun) -> None:
+        """Write the changes of ``JobRun.epochs_to_save`` (none in a steady state)."""
+        if not run.epochs_dirty:
+            return
+        want = run.epochs_to_save()
+        changed = {iid: epoch for iid, epoch in want.items()
+                   if run.saved_epochs.get(iid) != epoch}
+        gone = [iid for iid in run.saved_epochs if iid not in want]
+        if changed or gone:
+            await self._store.update_placement_epochs(run.job_id, changed, gone)
+        run.saved_epochs, run.epochs_dirty = want, False
+
+    async def _sweep(self, run: JobRun, page: tuple[int, dict[str, str]] | None) -> None:
         # Gone: no lease, or a lease whose role is no longer a rollout role (lent to
         # training: the instance hands back its trajectories' state and they re-queue).
         live = (run.instances.ids if isinstance(run.instances, LoadIndex)
@@ -96,6 +115,7 @@ class Requeuer:
             if instance_id not in live or instance_id in run.departed:
                 orphaned.setdefault(instance_id, []).append(traj_id)
         if not run.orphan_cursor:  # the sweep ended: every departed one was swept
+            run.epochs_dirty |= bool(run.departed)
             run.departed = set()
         for instance_id, traj_ids in orphaned.items():
             await self._store.forget_instance(run.job_id, instance_id)

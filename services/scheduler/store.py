@@ -322,3 +322,16 @@ class RedisSchedulerStore(JobRecordReader):
 
     async def clear_load(self, job_id: str) -> None:
         await self._r.delete(keys.load(job_id))
+
+    async def placement_epochs(self, job_id: str) -> dict[str, int]:
+        raw = await self._r.hgetall(keys.placement_epochs(job_id))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    async def update_placement_epochs(self, job_id: str, epochs: dict[str, int],
+                                      gone: list[str]) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            if epochs:
+                pipe.hset(keys.placement_epochs(job_id), mapping=epochs)
+            if gone:
+                pipe.hdel(keys.placement_epochs(job_id), *gone)
+            await pipe.execute()

@@ -89,6 +89,16 @@ class SchedulerStore(Protocol):
         load follows the re-queues, which may come a page at a time)."""
         ...
 
+    async def placement_epochs(self, job_id: str) -> dict[str, int]:
+        """Instance -> the lease epoch the job's work on it was placed under, as last
+        saved (``update_placement_epochs``); read by a starting scheduler."""
+        ...
+
+    async def update_placement_epochs(self, job_id: str, epochs: dict[str, int],
+                                      gone: list[str]) -> None:
+        """Set ``epochs`` and forget ``gone`` in the job's placement epochs, atomically."""
+        ...
+
     async def clear_load(self, job_id: str) -> None:
         """Forget the job's per-instance loads (nothing of it is assigned any more)."""
         ...

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libra.errors import DeadlineExceeded, Internal, LibraError
+from libra.tool_deadline import BACKSTOP_GRACE_S
 from libra.types import SizeThresholds, ToolResult, ToolReturnState, ToolStatus
 from services.toolgateway.errors import ToolBusy
 from services.toolgateway.rewards.base import RewardContractError, ScoreRequest, check_output
@@ -69,8 +70,9 @@ class ToolGatewayLimits:
     """First backoff; doubles per attempt."""
     retry_backoff_max_ms: int = 1000
     """Backoff cap."""
-    timeout_grace_ms: int = 500
-    """Extra time before the core's own backstop cancels a tool that ignores its timeout."""
+    timeout_grace_ms: int = int(BACKSTOP_GRACE_S * 1000)
+    """Extra time before the core's own backstop cancels a tool that ignores its timeout
+    (a caller's RPC deadline leaves room for the default: libra/tool_deadline.py)."""
     max_retry_after_ms: int = 10000
     """Upper bound of the retry-after hint."""
     reward_timeout_s: float = 30.0
@@ -211,6 +213,11 @@ class ToolGatewayCore:
                             lim.max_queue_depth_per_tool)
             for name in self._tools.names()
         }
+
+    @property
+    def backstop_grace_s(self) -> float:
+        """How long past a call's budget the backstop lets a tool run (``timeout_grace_ms``)."""
+        return self._limits.timeout_grace_ms / 1000
 
     def lane_stats(self) -> list[LaneStats]:
         """Per tool: calls running and waiting now, and the slot limit (metrics)."""

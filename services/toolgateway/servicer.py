@@ -8,6 +8,7 @@ from libra import types as t
 from libra.errors import InvalidArgument
 from libra.proto.toolgateway.v1 import toolgateway_pb2 as pb
 from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc as pb_grpc
+from libra.tool_deadline import gateway_budget_ms
 from libra.wire.toolgateway import (
     score_input_from_proto,
     score_output_to_proto,
@@ -40,10 +41,9 @@ class ToolGatewayServicer(pb_grpc.ToolGatewayServiceServicer):
         self._core = core
 
     async def ExecuteToolCall(self, request, context):  # noqa: N802, ANN001
-        remaining = context.time_remaining()
-        deadline_ms = request.deadline_ms or None
-        if remaining is not None:  # the caller's gRPC deadline bounds the tool too
-            deadline_ms = min(deadline_ms or int(remaining * 1000), int(remaining * 1000))
+        # The caller's RPC deadline bounds the tool too, less the time to answer.
+        deadline_ms = gateway_budget_ms(request.deadline_ms or None, context.time_remaining(),
+                                        self._core.backstop_grace_s)
         result = await self._core.execute(ToolCall(
             request.trajectory_id, request.call_id, request.tool,
             _json_object("args_json", request.args_json), deadline_ms,

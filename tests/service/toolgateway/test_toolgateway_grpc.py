@@ -80,8 +80,7 @@ async def test_python_error_returns_traceback_as_failure(gateway):
 async def test_deadline_propagates_to_the_sandbox(gateway):
     # The code sleeps 5 s, within the python tool's own 10 s limit (python_timeout_s): it
     # times out only if the call's 500 ms deadline reached the sandbox. The RPC's own
-    # deadline is generous here: the client's (the call's + 1 s) can pass first on a
-    # loaded machine, before the gateway's timeout answer arrives.
+    # deadline is generous here, so only the call's budget can cut the tool short.
     async with insecure_channel(gateway.address) as channel:
         resp = await pb_grpc.ToolGatewayServiceStub(channel).ExecuteToolCall(
             pb.ExecuteToolCallRequest(trajectory_id="traj", call_id="p1", tool="python",

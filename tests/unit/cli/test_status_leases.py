@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from libra import types as t
-from libra_cli.main import with_leases
+from libra_cli.status import with_leases
 
 
 def row(name: str, port: int) -> dict:
