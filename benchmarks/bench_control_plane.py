@@ -276,6 +276,11 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
         for key in ("reports", "moves", "handoffs", "finished", "fenced", "errors", "shed",
                     "probes", "held"):
             out[key] = sum(s[key] for s in fleet)
+        kinds: dict[str, int] = {}
+        for s in fleet:
+            for kind, count in s.get("error_kinds", {}).items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        out["error_kinds"] = kinds
         # The drivers' probes together: the worst driver's p99 (a conservative merge).
         out["client_decision_p50_ms"] = max(s["p50_ms"] for s in fleet)
         out["client_decision_p99_ms"] = max(s["p99_ms"] for s in fleet)

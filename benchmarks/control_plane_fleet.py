@@ -107,6 +107,8 @@ class Fleet:
         self.counts = dict.fromkeys(("reports", "moves", "handoffs", "finished", "fenced",
                                      "errors", "shed"), 0)
         self.probe_s: list[float] = []
+        # Failed calls by exception and message (in and before the window).
+        self.error_kinds: dict[str, int] = {}
         self.held: dict[str, Held] = {}
         self.in_flight: set[asyncio.Task[None]] = set()
 
@@ -169,9 +171,14 @@ class Fleet:
     def _done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
         if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
             self.counts["errors"] += 1  # counted in and before the window
+            # By kind and message: redis-py's TimeoutError says whether the connect or
+            # the read took past its socket timeout (5 s by default since redis-py 6).
+            kind = f"{type(exc).__module__}.{type(exc).__name__}: {str(exc)[:60]}"
+            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
             if self.counts["errors"] <= 3:
-                print(f"instance call failed: {task.exception()!r}", file=sys.stderr)
+                print(f"instance call failed: {exc!r} {exc}", file=sys.stderr)
 
     async def report(self, scheduler: GrpcSchedulerClient, iid: str, epoch: int,
                      traj_id: str, state: t.ToolReturnState, draw: float) -> None:
@@ -185,7 +192,11 @@ class Fleet:
                 self.cfg["job_id"], traj_id, state, entry[2], iid, epoch,
                 needs_answer=is_probe)
         except LibraError as exc:  # a refused batch (stale epoch) or a broken stream
-            self.count("fenced" if "stale lease epoch" in str(exc) else "errors")
+            fenced = "stale lease epoch" in str(exc)
+            self.count("fenced" if fenced else "errors")
+            if not fenced:
+                kind = f"{type(exc).__name__}: {str(exc)[:60]}"
+                self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
             return
         self.count("reports")
         if is_probe and self.control.marked.is_set():
@@ -236,7 +247,8 @@ class Fleet:
         for scheduler in self.schedulers:
             await scheduler.close()
         await self.redis.aclose()
-        return {**self.counts, "held": sum(len(h) for h in self.held.values()),
+        return {**self.counts, "error_kinds": self.error_kinds,
+                "held": sum(len(h) for h in self.held.values()),
                 "probes": len(self.probe_s), **percentiles_ms(self.probe_s)}
 
 
