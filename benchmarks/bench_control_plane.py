@@ -195,6 +195,8 @@ def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
         time.sleep(2.0)  # every renewal loop started
         for driver in stack.drivers:
             stack.command(driver, "mark")
+        if args.profile == "window":
+            stack.profile_signal(signal.SIGUSR1)
         first, load_before = stack.sample(), os.getloadavg()[0]
         deadline = time.monotonic() + (args.quick_timeout_s if args.quick else args.seconds)
         while time.monotonic() < deadline:
@@ -203,6 +205,8 @@ def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
             if args.quick and _quick_done(stack, first):
                 break
         last = stack.sample()
+        if args.profile == "window":
+            stack.profile_signal(signal.SIGUSR2)
         result["in_flight"] = stack.r.hlen(keys.assignments(JOB))
         for driver in stack.drivers:
             stack.command(driver, "stop")
@@ -338,9 +342,11 @@ def main() -> None:
                              "ends after 20 decisions and 8 finishes")
     parser.add_argument("--quick-timeout-s", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="one JSON line per run")
-    parser.add_argument("--profile", action="store_true",
+    parser.add_argument("--profile", nargs="?", const="run", default="",
+                        choices=("run", "window"),
                         help="run the scheduler under cProfile (scheduler-<size>-<arm>-<i>.prof "
-                             "in --log-dir)")
+                             "in --log-dir): the whole run, or with 'window' the measured "
+                             "window only (the steady state, without start-up and fill)")
     parser.add_argument("--log-dir", help="keep the services' logs and Redis files here "
                                           "(default: a temporary folder, removed)")
     args = parser.parse_args()

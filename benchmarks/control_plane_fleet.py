@@ -100,7 +100,7 @@ class Fleet:
         # A blocked inbox read holds a connection per instance (redis-py's pool
         # defaults to 100), plus the publishes and handoffs in flight.
         self.redis = aioredis.from_url(cfg["redis_url"], decode_responses=False,
-                                       max_connections=cfg["count"] + 1024)
+                                       max_connections=cfg["count"] + cfg["max_in_flight"])
         self.store = RedisRolloutStore(self.redis)
         self.schedulers = [GrpcSchedulerClient(cfg["scheduler"])
                            for _ in range(cfg["channels"])]
@@ -231,9 +231,15 @@ class Fleet:
         # 50 connects at a time (each held until all are open, or the pool would hand
         # the same 50 out again): 500 at once overflowed Redis's accept backlog on a
         # busy host, and a dropped SYN is retried after 1, 3, 7 ... s (a driver hung).
+        # Every connection the pool may open: the inbox reads' and the publishes' and
+        # handoffs' in flight too. Opened on demand, a burst of them in the window met
+        # the same backlog, and redis-py's connect timeout (5 s) failed 141-236 calls
+        # a run at 1,000 instances ("Timeout connecting to server", session 15).
         pool, held = self.redis.connection_pool, []
-        for _ in range(0, self.cfg["count"], 50):
-            held += await asyncio.gather(*(pool.get_connection() for _ in range(50)))
+        total = self.cfg["count"] + self.cfg["max_in_flight"]
+        for first in range(0, total, 50):
+            held += await asyncio.gather(*(pool.get_connection()
+                                           for _ in range(min(50, total - first))))
         for conn in held:
             await pool.release(conn)
 
