@@ -99,16 +99,17 @@ class Requeuer:
                 orphaned.setdefault(instance_id, []).append(traj_id)
         if not run.orphan_cursor:  # the sweep ended: every departed one was swept
             run.departed = set()
+        await self._store.forget_instances(run.job_id, list(orphaned))
         for instance_id, traj_ids in orphaned.items():
-            await self._store.forget_instance(run.job_id, instance_id)
             logger.warning(
                 "[requeue] instance lost its lease, left the rollout roles or restarted "
                 "instance_id=%s trajectories=%d",
                 instance_id,
                 len(traj_ids),
             )
-        # One re-queue for the page's orphans of every instance (two round trips), not
-        # one per instance: a page held those of ~10 gone instances at once when 10 died.
+        # One re-queue for the page's orphans of every instance (two round trips; with
+        # the inboxes' DEL above, three a page), not three per instance: a page held
+        # those of ~10 gone instances at once when 10 died.
         await self.requeue_many(run, [traj_id for traj_ids in orphaned.values()
                                       for traj_id in traj_ids])
 

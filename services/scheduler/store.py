@@ -346,12 +346,15 @@ class RedisSchedulerStore(JobRecordReader):
         raw = await self._r.hget(keys.tasks(job_id), trajectory_id)
         return decode_trajectory(raw) if raw else None
 
-    async def forget_instance(self, job_id: str, instance_id: str) -> None:
-        # Its inbox held what it was running; those tasks are re-placed from `tasks`.
-        # Its load is not touched: the re-queues give its slots back one by one (a
-        # sweep finds its assignments a page at a time; deleting the load at the first
-        # page let the instance, back with a new lease, be filled past its cap).
-        await self._r.delete(keys.inbox(instance_id))
+    async def forget_instances(self, job_id: str, instance_ids: list[str]) -> None:
+        # Their inboxes held what they were running; those tasks are re-placed from
+        # `tasks`. Their loads are not touched: the re-queues give the slots back one by
+        # one (a sweep finds the assignments a page at a time; deleting a load at the
+        # first page let the instance, back with a new lease, be filled past its cap).
+        # One DEL for all: a departure sweep's page held ~10 gone instances' work when
+        # 10 died at once, a round trip each.
+        if instance_ids:
+            await self._r.delete(*(keys.inbox(i) for i in instance_ids))
 
     async def clear_load(self, job_id: str) -> None:
         await self._r.delete(keys.load(job_id))
