@@ -18,7 +18,10 @@ This script stands in for the trainer: it counts finished groups as trained
 
 Measured over the window, after the fill (``--workload leases``: leases only):
 
-- scheduler tick p50/p99 (``libra_scheduler_tick_seconds``, upper bucket bound), server
+- scheduler tick p50/p99 (``libra_scheduler_tick_seconds``, upper bucket bound, and the
+  p99 interpolated within its bucket), the tick's own steps' wall and CPU p50/p99
+  (``libra_scheduler_tick_own_seconds``, ``_cpu_seconds``: without the waits for Redis
+  and the reports served meanwhile), server
   decision-batch p99 (``libra_scheduler_decide_batch_seconds``), decisions/s
   (``libra_scheduler_decisions_total``) from the scheduler's /metrics;
 - client decision latency p50/p99 of probe reports (answered; the rest are unanswered
@@ -37,8 +40,8 @@ falls behind instead: its loop lag and shed reports say by how much). ``--fleet-
 
 Usage: ``python benchmarks/bench_control_plane.py [--instances 100 300 1000]
 [--seconds 30] [--workload rollout|leases] [--renewals batched single]
-[--fleet-nice 19 0] [--quick] [--json]`` (several ``--renewals`` or ``--fleet-nice``
-arms run alternately at each size).
+[--fleet-nice 19 0] [--trees BASE_TREE .] [--quick] [--json]`` (several ``--trees``,
+``--renewals`` or ``--fleet-nice`` arms run alternately at each size).
 """
 
 from __future__ import annotations
@@ -99,6 +102,29 @@ def quantile_bound(before: dict[float, float], after: dict[float, float], q: flo
     return 0.0
 
 
+def quantile_estimate(before: dict[float, float], after: dict[float, float],
+                      q: float) -> float:
+    """Quantile ``q`` (ms) of what was observed between the two scrapes, interpolated
+    linearly within its bucket (Prometheus's ``histogram_quantile``)."""
+    counts = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = counts[-1][1] if counts else 0.0
+    lower_le, lower_count = 0.0, 0.0
+    for le, cumulative in counts:
+        if total and cumulative >= q * total:
+            if math.isinf(le):
+                return round(1000 * lower_le, 2)
+            share = (q * total - lower_count) / max(cumulative - lower_count, 1e-9)
+            return round(1000 * (lower_le + share * (le - lower_le)), 2)
+        lower_le, lower_count = le, cumulative
+    return 0.0
+
+
+def _count(before: dict[float, float], after: dict[float, float]) -> int:
+    """Observations between the two scrapes."""
+    top = max(after, default=None)
+    return 0 if top is None else round(after[top] - before.get(top, 0.0))
+
+
 def start_job(stack: Stack, args: argparse.Namespace, n: int) -> int:
     """The job written by the coordinator's own store (RUNNING: no trainer runs here, and
     the coordinator is told to wait for one), published weights, and StartJob over
@@ -130,9 +156,10 @@ def train(stack: Stack, samples: int) -> None:
 
 
 def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
-        tag: str) -> dict[str, Any]:
-    stack = Stack(tmp, f"{n}-{renewals}-nice{nice}-{tag}", args.profile,
-                  args.lease_renewals_per_s)
+        tag: str, tree: Path = ROOT) -> dict[str, Any]:
+    arm = "" if tree == ROOT else f"-{tree.name}"
+    stack = Stack(tmp, f"{n}-{renewals}-nice{nice}-{tag}{arm}", args.profile,
+                  args.lease_renewals_per_s, services_root=tree)
     try:
         base = {"instances": n, "buckets": BUCKETS, "redis_url": stack.redis.url,
                 "job_id": JOB, "seed": 0, "ttl_ms": args.ttl_ms, "channels": 2,
@@ -152,7 +179,8 @@ def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
             assert driver.stdout is not None
             json.loads(driver.stdout.readline())["ready"]
         result: dict[str, Any] = {"instances": n, "workload": args.workload,
-                                  "renewals": renewals, "fleet_nice": nice}
+                                  "renewals": renewals, "fleet_nice": nice,
+                                  "services_tree": str(tree)}
         if args.workload == "rollout":
             target = start_job(stack, args, n)
             began = time.monotonic()
@@ -167,6 +195,8 @@ def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
         time.sleep(2.0)  # every renewal loop started
         for driver in stack.drivers:
             stack.command(driver, "mark")
+        if args.profile == "window":
+            stack.profile_signal(signal.SIGUSR1)
         first, load_before = stack.sample(), os.getloadavg()[0]
         deadline = time.monotonic() + (args.quick_timeout_s if args.quick else args.seconds)
         while time.monotonic() < deadline:
@@ -175,6 +205,8 @@ def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
             if args.quick and _quick_done(stack, first):
                 break
         last = stack.sample()
+        if args.profile == "window":
+            stack.profile_signal(signal.SIGUSR2)
         result["in_flight"] = stack.r.hlen(keys.assignments(JOB))
         for driver in stack.drivers:
             stack.command(driver, "stop")
@@ -230,17 +262,29 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
         out[f"{name}_cpu_pct"] = round(100 * (cpu - first["cpu"].get(name, 0.0)) / wall_s, 1)
     m0, m1 = first["metrics"], last["metrics"]
     for short, name in (("tick", "libra_scheduler_tick_seconds"),
+                        ("tick_own", "libra_scheduler_tick_own_seconds"),
+                        ("tick_cpu", "libra_scheduler_tick_cpu_seconds"),
                         ("decide_batch", "libra_scheduler_decide_batch_seconds")):
         if name in m1:
             for q in (0.5, 0.99):
                 out[f"{short}_p{round(q * 100)}_ms"] = quantile_bound(m0.get(name, {}),
                                                                       m1[name], q)
+            # Within the bucket, as Prometheus's histogram_quantile estimates it: the
+            # base tree's buckets are coarse above 100 ms (250-500, 500-1,000).
+            out[f"{short}_p99_est_ms"] = quantile_estimate(m0.get(name, {}), m1[name],
+                                                           0.99)
+            out[f"{short}_count"] = _count(m0.get(name, {}), m1[name])
     out["decisions_per_s"] = round((m1["decisions"] - m0["decisions"]) / wall_s, 1)
     out["finished_per_s"] = round((last["produced"] - first["produced"]) / wall_s, 1)
     if fleet:
         for key in ("reports", "moves", "handoffs", "finished", "fenced", "errors", "shed",
                     "probes", "held"):
             out[key] = sum(s[key] for s in fleet)
+        kinds: dict[str, int] = {}
+        for s in fleet:
+            for kind, count in s.get("error_kinds", {}).items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        out["error_kinds"] = kinds
         # The drivers' probes together: the worst driver's p99 (a conservative merge).
         out["client_decision_p50_ms"] = max(s["p50_ms"] for s in fleet)
         out["client_decision_p99_ms"] = max(s["p99_ms"] for s in fleet)
@@ -280,6 +324,10 @@ def main() -> None:
                              "CPU left over, so the figures are the control plane's own. "
                              "Several values run as alternated arms (19 0: side by side "
                              "with the contended figures)")
+    parser.add_argument("--trees", nargs="+", default=[],
+                        help="source trees the coordinator and scheduler run from, as "
+                             "alternated arms (e.g. a base worktree and this one; the "
+                             "fleet runs from this tree); default: this tree")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of each size (the arms alternate within each)")
     parser.add_argument("--lease-renewals-per-s", type=float, default=250.0,
@@ -294,9 +342,11 @@ def main() -> None:
                              "ends after 20 decisions and 8 finishes")
     parser.add_argument("--quick-timeout-s", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="one JSON line per run")
-    parser.add_argument("--profile", action="store_true",
+    parser.add_argument("--profile", nargs="?", const="run", default="",
+                        choices=("run", "window"),
                         help="run the scheduler under cProfile (scheduler-<size>-<arm>-<i>.prof "
-                             "in --log-dir)")
+                             "in --log-dir): the whole run, or with 'window' the measured "
+                             "window only (the steady state, without start-up and fill)")
     parser.add_argument("--log-dir", help="keep the services' logs and Redis files here "
                                           "(default: a temporary folder, removed)")
     args = parser.parse_args()
@@ -311,22 +361,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.instances:
             for i in range(args.repeat):
-                for renewals in args.renewals:
-                    for nice in args.fleet_nice:
-                        result = run(n, args, Path(args.log_dir or tmp), renewals, nice,
-                                     str(i))
-                        print(json.dumps(result) if args.json else _text(result),
-                              flush=True)
+                for tree in [Path(x).resolve() for x in args.trees] or [ROOT]:
+                    for renewals in args.renewals:
+                        for nice in args.fleet_nice:
+                            result = run(n, args, Path(args.log_dir or tmp), renewals,
+                                         nice, str(i), tree)
+                            print(json.dumps(result) if args.json else _text(result),
+                                  flush=True)
 
 
 def _text(r: dict[str, Any]) -> str:
     lines = [f"{r['instances']} instances ({r['workload']}, {r['renewals']} renewals, "
+             f"services from {r['services_tree']}, "
              f"fleet nice +{r['fleet_nice']}), "
              f"window {r['window_s']} s, "
              f"load {r['loadavg']}:"]
     if r["workload"] == "rollout":
         lines.append(f"  in flight {r['in_flight']} (fill {r['fill_s']} s); tick p50 "
-                     f"{r['tick_p50_ms']} ms p99 {r['tick_p99_ms']} ms; {r['decisions_per_s']}"
+                     f"{r['tick_p50_ms']} ms p99 {r['tick_p99_ms']} ms (est. "
+                     f"{r['tick_p99_est_ms']}; own p99 {r.get('tick_own_p99_ms', '-')}, CPU "
+                     f"p99 {r.get('tick_cpu_p99_ms', '-')} ms); {r['decisions_per_s']}"
                      f" decisions/s, batch p99 {r['decide_batch_p99_ms']} ms (server), "
                      f"client p99 {r['client_decision_p99_ms']} ms; {r['finished_per_s']}"
                      f" finished/s; moves {r['moves']}, fenced {r['fenced']}")

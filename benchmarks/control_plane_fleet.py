@@ -100,13 +100,15 @@ class Fleet:
         # A blocked inbox read holds a connection per instance (redis-py's pool
         # defaults to 100), plus the publishes and handoffs in flight.
         self.redis = aioredis.from_url(cfg["redis_url"], decode_responses=False,
-                                       max_connections=cfg["count"] + 1024)
+                                       max_connections=cfg["count"] + cfg["max_in_flight"])
         self.store = RedisRolloutStore(self.redis)
         self.schedulers = [GrpcSchedulerClient(cfg["scheduler"])
                            for _ in range(cfg["channels"])]
         self.counts = dict.fromkeys(("reports", "moves", "handoffs", "finished", "fenced",
                                      "errors", "shed"), 0)
         self.probe_s: list[float] = []
+        # Failed calls by exception and message (in and before the window).
+        self.error_kinds: dict[str, int] = {}
         self.held: dict[str, Held] = {}
         self.in_flight: set[asyncio.Task[None]] = set()
 
@@ -169,9 +171,14 @@ class Fleet:
     def _done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
         if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
             self.counts["errors"] += 1  # counted in and before the window
+            # By kind and message: redis-py's TimeoutError says whether the connect or
+            # the read took past its socket timeout (5 s by default since redis-py 6).
+            kind = f"{type(exc).__module__}.{type(exc).__name__}: {str(exc)[:60]}"
+            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
             if self.counts["errors"] <= 3:
-                print(f"instance call failed: {task.exception()!r}", file=sys.stderr)
+                print(f"instance call failed: {exc!r} {exc}", file=sys.stderr)
 
     async def report(self, scheduler: GrpcSchedulerClient, iid: str, epoch: int,
                      traj_id: str, state: t.ToolReturnState, draw: float) -> None:
@@ -185,7 +192,11 @@ class Fleet:
                 self.cfg["job_id"], traj_id, state, entry[2], iid, epoch,
                 needs_answer=is_probe)
         except LibraError as exc:  # a refused batch (stale epoch) or a broken stream
-            self.count("fenced" if "stale lease epoch" in str(exc) else "errors")
+            fenced = "stale lease epoch" in str(exc)
+            self.count("fenced" if fenced else "errors")
+            if not fenced:
+                kind = f"{type(exc).__name__}: {str(exc)[:60]}"
+                self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
             return
         self.count("reports")
         if is_probe and self.control.marked.is_set():
@@ -220,9 +231,15 @@ class Fleet:
         # 50 connects at a time (each held until all are open, or the pool would hand
         # the same 50 out again): 500 at once overflowed Redis's accept backlog on a
         # busy host, and a dropped SYN is retried after 1, 3, 7 ... s (a driver hung).
+        # Every connection the pool may open: the inbox reads' and the publishes' and
+        # handoffs' in flight too. Opened on demand, a burst of them in the window met
+        # the same backlog, and redis-py's connect timeout (5 s) failed 141-236 calls
+        # a run at 1,000 instances ("Timeout connecting to server", session 15).
         pool, held = self.redis.connection_pool, []
-        for _ in range(0, self.cfg["count"], 50):
-            held += await asyncio.gather(*(pool.get_connection() for _ in range(50)))
+        total = self.cfg["count"] + self.cfg["max_in_flight"]
+        for first in range(0, total, 50):
+            held += await asyncio.gather(*(pool.get_connection()
+                                           for _ in range(min(50, total - first))))
         for conn in held:
             await pool.release(conn)
 
@@ -236,7 +253,8 @@ class Fleet:
         for scheduler in self.schedulers:
             await scheduler.close()
         await self.redis.aclose()
-        return {**self.counts, "held": sum(len(h) for h in self.held.values()),
+        return {**self.counts, "error_kinds": self.error_kinds,
+                "held": sum(len(h) for h in self.held.values()),
                 "probes": len(self.probe_s), **percentiles_ms(self.probe_s)}
 
 

@@ -25,13 +25,19 @@ from libra_cli.stack import health
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "ctrl-bench"
 FLEET = str(ROOT / "benchmarks" / "control_plane_fleet.py")
+# The scheduler's histograms the benchmark reads (a base tree without the tick's own
+# and CPU time leaves those two out).
+HISTOGRAMS = ("libra_scheduler_tick_seconds", "libra_scheduler_tick_own_seconds",
+              "libra_scheduler_tick_cpu_seconds", "libra_scheduler_decide_batch_seconds")
 
 
 class Stack:
     """redis-server, coordinator and scheduler as processes; the children that drive them."""
 
-    def __init__(self, tmp: Path, n: str, profile: bool = False,
-                 renewals_per_s: float = 250.0) -> None:
+    def __init__(self, tmp: Path, n: str, profile: str = "",
+                 renewals_per_s: float = 250.0, services_root: Path = ROOT) -> None:
+        """``services_root``: the source tree the coordinator and scheduler run from (a
+        base tree's, for an arm of its own; the fleet always runs from this one)."""
         self.tmp, self.procs, self.drivers = tmp, [], []
         # One folder per run: a Redis reusing one would load the last run's dump.
         self.redis = start_redis(tmp / f"redis-{n}")
@@ -46,12 +52,19 @@ class Stack:
                                  "--server.metrics-port=-1"]),
                 ("scheduler", [f"--server.port={sched_port}",
                                f"--server.metrics-port={self.metrics_port}"])):
-            # --profile: the scheduler under cProfile (scheduler-<run>.prof in the log folder).
-            prof = ["-m", "cProfile", "-o", str(tmp / f"scheduler-{n}.prof")] \
-                if profile and name == "scheduler" else []
+            # --profile: the scheduler under cProfile (scheduler-<run>.prof in the log
+            # folder), the whole run ("run") or the measured window ("window": switched
+            # by signals, see profile_window.py and profile_signal).
+            out = str(tmp / f"scheduler-{n}.prof")
+            command = ["-m", f"services.{name}"]
+            if name == "scheduler" and profile == "run":
+                command = ["-m", "cProfile", "-o", out, *command]
+            elif name == "scheduler" and profile == "window":
+                command = [str(ROOT / "benchmarks" / "profile_window.py"), out,
+                           f"services.{name}"]
             self.procs.append(subprocess.Popen(
-                [sys.executable, *prof, "-m", f"services.{name}", *args,
-                 f"--redis-url={self.redis.url}"], cwd=ROOT, env=env,
+                [sys.executable, *command, *args,
+                 f"--redis-url={self.redis.url}"], cwd=services_root, env=env,
                 stdout=(tmp / f"{name}-{n}.log").open("w"), stderr=subprocess.STDOUT))
         self.coordinator, self.scheduler = self.procs
         self.r = redis_sync.from_url(self.redis.url)
@@ -62,6 +75,10 @@ class Stack:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{address} did not serve (logs in {tmp})")
                 time.sleep(0.2)
+
+    def profile_signal(self, sig: int) -> None:
+        """Start (SIGUSR1) or stop and write (SIGUSR2) the scheduler's window profile."""
+        self.scheduler.send_signal(sig)
 
     def spawn(self, cfg: dict[str, Any]) -> subprocess.Popen:
         driver = subprocess.Popen([sys.executable, FLEET], stdin=subprocess.PIPE,
@@ -86,8 +103,7 @@ class Stack:
             if family.name == "libra_scheduler_decisions":
                 out["decisions"] = sum(s.value for s in family.samples
                                        if s.name.endswith("_total"))
-            elif family.name in ("libra_scheduler_tick_seconds",
-                                 "libra_scheduler_decide_batch_seconds"):
+            elif family.name in HISTOGRAMS:
                 out[family.name] = {float(s.labels["le"]): s.value for s in family.samples
                                     if s.name.endswith("_bucket")}
         return out

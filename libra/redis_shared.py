@@ -8,7 +8,7 @@ atomically in one round trip and one reply.
 
 from __future__ import annotations
 
-import json
+import struct
 from typing import Any
 
 from libra import redis_keys as keys
@@ -42,33 +42,39 @@ async def ensure_consumer_group(redis: Any, stream: str, group: str) -> None:
             raise
 
 
-# ARGV is a list of operations, each: number of arguments after the key, command, index
-# of its key in KEYS, arguments. Every command the batch runs names exactly one key. A
-# command named with a trailing '*' has one argument, a JSON array of its (text)
-# arguments, decoded here by cjson and run in slices of _MAX_FIELDS_PER_OP pairs.
+# ARGV[1] is every operation packed into one string: per operation a header of three
+# big-endian 32-bit integers (index of its key in KEYS, number of arguments, length of
+# the command's name), the name, then each argument as a 32-bit length and its bytes.
+# Every command the batch runs names exactly one key. A command of many arguments (a
+# large HSET, HDEL or RPUSH: only those take many) runs in slices of 2,000, under Lua's
+# limit of ~8,000 arguments to one call (LUAI_MAXCSTACK); HSET's slices keep pairs whole.
 _SCRIPT_BATCH_LUA = """
-local i = 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local command, key = ARGV[i + 1], KEYS[tonumber(ARGV[i + 2])]
-  if string.sub(command, -1) == '*' then
-    local args = cjson.decode(ARGV[i + 3])
-    command = string.sub(command, 1, -2)
-    for lo = 1, #args, 2000 do
-      redis.call(command, key, unpack(args, lo, math.min(lo + 1999, #args)))
-    end
-  else
-    local call = {command, key}
-    for j = 1, n do call[2 + j] = ARGV[i + 2 + j] end
-    redis.call(unpack(call))
+local blob = ARGV[1]
+local pos, size = 1, #blob
+while pos <= size do
+  local key_index, n, name_len, at = struct.unpack('>I4I4I4', blob, pos)
+  local command = string.sub(blob, at, at + name_len - 1)
+  pos = at + name_len
+  local args = {}
+  for j = 1, n do
+    local len, start = struct.unpack('>I4', blob, pos)
+    args[j] = string.sub(blob, start, start + len - 1)
+    pos = start + len
   end
-  i = i + 3 + n
+  local key = KEYS[key_index]
+  if n <= 2000 then
+    redis.call(command, key, unpack(args))
+  else
+    for lo = 1, n, 2000 do
+      redis.call(command, key, unpack(args, lo, math.min(lo + 1999, n)))
+    end
+  end
 end
 return 0
 """
 
-# Fields per HSET/HDEL op: a Lua call takes at most ~8000 arguments (LUAI_MAXCSTACK).
-_MAX_FIELDS_PER_OP = 1000
+_HEADER = struct.Struct(">III").pack
+_LENGTH = struct.Struct(">I").pack
 
 
 def register_script_batch(redis: Any) -> Any:
@@ -76,52 +82,58 @@ def register_script_batch(redis: Any) -> Any:
     return redis.register_script(_SCRIPT_BATCH_LUA)
 
 
+def _as_bytes(value: Any) -> bytes:
+    """An argument as Redis receives it (text as UTF-8, numbers in decimal)."""
+    if type(value) is bytes:
+        return value
+    if type(value) is str:
+        return value.encode()
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, bytes)):
+        raise TypeError(f"a Redis argument must be bytes, text or a number: {value!r}")
+    return str(value).encode()
+
+
 class ScriptBatch:
     """Write commands collected like a pipeline's and run by one EVALSHA.
 
     Atomic as MULTI/EXEC (a script runs alone), but one command to encode and one reply
     to read, where a MULTI of n commands is n commands and n + 1 replies (each answered
-    QUEUED first): for a scheduler tick that writes a few dozen commands, most of its
-    CPU. A command that fails at run time stops the batch there; what ran before stays
-    (there is no rollback, as with EXEC). Supports the pipeline methods the stores write
-    with."""
+    QUEUED first). All operations travel packed into one argument (see the script
+    above), decoded in Lua: redis-py packs a command's arguments one by one in Python,
+    ~4 us each, and a tick placing 128 trajectories wrote ~1,300 of them (an inbox
+    entry, a task and an assignment each; at 1,000 instances the largest CPU cost of
+    the scheduler in cProfile). Here an argument costs a length and a join. The keys
+    still go in KEYS. A command that fails at run time stops the batch there; what ran
+    before stays (there is no rollback, as with EXEC). Supports the pipeline methods
+    the stores write with."""
 
     def __init__(self, script: Any) -> None:
         self._script = script
         self._keys: dict[str, int] = {}
-        self._args: list[Any] = []
+        self._pieces: list[bytes] = []
+        self.num_ops = 0
 
     def _op(self, command: str, key: str, *args: Any) -> None:
+        encoded = [_as_bytes(arg) for arg in args]  # a bad one raises: nothing queued
         index = self._keys.setdefault(key, len(self._keys) + 1)
-        self._args += [len(args), command, index, *args]
-
-    def _op_text(self, command: str, key: str, args: list[Any]) -> bool:
-        """Queue ``command`` with its arguments as one JSON array when they are all text
-        (False otherwise: nothing queued). redis-py packs a command's arguments one by
-        one in Python, ~4 us each: a scheduler tick flushing the policy state of a few
-        hundred trajectories spent most of its time there; json.dumps is one C call."""
-        if not all(type(a) is str for a in args):
-            return False
-        self._op(command + "*", key, json.dumps(args, ensure_ascii=False))
-        return True
+        name = command.encode()
+        pieces = self._pieces
+        pieces += (_HEADER(index, len(encoded), len(name)), name)
+        for data in encoded:
+            pieces += (_LENGTH(len(data)), data)
+        self.num_ops += 1
 
     def hset(self, name: str, key: Any = None, value: Any = None,
              mapping: dict[Any, Any] | None = None) -> None:
-        """Queue the pipeline's ``hset``, split so no Lua call passes ~8000 arguments
-        (text fields and values travel as one JSON argument)."""
+        """Queue the pipeline's ``hset`` (one operation, however many fields)."""
         pairs = list((mapping or {}).items()) + ([(key, value)] if key is not None else [])
-        if len(pairs) > 1 and self._op_text("HSET", name, [x for p in pairs for x in p]):
-            return
-        for start in range(0, len(pairs), _MAX_FIELDS_PER_OP):
-            self._op("HSET", name, *(x for pair in pairs[start:start + _MAX_FIELDS_PER_OP]
-                                     for x in pair))
+        if pairs:
+            self._op("HSET", name, *(x for pair in pairs for x in pair))
 
     def hdel(self, name: str, *fields: Any) -> None:
-        """Queue the pipeline's ``hdel``, split like :meth:`hset`."""
-        if len(fields) > 1 and self._op_text("HDEL", name, list(fields)):
-            return
-        for start in range(0, len(fields), _MAX_FIELDS_PER_OP):
-            self._op("HDEL", name, *fields[start:start + _MAX_FIELDS_PER_OP])
+        """Queue the pipeline's ``hdel``."""
+        if fields:
+            self._op("HDEL", name, *fields)
 
     def hincrby(self, name: str, key: Any, amount: int = 1) -> None:
         """Queue the pipeline's ``hincrby`` (run by :meth:`execute`)."""
@@ -132,9 +144,9 @@ class ScriptBatch:
         self._op("XADD", name, "*", *(x for pair in fields.items() for x in pair))
 
     def rpush(self, name: str, *values: Any) -> None:
-        """Queue the pipeline's ``rpush``, split like :meth:`hset`."""
-        for start in range(0, len(values), _MAX_FIELDS_PER_OP):
-            self._op("RPUSH", name, *values[start:start + _MAX_FIELDS_PER_OP])
+        """Queue the pipeline's ``rpush``."""
+        if values:
+            self._op("RPUSH", name, *values)
 
     def ltrim(self, name: str, start: int, end: int) -> None:
         """Queue the pipeline's ``ltrim`` (run by :meth:`execute`)."""
@@ -146,5 +158,5 @@ class ScriptBatch:
 
     async def execute(self) -> None:
         """Run the collected commands in one EVALSHA (nothing to do when none were added)."""
-        if self._args:
-            await self._script(keys=list(self._keys), args=self._args)
+        if self._pieces:
+            await self._script(keys=list(self._keys), args=[b"".join(self._pieces)])

@@ -82,6 +82,12 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
         ("Scheduler tick and decision batch time (p99)", "s",
          [("tick p99", "histogram_quantile(0.99, sum by (le) "
                        f"(rate(libra_scheduler_tick_seconds_bucket{W})))"),
+          # The tick's own steps: the wall above less its waits for Redis and the
+          # reports served meanwhile; CPU: less the host's other work too.
+          ("tick own p99", "histogram_quantile(0.99, sum by (le) "
+                           f"(rate(libra_scheduler_tick_own_seconds_bucket{W})))"),
+          ("tick CPU p99", "histogram_quantile(0.99, sum by (le) "
+                           f"(rate(libra_scheduler_tick_cpu_seconds_bucket{W})))"),
           ("decide batch p99", "histogram_quantile(0.99, sum by (le) "
                                f"(rate(libra_scheduler_decide_batch_seconds_bucket{W})))")]),
         ("Groups drawn /s", "ops",

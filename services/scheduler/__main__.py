@@ -30,7 +30,7 @@ async def main(cfg: SchedulerConfig) -> None:
     # Leases and loads are re-read every 5th tick (loads are tracked in memory between).
     core = SchedulerCore(RedisSchedulerStore(redis), SystemClock(), tick_s=cfg.tick_s,
                          lease_snapshot_s=5 * cfg.tick_s,
-                         observe_tick_s=scheduler_metrics.observe_tick)
+                         observe_tick=scheduler_metrics.observe_tick)
     scheduler_metrics.register(core)
     tune_for_latency()  # full collections were the p99 ticks (libra/gc_policy.py)
     name = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name

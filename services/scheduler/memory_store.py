@@ -229,8 +229,9 @@ class MemorySchedulerStore:
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None:
         return copy.deepcopy(self._job(job_id).tasks.get(trajectory_id))
 
-    async def forget_instance(self, job_id: str, instance_id: str) -> None:
-        self._inboxes.pop(instance_id, None)
+    async def forget_instances(self, job_id: str, instance_ids: list[str]) -> None:
+        for instance_id in instance_ids:
+            self._inboxes.pop(instance_id, None)
 
     async def clear_load(self, job_id: str) -> None:
         self._job(job_id).load.clear()

@@ -22,16 +22,22 @@ from prometheus_client.registry import REGISTRY, Collector
 
 from libra import metrics
 from libra import types as t
+from libra.step_timing import StepTimes
 from services.scheduler.core import SchedulerCore
 
 DECISIONS_TOTAL = metrics.counter("libra_scheduler_decisions_total")
 TICK_SECONDS = metrics.histogram("libra_scheduler_tick_seconds")
+TICK_OWN_SECONDS = metrics.histogram("libra_scheduler_tick_own_seconds")
+TICK_CPU_SECONDS = metrics.histogram("libra_scheduler_tick_cpu_seconds")
 DECIDE_BATCH_SECONDS = metrics.histogram("libra_scheduler_decide_batch_seconds")
 
 
-def observe_tick(seconds: float) -> None:
-    """One job's tick time (the core calls it after every tick)."""
-    TICK_SECONDS.observe(seconds)
+def observe_tick(wall_s: float, own: StepTimes) -> None:
+    """One job's tick (the core calls it after every tick): wall time, and its own
+    steps' wall and CPU time (libra/step_timing.py)."""
+    TICK_SECONDS.observe(wall_s)
+    TICK_OWN_SECONDS.observe(own.wall_s)
+    TICK_CPU_SECONDS.observe(own.cpu_s)
 
 
 def observe_decide_batch(seconds: float) -> None:

@@ -20,9 +20,11 @@ logger = logging.getLogger("services.scheduler.core")
 # a change in the set of live instances is scanned for at once).
 ORPHAN_SCAN_S = 2.0
 # Assignments read per tick by a sweep after an instance left: at 100,000 in flight one
-# HGETALL took a tick past 100 ms (Redis and this process both), a page of 2,000 costs
-# a few ms, and the gone instance's work is re-queued within 50 ticks.
-ORPHAN_SCAN_PAGE = 2000
+# HGETALL took a tick past 100 ms (Redis and this process both). A page of 2,000 made
+# the sweep's ticks the slowest of a steady run at 1,000 instances (20-55 ms of the
+# tick's own CPU on a busy host, session 15): 1,000 bounds that, and the gone
+# instance's work is re-queued within 100 ticks (5-10 s), after a TTL of ~12 s there.
+ORPHAN_SCAN_PAGE = 1000
 # The periodic sweep's page (nothing left: the safety net). At 100,000 in flight a sweep
 # never ends before the next is due, so this is read at every tick: a page of 2,000 was
 # most of a steady tick's own work (100 kB to read and decode, cProfile); 250 sweep
@@ -117,15 +119,19 @@ class Requeuer:
         if not run.orphan_cursor:  # the sweep ended: every departed one was swept
             run.epochs_dirty |= bool(run.departed)
             run.departed = set()
+        await self._store.forget_instances(run.job_id, list(orphaned))
         for instance_id, traj_ids in orphaned.items():
-            await self._store.forget_instance(run.job_id, instance_id)
-            await self.requeue_many(run, traj_ids)
             logger.warning(
                 "[requeue] instance lost its lease, left the rollout roles or restarted "
                 "instance_id=%s trajectories=%d",
                 instance_id,
                 len(traj_ids),
             )
+        # One re-queue for the page's orphans of every instance (two round trips; with
+        # the inboxes' DEL above, three a page), not three per instance: a page held
+        # those of ~10 gone instances at once when 10 died.
+        await self.requeue_many(run, [traj_id for traj_ids in orphaned.values()
+                                      for traj_id in traj_ids])
 
     async def requeue_all(self, run: JobRun) -> None:
         """A resumed job: when it ended, the rollout instances dropped its trajectories
@@ -139,6 +145,8 @@ class Requeuer:
 
     async def requeue_many(self, run: JobRun, traj_ids: list[str]) -> None:
         """``requeue`` for many: one read of their tasks and one write."""
+        if not traj_ids:
+            return
         back = []
         for traj_id, traj in zip(traj_ids, await self._store.tasks_of(run.job_id, traj_ids),
                                  strict=True):

@@ -84,9 +84,10 @@ class SchedulerStore(Protocol):
 
     async def task(self, job_id: str, trajectory_id: str) -> t.Trajectory | None: ...
 
-    async def forget_instance(self, job_id: str, instance_id: str) -> None:
-        """Drop a gone instance's inbox (what it held is re-queued from the tasks; its
-        load follows the re-queues, which may come a page at a time)."""
+    async def forget_instances(self, job_id: str, instance_ids: list[str]) -> None:
+        """Drop gone instances' inboxes, in one round trip (what they held is re-queued
+        from the tasks; their load follows the re-queues, which may come a page at a
+        time)."""
         ...
 
     async def placement_epochs(self, job_id: str) -> dict[str, int]:

@@ -35,3 +35,9 @@ def test_the_benchmark_drives_the_real_protocol_at_a_tiny_size() -> None:
                    "lease_ttl_ms", "killed", "killed_expired"):
         assert figure in result, figure
     assert result["tick_p99_ms"] > 0  # the scheduler's tick histogram was scraped
+    # Ticks also gave their own steps' wall and CPU time (counts are not compared: the
+    # scrape reads the histograms one by one while ticks go on).
+    assert result["tick_count"] > 0
+    assert result["tick_own_count"] > 0 and result["tick_cpu_count"] > 0
+    assert result["tick_own_p99_ms"] > 0 and result["tick_cpu_p99_ms"] > 0
+    assert 0 < result["tick_p99_est_ms"] <= result["tick_p99_ms"]

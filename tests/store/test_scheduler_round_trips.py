@@ -18,6 +18,7 @@ from libra.jobspec import JobSpec
 from libra_cli.redis_server import EmbeddedRedis
 from services.scheduler.core import SchedulerCore
 from services.scheduler.state import TickWrites
+from services.scheduler.store import _REQUEUE_LUA as REQUEUE_LUA
 from services.scheduler.store import FlushablePolicyStore, RedisSchedulerStore
 from tests.store.test_scheduler_core_on_redis import lease, load, publish_finish
 from tests.unit.scheduler.test_scheduler_core import JOB, make_spec
@@ -138,3 +139,25 @@ async def test_a_deleted_trajectory_stream_gets_its_group_back(r: aioredis.Redis
     await publish_finish(r, first)
     await core._tick(core._jobs[JOB])
     assert first not in await core._store.assignments(JOB)
+
+
+async def test_the_orphans_of_several_gone_instances_are_requeued_in_one_write(
+        r: aioredis.Redis) -> None:
+    """Two instances lose their leases at once: the sweep's page holds the work of both,
+    re-queued by one read of their tasks and one script (not three round trips per
+    instance): read, page, one DEL of both inboxes, tasks, re-queue, write."""
+    for instance in ("rollout-1", "rollout-2"):
+        await lease(r, instance)
+    core = await started(r, staleness=2, cap=2)
+    await core._tick(core._jobs[JOB])
+    assigned = await core._store.assignments(JOB)
+    gone = {traj for traj, instance in assigned.items() if instance != "rollout-0"}
+    assert {assigned[traj] for traj in gone} == {"rollout-1", "rollout-2"}
+    for instance in ("rollout-1", "rollout-2"):
+        await r.srem(keys.WORKERS, instance)
+        await r.delete(keys.lease(instance))
+    await r.script_load(REQUEUE_LUA)  # its first use would add a failed EVALSHA and a load
+    assert await round_trips(core) == 6
+    assert (await counters(r))["requeued"] == len(gone)
+    assert set(await core._store.assignments(JOB)).isdisjoint(gone)
+    assert (await load(r)).get("rollout-1", 0) == (await load(r)).get("rollout-2", 0) == 0

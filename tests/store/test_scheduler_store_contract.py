@@ -220,15 +220,18 @@ async def test_lease_snapshot_places_on_rollout_roles_and_fences_every_role(
         == [0, 0]  # no job: epochs only, no load read
 
 
-async def test_forget_instance_and_clear_load(world: World) -> None:
+async def test_forget_instances_and_clear_load(world: World) -> None:
     await world.job()
     await placed(world, "a", instance="ro-0")
     await placed(world, "b", instance="ro-1")
-    await world.store.forget_instance(JOB, "ro-0")
-    # The inbox goes; the load still counts the assignments, which are re-queued later
+    await placed(world, "c", instance="ro-2")
+    await world.store.forget_instances(JOB, [])  # nothing to drop
+    await world.store.forget_instances(JOB, ["ro-0", "ro-2", "ro-9"])  # ro-9: no inbox
+    # The inboxes go; the load still counts the assignments, which are re-queued later
     # (their re-queue gives the slots back).
-    assert (await world.load(), await world.inbox_size("ro-0")) == ({"ro-0": 1, "ro-1": 1}, 0)
-    assert await world.store.assignments(JOB) == {"a": "ro-0", "b": "ro-1"}
+    assert (await world.load(), [await world.inbox_size(i) for i in ("ro-0", "ro-1", "ro-2")]) \
+        == ({"ro-0": 1, "ro-1": 1, "ro-2": 1}, [0, 1, 0])
+    assert await world.store.assignments(JOB) == {"a": "ro-0", "b": "ro-1", "c": "ro-2"}
     await world.store.clear_load(JOB)
     assert await world.load() == {}
 

@@ -65,15 +65,47 @@ async def test_a_failing_command_raises_and_keeps_what_ran_before(
     assert await r.get("after") is None
 
 
-async def test_text_arguments_travel_as_json_and_land_byte_for_byte(
+async def test_every_argument_travels_in_one_packed_argument_byte_for_byte(
         r: aioredis.Redis) -> None:
-    # Quotes, backslashes, non-ASCII and JSON inside values: what the policy state holds.
+    # Quotes, backslashes, non-ASCII, JSON, NULs and \xff inside values, numbers, empty
+    # strings: what the policy state and encoded trajectories hold.
     text = {f"t{i}": f'{{"k": "v\\\\{i}", "name": "ü–✓ \\"q\\""}}' for i in range(3)}
     batch = ScriptBatch(register_script_batch(r))
     batch.hset("h", mapping=text)
-    batch.hset("h", mapping={"bytes": b"\xff\x00", "n": 3})  # not all text: as before
+    batch.hset("h", mapping={"bytes": b"\xff\x00\r\n$3", "n": 3, "f": 1.5, "empty": ""})
     batch.hdel("h", "t0", "t1")
+    batch.xadd("inbox:ü", {"task": bytes(range(256))})
+    calls: list[dict] = []
+
+    async def script(**kwargs: object) -> None:
+        calls.append(kwargs)
+        await register_script_batch(r)(**kwargs)
+
+    batch._script = script
     await batch.execute()
-    assert batch._args[1] == "HSET*"  # the text mapping went as one JSON argument
-    assert await r.hgetall("h") == {b"t2": text["t2"].encode(), b"bytes": b"\xff\x00",
-                                    b"n": b"3"}
+    ((call,),) = [calls]
+    assert call["keys"] == ["h", "inbox:ü"] and len(call["args"]) == 1
+    assert await r.hgetall("h") == {b"t2": text["t2"].encode(), b"bytes": b"\xff\x00\r\n$3",
+                                    b"n": b"3", b"f": b"1.5", b"empty": b""}
+    ((_, fields),) = await r.xrange("inbox:ü")
+    assert fields == {b"task": bytes(range(256))}
+
+
+async def test_an_argument_that_is_not_bytes_text_or_a_number_is_refused(
+        r: aioredis.Redis) -> None:
+    batch = ScriptBatch(register_script_batch(r))
+    for bad in (None, True, ["a"], {"a": 1}):
+        with pytest.raises(TypeError, match="bytes, text or a number"):
+            batch.set("k", bad)
+    await batch.execute()  # nothing was queued
+    assert await r.dbsize() == 0
+
+
+async def test_an_empty_command_queues_nothing(r: aioredis.Redis) -> None:
+    batch = ScriptBatch(register_script_batch(r))
+    batch.hset("h", mapping={})
+    batch.hdel("h")
+    batch.rpush("l")
+    assert batch.num_ops == 0
+    await batch.execute()
+    assert await r.dbsize() == 0
