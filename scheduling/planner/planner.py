@@ -5,7 +5,8 @@ Each training step the caller reports ``StepMetrics``; ``decide(step)`` then
 1. checks the gates (enabled, cool-down, warm-up, history size) and the triggers
    (interval; queue / active pressure, rejected growth, rollout/train ratio);
 2. if fired, searches for a candidate and applies it only when it differs from the
-   current plan, ``gain - transition_cost > 0`` and ``gain / current >= min_gain_ratio``;
+   current plan, ``gain x gain_horizon_steps - transition_cost > 0`` and
+   ``gain / current >= min_gain_ratio``;
 3. derives the elastic signal (join / release / hold, with hysteresis, a rollout
    reserve and a TTL).
 
@@ -187,7 +188,8 @@ class GlobalResourcePlanner:
         if math.isinf(current.objective_s):
             raw = math.inf if not math.isinf(best.objective_s) else 0.0
         event.raw_gain_s = raw if not math.isinf(raw) else 1e18
-        event.net_gain_s = event.raw_gain_s - cfg.transition_cost_s
+        # The gain is per step; the transition is paid once: amortise over the horizon.
+        event.net_gain_s = event.raw_gain_s * cfg.gain_horizon_steps - cfg.transition_cost_s
         event.gain_ratio = (
             1.0 if math.isinf(current.objective_s) else raw / max(current.objective_s, 1e-12)
         )

@@ -43,6 +43,12 @@ class PlannerConfig:
     rollout_train_ratio_threshold: float = 1.25
     min_gain_ratio: float = 0.05
     transition_cost_s: float = 15.0
+    gain_horizon_steps: int = 1
+    """Steps a predicted per-step gain is counted over before the one-off
+    ``transition_cost_s`` is taken from it: ``net = gain_s x horizon - cost``. 1 is the
+    reference's rule (digest 5.4), which takes a cost in seconds from a gain in seconds
+    *per step*; a plan applied on the interval runs at least until the next interval
+    decision, so ``plan_interval_steps`` compares like with like (issue 20, session 15)."""
     # Elastic hybrid pool (digest 5.5).
     enable_elastic: bool = True
     elastic_reserve_gpus: int = 8
@@ -93,6 +99,14 @@ class PlannerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.elastic_span_alpha <= 1.0:
             raise ValueError(f"elastic_span_alpha must be in [0, 1], got {self.elastic_span_alpha}")
+        if (
+            isinstance(self.gain_horizon_steps, bool)
+            or not isinstance(self.gain_horizon_steps, int)
+            or self.gain_horizon_steps < 1
+        ):
+            raise ValueError(
+                f"gain_horizon_steps must be an integer >= 1, got {self.gain_horizon_steps!r}"
+            )
         if self.pipeline_depth < 1:
             raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
 

@@ -249,3 +249,29 @@ def test_real_search_finds_feasible_plan_and_infinite_when_too_long() -> None:
     best.plan.validate(SHAPE)
     model = RolloutCostModel(HW, MODEL, [RequestStats(500, 10**8)])
     assert math.isinf(model.makespan_s([8]))
+
+
+# The gain horizon (issue 20, session 15): a per-step gain against a one-off cost.
+
+
+def test_gain_is_amortised_over_the_horizon_before_the_transition_cost() -> None:
+    # 10 s per step against 15 s once: refused by the reference's rule (horizon 1),
+    # applied when the plan is counted over the 5 steps it runs before the next decision.
+    refused = _planner(search=FakeSearch(current_s=100.0, candidate_s=90.0))
+    refused.observe(_metrics(10))
+    assert refused.decide(10).reason == "net_gain_not_positive"
+    planner = _planner(search=FakeSearch(current_s=100.0, candidate_s=90.0), gain_horizon_steps=5)
+    planner.observe(_metrics(10))
+    event = planner.decide(10)
+    assert (event.applied, event.raw_gain_s, event.net_gain_s) == (True, 10.0, 35.0)
+    # A gain that does not pay the cost even over the horizon stays refused.
+    small = _planner(search=FakeSearch(current_s=100.0, candidate_s=97.5),
+                     gain_horizon_steps=5, min_gain_ratio=0.0)
+    small.observe(_metrics(10))
+    assert small.decide(10).net_gain_s == pytest.approx(-2.5)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "5"])
+def test_a_bad_gain_horizon_names_the_field(value: object) -> None:
+    with pytest.raises(ValueError, match="gain_horizon_steps"):
+        PlannerConfig(gain_horizon_steps=value)  # type: ignore[arg-type]
