@@ -13,6 +13,9 @@ from typing import Any
 from scheduling.planner.calibration import CalibratorConfig
 from scheduling.planner.costmodel import RequestStats
 
+TRANSITION_COST_MODELS = ("fixed", "recreated")
+"""Values of ``PlannerConfig.transition_cost_model``."""
+
 
 @dataclass(frozen=True, slots=True)
 class ElasticSignal:
@@ -80,7 +83,17 @@ class PlannerConfig:
     carried out by the elastic pool (desired = current + the candidate's extra training
     replicas, which may be negative)."""
 
+    transition_cost_model: str = "fixed"
+    """``fixed``: a move costs ``transition_cost_s``. ``recreated``: plus the current
+    step time x the share of rollout devices the move re-creates (their in-flight turns
+    restart: no KV transfer; ``Plan.rollout_share_recreated``) (issue 20, session 15)."""
+
     def __post_init__(self) -> None:
+        if self.transition_cost_model not in TRANSITION_COST_MODELS:
+            raise ValueError(
+                f"transition_cost_model must be one of {', '.join(TRANSITION_COST_MODELS)}, "
+                f"got {self.transition_cost_model!r}"
+            )
         if self.plan_interval_steps <= 0:
             raise ValueError(
                 f"plan_interval_steps must be positive, got {self.plan_interval_steps}"
@@ -149,6 +162,8 @@ class PlanEvent:
     candidate_objective_s: float | None = None
     raw_gain_s: float = 0.0
     net_gain_s: float = 0.0
+    transition_cost_s: float = 0.0
+    """The modelled cost of the move (``PlannerConfig.transition_cost_model``)."""
     gain_ratio: float = 0.0
     inputs: dict[str, Any] = field(default_factory=dict)
     elastic: ElasticSignal | None = None
