@@ -38,8 +38,11 @@ HISTORY_STEPS = 5
 
 
 
-def measure(shape: str, seed: int) -> dict[str, Any]:
-    """Per candidate: twin, closed form and simulated step time; and the decision time."""
+def measure(
+    shape: str, seed: int, screen: str = "front", decision_only: bool = False
+) -> dict[str, Any]:
+    """Per candidate: twin, closed form and simulated step time; and the decision time
+    (``screen``: ``SearchSpace.homogeneous_screen``; ``decision_only``: no simulation)."""
     spec = cluster("a800x48")
     trace = generate(GeneratorConfig(shape=shape, num_steps=20, prompts_per_step=16, seed=seed))
     libra = system("libra")
@@ -51,17 +54,17 @@ def measure(shape: str, seed: int) -> dict[str, Any]:
         history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s) for t in batch]
     search = PlanSearch(
         spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
-        SearchSpace(node_patterns=libra.node_patterns, train_tp=8), refiner=twin,
+        SearchSpace(node_patterns=libra.node_patterns, train_tp=8, homogeneous_screen=screen),
+        refiner=twin,
     )
     work = Workload(64, tuple(history), pipeline_depth(libra.staleness))
     started, cpu_started = time.perf_counter(), time.process_time()
     search.search(work)
     decision_s = time.perf_counter() - started
     decision_cpu_s = time.process_time() - cpu_started
+    decision_runs = twin.runs
     model = search.cost_model(work)
-    candidates = search._closed_form_top_k(model, work, 1.0, 1.0)
-    candidates += search._best_uniform(model, work, candidates)
-    candidates += search._homogeneous_per_split(model, work, candidates)
+    candidates = [] if decision_only else search.candidates(model, work)
     static = replace(libra, enable_replan=False, enable_elastic=False)
     rows = []
     for cand in candidates:
@@ -73,8 +76,8 @@ def measure(shape: str, seed: int) -> dict[str, Any]:
             "rollout_tps": cand.plan.to_dict()["rollout_tps"],
             "twin_s": twin_s, "closed_form_s": cand.objective_s, "simulated_s": simulated,
         })
-    return {"shape": shape, "seed": seed, "decision_s": decision_s,
-            "decision_cpu_s": decision_cpu_s, "twin_runs": twin.runs, "pruned": search.pruned,
+    return {"shape": shape, "seed": seed, "screen": screen, "decision_s": decision_s,
+            "decision_cpu_s": decision_cpu_s, "twin_runs": decision_runs, "pruned": search.pruned,
             "candidates": rows}
 
 
@@ -82,11 +85,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--screens", default="front",
+                        help="homogeneous screens, comma-separated (alternated per decision)")
+    parser.add_argument("--decision-only", action="store_true",
+                        help="time the decisions only (no static simulation per candidate)")
     args = parser.parse_args()
-    results = [measure(s, int(seed)) for s in SHAPES for seed in args.seeds.split(",")]
+    screens = args.screens.split(",")
+    results = [measure(s, int(seed), screen, args.decision_only)
+               for s in SHAPES for seed in args.seeds.split(",") for screen in screens]
     if args.json:
         print(json.dumps(results, indent=1))
         return
+    for screen in screens:
+        mine = [r for r in results if r["screen"] == screen]
+        cpu = [r["decision_cpu_s"] for r in mine]
+        runs = [r["twin_runs"] for r in mine]
+        print(f"screen {screen}: CPU median {statistics.median(cpu):.3f} s, max {max(cpu):.3f} s; "
+              f"twin runs per decision {min(runs)}-{max(runs)} (mean "
+              f"{statistics.mean(runs):.1f}); pruned {sum(r['pruned'] for r in mine)}")
     print(f"{'workload':8} {'seed':>4} {'split':>6} {'layout':28} {'twin':>7} {'closed':>7} "
           f"{'sim':>7} {'twin/sim':>8} {'closed/sim':>10}")
     ratios: dict[str, list[float]] = {}

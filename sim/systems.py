@@ -197,12 +197,20 @@ class SystemConfig:
         return replace(self, node_patterns=ok)
 
 
+_LIBRA_INTERVAL_STEPS = 5
 _LIBRA_PLANNER = PlannerConfig(
-    plan_interval_steps=5,
+    plan_interval_steps=_LIBRA_INTERVAL_STEPS,
     warmup_steps=2,
     min_history_size=20,
     transition_cost_s=30.0,
     cooldown_steps=1,
+    # Issue 20, session 15: a per-step gain is counted over the steps the plan runs
+    # before the next interval decision, against the move's cost including the
+    # in-flight work of the rollout devices it re-creates; and a gain must exceed the
+    # twin's +-15% agreement band (what it resolves), not the reference's 5%.
+    gain_horizon_steps=_LIBRA_INTERVAL_STEPS,
+    transition_cost_model="recreated",
+    min_gain_ratio=0.15,
     # The twin scores what it simulates; a ratio fitted to the closed form would
     # distort it. The twin costs ~0.1-1 s per plan, so libra replans on the interval
     # and on pressure, not on the rollout/train ratio that fires almost every step.

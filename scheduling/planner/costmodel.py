@@ -204,6 +204,20 @@ class RolloutCostModel:
             devices += counts_by_tp[tp] * tp
         return max(1.0 / rate, path / devices / max(1, pipeline_depth))
 
+    def work_term_s(
+        self, counts_by_tp: dict[int, int], scale: float = 1.0, pipeline_depth: int = 1
+    ) -> float:
+        """``fast_makespan_s``'s fluid-work term alone (the layout's aggregate rate)."""
+        conc = len(self.history) * scale * max(1, pipeline_depth) / sum(counts_by_tp.values())
+        rate = sum(n / (self._fast_terms(tp, conc)[0] * scale)
+                   for tp, n in counts_by_tp.items() if n > 0)
+        return 1.0 / rate
+
+    def unloaded_path_s(self, tp: int) -> float:
+        """The longest request's critical path alone on a TP ``tp`` instance (batch 1):
+        the straggler term of the step-chain bound (``sim/bounds.py``)."""
+        return self.profile(tp, 1).latency_s(self._longest)
+
     def best_fast_layout(
         self, rows: Sequence[LayoutCounts], scale: float = 1.0, pipeline_depth: int = 1
     ) -> tuple[int, float]:

@@ -86,6 +86,16 @@ class Plan:
         t = self.train
         return (t.tp, t.pp, t.dp, t.micro_batch, tuple(sorted(Counter(self.rollout_tps).items())))
 
+    def rollout_share_recreated(self, new: Plan, gpus_per_node: int) -> float:
+        """Share of this plan's rollout devices whose node changes pattern (or turns to
+        training) when ``new`` replaces it: what a move tears down. Nodes are numbered
+        training first, then ``rollout_nodes`` in order (``sim.replan.apply_plan``)."""
+        old_first, new_first = self.train_gpus // gpus_per_node, new.train_gpus // gpus_per_node
+        wanted = {new_first + i: p for i, p in enumerate(new.rollout_nodes)}
+        torn = sum(sum(p) for i, p in enumerate(self.rollout_nodes)
+                   if wanted.get(old_first + i) != p)
+        return torn / max(1, self.rollout_gpus)
+
     def validate(self, cluster: ClusterShape) -> None:
         """Raise ``PlanError`` for plans the cluster cannot run.
 

@@ -5,7 +5,8 @@ Each training step the caller reports ``StepMetrics``; ``decide(step)`` then
 1. checks the gates (enabled, cool-down, warm-up, history size) and the triggers
    (interval; queue / active pressure, rejected growth, rollout/train ratio);
 2. if fired, searches for a candidate and applies it only when it differs from the
-   current plan, ``gain - transition_cost > 0`` and ``gain / current >= min_gain_ratio``;
+   current plan, ``gain x gain_horizon_steps - transition_cost > 0`` and
+   ``gain / current >= min_gain_ratio``;
 3. derives the elastic signal (join / release / hold, with hysteresis, a rollout
    reserve and a TTL).
 
@@ -187,7 +188,9 @@ class GlobalResourcePlanner:
         if math.isinf(current.objective_s):
             raw = math.inf if not math.isinf(best.objective_s) else 0.0
         event.raw_gain_s = raw if not math.isinf(raw) else 1e18
-        event.net_gain_s = event.raw_gain_s - cfg.transition_cost_s
+        event.transition_cost_s = self._transition_cost_s(best.plan, current.objective_s)
+        # The gain is per step; the transition is paid once: amortise over the horizon.
+        event.net_gain_s = event.raw_gain_s * cfg.gain_horizon_steps - event.transition_cost_s
         event.gain_ratio = (
             1.0 if math.isinf(current.objective_s) else raw / max(current.objective_s, 1e-12)
         )
@@ -197,6 +200,18 @@ class GlobalResourcePlanner:
             event.applied = True
             event.reason = "applied" if cfg.core_replan else "applied_via_elastic"
         return event
+
+    def _transition_cost_s(self, candidate: Plan, current_s: float) -> float:
+        """The move's modelled cost: fixed, plus (``recreated``) the in-flight work of the
+        rollout devices it re-creates, about one current step of their share."""
+        assert self.current is not None
+        cost = self._config.transition_cost_s
+        if self._config.transition_cost_model == "recreated" and not math.isinf(current_s):
+            share = self.current.rollout_share_recreated(
+                candidate, self._search.cluster.gpus_per_node
+            )
+            cost += current_s * share
+        return cost
 
     def _refusal(self, candidate: Plan, event: PlanEvent) -> str:
         """Why ``candidate`` is not applied ("" when it is): same plan, invalid plan,

@@ -13,6 +13,9 @@ from typing import Any
 from scheduling.planner.calibration import CalibratorConfig
 from scheduling.planner.costmodel import RequestStats
 
+TRANSITION_COST_MODELS = ("fixed", "recreated")
+"""Values of ``PlannerConfig.transition_cost_model``."""
+
 
 @dataclass(frozen=True, slots=True)
 class ElasticSignal:
@@ -43,6 +46,12 @@ class PlannerConfig:
     rollout_train_ratio_threshold: float = 1.25
     min_gain_ratio: float = 0.05
     transition_cost_s: float = 15.0
+    gain_horizon_steps: int = 1
+    """Steps a predicted per-step gain is counted over before the one-off
+    ``transition_cost_s`` is taken from it: ``net = gain_s x horizon - cost``. 1 is the
+    reference's rule (digest 5.4), which takes a cost in seconds from a gain in seconds
+    *per step*; a plan applied on the interval runs at least until the next interval
+    decision, so ``plan_interval_steps`` compares like with like (issue 20, session 15)."""
     # Elastic hybrid pool (digest 5.5).
     enable_elastic: bool = True
     elastic_reserve_gpus: int = 8
@@ -74,7 +83,17 @@ class PlannerConfig:
     carried out by the elastic pool (desired = current + the candidate's extra training
     replicas, which may be negative)."""
 
+    transition_cost_model: str = "fixed"
+    """``fixed``: a move costs ``transition_cost_s``. ``recreated``: plus the current
+    step time x the share of rollout devices the move re-creates (their in-flight turns
+    restart: no KV transfer; ``Plan.rollout_share_recreated``) (issue 20, session 15)."""
+
     def __post_init__(self) -> None:
+        if self.transition_cost_model not in TRANSITION_COST_MODELS:
+            raise ValueError(
+                f"transition_cost_model must be one of {', '.join(TRANSITION_COST_MODELS)}, "
+                f"got {self.transition_cost_model!r}"
+            )
         if self.plan_interval_steps <= 0:
             raise ValueError(
                 f"plan_interval_steps must be positive, got {self.plan_interval_steps}"
@@ -93,6 +112,14 @@ class PlannerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.elastic_span_alpha <= 1.0:
             raise ValueError(f"elastic_span_alpha must be in [0, 1], got {self.elastic_span_alpha}")
+        if (
+            isinstance(self.gain_horizon_steps, bool)
+            or not isinstance(self.gain_horizon_steps, int)
+            or self.gain_horizon_steps < 1
+        ):
+            raise ValueError(
+                f"gain_horizon_steps must be an integer >= 1, got {self.gain_horizon_steps!r}"
+            )
         if self.pipeline_depth < 1:
             raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
 
@@ -135,6 +162,8 @@ class PlanEvent:
     candidate_objective_s: float | None = None
     raw_gain_s: float = 0.0
     net_gain_s: float = 0.0
+    transition_cost_s: float = 0.0
+    """The modelled cost of the move (``PlannerConfig.transition_cost_model``)."""
     gain_ratio: float = 0.0
     inputs: dict[str, Any] = field(default_factory=dict)
     elastic: ElasticSignal | None = None

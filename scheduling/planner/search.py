@@ -9,14 +9,13 @@ times multiplied by their calibration factors.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
+from scheduling.planner import candidates as cands
 from scheduling.planner.costmodel import (
     LayoutCounts,
     RequestStats,
@@ -26,7 +25,10 @@ from scheduling.planner.costmodel import (
     train_step_s,
 )
 from scheduling.planner.plan import ClusterShape, NodePattern, Plan, PlanError
+from scheduling.planner.scored import RolloutRefiner, Scored, Workload
 from scheduling.planner.specs import HardwareSpec, ModelSpec
+
+__all__ = ["PlanSearch", "RolloutRefiner", "Scored", "SearchSpace", "Workload"]
 
 MIX_FRACTIONS = (0.25, 0.5, 0.75)
 REFINE_TOP_K = 3
@@ -47,52 +49,11 @@ class SearchSpace:
     fixed_train_nodes: int | None = None
     """Pin the split (static systems search only the layout)."""
     homogeneous_per_split: bool = True
-    """With a refiner, also refine the best homogeneous layout at each split the closed
-    form ranks top (``PlanSearch._homogeneous_per_split``; issue 20, session 14)."""
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Per-step demand the plan must serve."""
-
-    requests_per_step: int
-    history: tuple[RequestStats, ...]
-    pipeline_depth: int = 1
-    """Rollout steps in flight at once (async: staleness bound + 1; sync: 1)."""
-
-    @functools.cached_property
-    def tokens_per_step(self) -> float:
-        """Prompt plus post-prompt tokens of one step's batch."""
-        mean = sum(r.prompt_tokens + r.gen_tokens for r in self.history) / len(self.history)
-        return mean * self.requests_per_step
-
-    @functools.cached_property
-    def mean_seq_tokens(self) -> float:
-        """Mean sequence length."""
-        return sum(r.prompt_tokens + r.gen_tokens for r in self.history) / len(self.history)
-
-
-class RolloutRefiner(Protocol):
-    """A slower, truer rollout score for the few plans the closed form ranks best (the
-    simulator's twin, ``sim/twin.py``): the step time ``plan`` would run at."""
-
-    def rollout_s(self, plan: Plan, work: Workload) -> float:
-        """Seconds of rollout per step that ``plan`` would take on ``work``."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Scored:
-    """A plan with its (calibrated) predicted stage times."""
-
-    plan: Plan
-    train_s: float
-    rollout_s: float
-
-    @property
-    def objective_s(self) -> float:
-        """``max(T_train, T_rollout)``."""
-        return max(self.train_s, self.rollout_s)
+    """With a refiner, also refine homogeneous layouts at each split the closed form
+    ranks top (``scheduling.planner.candidates``; issue 20, session 14)."""
+    homogeneous_screen: str = "front"
+    """Which homogeneous layouts per top split: ``closed_form`` (its best one) or
+    ``front`` (every one on the (work, straggler path) Pareto front; session 15)."""
 
 
 class PlanSearch:
@@ -216,11 +177,7 @@ class PlanSearch:
         the result equals the unpruned enumeration's).
         """
         model = self.cost_model(work)
-        candidates = self._closed_form_top_k(model, work, train_factor, rollout_factor)
-        if self.refiner is not None:
-            candidates += self._best_uniform(model, work, candidates)
-            if self.space.homogeneous_per_split:
-                candidates += self._homogeneous_per_split(model, work, candidates)
+        candidates = self.candidates(model, work, train_factor, rollout_factor)
         # Fewest training seconds first. A candidate whose training step alone takes at
         # least the best objective refined so far cannot win (its objective is at least
         # that), so it is not refined: exact pruning of the costly re-score (the twin).
@@ -264,63 +221,33 @@ class PlanSearch:
             del top[REFINE_TOP_K:]
         return [s for _, _, s in top]
 
+    def candidates(
+        self, model: RolloutCostModel, work: Workload, train_factor: float = 1.0,
+        rollout_factor: float = 1.0,
+    ) -> list[Scored]:
+        """Every plan ``search`` may refine: the closed form's top splits and, with a
+        refiner, the uniform guard and each top split's homogeneous layouts
+        (``scheduling.planner.candidates``)."""
+        out = self._closed_form_top_k(model, work, train_factor, rollout_factor)
+        if self.refiner is not None:
+            out += self._best_uniform(model, work, out)
+            if self.space.homogeneous_per_split:
+                out += self._homogeneous_per_split(model, work, out)
+        return out
+
     def _best_uniform(
         self, model: RolloutCostModel, work: Workload, taken: list[Scored]
     ) -> list[Scored]:
-        """The closed form's best single-pattern plan, unless already a candidate.
-
-        The closed form favours mixes of small instances plus one large one (its floor is
-        the longest request alone on the fastest instance); a placement policy that
-        learns a trajectory's length only from its tool returns does not realise that
-        (issue 20). One uniform plan in the refined set lets the twin judge it.
-        """
-        single = [s for n in self._train_node_options()
-                  if (s := self._single_pattern_at(model, work, n)) is not None]
-        best = min(single, key=lambda s: s.objective_s, default=None)
-        return [best] if best and best.plan.key() not in {s.plan.key() for s in taken} else []
+        return cands.best_uniform(self, model, work, taken)
 
     def _homogeneous_per_split(
         self, model: RolloutCostModel, work: Workload, taken: list[Scored]
     ) -> list[Scored]:
-        """The best homogeneous layout (one TP degree) at each split among ``taken``,
-        unless taken or heterogeneity is required: Libra's planner picks the layout per
-        split (design digest 5.3, homogeneous ones allowed; C-MLFQ on one bucket routes
-        by load), so the twin judges one beside each split's mix (issue 20, session 14).
-        """
-        if self.space.require_heterogeneous:
-            return []
-        keys = {s.plan.key() for s in taken}
-        out: list[Scored] = []
-        for n in sorted({s.plan.train_gpus // self.cluster.gpus_per_node for s in taken}):
-            cand = self._single_pattern_at(model, work, n, homogeneous=True)
-            if cand is not None and cand.plan.key() not in keys:
-                keys.add(cand.plan.key())
-                out.append(cand)
-        return out
+        return cands.homogeneous_per_split(self, model, work, taken)
 
-    def _single_pattern_at(
-        self, model: RolloutCostModel, work: Workload, train_nodes: int,
-        homogeneous: bool = False,
-    ) -> Scored | None:
-        """The closed form's best plan with ``train_nodes`` training nodes and every
-        rollout node on one pattern (``homogeneous``: a pattern of one TP degree)."""
-        scale = work.requests_per_step / len(work.history)
-        par = self.train_parallelism(train_nodes)
-        t_train = self.train_s(par, work)
-        nodes_left = self.cluster.num_nodes - train_nodes
-        best: Scored | None = None
-        for pattern in self.space.node_patterns:
-            if homogeneous and len(set(pattern)) > 1:
-                continue
-            counts = tuple((tp, pattern.count(tp) * nodes_left) for tp in dict.fromkeys(pattern))
-            row = (counts, len(pattern) * nodes_left, max(pattern))
-            index, t_roll = model.best_fast_layout([row], scale, work.pipeline_depth)
-            if index < 0:
-                continue
-            scored = Scored(Plan(par, (pattern,) * nodes_left), t_train, t_roll)
-            if best is None or scored.objective_s < best.objective_s:
-                best = scored
-        return best
+    def train_node_options(self) -> list[int]:
+        """Training node counts the space allows whose devices hold whole replicas."""
+        return self._train_node_options()
 
     def _train_node_options(self) -> list[int]:
         """Training node counts the space allows whose devices hold whole replicas."""
@@ -382,6 +309,11 @@ def _check_space(space: SearchSpace, cluster: ClusterShape) -> None:
     if not isinstance(space.homogeneous_per_split, bool):
         raise PlanError(
             f"homogeneous_per_split: must be True or False, got {space.homogeneous_per_split!r}"
+        )
+    if space.homogeneous_screen not in cands.HOMOGENEOUS_SCREENS:
+        raise PlanError(
+            f"homogeneous_screen: must be one of {', '.join(cands.HOMOGENEOUS_SCREENS)}, "
+            f"got {space.homogeneous_screen!r}"
         )
     fixed = space.fixed_train_nodes
     if fixed is not None and not 1 <= fixed <= cluster.num_nodes - space.min_rollout_nodes:

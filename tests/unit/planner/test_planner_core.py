@@ -249,3 +249,60 @@ def test_real_search_finds_feasible_plan_and_infinite_when_too_long() -> None:
     best.plan.validate(SHAPE)
     model = RolloutCostModel(HW, MODEL, [RequestStats(500, 10**8)])
     assert math.isinf(model.makespan_s([8]))
+
+
+# The gain horizon (issue 20, session 15): a per-step gain against a one-off cost.
+
+
+def test_gain_is_amortised_over_the_horizon_before_the_transition_cost() -> None:
+    # 10 s per step against 15 s once: refused by the reference's rule (horizon 1),
+    # applied when the plan is counted over the 5 steps it runs before the next decision.
+    refused = _planner(search=FakeSearch(current_s=100.0, candidate_s=90.0))
+    refused.observe(_metrics(10))
+    assert refused.decide(10).reason == "net_gain_not_positive"
+    planner = _planner(search=FakeSearch(current_s=100.0, candidate_s=90.0), gain_horizon_steps=5)
+    planner.observe(_metrics(10))
+    event = planner.decide(10)
+    assert (event.applied, event.raw_gain_s, event.net_gain_s) == (True, 10.0, 35.0)
+    # A gain that does not pay the cost even over the horizon stays refused.
+    small = _planner(search=FakeSearch(current_s=100.0, candidate_s=97.5),
+                     gain_horizon_steps=5, min_gain_ratio=0.0)
+    small.observe(_metrics(10))
+    assert small.decide(10).net_gain_s == pytest.approx(-2.5)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "5"])
+def test_a_bad_gain_horizon_names_the_field(value: object) -> None:
+    with pytest.raises(ValueError, match="gain_horizon_steps"):
+        PlannerConfig(gain_horizon_steps=value)  # type: ignore[arg-type]
+
+
+def test_share_recreated_counts_rollout_nodes_whose_pattern_changes() -> None:
+    # Node numbering: training nodes first, then rollout_nodes in order.
+    narrow = Plan(TrainParallelism(8, 1, 2), ((8,), (8,)))
+    grow_rollout = Plan(TrainParallelism(8, 1, 1), ((2, 2, 2, 2), (8,), (8,)))
+    assert narrow.rollout_share_recreated(grow_rollout, 8) == 0.0  # a training node joins
+    old = grow_rollout
+    to_training = Plan(TrainParallelism(8, 1, 2), ((8,), (8,)))  # node 1 joins training
+    assert old.rollout_share_recreated(to_training, 8) == pytest.approx(1 / 3)
+    relaid = Plan(TrainParallelism(8, 1, 1), ((4, 4), (4, 4), (8,)))
+    assert old.rollout_share_recreated(relaid, 8) == pytest.approx(2 / 3)
+
+
+def test_recreated_cost_adds_the_current_step_times_the_share_torn_down() -> None:
+    # CURRENT (nodes 2-3 TP2) -> OTHER (nodes 1-2 re-laid, node 3 kept): half re-created.
+    assert CURRENT.rollout_share_recreated(OTHER, 8) == 0.5
+    planner = _planner(search=FakeSearch(current_s=100.0, candidate_s=60.0),
+                       gain_horizon_steps=5, transition_cost_model="recreated")
+    planner.observe(_metrics(10))
+    event = planner.decide(10)
+    assert (event.transition_cost_s, event.net_gain_s, event.applied) == (65.0, 135.0, True)
+    fixed = _planner(search=FakeSearch(current_s=100.0, candidate_s=60.0), gain_horizon_steps=5)
+    fixed.observe(_metrics(10))
+    assert fixed.decide(10).transition_cost_s == 15.0
+
+
+@pytest.mark.parametrize("value", ["", "per_node", None])
+def test_an_unknown_transition_cost_model_names_the_field(value: object) -> None:
+    with pytest.raises(ValueError, match="transition_cost_model"):
+        PlannerConfig(transition_cost_model=value)  # type: ignore[arg-type]

@@ -62,6 +62,56 @@ def test_each_top_split_gets_its_best_homogeneous_layout_judged() -> None:
     assert len({c.plan.key() for c in top + extra}) == len(top) + len(extra)  # no repeats
 
 
+def _front_terms(search: PlanSearch, model, work: Workload, train_gpus: int, tp: int):
+    nodes_left = search.cluster.num_nodes - train_gpus // 8
+    scale = work.requests_per_step / len(work.history)
+    count = (8 // tp) * nodes_left
+    return (model.work_term_s({tp: count}, scale, work.pipeline_depth), model.unloaded_path_s(tp))
+
+
+def test_the_front_screen_keeps_every_undominated_homogeneous_layout() -> None:
+    # Session 15: the closed form ranks TP4 ahead of TP8 at every top split, the twin
+    # and the simulation TP8; the screen keeps both the throughput and the straggler end.
+    search, _, work = _search(homogeneous_screen="front")
+    model = search.cost_model(work)
+    top = search._closed_form_top_k(model, work, 1.0, 1.0)
+    extra = search._homogeneous_per_split(model, work, top)
+    homogeneous = [p for p in LIBRA_PATTERNS if len(set(p)) == 1]
+    for split in {c.plan.train_gpus for c in top}:
+        kept = {c.plan.rollout_nodes[0][0] for c in extra + top
+                if c.plan.train_gpus == split and _homogeneous(c.plan)}
+        terms = {p[0]: _front_terms(search, model, work, split, p[0]) for p in homogeneous}
+        assert 8 in kept  # the shortest straggler path is always on the front
+        for tp, (w, path) in terms.items():
+            dominated = any(w2 <= w and p2 <= path and (w2, p2) != (w, path)
+                            for w2, p2 in terms.values())
+            assert (tp in kept) or dominated, (split, tp)
+    assert len({c.plan.key() for c in top + extra}) == len(top) + len(extra)
+
+
+def test_the_closed_form_screen_judges_one_per_split() -> None:
+    search, _, work = _search(homogeneous_screen="closed_form")
+    model = search.cost_model(work)
+    top = search._closed_form_top_k(model, work, 1.0, 1.0)
+    extra = search._homogeneous_per_split(model, work, top)
+    assert len({c.plan.train_gpus for c in extra}) == len(extra)
+    front, _, _ = _search(homogeneous_screen="front")
+    assert len(front._homogeneous_per_split(model, work, top)) > len(extra)
+
+
+def test_the_unloaded_path_falls_with_tp() -> None:
+    search, _, work = _search()
+    model = search.cost_model(work)
+    paths = [model.unloaded_path_s(tp) for tp in (1, 2, 4, 8)]
+    assert paths == sorted(paths, reverse=True) and paths[-1] < paths[0]
+
+
+@pytest.mark.parametrize("value", ["all", "", None, 1])
+def test_an_unknown_screen_names_the_field(value: object) -> None:
+    with pytest.raises(PlanError, match="homogeneous_screen"):
+        _search(homogeneous_screen=value)
+
+
 def test_heterogeneity_required_adds_none() -> None:
     search, _, work = _search(require_heterogeneous=True)
     model = search.cost_model(work)
