@@ -104,12 +104,15 @@ def test_instance_never_exceeds_kv_capacity_and_queues_the_rest() -> None:
 
 def test_segment_ends_at_first_completion_and_time_is_monotone() -> None:
     inst = Instance.create("i", 2, "tp2", 0, CLUSTER.hardware, CLUSTER.model)
-    inst.running = [Seq("a", 0, 5, 100, 200), Seq("b", 0, 9, 100, 200)]
+    inst.waiting.extend([Seq("a", 0, 5, 100, 200), Seq("b", 0, 9, 100, 200)])
+    inst.admit_waiting()
     end = inst.plan_segment(0.0)
     assert inst.seg_steps == 5 and end > 0
     assert [inst.seg_elapsed(k) for k in range(6)] == sorted(inst.seg_elapsed(k) for k in range(6))
     done = inst.advance(inst.seg_steps)
-    assert [s.traj for s in done] == ["a"] and inst.running[0].decode_left == 4
+    (left,) = inst.running.values()
+    assert [s.traj for s in done] == ["a"] and done[0].decode_left == 0
+    assert inst.decode_left(left) == 4 and inst.ctx_of(left) == 105
     assert inst.seg_start == pytest.approx(end)
 
 
