@@ -171,7 +171,9 @@ def test_trace_longer_than_largest_kv_is_reported_infeasible() -> None:
 
 def test_bound_terms_are_positive() -> None:
     b = bounds.lower_bound_s(CLUSTER, _trace(steps=1))
-    assert b["lower_bound_s"] == max(b["work_bound_s"], b["step_chain_bound_s"]) > 0
+    assert b["lower_bound_s"] == max(
+        b["work_bound_s"], b["step_chain_bound_s"], b["throughput_chain_bound_s"]
+    ) > 0
     assert b["step_chain_bound_s"] >= b["critical_path_s"]
 
 
