@@ -114,9 +114,6 @@ class Instance:
 
     # Timing.
 
-    def _step(self, num_decode: int, kv_tokens: float, chunk: int, chunk_ctx: float) -> float:
-        return self._timer(num_decode, kv_tokens, chunk, chunk_ctx)
-
     def seg_elapsed(self, k: int) -> float:
         """Time of the first ``k`` steps of the current segment."""
         return k * self.seg_s0 + self.seg_slope * k * (k - 1) / 2.0
@@ -205,7 +202,8 @@ class Instance:
                 self._prefilling.popleft()
                 self._start_decoding(head)
         self.seg_steps -= k
-        done.sort(key=_order)
+        if len(done) > 1:
+            done.sort(key=_order)
         for seq in done:
             seq.decode_left = seq.end_clock - self._clock
             seq.ctx = seq.ctx_base + self._clock
@@ -217,7 +215,7 @@ class Instance:
     def plan_segment(self, now: float) -> float | None:
         """Start the next segment at ``max(now, pause)``; return its end time (None if idle)."""
         self.version += 1
-        self.seg_start = max(now, self.pause_until)
+        self.seg_start = now if now >= self.pause_until else self.pause_until
         if not self.running or not self.alive:
             self.seg_steps = 0
             return None
@@ -233,11 +231,14 @@ class Instance:
         else:
             n, chunk, ctx = math.inf, 0, 0.0
         if n_dec:
-            n = min(n, self._decoding[0][0] - self._clock)
-        n = max(1, int(n))
-        s0 = self._step(n_dec, kv, chunk, ctx)
+            fewest_left = self._decoding[0][0] - self._clock
+            if fewest_left < n:
+                n = fewest_left
+        n = int(n) if n >= 1 else 1
+        timer = self._timer
+        s0 = timer(n_dec, kv, chunk, ctx)
         if n > 1:
-            s1 = self._step(n_dec, kv + n_dec * (n - 1), chunk, ctx + (n - 1) * chunk)
+            s1 = timer(n_dec, kv + n_dec * (n - 1), chunk, ctx + (n - 1) * chunk)
             slope = (s1 - s0) / (n - 1)
         else:
             slope = 0.0
