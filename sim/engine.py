@@ -176,6 +176,9 @@ class Simulator:
         if self.draining:
             return  # the reference pauses its dispatcher until the sync is done
         kept: list[tuple[int, int, TrajState]] = []
+        # Nodes change only in event handlers (planner, pool, NODE_UP), never within a
+        # pass, so one index serves it (a scout policy re-offers every queued one).
+        loads = self.nodes.index()
         while self.pending:
             item = heapq.heappop(self.pending)
             t = item[2]
@@ -185,7 +188,7 @@ class Simulator:
                 lt.GroupId(t.rec.group_id),
                 t.ctx,
             )
-            placement = self.policy.begin(desc, self.nodes.index())
+            placement = self.policy.begin(desc, loads)
             if not placement.is_placed:
                 self.rejected += 1
                 kept.append(item)
