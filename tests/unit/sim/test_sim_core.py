@@ -116,6 +116,22 @@ def test_segment_ends_at_first_completion_and_time_is_monotone() -> None:
     assert inst.seg_start == pytest.approx(end)
 
 
+def test_a_turn_finishing_its_prefill_decodes_from_the_next_segment() -> None:
+    inst = Instance.create("i", 1, "tp1", 0, CLUSTER.hardware, CLUSTER.model)
+    a, b, c = Seq("a", 0, 3, 100, 200), Seq("b", 10, 5, 0, 200), Seq("c", 0, 3, 50, 200)
+    inst.waiting.extend([a, b, c])
+    inst.admit_waiting()
+    inst.plan_segment(0.0)
+    assert inst.seg_steps == 1  # b's prefill fits one chunk
+    assert inst.advance(1) == [] and b.prefill_left == 0
+    assert [inst.decode_left(s) for s in (a, b, c)] == [2, 5, 2]
+    inst.plan_segment(inst.seg_start)
+    assert inst.seg_steps == 2
+    assert [s.traj for s in inst.advance(2)] == ["a", "c"]  # admission order
+    assert inst.decode_left(b) == 3 and inst.ctx_of(b) == 12
+    assert inst.kv_reserved == 200
+
+
 # Whole runs.
 
 
