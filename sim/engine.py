@@ -90,7 +90,9 @@ class Simulator:
     def _init_state(self, plan: Plan) -> None:
         self.events: list[tuple] = []
         self.seq = 0
-        self.nodes = NodeRegistry(self.hw, self.model, self.system.bucket_for_tp)
+        self.nodes = NodeRegistry(
+            self.hw, self.model, self.system.bucket_for_tp, self.layout
+        )
         # The registry's containers, shared (the loop reads them on every event).
         self.instances, self.loads = self.nodes.instances, self.nodes.loads
         self.load_list, self.node_patterns = self.nodes.load_list, self.nodes.node_patterns
@@ -162,7 +164,7 @@ class Simulator:
 
     def _apply(self, deltas: tuple) -> None:
         for iid, delta in deltas:
-            self.loads[iid].active_trajectories += delta
+            self.nodes.add_load(iid, delta)
 
     # Admission.
 
@@ -174,6 +176,9 @@ class Simulator:
         if self.draining:
             return  # the reference pauses its dispatcher until the sync is done
         kept: list[tuple[int, int, TrajState]] = []
+        # Nodes change only in event handlers (planner, pool, NODE_UP), never within a
+        # pass, so one index serves it (a scout policy re-offers every queued one).
+        loads = self.nodes.index()
         while self.pending:
             item = heapq.heappop(self.pending)
             t = item[2]
@@ -183,7 +188,7 @@ class Simulator:
                 lt.GroupId(t.rec.group_id),
                 t.ctx,
             )
-            placement = self.policy.begin(desc, self.load_list)
+            placement = self.policy.begin(desc, loads)
             if not placement.is_placed:
                 self.rejected += 1
                 kept.append(item)
@@ -197,7 +202,7 @@ class Simulator:
             heapq.heappush(self.pending, item)
         if self.pending:
             # The policy's health check: nothing should idle while work waits for a place.
-            for iid in idle_while_queued(self.load_list, len(self.pending)):
+            for iid in idle_while_queued(self.nodes.index(), len(self.pending)):
                 self.idle_while_queued[iid] += 1
 
     def _submit_turn(self, t: TrajState, now: float) -> None:
@@ -265,7 +270,7 @@ class Simulator:
             tool.type, self.sizes.classify(tool.payload_tokens), STATUS[tool.status]
         )
         decision = self.policy.on_tool_return(
-            lt.TrajectoryId(t.rec.trajectory_id), state, t.post_tokens, self.load_list
+            lt.TrajectoryId(t.rec.trajectory_id), state, t.post_tokens, self.nodes.index()
         )
         if decision.is_move:
             self._apply(decision.load_deltas)

@@ -1,4 +1,11 @@
-"""The simulator's rollout nodes: their instances, load records and retired totals."""
+"""The simulator's rollout nodes: their instances, load records and retired totals.
+
+The load records are also kept in a ``LoadIndex`` (the live scheduler's per-bucket
+least-load index), so that a placement or a move looks loads up instead of scanning
+every instance: at 1,000 GPUs the scans were ~15% of a run. The index is rebuilt after a
+node is built, torn down or comes up (liveness and membership are fixed within one
+index), and every load change goes through ``add_load`` while it is current.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,8 @@ from collections.abc import Callable
 
 from libra.types import InstanceId, InstanceLoad
 from scheduling.planner import HardwareSpec, ModelSpec
+from scheduling.policy import BucketLayout
+from scheduling.policy.load_index import LoadIndex
 from sim.instance import Instance
 
 
@@ -16,12 +25,17 @@ class NodeRegistry:
         hw: Device.
         model: Model.
         bucket_for_tp: Bucket name of an instance of a TP degree.
+        layout: The policy's bucket layout (the index's per-instance caps).
     """
 
     def __init__(
-        self, hw: HardwareSpec, model: ModelSpec, bucket_for_tp: Callable[[int], str]
+        self, hw: HardwareSpec, model: ModelSpec, bucket_for_tp: Callable[[int], str],
+        layout: BucketLayout,
     ) -> None:
         self._hw, self._model, self._bucket_for_tp = hw, model, bucket_for_tp
+        self._layout = layout
+        self._index: LoadIndex | None = None
+        """The load records indexed; ``None`` after a membership or liveness change."""
         self.instances: dict[str, Instance] = {}
         self.loads: dict[str, InstanceLoad] = {}
         self.load_list: list[InstanceLoad] = []
@@ -44,6 +58,7 @@ class NodeRegistry:
             load = InstanceLoad(InstanceId(iid), bucket, 0, is_live=alive)
             self.loads[iid] = load
             self.load_list.append(load)
+        self._index = None
 
     def teardown(self, node: int, now: float) -> list[str]:
         """Remove a node's instances, account their time; return their ids."""
@@ -57,6 +72,7 @@ class NodeRegistry:
             self.load_list.remove(self.loads.pop(iid))
             inst.evict_all()
         self.node_patterns.pop(node, None)
+        self._index = None
         return removed
 
     def mark_up(self, node: int) -> None:
@@ -65,3 +81,18 @@ class NodeRegistry:
             if inst.node == node:
                 inst.alive = True
                 self.loads[inst.iid].is_live = True
+        self._index = None
+
+    def index(self) -> LoadIndex:
+        """The load records as routing reads them (built on first use after a change)."""
+        if self._index is None:
+            self._index = LoadIndex(self._layout, self.load_list)
+        return self._index
+
+    def add_load(self, iid: str, delta: int) -> None:
+        """Change an instance's pinned count (``KeyError`` if it is not live here)."""
+        load = self.loads[iid]
+        if self._index is None:
+            load.active_trajectories += delta
+        else:
+            self._index.add_load(iid, delta)

@@ -101,6 +101,15 @@ def static_plan(cluster: ClusterSpec, system: SystemConfig) -> Plan:
     return plan
 
 
+def max_rollout_gpus(cluster: ClusterSpec, system: SystemConfig) -> int:
+    """The most devices that can generate at once: all of them in a colocated loop; in a
+    disaggregated one every plan keeps a training node (``Plan.validate``) and the
+    elastic pool only lends rollout nodes to training."""
+    if system.mode == "sync":
+        return cluster.num_gpus
+    return cluster.num_gpus - cluster.gpus_per_node
+
+
 def steady_throughput(
     train_log: list[dict[str, Any]], trace: list[TraceTrajectory], pipeline_depth: int
 ) -> float | None:
@@ -148,7 +157,7 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
     twin_runs = twin.runs if twin is not None else 0
     bound = lower_bound_s(
         cluster, trace, staleness, stream=fitted.consumption != "barrier",
-        group=fitted.consume_unit == "group",
+        group=fitted.consume_unit == "group", max_rollout_gpus=max_rollout_gpus(cluster, fitted),
     )
     makespan = raw["makespan_s"]
     lat = np.array(raw["latencies_s"])

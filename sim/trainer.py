@@ -127,6 +127,12 @@ class BatchSource:
         """Finished members of units not yet complete."""
         self._ready: list[list[Any]] = []
         """Complete units, in the order their last member finished."""
+        self._ready_versions: list[int] = []
+        """Per ready unit, its version (its oldest member's; fixed once finished)."""
+        self._held_versions: Counter[int] = Counter()
+        """Oldest-token versions of the held members, counted (no zero entries): the
+        staleness check needs only which versions are held, not every member (at 1,000
+        GPUs thousands are held and ``take`` runs at every finish)."""
         self.released_version: dict[int, int] = {}
         self.consumed = 0
         """Trajectories handed to training so far."""
@@ -148,8 +154,13 @@ class BatchSource:
         key = self._key(traj)
         members = self._held.setdefault(key, [])
         members.append(traj)
+        self._held_versions[traj.first_version] += 1
         if len(members) == self._members[key]:
-            self._ready.append(self._held.pop(key))
+            unit = self._held.pop(key)
+            for t in unit:
+                self._unhold(t.first_version)
+            self._ready.append(unit)
+            self._ready_versions.append(min(t.first_version for t in unit))
         return self._done[step] == len(self._by_step[step])
 
     def take(
@@ -165,27 +176,42 @@ class BatchSource:
                 return None
             batch = self._by_step[step]
             ids = {id(t) for t in batch}
-            self._ready = [u for u in self._ready if id(u[0]) not in ids]
+            self._keep_ready([i for i, u in enumerate(self._ready) if id(u[0]) not in ids])
             return self._consumed(batch, version, by_release=True)
         size = self._units_per_step[step]
         if self._mode == "stream":
             if len(self._ready) < size:
                 return None
-            units, self._ready = self._ready[:size], self._ready[size:]
+            units = self._ready[:size]
+            self._keep_ready(range(size, len(self._ready)))
             return self._consumed([t for u in units for t in u], version, by_release=True)
+        if not last and len(self._ready) < size:
+            # ``bounded_batch`` would wait too (its only other outcome, a ready unit
+            # past the bound, is a broken invariant): skip its scan of every version.
+            return None
         # A unit's version is its oldest member's; an incomplete unit counts as in
-        # flight at the oldest version among its members, finished or not.
-        held = (t.first_version for members in self._held.values() for t in members)
+        # flight at the oldest version among its members, finished or not (the held
+        # versions, each once: the rule asks only whether any is due).
         picked = bounded_batch(
-            [min(t.first_version for t in u) for u in self._ready],
-            itertools.chain(in_flight, held), version, size, max_staleness, last=last,
+            self._ready_versions, itertools.chain(in_flight, self._held_versions),
+            version, size, max_staleness, last=last,
         )
         if picked is None:
             return None
         chosen = set(picked)
         batch = [t for i in picked for t in self._ready[i]]
-        self._ready = [u for i, u in enumerate(self._ready) if i not in chosen]
+        self._keep_ready([i for i in range(len(self._ready)) if i not in chosen])
         return self._consumed(batch, version, by_release=False)
+
+    def _unhold(self, version: int) -> None:
+        self._held_versions[version] -= 1
+        if not self._held_versions[version]:
+            del self._held_versions[version]
+
+    def _keep_ready(self, kept: Any) -> None:
+        """Keep the ready units at indices ``kept`` (ascending), with their versions."""
+        self._ready = [self._ready[i] for i in kept]
+        self._ready_versions = [self._ready_versions[i] for i in kept]
 
     def _consumed(self, batch: list[Any], version: int, *, by_release: bool) -> list[Any]:
         """Count ``batch`` as trained at ``version``; staleness from its step's release

@@ -77,6 +77,9 @@ class TwinRefiner:
         self._steps = max(self._depth + 1, int(round(steps_per_depth * self._depth)))
         self._recent: deque[tuple[TraceTrajectory, ...]] = deque(maxlen=self._depth)
         self._cache: dict[tuple, float] = {}
+        self._trace: list[TraceTrajectory] | None = None
+        """The replayed workload, shared by every candidate until the history changes
+        (it does not depend on the plan); cleared with ``_cache``."""
         if not isinstance(trend, bool):
             raise InvalidArgument("trend", f"must be True or False, got {trend!r}")
         self._trend = trend
@@ -107,6 +110,7 @@ class TwinRefiner:
             self._longest_tokens, max(t.total_tokens for t in trajectories)
         )
         self._cache.clear()
+        self._trace = None
 
     def observe_release(self, step: int) -> None:
         """The newest released step: what the trend extrapolates to."""
@@ -114,6 +118,7 @@ class TwinRefiner:
             self._frontier_step = step
             if self._trend:
                 self._cache.clear()
+                self._trace = None
 
     def length_scale(self) -> float:
         """Output-length factor from the replayed steps to the newest released one (1.0
@@ -159,7 +164,9 @@ class TwinRefiner:
     def _simulate(self, plan: Plan) -> float:
         self.runs += 1
         try:
-            raw = Simulator(self._cluster, self.trace(), self._system, plan, None).run()
+            if self._trace is None:
+                self._trace = self.trace()
+            raw = Simulator(self._cluster, self._trace, self._system, plan, None).run()
         except SimInfeasible:
             return math.inf
         ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]

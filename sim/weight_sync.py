@@ -37,7 +37,7 @@ def sync_weights(sim: Simulator, now: float) -> float:
         )
         if inst.seg_steps:
             sim.finish_steps(inst, inst.steps_done_by(now), now)
-        for seq in inst.running:
+        for seq in inst.running.values():
             sim.partial_rollouts += seq.traj.last_version < version
             seq.traj.last_version = version
         for seq in inst.waiting:

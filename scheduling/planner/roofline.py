@@ -164,6 +164,9 @@ def step_timer(hw: HardwareSpec, model: ModelSpec, tp: int) -> Callable[..., flo
         comm = 0.0
         if tp > 1:
             comm = layers2 * (latency + ring * (num_tokens * hidden * dtype) / bus_bw)
-        return max(t_mem, t_flop) + interference * min(t_mem, t_flop) + comm + overhead
+        # ``max`` / ``min`` written out (same values): this runs twice per segment.
+        if t_mem >= t_flop:
+            return t_mem + interference * t_flop + comm + overhead
+        return t_flop + interference * t_mem + comm + overhead
 
     return timer

@@ -28,6 +28,13 @@ from scheduling.policy.layout import BucketLayout
 from scheduling.policy.routing import RoundRobinCursor, RouteKind, RouteResult, route
 from scheduling.policy.store import PolicyStore, TrajectoryRecord
 
+# Counter names per reason / route kind, built once: every placement and tool return
+# counts one, and formatting an enum's value each time was a visible share of the
+# simulator's planner twin (the names are unchanged).
+_DECISION_COUNTERS = {reason: f"decision_{reason.value}" for reason in Reason}
+_PLACEMENT_COUNTERS = {reason: f"placement_{reason.value}" for reason in Reason}
+_ROUTE_COUNTERS = {kind: f"placements_{kind.value}" for kind in RouteKind}
+
 
 class PinningPolicy:
     """Base class implementing ``PlacementPolicy`` around three hooks.
@@ -89,7 +96,7 @@ class PinningPolicy:
             record.instance_id = decision.to_instance_id
             record.num_moves += 1
         self._store.put_trajectory(trajectory_id, record.to_dict())
-        self._counters[f"decision_{decision.reason.value}"] += 1
+        self._counters[_DECISION_COUNTERS[decision.reason]] += 1
         self._counters["moves" if decision.is_move else "stays"] += 1
         return decision
 
@@ -228,6 +235,6 @@ class PinningPolicy:
 
     def _count_placement(self, placement: Placement) -> None:
         if placement.route_kind is None:
-            self._counters[f"placement_{placement.reason.value}"] += 1
+            self._counters[_PLACEMENT_COUNTERS[placement.reason]] += 1
             return
-        self._counters[f"placements_{placement.route_kind.value}"] += 1
+        self._counters[_ROUTE_COUNTERS[placement.route_kind]] += 1

@@ -70,7 +70,9 @@ def test_both_bounds_hold_on_a_simulated_run() -> None:
     tr = _tool_bound_trace(3, 100.0)
     res = run(CLUSTER, tr, system("sync-lb"))
     terms = res["bound_terms"]
-    assert res["lower_bound_s"] == max(terms["work_bound_s"], terms["step_chain_bound_s"])
+    assert res["lower_bound_s"] == max(
+        terms["work_bound_s"], terms["step_chain_bound_s"], terms["throughput_chain_bound_s"]
+    )
     assert res["lower_bound_s"] <= res["makespan_s"]
 
 

@@ -104,13 +104,32 @@ def test_instance_never_exceeds_kv_capacity_and_queues_the_rest() -> None:
 
 def test_segment_ends_at_first_completion_and_time_is_monotone() -> None:
     inst = Instance.create("i", 2, "tp2", 0, CLUSTER.hardware, CLUSTER.model)
-    inst.running = [Seq("a", 0, 5, 100, 200), Seq("b", 0, 9, 100, 200)]
+    inst.waiting.extend([Seq("a", 0, 5, 100, 200), Seq("b", 0, 9, 100, 200)])
+    inst.admit_waiting()
     end = inst.plan_segment(0.0)
     assert inst.seg_steps == 5 and end > 0
     assert [inst.seg_elapsed(k) for k in range(6)] == sorted(inst.seg_elapsed(k) for k in range(6))
     done = inst.advance(inst.seg_steps)
-    assert [s.traj for s in done] == ["a"] and inst.running[0].decode_left == 4
+    (left,) = inst.running.values()
+    assert [s.traj for s in done] == ["a"] and done[0].decode_left == 0
+    assert inst.decode_left(left) == 4 and inst.ctx_of(left) == 105
     assert inst.seg_start == pytest.approx(end)
+
+
+def test_a_turn_finishing_its_prefill_decodes_from_the_next_segment() -> None:
+    inst = Instance.create("i", 1, "tp1", 0, CLUSTER.hardware, CLUSTER.model)
+    a, b, c = Seq("a", 0, 3, 100, 200), Seq("b", 10, 5, 0, 200), Seq("c", 0, 3, 50, 200)
+    inst.waiting.extend([a, b, c])
+    inst.admit_waiting()
+    inst.plan_segment(0.0)
+    assert inst.seg_steps == 1  # b's prefill fits one chunk
+    assert inst.advance(1) == [] and b.prefill_left == 0
+    assert [inst.decode_left(s) for s in (a, b, c)] == [2, 5, 2]
+    inst.plan_segment(inst.seg_start)
+    assert inst.seg_steps == 2
+    assert [s.traj for s in inst.advance(2)] == ["a", "c"]  # admission order
+    assert inst.decode_left(b) == 3 and inst.ctx_of(b) == 12
+    assert inst.kv_reserved == 200
 
 
 # Whole runs.
@@ -168,7 +187,9 @@ def test_trace_longer_than_largest_kv_is_reported_infeasible() -> None:
 
 def test_bound_terms_are_positive() -> None:
     b = bounds.lower_bound_s(CLUSTER, _trace(steps=1))
-    assert b["lower_bound_s"] == max(b["work_bound_s"], b["step_chain_bound_s"]) > 0
+    assert b["lower_bound_s"] == max(
+        b["work_bound_s"], b["step_chain_bound_s"], b["throughput_chain_bound_s"]
+    ) > 0
     assert b["step_chain_bound_s"] >= b["critical_path_s"]
 
 

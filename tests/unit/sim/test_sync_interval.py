@@ -101,7 +101,8 @@ def _cell(thr: float, stale: int) -> dict:
     plan = {"train_gpus": 32, "rollout_gpus": 16}
     return {
         "feasible": True, "throughput_traj_per_s": thr, "steady_throughput_traj_per_s": None,
-        "makespan_over_bound": 2.0, "makespan_s": 10.0, "bound_terms": {"step_chain_bound_s": 5.0},
+        "makespan_over_bound": 2.0, "makespan_s": 10.0,
+        "bound_terms": {"step_chain_bound_s": 5.0, "throughput_chain_bound_s": 5.0},
         "p99_traj_latency_s": 1.0, "gpu_busy_fraction": 0.5, "migrations": 0,
         "planner_moves": 0, "initial_plan": plan, "max_consumed_staleness": stale,
     }

@@ -1,0 +1,164 @@
+"""Speed of the planner twin and the simulator, arms alternated (issue 20, session 15).
+
+Each arm is a source tree (this one by default; pass a base-tree worktree to compare).
+Rounds alternate the arms, each in a fresh child process run from its tree, so a load
+change on the shared machine hits both arms alike. Per arm it reports:
+
+- decision time: one ``PlanSearch.search`` with an empty twin cache at 48 GPUs, after
+  5 observed steps, for 3 workloads x the seeds (CPU and wall seconds, twin runs);
+- one simulated run (``--cell``, default ``libra`` on held-out r2e seed 10 at 48 GPUs),
+  its CPU seconds and throughput (equal throughput across arms: the same results).
+
+CPU seconds are steadier than wall time under shared load; the load average is printed
+beside them.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_sim_speed.py \\
+        --arms /work/wt-s15-base,. [--rounds 2] [--seeds 0,1,2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPES = ("r2e", "search", "math")
+HISTORY_STEPS = 5
+
+
+def _decisions(seeds: list[int]) -> list[dict[str, Any]]:
+    """Decision time of one search per (workload, seed), in this process's tree."""
+    from scheduling.planner import (
+        ClusterShape,
+        PlanSearch,
+        RequestStats,
+        SearchSpace,
+        Workload,
+        pipeline_depth,
+    )
+    from sim.generators import GeneratorConfig, generate
+    from sim.presets import cluster
+    from sim.systems import system
+    from sim.twin import TwinRefiner
+
+    spec, libra, out = cluster("a800x48"), system("libra"), []
+    for shape in SHAPES:
+        for seed in seeds:
+            trace = generate(GeneratorConfig(shape=shape, num_steps=20, prompts_per_step=16,
+                                             seed=seed))
+            twin, history = TwinRefiner(spec, libra), []
+            for step in range(HISTORY_STEPS):
+                batch = [t for t in trace if t.step == step]
+                twin.observe_step(batch)
+                history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
+                            for t in batch]
+            search = PlanSearch(spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
+                                SearchSpace(node_patterns=libra.node_patterns, train_tp=8),
+                                refiner=twin)
+            work = Workload(64, tuple(history), pipeline_depth(libra.staleness))
+            wall, cpu = time.perf_counter(), time.process_time()
+            best = search.search(work)
+            out.append({"shape": shape, "seed": seed, "cpu_s": time.process_time() - cpu,
+                        "wall_s": time.perf_counter() - wall, "twin_runs": twin.runs,
+                        "rollout_s": best.rollout_s})
+    return out
+
+
+def _cell(spec_text: str) -> dict[str, Any]:
+    """One simulated run: ``workload:seed:gpus:system``."""
+    from sim.paper import SCALES, _trace
+    from sim.presets import cluster
+    from sim.run import run
+    from sim.systems import system
+
+    shape, seed, gpus, name = spec_text.split(":")
+    scale = SCALES[int(gpus)]
+    trace = _trace(scale, shape, int(seed))
+    cpu = time.process_time()
+    result = run(cluster(scale["cluster"]), trace, system(name))
+    return {"cell": spec_text, "cpu_s": time.process_time() - cpu,
+            "throughput_traj_per_s": result["throughput_traj_per_s"]}
+
+
+def _worker(args: argparse.Namespace) -> None:
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out = {"decisions": _decisions(seeds), "load": os.getloadavg()[0]}
+    if args.cell:
+        out["cell"] = _cell(args.cell)
+    print(json.dumps(out))
+
+
+def _run_arm(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--seeds", args.seeds]
+    if args.cell:
+        cmd += ["--cell", args.cell]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    cpu = [d["cpu_s"] for r in rounds for d in r["decisions"]]
+    wall = [d["wall_s"] for r in rounds for d in r["decisions"]]
+    runs = [d["twin_runs"] for r in rounds for d in r["decisions"]]
+    out = {
+        "decision_cpu_median_s": statistics.median(cpu), "decision_cpu_max_s": max(cpu),
+        "decision_wall_median_s": statistics.median(wall), "decision_wall_max_s": max(wall),
+        "twin_runs": [min(runs), max(runs)],
+        "picked_rollout_s": [d["rollout_s"] for d in rounds[0]["decisions"]],
+        "load": [r["load"] for r in rounds],
+    }
+    if "cell" in rounds[0]:
+        out["cell"] = rounds[0]["cell"]["cell"]
+        out["cell_cpu_s"] = [r["cell"]["cpu_s"] for r in rounds]
+        out["cell_throughput"] = rounds[0]["cell"]["throughput_traj_per_s"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", default=".",
+                        help="comma-separated source trees, alternated (default: this one)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every arm (default 2)")
+    parser.add_argument("--seeds", default="0,1,2", help="workload seeds (default 0,1,2)")
+    parser.add_argument("--cell", default="r2e:10:48:libra",
+                        help="one run timed per round, workload:seed:gpus:system ('' for none)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args)
+        return
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    trees = [Path(t).resolve() for t in args.arms.split(",")]
+    for tree in trees:
+        if not (tree / "sim" / "twin.py").is_file():
+            parser.error(f"--arms: {tree} is not a source tree (no sim/twin.py)")
+    by_arm: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
+    for _ in range(args.rounds):
+        for tree in trees:
+            by_arm[str(tree)].append(_run_arm(tree, args))
+    result = {arm: _summary(rounds) for arm, rounds in by_arm.items()}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    for arm, s in result.items():
+        line = (f"{arm}: decision CPU median {s['decision_cpu_median_s']:.3f} s, max "
+                f"{s['decision_cpu_max_s']:.3f} s (wall median {s['decision_wall_median_s']:.3f}"
+                f" s); twin runs {s['twin_runs'][0]}-{s['twin_runs'][1]}; load "
+                f"{', '.join(f'{x:.1f}' for x in s['load'])}")
+        if "cell" in s:
+            line += (f"; {s['cell']}: CPU {', '.join(f'{x:.1f}' for x in s['cell_cpu_s'])} s, "
+                     f"{s['cell_throughput']!r} traj/s")
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

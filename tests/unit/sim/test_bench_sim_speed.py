@@ -1,0 +1,47 @@
+"""The simulator-speed benchmark's options (issue 20, session 15): bad arms and rounds
+are refused before any run; one worker round in this tree reports what it measured."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from benchmarks import bench_sim_speed
+
+
+def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_sim_speed.py", *argv])
+    bench_sim_speed.main()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(("--arms", "/nonexistent-tree"), "--arms"), (("--rounds", "0"), "--rounds")],
+)
+def test_bad_options_exit_2_naming_the_option(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: tuple,
+    message: str,
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _main(monkeypatch, *argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_summary_takes_medians_and_the_first_rounds_picks() -> None:
+    rounds = [
+        {"decisions": [{"cpu_s": c, "wall_s": 2 * c, "twin_runs": r, "rollout_s": 7.0}
+                       for c, r in ((0.1, 2), (0.3, 4), (0.2, 3))], "load": load}
+        for load in (1.0, 2.0)
+    ]
+    got = bench_sim_speed._summary(rounds)
+    assert got["decision_cpu_median_s"] == 0.2 and got["decision_cpu_max_s"] == 0.3
+    assert got["twin_runs"] == [2, 4] and got["load"] == [1.0, 2.0]
+    assert got["picked_rollout_s"] == [7.0, 7.0, 7.0] and "cell" not in got
+
+
+def test_a_cell_is_workload_seed_gpus_system() -> None:
+    out = bench_sim_speed._cell("math:0:48:sync-lb")
+    assert out["cell"] == "math:0:48:sync-lb" and out["cpu_s"] > 0
+    assert out["throughput_traj_per_s"] > 0
