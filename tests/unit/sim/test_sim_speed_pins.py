@@ -1,7 +1,9 @@
 """Speed work on the simulator and the planner twin changes no result (issue 20, session 15).
 
 Every value below was computed on the tree before the session-15 speed changes (commit
-e0cac58) and is compared to the last bit (``==`` on floats, not ``approx``): the twin's
+e0cac58; re-pinned on the planner-choices branch, eecf8a6, whose candidate set and replan
+rule change libra's choices: the speed changes gave the same values there to the last
+bit) and is compared to the last bit (``==`` on floats, not ``approx``): the twin's
 score of every candidate the planner refines (trend on), the plan it picks, and whole
 held-out runs (libra with its planner, twin and elastic pool; a static peer).
 """
@@ -35,8 +37,10 @@ TWIN_SCORES = {
     "r2e": {
         (8, 1, 2, 1, ((1, 2), (2, 1), (4, 1), (8, 3))): 75.87239337217852,
         (8, 1, 2, 1, ((4, 8),)): 79.39951420464095,
+        (8, 1, 2, 1, ((8, 4),)): 71.26885774981795,
         (8, 1, 3, 1, ((1, 4), (4, 1), (8, 2))): 162.11044342221686,
         (8, 1, 3, 1, ((4, 6),)): 76.91346031169897,
+        (8, 1, 3, 1, ((8, 3),)): 64.76390200042172,
     },
     "search": {
         (8, 1, 3, 1, ((1, 2), (2, 1), (4, 1), (8, 2))): 8.702762440282282,
@@ -45,21 +49,21 @@ TWIN_SCORES = {
     "math": {
         (8, 1, 3, 1, ((1, 2), (2, 1), (4, 1), (8, 2))): 25.73868021574573,
         (8, 1, 3, 1, ((4, 6),)): 19.52042569928824,
+        (8, 1, 3, 1, ((8, 3),)): 13.394512843106224,
     },
 }
 PICKED = {
-    "r2e": ((8, 1, 2, 1, ((1, 2), (2, 1), (4, 1), (8, 3))), 59.35803902030769,
-            75.87239337217852),
+    "r2e": ((8, 1, 3, 1, ((8, 3),)), 39.71015934687179, 64.76390200042172),
     "search": ((8, 1, 3, 1, ((4, 6),)), 7.306176041094359, 6.403336051811962),
-    "math": ((8, 1, 3, 1, ((4, 6),)), 15.030221605856068, 19.52042569928824),
+    "math": ((8, 1, 3, 1, ((8, 3),)), 15.030221605856068, 13.394512843106224),
 }
 
 # Whole runs, 48 x A800, 16 prompts x 4, 20 steps, held-out seeds.
 RUNS = {
     ("r2e", 10, "libra"): {
-        "throughput_traj_per_s": 0.5062168111506741, "makespan_s": 2528.5608296778028,
-        "p99_traj_latency_s": 846.9728670209508, "gpu_busy_fraction": 0.48007444166832713,
-        "migrations": 605, "planner_moves": 1, "twin_runs": 17,
+        "throughput_traj_per_s": 0.5467989064877178, "makespan_s": 2340.8971466711437,
+        "p99_traj_latency_s": 846.9728670209508, "gpu_busy_fraction": 0.527617216378823,
+        "migrations": 467, "planner_moves": 1, "twin_runs": 19,
     },
     ("r2e", 10, "stream-lb"): {
         "throughput_traj_per_s": 0.5361204656263117, "makespan_s": 2387.523107338696,
@@ -67,9 +71,9 @@ RUNS = {
         "migrations": 0, "planner_moves": 0, "twin_runs": 0,
     },
     ("math-drift", 11, "libra"): {
-        "throughput_traj_per_s": 0.8270786842345146, "makespan_s": 1547.6157521635046,
-        "p99_traj_latency_s": 309.89008675793656, "gpu_busy_fraction": 0.7013664385039384,
-        "migrations": 598, "planner_moves": 4, "twin_runs": 24,
+        "throughput_traj_per_s": 0.9881032957077579, "makespan_s": 1295.4111230680214,
+        "p99_traj_latency_s": 289.75427529151995, "gpu_busy_fraction": 0.7078879690638555,
+        "migrations": 0, "planner_moves": 0, "twin_runs": 23,
     },
 }
 
