@@ -42,30 +42,6 @@ from sim.trace import TraceTrajectory
 TPS = (1, 2, 4, 8)
 
 
-def rollout_work_gpu_s(cluster: ClusterSpec, traj: TraceTrajectory) -> float:
-    """Minimum device-seconds of decode and prefill for one trajectory."""
-    hw, m = cluster.hardware, cluster.model
-    bw = hw.hbm_bw_bytes_per_s * hw.hbm_efficiency
-    flops_rate = hw.peak_flops * hw.prefill_mfu
-    w_per_token = weights_read_per_gpu(m, 1, MAX_BATCH_SEQS) / MAX_BATCH_SEQS
-    kvb = kv_bytes_per_token(m, 1)
-    attn = 4.0 * m.num_layers * m.num_heads * m.head_dim
-    mem = flops = 0.0
-    ctx = traj.prompt_tokens
-    flops += (2.0 * m.num_active_params + attn * ctx / 2.0) * ctx
-    for turn in traj.turns:
-        out = turn.output_tokens
-        kv_sum = ctx * out + out * out / 2.0
-        mem += out * w_per_token + kv_sum * kvb
-        flops += 2.0 * m.num_active_params * out + attn * kv_sum
-        ctx += out
-        if turn.tool is not None:
-            p = turn.tool.payload_tokens
-            flops += (2.0 * m.num_active_params + attn * (ctx + p / 2.0)) * p
-            ctx += p
-    return max(mem / bw, flops / flops_rate)
-
-
 def critical_path_s(cluster: ClusterSpec, traj: TraceTrajectory) -> float:
     """Fastest time for one trajectory alone: min over TP degrees that hold it."""
     hw, m = cluster.hardware, cluster.model
@@ -87,14 +63,16 @@ def critical_path_s(cluster: ClusterSpec, traj: TraceTrajectory) -> float:
 
 
 def train_work_gpu_s(cluster: ClusterSpec, trace: list[TraceTrajectory]) -> float:
-    """Minimum device-seconds of all training steps (FLOPs at training MFU)."""
-    hw, m = cluster.hardware, cluster.model
-    attn = 4.0 * m.num_layers * m.num_heads * m.head_dim
-    total = 0.0
-    for traj in trace:
-        seq = traj.total_tokens
-        total += (8.0 * m.num_active_params + 4.0 * attn * seq / 2.0) * seq
-    return total / (hw.peak_flops * hw.train_mfu)
+    """Least device-seconds of all training steps, however the trajectories are batched.
+
+    The simulator charges a batch's attention on its mean length (``_batch_train_s``),
+    so a partition into batches costs ``sum_b total_b**2 / n_b`` of attention, which is
+    at least ``total**2 / n`` (Cauchy-Schwarz): the whole trace as one batch. Charging
+    each trajectory its own length (the sum of squares) could exceed what a run pays.
+    """
+    if not trace:
+        return 0.0
+    return _batch_train_s(cluster, trace) * cluster.num_gpus
 
 
 def step_chain_bound_s(
@@ -245,17 +223,18 @@ def lower_bound_s(
     Raises:
         InvalidArgument: ``max_rollout_gpus`` outside [1, the cluster's devices].
     """
-    work = sum(rollout_work_gpu_s(cluster, t) for t in trace) + train_work_gpu_s(cluster, trace)
-    work_s = work / cluster.num_gpus
+    # Generation work per set (``rollout_cost_s``): the larger of the summed memory and
+    # the summed FLOP time. The larger of the two per trajectory, summed, could exceed
+    # what a run pays when prefill-heavy and decode-heavy work share engine steps.
+    costs = [rollout_cost_s(cluster, t) for t in trace]
+    rollout_work = max(sum(c[0] for c in costs), sum(c[1] for c in costs)) if costs else 0.0
+    work_s = (rollout_work + train_work_gpu_s(cluster, trace)) / cluster.num_gpus
     steps = sorted({t.step for t in trace})
     paths = [critical_path_s(cluster, t) for t in trace]
     longest_by_step = {s: 0.0 for s in steps}
     for t, path in zip(trace, paths, strict=True):
         longest_by_step[t.step] = max(longest_by_step[t.step], path)
-    train_by_step = [
-        train_work_gpu_s(cluster, [t for t in trace if t.step == s]) / cluster.num_gpus
-        for s in steps
-    ]
+    train_by_step = [_batch_train_s(cluster, [t for t in trace if t.step == s]) for s in steps]
     per_step = [longest_by_step[s] for s in steps]
     if stream:
         unit_s: dict[tuple[int, str], float] = {}

@@ -98,3 +98,43 @@ def test_steady_throughput_excludes_fill_and_drain() -> None:
 def test_steady_throughput_is_none_without_a_steady_step() -> None:
     tr = [TraceTrajectory(f"t{s}", "p", "g", s, 1, (Turn(1),)) for s in range(4)]
     assert steady_throughput(_log([1.0, 2.0, 3.0, 4.0]), tr, 2) is None
+
+
+def _mixed_lengths_trace() -> list[TraceTrajectory]:
+    """Prefill-heavy and decode-heavy trajectories of very different lengths."""
+    long_prompt = [TraceTrajectory(f"p{i}", "p", f"0:p{i}", 0, 8000, (Turn(16),))
+                   for i in range(4)]
+    long_decode = [TraceTrajectory(f"d{i}", "p", f"0:d{i}", 0, 16, (Turn(4000),))
+                   for i in range(4)]
+    return long_prompt + long_decode
+
+
+def test_the_work_bound_charges_no_more_than_any_batching_of_the_trace() -> None:
+    """Training: the simulator charges a batch's attention on its mean length, so no
+    partition of the trace into batches costs less than the whole trace as one batch
+    (the work bound's term); each trajectory charged on its own length would cost more
+    than some partitions do, and the bound would not be one."""
+    tr = _mixed_lengths_trace()
+    whole_s = bounds.train_work_gpu_s(CLUSTER, tr)
+    for size in (1, 2, 4):
+        batches = [tr[i:i + size] for i in range(0, len(tr), size)]
+        charged_s = sum(bounds._batch_train_s(CLUSTER, b) * CLUSTER.num_gpus for b in batches)
+        assert whole_s <= charged_s * (1 + 1e-12)
+    # Mixed batches (a long and a short one together) are where per-trajectory
+    # charging overshoots: the pairs below cost less than the sum of squares.
+    pairs = [[tr[i], tr[i + 4]] for i in range(4)]
+    paired_s = sum(bounds._batch_train_s(CLUSTER, b) * CLUSTER.num_gpus for b in pairs)
+    assert whole_s <= paired_s
+
+
+def test_the_work_bound_sums_memory_and_flops_per_set() -> None:
+    """Generation: ``max(sum of memory time, sum of FLOP time)``, never the sum of
+    each trajectory's larger term (prefill-heavy and decode-heavy work share steps)."""
+    tr = _mixed_lengths_trace()
+    costs = [bounds.rollout_cost_s(CLUSTER, t) for t in tr]
+    per_set = max(sum(c[0] for c in costs), sum(c[1] for c in costs))
+    per_trajectory = sum(max(c) for c in costs)
+    assert per_set < per_trajectory  # the trace is built so the two differ
+    got = bounds.lower_bound_s(CLUSTER, tr)["work_bound_s"]
+    want = (per_set + bounds.train_work_gpu_s(CLUSTER, tr)) / CLUSTER.num_gpus
+    assert got == pytest.approx(want, rel=1e-12)
