@@ -77,7 +77,8 @@ def test_status_json_lists_every_service_healthy(running_stack: dict) -> None:
                           running_stack["run_root"], "status", "--json"], cwd=ROOT,
                          capture_output=True, text=True, check=True)
     status = json.loads(out.stdout)
-    assert set(status) == {"services", "job"}  # job: the running job's counters, or null
+    # job: the running job's counters, or null; error: null when the coordinator answered
+    assert set(status) == {"services", "job", "error"} and status["error"] is None
     rows = {row["name"]: row for row in status["services"]}
     assert set(rows) == {"coordinator", "scheduler", "trainer", "toolgateway", "rollout-0",
                          "rollout-1"}
