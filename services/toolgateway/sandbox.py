@@ -154,14 +154,23 @@ class _GroupKiller:
 
 async def _read_capped(stream: asyncio.StreamReader, buf: bytearray, cap_bytes: int,
                        killer: _GroupKiller) -> bool:
-    """Read into ``buf`` up to ``cap_bytes``; returns True (and kills) on overflow."""
+    """Read into ``buf`` up to ``cap_bytes``; returns True (and kills) on overflow.
+
+    Past the cap the rest is read and dropped until EOF. A reader that stopped there
+    left what the killed process had written unread: the stream paused its pipe at its
+    high-water mark, the pipe never reached EOF, and ``Process.wait()`` (which on 3.11
+    waits for every pipe's EOF) hung until the call's backstop. It did, intermittently,
+    for a tool printing in a loop (test_huge_output_is_cut_and_killed)."""
+    overflow = False
     while chunk := await stream.read(_READ_CHUNK_BYTES):
+        if overflow:
+            continue
         room = cap_bytes - len(buf)
         buf += chunk[:room]
         if len(chunk) > room:
             killer.kill("output limit exceeded")
-            return True
-    return False
+            overflow = True
+    return overflow
 
 
 async def _wait_exit(pid: int) -> None:
