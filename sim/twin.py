@@ -109,16 +109,19 @@ class TwinRefiner:
         self._longest_tokens = max(
             self._longest_tokens, max(t.total_tokens for t in trajectories)
         )
-        self._cache.clear()
-        self._trace = None
+        self._forget()
 
     def observe_release(self, step: int) -> None:
         """The newest released step: what the trend extrapolates to."""
         if step != self._frontier_step:
             self._frontier_step = step
             if self._trend:
-                self._cache.clear()
-                self._trace = None
+                self._forget()
+
+    def _forget(self) -> None:
+        """Drop the scores and the replayed trace: the history they came from changed."""
+        self._cache.clear()
+        self._trace = None
 
     def length_scale(self) -> float:
         """Output-length factor from the replayed steps to the newest released one (1.0

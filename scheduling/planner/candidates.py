@@ -20,6 +20,7 @@ So the refiner judges a few layouts per top split, and which ones is decided her
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from scheduling.planner.costmodel import RolloutCostModel, TrainParallelism
@@ -96,16 +97,12 @@ def homogeneous_front(
     """Homogeneous layouts at ``train_nodes`` not dominated in (work term, unloaded
     critical path of the longest request), by rising closed-form objective."""
     scale = work.requests_per_step / len(work.history)
+    count_per_node = search.cluster.num_nodes - train_nodes
     scored: list[tuple[float, float, Scored]] = []
-    for pattern in search.space.node_patterns:
-        if len(set(pattern)) > 1:
-            continue
-        cand = _one_pattern(search, model, work, train_nodes, pattern, scale)
-        if cand is not None:
-            nodes_left = search.cluster.num_nodes - train_nodes
-            count = len(pattern) * nodes_left
-            work_s = model.work_term_s({pattern[0]: count}, scale, work.pipeline_depth)
-            scored.append((work_s, model.unloaded_path_s(pattern[0]), cand))
+    for pattern, cand in _patterns_scored(search, model, work, train_nodes, True):
+        work_s = model.work_term_s({pattern[0]: len(pattern) * count_per_node}, scale,
+                                   work.pipeline_depth)
+        scored.append((work_s, model.unloaded_path_s(pattern[0]), cand))
     front = [
         c for w, p, c in scored
         if not any(w2 <= w and p2 <= p and (w2, p2) != (w, p) for w2, p2, _ in scored)
@@ -119,15 +116,27 @@ def single_pattern_at(
 ) -> Scored | None:
     """The closed form's best plan with ``train_nodes`` training nodes and every
     rollout node on one pattern (``homogeneous``: a pattern of one TP degree)."""
-    scale = work.requests_per_step / len(work.history)
     best: Scored | None = None
+    for _, scored in _patterns_scored(search, model, work, train_nodes, homogeneous):
+        if best is None or scored.objective_s < best.objective_s:
+            best = scored
+    return best
+
+
+def _patterns_scored(
+    search: PlanSearch, model: RolloutCostModel, work: Workload, train_nodes: int,
+    homogeneous: bool,
+) -> Iterator[tuple[tuple[int, ...], Scored]]:
+    """Each pattern of the space (``homogeneous``: of one TP degree) on every rollout
+    node at ``train_nodes``, closed-form scored, in the space's order; patterns the
+    longest request fits no instance of are left out."""
+    scale = work.requests_per_step / len(work.history)
     for pattern in search.space.node_patterns:
         if homogeneous and len(set(pattern)) > 1:
             continue
         scored = _one_pattern(search, model, work, train_nodes, pattern, scale)
-        if scored is not None and (best is None or scored.objective_s < best.objective_s):
-            best = scored
-    return best
+        if scored is not None:
+            yield pattern, scored
 
 
 def _one_pattern(

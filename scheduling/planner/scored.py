@@ -26,8 +26,7 @@ class Workload:
     @functools.cached_property
     def tokens_per_step(self) -> float:
         """Prompt plus post-prompt tokens of one step's batch."""
-        mean = sum(r.prompt_tokens + r.gen_tokens for r in self.history) / len(self.history)
-        return mean * self.requests_per_step
+        return self.mean_seq_tokens * self.requests_per_step
 
     @functools.cached_property
     def mean_seq_tokens(self) -> float:
