@@ -106,23 +106,68 @@ def child_setup(plan: ChildPlan) -> None:
         os.setuid(plan.uid)
 
 
+def uids_with_processes(first_uid: int, num_uids: int) -> set[int]:
+    """The uids in ``[first_uid, first_uid + num_uids)`` that some process still has as
+    its real uid, zombies included: a zombie counts against its uid's RLIMIT_NPROC until
+    its parent reaps it. Read from ``/proc/<pid>/status`` (not the owner of
+    ``/proc/<pid>``, which is root for a process that made itself non-dumpable)."""
+    found: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                uid = next(int(line.split()[1]) for line in f if line.startswith(b"Uid:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue  # exited meanwhile
+        if first_uid <= uid < first_uid + num_uids:
+            found.add(uid)
+    return found
+
+
 class UidPool:
     """Hands out distinct uids so concurrent calls never share one.
 
     Each uid in use is also held with a host-wide ``flock`` on a lock file, so other
     sandboxes on this host (another gateway, a test run) skip it: their cleanup
     (``kill -KILL -1`` as that uid) would otherwise kill this call's processes.
+
+    A uid that still has a process, even a killed one not yet reaped, is skipped too
+    (quarantined until it has none): its processes count against the next call's
+    RLIMIT_NPROC, so a call after a fork bomb failed its own first fork with EAGAIN.
+    SIGKILL takes effect asynchronously, and orphans are reaped by init (a container
+    needs one that reaps: compose sets ``init: true``). The check reads every process's
+    status: about 1 ms per hundred processes, small beside the interpreter start it
+    precedes.
     """
 
     def __init__(self, base: int, size: int, lock_dir: str) -> None:
+        self._base, self._size = base, size
         self._free = list(range(base + size - 1, base - 1, -1))
         self._lock_dir = lock_dir
         self._held: dict[int, int] = {}
         os.makedirs(lock_dir, mode=0o700, exist_ok=True)
 
     def acquire(self) -> int:
+        """A free uid with no process left: the lowest one.
+
+        Raises:
+            RuntimeError: every uid is in use on this host or still has processes.
+        """
+        lingering = uids_with_processes(self._base, self._size)
+        uid = self._take_first_free(lingering)
+        if uid is None:
+            raise RuntimeError(
+                f"sandbox uid pool exhausted: every uid is in use on this host or still "
+                f"has processes ({len(lingering)} of {self._size}); raise "
+                "SandboxConfig.num_uids")
+        return uid
+
+    def _take_first_free(self, lingering: set[int]) -> int | None:
         for i in range(len(self._free) - 1, -1, -1):
             uid = self._free[i]
+            if uid in lingering:
+                continue
             fd = os.open(os.path.join(self._lock_dir, f"uid-{uid}.lock"),
                          os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -133,8 +178,7 @@ class UidPool:
             del self._free[i]
             self._held[uid] = fd
             return uid
-        raise RuntimeError("sandbox uid pool exhausted (every uid in use on this host); "
-                           "raise SandboxConfig.num_uids")
+        return None
 
     def release(self, uid: int) -> None:
         os.close(self._held.pop(uid))  # closing the fd drops the flock

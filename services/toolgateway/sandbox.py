@@ -27,12 +27,16 @@ Containment, set up in the child between fork and exec (``preexec_fn``), in this
 After the process exits or times out: ``killpg(SIGKILL)`` for leftovers in the group,
 then ``kill -KILL -1`` run *as that uid* to reap processes that left the group with
 ``setsid`` (the kernel resolves "every process of this uid"), then the working dir is
-removed. Output is read incrementally and capped; past the cap the group is killed.
+removed. The call ends with the tool's own exit: its output pipes are the sandbox's own
+(see ``_OutputPipe``), so a process that inherited them cannot hold the call; they get
+``kill_grace_s`` to reach EOF after the kills. Output is read incrementally and capped;
+past the cap the group is killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -99,7 +103,9 @@ class SandboxConfig:
     num_uids: int = 256
     """Pool size: the most sandboxes that may run at once."""
     kill_grace_s: float = 1.0
-    """How long to drain pipes after the process is gone."""
+    """How long the output pipes may stay open once the process exited and its group
+    and uid were killed (then they are closed and the output counts as truncated): only
+    a process the kills could not reach (no uid drop) keeps them open that long."""
     env: Mapping[str, str] = field(default_factory=_default_env)
     """The child's complete environment (plus HOME = working dir); nothing is inherited."""
 
@@ -173,24 +179,46 @@ async def _read_capped(stream: asyncio.StreamReader, buf: bytearray, cap_bytes: 
     return overflow
 
 
-async def _wait_exit(pid: int) -> None:
-    """Return when ``pid`` has exited, without waiting for its pipes to close.
+class _OutputPipe:
+    """One output stream of the child, on a pipe the sandbox owns.
 
-    ``Process.wait()`` on Python 3.11 also waits for stdout/stderr EOF, which a
-    background grandchild can hold open forever; a pidfd becomes readable at exit.
-    """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return  # already exited and reaped
-    loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
-    try:
-        await exited
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
+    Not asyncio's subprocess pipe: on 3.11 ``Process.wait()`` waits for its EOF as well
+    as for the exit, and the EOF is up to every process that inherited the write end;
+    one that left the process group (``setsid``, a double fork) held the call until its
+    backstop, reported as a timeout although the tool had exited. With the pipe ours,
+    the exit and the EOF are separate events: the call waits for the exit, kills what
+    is left, then gives the EOF a bounded time and closes the pipe itself."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()  # both close-on-exec; the spawn dup2s one
+        self.buf = bytearray()
+        self.reader: asyncio.Future[bool] | None = None
+        self._transport: asyncio.ReadTransport | None = None
+
+    def close_write_end(self) -> None:
+        """Once the child has its copy: only processes of the call hold it then."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    async def start_reading(self, cap_bytes: int, killer: _GroupKiller) -> None:
+        loop = asyncio.get_running_loop()
+        stream = asyncio.StreamReader()
+        pipe, self.read_fd = os.fdopen(self.read_fd, "rb", buffering=0), -1  # owns the fd
+        self._transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream), pipe)
+        self.reader = asyncio.ensure_future(_read_capped(stream, self.buf, cap_bytes, killer))
+
+    def close(self) -> None:
+        """Stop reading and close both ends (idempotent)."""
+        self.close_write_end()
+        if self.reader is not None and not self.reader.done():
+            self.reader.cancel()
+        if self._transport is not None:
+            self._transport.close()
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
 
 
 def _decode(buf: bytearray, is_truncated: bool) -> str:
@@ -258,7 +286,8 @@ class SubprocessSandbox:
             return await self._spawn_and_wait(workdir, uid, timeout_s)
         finally:
             if uid is not None:
-                await self._kill_uid(uid)
+                # The uid's processes were killed at the exit (_spawn_and_wait); one
+                # still dying or not yet reaped keeps it from the next call (UidPool).
                 self._uids.release(uid)
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -298,40 +327,64 @@ class SubprocessSandbox:
                               timeout_s: float) -> SandboxResult:
         plan, exe = self._plan(workdir, uid, timeout_s)
         start_s = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            exe, "-I", "-S", "-B", "main.py", stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=workdir,
-            env={**self._config.env, "HOME": workdir}, start_new_session=True,
-            preexec_fn=functools.partial(child_setup, plan),
-        )
-        killer = _GroupKiller(proc.pid)
-        out, err = bytearray(), bytearray()
-        cap = self._config.max_output_bytes
-        readers = [asyncio.ensure_future(_read_capped(s, b, cap, killer))
-                   for s, b in ((proc.stdout, out), (proc.stderr, err))]
+        out, err = _OutputPipe(), _OutputPipe()
         try:
-            async with asyncio.timeout(timeout_s):
-                await _wait_exit(proc.pid)
-        except TimeoutError:
-            killer.kill("timeout")
+            proc = await self._spawn(exe, workdir, plan, out, err)
+            killer = _GroupKiller(proc.pid)
+            try:
+                for pipe in (out, err):
+                    await pipe.start_reading(self._config.max_output_bytes, killer)
+                returncode = await self._wait_exit(proc, killer, timeout_s)
+            finally:
+                # Always, also on cancellation: background children, in the group or
+                # out of it, would keep running (and keep the pipes open).
+                killer.kill(None)
+                if uid is not None:
+                    await self._kill_uid(uid)
+            truncated = await self._drain(out, err)
         finally:
-            # Always, also on cancellation: background children keep the pipes open.
-            killer.kill(None)
-        returncode = await proc.wait()
-        truncated = await self._drain(readers)
+            out.close()
+            err.close()
         status, error, sig = _classify(returncode, killer.reason)
         return SandboxResult(
             status=status, exit_code=None if returncode < 0 else returncode, signal=sig,
-            stdout=_decode(out, truncated[0]), stderr=_decode(err, truncated[1]), error=error,
-            is_output_truncated=any(truncated),
+            stdout=_decode(out.buf, truncated[0]), stderr=_decode(err.buf, truncated[1]),
+            error=error, is_output_truncated=any(truncated),
             duration_ms=int((time.monotonic() - start_s) * 1000),
         )
 
-    async def _drain(self, readers: list[asyncio.Future[bool]]) -> tuple[bool, bool]:
-        done, pending = await asyncio.wait(readers, timeout=self._config.kill_grace_s)
-        for task in pending:  # an escaped process holds the pipe; _kill_uid ends it
-            task.cancel()
-        flags = [t.result() if t in done else True for t in readers]
+    async def _spawn(self, exe: str, workdir: str, plan: ChildPlan, out: _OutputPipe,
+                     err: _OutputPipe) -> asyncio.subprocess.Process:
+        try:
+            return await asyncio.create_subprocess_exec(
+                exe, "-I", "-S", "-B", "main.py", stdin=asyncio.subprocess.DEVNULL,
+                stdout=out.write_fd, stderr=err.write_fd, cwd=workdir,
+                env={**self._config.env, "HOME": workdir}, start_new_session=True,
+                preexec_fn=functools.partial(child_setup, plan),
+            )
+        finally:
+            out.close_write_end()
+            err.close_write_end()
+
+    @staticmethod
+    async def _wait_exit(proc: asyncio.subprocess.Process, killer: _GroupKiller,
+                         timeout_s: float) -> int:
+        """The tool's exit status once it exited, or was killed at ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await proc.wait()  # the exit only: the pipes are not asyncio's
+        except TimeoutError:
+            killer.kill("timeout")
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()  # in case it moved itself to another group of its session
+        return await proc.wait()
+
+    async def _drain(self, out: _OutputPipe, err: _OutputPipe) -> tuple[bool, bool]:
+        """Read to EOF for at most ``kill_grace_s``; a pipe still open then is cut (the
+        caller closes it) and counts as truncated."""
+        readers = [p.reader for p in (out, err) if p.reader is not None]
+        done, _ = await asyncio.wait(readers, timeout=self._config.kill_grace_s)
+        flags = [r.result() if r in done else True for r in readers]
         return flags[0], flags[1]
 
     async def _kill_uid(self, uid: int) -> None:
