@@ -15,6 +15,14 @@ its arrival, so its answer, a success just inside the limit or the backstop's
 ``timeout``, still reaches the caller before its deadline. A margin alone could not
 cover that lag, which has no bound under load (the margin was 1 s, and a tool that
 finished on time was reported as a timeout when the call started late).
+
+Scoring a trajectory (``Score``) follows the same rule with no backstop: the gateway
+times the reward out itself at the job's ``reward.timeout_s`` (cancelling it), so the
+client waits that plus ``ANSWER_SEND_S`` (``score_rpc_timeout_s``) and the gateway cuts
+the reward's time to the RPC's deadline less ``ANSWER_SEND_S`` (``gateway_budget_ms``
+with a grace of 0). The rollout used to wait the reward's time plus a 5 s margin while
+the gateway counted the whole time from the call's arrival: a Score that started more
+than 5 s late failed as the client's DeadlineExceeded, not as the reward's own timeout.
 """
 
 from __future__ import annotations
@@ -47,3 +55,10 @@ def gateway_budget_ms(budget_ms: int | None, rpc_remaining_s: float | None,
         return budget_ms
     answer_by_ms = int((rpc_remaining_s - backstop_grace_s - ANSWER_SEND_S) * 1000)
     return answer_by_ms if budget_ms is None else min(budget_ms, answer_by_ms)
+
+
+def score_rpc_timeout_s(reward_timeout_s: float) -> float:
+    """The client's RPC deadline for a Score whose reward may take ``reward_timeout_s``:
+    the gateway's own timeout cancels the reward at once (no backstop grace), then the
+    answer is sent."""
+    return max(reward_timeout_s, MIN_BUDGET_S) + ANSWER_SEND_S

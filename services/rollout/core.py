@@ -44,7 +44,7 @@ from services.rollout import agent, trace_spans
 from services.rollout.batch_window import BatchWindow, wait_for_wakeup
 from services.rollout.engine_types import GenerationRequest, GenerationResult
 from services.rollout.episode_turn import EpisodeChannel
-from services.rollout.finisher import SCORE_DEADLINE_MARGIN_S, Finisher  # noqa: F401 - re-exported
+from services.rollout.finisher import Finisher
 from services.rollout.hybrid_join import ChannelOpener, TrainerLoader
 from services.rollout.intake import Intake
 from services.rollout.lease_keeper import LeaseKeeper

@@ -18,6 +18,7 @@ from libra import types as t
 from libra.clock import Clock
 from libra.errors import LibraError
 from libra.rewardspec import REWARD_FAILURE_PREFIX
+from libra.tool_deadline import score_rpc_timeout_s
 from services.rollout import trace_spans
 from services.rollout.loop_types import ActiveTrajectory, JobContext, LeaseHolder
 from services.rollout.profile import LoopProfile
@@ -28,8 +29,6 @@ if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at ru
 
 logger = logging.getLogger(__name__)
 
-# Extra wait for a Score RPC beyond the job's reward.timeout_s (the gateway's own).
-SCORE_DEADLINE_MARGIN_S = 5.0
 # A trajectory that ends with no sampled token fails with this reason, counted here.
 UNSAMPLED_REASON = "no sampled tokens: nothing to train on"
 UNSAMPLED_COUNTER = "trajectories_unsampled"
@@ -70,10 +69,11 @@ class Finisher:
                 ctx.agent.transcript(traj), traj.metadata_json, traj.num_turns,
                 reward.options_json())
             try:
-                # The gateway times the reward out itself; the RPC waits a little longer
-                # so that its answer (naming the reward) arrives first.
+                # The gateway times the reward out itself, cut to this RPC's deadline
+                # less its answer time, so its answer (naming the reward) arrives first
+                # (libra/tool_deadline.py).
                 out = await self._profile.timed("score", self._tools.score(
-                    request, reward.timeout_s + SCORE_DEADLINE_MARGIN_S), traj.trajectory_id)
+                    request, score_rpc_timeout_s(reward.timeout_s)), traj.trajectory_id)
             except LibraError as exc:
                 # The trainer counts these against reward.max_failures (by the prefix).
                 await self.fail(ctx, act, f"{REWARD_FAILURE_PREFIX} {reward.name}: {exc}")

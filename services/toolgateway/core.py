@@ -317,8 +317,10 @@ class ToolGatewayCore:
         return [RewardInfo(r.name, r.description)
                 for r in sorted(self._rewards, key=lambda r: r.name)]
 
-    async def score(self, request: ScoreRequest) -> ScoreResult:
-        """Score a finished trajectory with the named reward.
+    async def score(self, request: ScoreRequest, deadline_ms: int | None = None
+                    ) -> ScoreResult:
+        """Score a finished trajectory with the named reward, within its timeout
+        (``options["timeout_s"]``) and the caller's ``deadline_ms`` (None: none).
 
         Raises:
             UnknownReward: The reward (or a composite's component) is not registered.
@@ -326,9 +328,15 @@ class ToolGatewayCore:
                 not a finite number in [0, 1] (a composite: [0, sum of weights]); the
                 message names the reward.
             Unavailable: A remote judge failed (raised by the reward).
+            DeadlineExceeded: The caller's deadline passed before the reward could start.
         """
         reward = self._rewards.get(request.reward)
         timeout_s = float(request.options.get("timeout_s") or self._limits.reward_timeout_s)
+        if deadline_ms is not None:
+            if deadline_ms <= 0:
+                raise DeadlineExceeded(f"reward {request.reward!r}: the caller's deadline "
+                                       "passed before it could start")
+            timeout_s = min(timeout_s, deadline_ms / 1000)
         try:
             async with asyncio.timeout(timeout_s):
                 out = await reward.score(request)

@@ -52,8 +52,12 @@ class ToolGatewayServicer(pb_grpc.ToolGatewayServiceServicer):
         return tool_result_to_proto(result)
 
     async def Score(self, request, context):  # noqa: N802, ANN001
+        # The caller's RPC deadline bounds the reward too, less the time to answer (no
+        # backstop grace: the reward's timeout cancels it).
+        deadline_ms = gateway_budget_ms(None, context.time_remaining(), 0.0)
         result = await self._core.score(score_request(score_input_from_proto(request),
-                                                      request.extra_json))
+                                                      request.extra_json),
+                                        deadline_ms=deadline_ms)
         return score_output_to_proto(t.ScoreOutput(result.reward, result.components),
                                      json.dumps(result.details))
 

@@ -18,7 +18,7 @@ from libra.errors import Internal
 from libra.jobspec import JobSpec, TaskSpec, ToolsSpec
 from libra.plugins import AGENTS_GROUP
 from libra.rewardspec import REWARD_FAILURE_PREFIX, RewardComponent, RewardSpec
-from services.rollout.core import SCORE_DEADLINE_MARGIN_S
+from libra.tool_deadline import score_rpc_timeout_s
 from tests.fakes.toolgateway import tool_result
 from tests.fixtures.plugin_dist import install_plugin_dist
 from tests.unit.rollout.rig import Rig, make_task, started_rig
@@ -57,7 +57,7 @@ async def test_the_score_request_carries_the_whole_trajectory(composite_rig: Rig
     assert request.metadata_json == '{"source": "unit"}'
     assert json.loads(request.options_json)["components"] == [
         {"name": "exact_match", "weight": 1.0}, {"name": "format", "weight": 0.5}]
-    assert score["timeout_s"] == 7.0 + SCORE_DEADLINE_MARGIN_S
+    assert score["timeout_s"] == score_rpc_timeout_s(7.0)  # the reward's time + the answer's
 
 
 async def test_the_reward_components_are_recorded_on_the_trajectory(

@@ -11,6 +11,7 @@ from libra.tool_deadline import (
     BACKSTOP_GRACE_S,
     gateway_budget_ms,
     rpc_timeout_s,
+    score_rpc_timeout_s,
 )
 from services.toolgateway.core import ToolGatewayLimits
 
@@ -45,3 +46,18 @@ def test_no_rpc_deadline_leaves_the_budget_and_no_budget_takes_the_rpc_deadline(
     assert gateway_budget_ms(700, None, BACKSTOP_GRACE_S) == 700
     assert gateway_budget_ms(None, None, BACKSTOP_GRACE_S) is None
     assert gateway_budget_ms(None, 10.0, BACKSTOP_GRACE_S) == 8500
+
+
+@pytest.mark.parametrize("reward_timeout_s", [0.001, 1.0, 30.0])
+@pytest.mark.parametrize("start_lag_s", [0.0, 0.5, 5.0, 20.0])
+def test_a_scores_latest_answer_comes_before_the_clients_deadline(
+        reward_timeout_s: float, start_lag_s: float) -> None:
+    """Score has no backstop (the reward's timeout cancels it): the gateway answers by
+    start + the reward's time, cut to what the RPC left less ANSWER_SEND_S, + ANSWER_SEND_S."""
+    client_deadline_s = score_rpc_timeout_s(reward_timeout_s)
+    enforced_ms = gateway_budget_ms(None, client_deadline_s - start_lag_s, 0.0)
+    assert enforced_ms is not None
+    if enforced_ms <= 0:
+        return  # refused as DeadlineExceeded at once
+    enforced_s = min(reward_timeout_s, enforced_ms / 1000)
+    assert start_lag_s + enforced_s + ANSWER_SEND_S <= client_deadline_s
