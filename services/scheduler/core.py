@@ -219,7 +219,7 @@ class SchedulerCore:
         #    by the read, before the orphan scan: a finished one is never re-queued).
         apply_finishes(run, status.finishes)
         if status.leases is not None:  # read after the slots were given back
-            self._take_snapshot(run, status.leases)
+            await self._take_snapshot(run, status.leases)
         # 3) Trajectories on instances whose lease expired go back to the queue.
         await self._requeuer.requeue_orphans(run, status.orphan_page)
         writes = TickWrites()
@@ -268,7 +268,7 @@ class SchedulerCore:
         writes.is_capped |= len(placed) == MAX_PLACED_PER_TICK and bool(run.pending)
 
     async def _refresh_instances(self, run: JobRun) -> None:
-        self._take_snapshot(run, await self._store.lease_snapshot(run.job_id))
+        await self._take_snapshot(run, await self._store.lease_snapshot(run.job_id))
 
     async def _refresh_if_stale(self, run: JobRun) -> None:
         """Re-read leases and loads when the loop is behind: one read for every report
@@ -279,7 +279,10 @@ class SchedulerCore:
             if self._clock.now_s() - run.instances_at_s > self._snapshot_stale_s:
                 await self._refresh_instances(run)
 
-    def _take_snapshot(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
+    async def _take_snapshot(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
+        # The epoch of an instance seen first is saved before anything can route to it
+        # (a move decided on the report path, before the next tick saves epochs).
+        await self._requeuer.save_epochs_seen_first(run, snapshot)
         run.set_instances(snapshot.instances, self._clock.now_s(), snapshot.epochs)
         self._fence.take(snapshot.epochs)
 

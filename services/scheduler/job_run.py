@@ -120,6 +120,23 @@ class JobRun:
             self.epochs_dirty = True
         self.epochs = now
 
+    def epochs_seen_first(self, instances: list[t.InstanceLoad],
+                          epochs: dict[str, int]) -> dict[str, int]:
+        """The epochs of the snapshot's instances that the store's placement epochs lack
+        and that ``note_epochs`` will not depart: instances seen for the first time (or
+        first since a sweep ended). They are saved before the snapshot is taken in: a
+        move decided on the report path may send work to them before the next tick
+        saves, and a scheduler restarted then would not know the epoch that work went
+        to them under."""
+        saved, departed = self.saved_epochs, self.departed
+        if not epochs.keys() - saved.keys():  # the usual snapshot: nothing new, O(1) check
+            return {}
+        return {inst.instance_id: epochs[inst.instance_id] for inst in instances
+                if inst.instance_id in epochs and inst.instance_id not in saved
+                and inst.instance_id not in departed
+                and self.epochs.get(inst.instance_id, epochs[inst.instance_id])
+                == epochs[inst.instance_id]}
+
     def epochs_to_save(self) -> dict[str, int]:
         """What the store's placement epochs should hold now: the epoch of every instance
         in the snapshot that is not departed (placements go to it under that epoch),

@@ -10,6 +10,7 @@ from libra.clock import Clock
 from scheduling.policy.errors import UnknownTrajectory
 from scheduling.policy.load_index import LoadIndex
 from services.scheduler.job_run import JobRun
+from services.scheduler.state import LeaseSnapshot
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store_protocol import SchedulerStore
@@ -65,6 +66,14 @@ class Requeuer:
         # saved only once nothing of the old one is assigned, and before anything is
         # placed under it (a restarted scheduler compares with what was saved).
         await self._save_epochs(run)
+
+    async def save_epochs_seen_first(self, run: JobRun, snapshot: LeaseSnapshot) -> None:
+        """Save the epochs of instances ``snapshot`` shows first (``JobRun.
+        epochs_seen_first``), before it is taken in and can route anything to them."""
+        first = run.epochs_seen_first(snapshot.instances, snapshot.epochs)
+        if first:
+            await self._store.update_placement_epochs(run.job_id, first, [])
+            run.saved_epochs = {**run.saved_epochs, **first}
 
     async def _save_epochs(self, run: JobRun) -> None:
         """Write the changes of ``JobRun.epochs_to_save`` (none in a steady state)."""
