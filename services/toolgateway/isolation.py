@@ -137,8 +137,8 @@ class UidPool:
     RLIMIT_NPROC, so a call after a fork bomb failed its own first fork with EAGAIN.
     SIGKILL takes effect asynchronously, and orphans are reaped by init (a container
     needs one that reaps: compose sets ``init: true``). The check reads every process's
-    status: about 1 ms per hundred processes, small beside the interpreter start it
-    precedes.
+    status: 2.3 ms for 85 processes on a loaded 2-core host, small beside the
+    interpreter start it precedes.
     """
 
     def __init__(self, base: int, size: int, lock_dir: str) -> None:

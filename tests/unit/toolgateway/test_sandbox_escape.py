@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+from pathlib import Path
 
 import pytest
 
 from libra.types import ToolStatus
 from services.toolgateway.core import ToolCall, ToolGatewayCore
-from services.toolgateway.sandbox import SubprocessSandbox
+from services.toolgateway.sandbox import SandboxConfig, SubprocessSandbox
 from tests.waiting import wait_until
 
 BUDGET_MS = 60_000
@@ -62,15 +64,19 @@ async def test_an_escaped_child_holding_the_pipes_does_not_hold_the_call(
     assert done == "tool done"
     if os.geteuid() == 0:  # the uid drop: the escaped process is killed with its uid
         await wait_until(lambda: not _is_running(int(escaped_pid)))
+    else:
+        os.kill(int(escaped_pid), signal.SIGKILL)  # out of the sandbox's reach
 
 
 async def test_the_sandbox_reports_the_tools_own_exit_status(
         sandbox: SubprocessSandbox) -> None:
     async with asyncio.timeout(GUARD_S):
         result = await sandbox.run(ESCAPES_THEN_EXITS_3, timeout_s=BUDGET_MS / 1000)
+    if os.geteuid() != 0:
+        os.kill(int(result.stdout.split("\n")[0]), signal.SIGKILL)  # out of its reach
     assert result.duration_ms < PROMPT_MS
     assert (result.status, result.exit_code, result.signal) == (ToolStatus.FAILURE, 3, None)
-    assert result.stdout.endswith("tool done\n")
+    assert "tool done\n" in result.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="uid drop needs root")
@@ -81,3 +87,21 @@ async def test_killed_with_its_uid_the_escaped_child_leaves_the_output_whole(
     async with asyncio.timeout(GUARD_S):
         result = await sandbox.run(ESCAPES_THEN_EXITS_3, timeout_s=BUDGET_MS / 1000)
     assert not result.is_output_truncated and result.error == "exit code 3"
+
+
+async def test_without_the_uid_drop_the_pipes_get_a_bounded_drain(readable_tmp: Path) -> None:
+    """Without the uid drop the escaped child cannot be found to be killed: the pipes it
+    holds are closed after ``kill_grace_s`` and the output counts as truncated, but the
+    call still ends with the tool's exit status and what it printed."""
+    sandbox = SubprocessSandbox(SandboxConfig(enable_uid_drop=False, kill_grace_s=0.5,
+                                              work_root_dir=str(readable_tmp / "sandbox")))
+    async with asyncio.timeout(GUARD_S):
+        result = await sandbox.run(ESCAPES_THEN_EXITS_3, timeout_s=BUDGET_MS / 1000)
+    escaped_pid = int(result.stdout.split("\n")[0])
+    try:
+        assert result.duration_ms < PROMPT_MS
+        assert (result.status, result.exit_code) == (ToolStatus.FAILURE, 3)
+        assert "tool done\n" in result.stdout and result.is_output_truncated
+        assert _is_running(escaped_pid)  # nothing killed it: the drain was bounded
+    finally:
+        os.kill(escaped_pid, signal.SIGKILL)
