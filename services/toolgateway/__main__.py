@@ -25,6 +25,7 @@ from services.toolgateway import metrics as lane_metrics  # noqa: E402
 from services.toolgateway.config import ToolGatewayConfig  # noqa: E402
 from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits  # noqa: E402
 from services.toolgateway.file_access import FileReaderConfig  # noqa: E402
+from services.toolgateway.orphans import adopt_orphans  # noqa: E402
 from services.toolgateway.rewards import build_reward_registry  # noqa: E402
 from services.toolgateway.sandbox import (  # noqa: E402
     IsolationUnavailable,
@@ -109,6 +110,11 @@ async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None) -> N
 
 def run(cfg: ToolGatewayConfig) -> int:
     """Build the core and serve until stopped; 2 when the host cannot meet the config."""
+    # Before the sandbox, which reaps orphans only where they come to this process: the
+    # tools' killed leftovers then give their uids back whoever PID 1 is (orphans.py).
+    # Here, not in build_core: a process that only embeds the core (the in-process loop,
+    # a test) keeps its orphans going to init.
+    adopt_orphans()
     try:
         core = build_core(cfg)
     except ValueError as exc:  # a PluginError too; a search_corpus outside data_roots

@@ -30,7 +30,9 @@ then ``kill -KILL -1`` run *as that uid* to reap processes that left the group w
 removed. The call ends with the tool's own exit: its output pipes are the sandbox's own
 (see ``_OutputPipe``), so a process that inherited them cannot hold the call; they get
 ``kill_grace_s`` to reach EOF after the kills. Output is read incrementally and capped;
-past the cap the group is killed.
+past the cap the group is killed. Killed processes that had left the call are zombies of
+whoever adopted them; where that is this process, they are reaped around each call
+(orphans.py: the gateway adopts them, so their uids come back whoever PID 1 is).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from services.toolgateway.isolation import (
     child_setup,
     probe_isolation,
 )
+from services.toolgateway.orphans import OrphanReaper, receives_orphans
 
 logger = logging.getLogger(__name__)
 
@@ -256,6 +259,7 @@ class SubprocessSandbox:
         os.makedirs(self._config.work_root_dir, mode=0o711, exist_ok=True)
         self._uids = UidPool(self._config.uid_base, self._config.num_uids,
                               os.path.join(self._config.work_root_dir, ".uid-locks"))
+        self._orphans = OrphanReaper(receives_orphans())
 
     def _init_isolation(self) -> None:
         cfg, sup = self._config, self._support
@@ -279,6 +283,7 @@ class SubprocessSandbox:
 
     async def run(self, code: str, *, timeout_s: float) -> SandboxResult:
         """Run ``code`` as ``main.py`` in a fresh private working dir; see module docstring."""
+        self._orphans.reap()  # an earlier call's killed leftovers: their uid comes back
         uid = self._uids.acquire() if self._is_uid_drop else None
         workdir = tempfile.mkdtemp(prefix="call-", dir=self._config.work_root_dir)
         try:
@@ -341,6 +346,7 @@ class SubprocessSandbox:
                 killer.kill(None)
                 if uid is not None:
                     await self._kill_uid(uid)
+                self._orphans.reap()  # those already dead; the next call reaps the rest
             truncated = await self._drain(out, err)
         finally:
             out.close()
@@ -355,16 +361,19 @@ class SubprocessSandbox:
 
     async def _spawn(self, exe: str, workdir: str, plan: ChildPlan, out: _OutputPipe,
                      err: _OutputPipe) -> asyncio.subprocess.Process:
-        try:
-            return await asyncio.create_subprocess_exec(
-                exe, "-I", "-S", "-B", "main.py", stdin=asyncio.subprocess.DEVNULL,
-                stdout=out.write_fd, stderr=err.write_fd, cwd=workdir,
-                env={**self._config.env, "HOME": workdir}, start_new_session=True,
-                preexec_fn=functools.partial(child_setup, plan),
-            )
-        finally:
-            out.close_write_end()
-            err.close_write_end()
+        with self._orphans.spawning() as spared:  # asyncio waits for it, not the reaper
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    exe, "-I", "-S", "-B", "main.py", stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out.write_fd, stderr=err.write_fd, cwd=workdir,
+                    env={**self._config.env, "HOME": workdir}, start_new_session=True,
+                    preexec_fn=functools.partial(child_setup, plan),
+                )
+            finally:
+                out.close_write_end()
+                err.close_write_end()
+            spared.add(proc.pid)
+        return proc
 
     @staticmethod
     async def _wait_exit(proc: asyncio.subprocess.Process, killer: _GroupKiller,
