@@ -135,10 +135,10 @@ class UidPool:
     A uid that still has a process, even a killed one not yet reaped, is skipped too
     (quarantined until it has none): its processes count against the next call's
     RLIMIT_NPROC, so a call after a fork bomb failed its own first fork with EAGAIN.
-    SIGKILL takes effect asynchronously, and orphans are reaped by init (a container
-    needs one that reaps: compose sets ``init: true``). The check reads every process's
-    status: 2.3 ms for 85 processes on a loaded 2-core host, small beside the
-    interpreter start it precedes.
+    SIGKILL takes effect asynchronously, and a killed orphan is a zombie until the
+    process that adopted it reaps it (the gateway itself: orphans.py). The check reads
+    every process's status: 2.3 ms for 85 processes on a loaded 2-core host, small
+    beside the interpreter start it precedes.
     """
 
     def __init__(self, base: int, size: int, lock_dir: str) -> None:

@@ -7,7 +7,8 @@ compose: every LIBRA_* variable is an option of the service's config and loads; 
 ports, Service ports, probes and Prometheus annotations agree with the ports the service
 binds; peers and Redis point at Services that select the right pods; tokens come from the
 Secret; trainer ranks meet at the trainer's rendezvous port; rollout buckets, caps and GPUs
-follow the demo job and the TP degree; the tool gateway is locked down.
+follow the demo job and the TP degree; the tool gateway is locked down; PID 1 of every
+Libra container is the image's init (tini), which reaps orphaned processes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from libra.config import ENV_PREFIX, load_config, option_names
 from libra.grpcx import LIVENESS_SERVICE
 from services.trainer.rank import RankConfig
 from tests.unit.deploy.kustomize_lite import render
-from tests.unit.deploy.test_compose_schema import CONFIG_CLASSES
+from tests.unit.deploy.test_compose_schema import (
+    CONFIG_CLASSES,
+    DOCKERFILE,
+    INIT_ENTRYPOINT,
+    image_entrypoint,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -48,7 +54,8 @@ def workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _kind(container: dict[str, Any]) -> str | None:
     """``coordinator`` ... ``rollout`` for a Libra service, ``rank`` for a trainer rank."""
-    match = COMMAND.match(" ".join(container.get("command", [])))
+    argv = container.get("command", []) + container.get("args", [])
+    match = COMMAND.match(" ".join(argv))
     if not match:
         return None
     return "rank" if match.group(2) else match.group(1)
@@ -115,8 +122,9 @@ def _service_target(docs: list[dict[str, Any]], address: str) -> tuple[Any, int]
 
 # -- the checks ---------------------------------------------------------------------------
 
-def problems(docs: list[dict[str, Any]]) -> list[str]:
-    """Everything in the rendered manifests that disagrees with the code."""
+def problems(docs: list[dict[str, Any]], dockerfile: str | None = None) -> list[str]:
+    """Everything in the rendered manifests (and the image's Dockerfile, by default
+    deploy/Dockerfile) that disagrees with the code."""
     out: list[str] = []
     for kind, workload, container in libra_containers(docs):
         where = f"{workload['metadata']['name']}/{container['name']}"
@@ -134,7 +142,9 @@ def problems(docs: list[dict[str, Any]]) -> list[str]:
             out += [f"{where}: {p}" for p in _rollout_problems(container, cfg)]
         if kind == "trainer":
             out += [f"{where}: {p}" for p in _trainer_problems(docs, workload, container, cfg)]
-    return out + _toolgateway_problems(docs) + _redis_problems(docs)
+    dockerfile = DOCKERFILE.read_text() if dockerfile is None else dockerfile
+    return (out + _reaper_problems(docs, dockerfile) + _toolgateway_problems(docs)
+            + _redis_problems(docs))
 
 
 def _env_problems(kind: str, container: dict[str, Any]) -> list[str]:
@@ -279,6 +289,21 @@ def _rank_problems(docs: list[dict[str, Any]], workload: dict[str, Any],
         out.append("rank must be the pod index with rank_offset 1 (rank 0 is the trainer)")
     if workload["kind"] != "StatefulSet":
         out.append("ranks need stable pod indexes: a StatefulSet")
+    return out
+
+
+def _reaper_problems(docs: list[dict[str, Any]], dockerfile: str) -> list[str]:
+    """PID 1 must reap orphans: python never does, so a tool's killed leftovers would
+    stay zombies (their sandbox uid out of the pool) and other services' orphans pile up.
+    The image's ENTRYPOINT is tini; a container ``command`` would replace it."""
+    out = []
+    if image_entrypoint(dockerfile) != INIT_ENTRYPOINT:
+        out.append(f"image: ENTRYPOINT is not {INIT_ENTRYPOINT}: no init reaps orphans")
+    for _, workload, container in libra_containers(docs):
+        if "command" in container:
+            out.append(f"{workload['metadata']['name']}/{container['name']}: command "
+                       "replaces the image's init (tini), so nothing reaps orphaned "
+                       "processes; set args")
     return out
 
 

@@ -5,12 +5,14 @@ Offline: the Compose Specification JSON schema is vendored next to the file
 engine or network is needed. The semantic checks below cover what the schema cannot:
 every LIBRA_* variable is a real config option with a readable value, health checks call
 the gRPC health service on the port the service binds, peers and Redis point at compose
-services, rollout buckets match the demo job's layout and the bare-metal stack.
+services, rollout buckets match the demo job's layout and the bare-metal stack; PID 1 is the
+image's init (tini), which reaps orphaned processes.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import socket
 import tomllib
@@ -38,6 +40,9 @@ COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 SCHEMA_FILE = COMPOSE_DIR / "compose-spec.schema.json"
 DEMO_JOB = ROOT / "deploy" / "configs" / "demo.toml"
 STACK_FILE = ROOT / "deploy" / "baremetal" / "stack.toml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+# PID 1 of every container of the image: python as PID 1 never reaps orphans.
+INIT_ENTRYPOINT = ["tini", "--"]
 
 CONFIG_CLASSES: dict[str, type] = {
     "coordinator": CoordinatorConfig, "scheduler": SchedulerConfig,
@@ -75,6 +80,13 @@ def _libra_services(doc: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]
     return out
 
 
+def image_entrypoint(dockerfile: str) -> list[str] | None:
+    """The exec-form ENTRYPOINT of the Dockerfile's last stage (the image deployed)."""
+    last_stage = re.split(r"^FROM ", dockerfile, flags=re.M)[-1]
+    found = re.findall(r"^ENTRYPOINT\s+(\[.*\])\s*$", last_stage, flags=re.M)
+    return json.loads(found[-1]) if found else None
+
+
 def _env(svc: dict[str, Any]) -> dict[str, str]:
     env = svc.get("environment", {})
     if isinstance(env, list):
@@ -108,8 +120,6 @@ def _published_host_ports(svc: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _validator() -> jsonschema.protocols.Validator:
-    import json
-
     schema = json.loads(SCHEMA_FILE.read_text())
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
@@ -158,6 +168,16 @@ def test_every_libra_service_is_deployed_from_the_one_image() -> None:
         assert (COMPOSE_DIR / build["context"]).resolve() == ROOT, name
         assert (ROOT / build["dockerfile"]).is_file(), name
         assert svc.get("restart") in ("always", "unless-stopped", "on-failure"), name
+
+
+def test_pid_1_of_every_libra_container_is_the_images_init() -> None:
+    """tini, the image's ENTRYPOINT, reaps orphaned processes (a tool's leftovers among
+    them); no service replaces it (``entrypoint``) or runs docker's init above it
+    (``init: true``: tini would be PID 2 and could not reap)."""
+    assert image_entrypoint(DOCKERFILE.read_text()) == INIT_ENTRYPOINT
+    assert image_entrypoint("FROM a AS b\nENTRYPOINT [\"tini\"]\nFROM c\nCMD [\"x\"]") is None
+    for name, (_, svc) in _libra_services(_compose()).items():
+        assert "entrypoint" not in svc and not svc.get("init"), name
 
 
 def test_redis_keeps_an_append_only_file_and_has_a_health_check() -> None:

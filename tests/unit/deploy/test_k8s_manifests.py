@@ -5,8 +5,9 @@ the objects): every LIBRA_* variable is an option of the service's config and lo
 container ports, Service ports, probes and Prometheus annotations agree with the ports the
 service binds; peers and Redis point at Services that select the right pods; tokens come
 from the Secret; trainer ranks meet at the trainer's rendezvous port; rollout buckets, caps
-and GPUs follow the demo job and the TP degree; the tool gateway is locked down. Broken
-copies must produce a problem, so the checks are known to bite.
+and GPUs follow the demo job and the TP degree; the tool gateway is locked down; PID 1 is
+the image's init (tini), which reaps orphans. Broken copies must produce a problem, so the
+checks are known to bite.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.unit.deploy.k8s_checks import (
+    DOCKERFILE,
     OVERLAYS,
     container_env,
     libra_containers,
@@ -93,3 +95,17 @@ def test_cross_check_catches_a_loose_tool_gateway() -> None:
     found = problems(docs)
     assert "toolgateway: no NetworkPolicy denying all egress" in found
     assert any("securityContext not restricted" in p for p in found), found
+
+
+def test_cross_check_catches_a_tool_gateway_without_a_reaper() -> None:
+    """The gateway's PID 1 must reap its tools' killed leftovers: a ``command`` replaces
+    the image's tini with python, and an image without the entrypoint has none."""
+    docs = render_overlay("cpu-demo")
+    gateway = next(d for d in workloads(docs) if d["metadata"]["name"] == "toolgateway")
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = container.pop("args")
+    assert any(p.startswith("toolgateway/toolgateway: command replaces the image's init")
+               for p in problems(docs))
+    without_init = DOCKERFILE.read_text().replace('ENTRYPOINT ["tini", "--"]\n', "")
+    assert any(p.startswith("image: ENTRYPOINT is not")
+               for p in problems(render_overlay("cpu-demo"), dockerfile=without_init))
