@@ -110,11 +110,6 @@ async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None) -> N
 
 def run(cfg: ToolGatewayConfig) -> int:
     """Build the core and serve until stopped; 2 when the host cannot meet the config."""
-    # Before the sandbox, which reaps orphans only where they come to this process: the
-    # tools' killed leftovers then give their uids back whoever PID 1 is (orphans.py).
-    # Here, not in build_core: a process that only embeds the core (the in-process loop,
-    # a test) keeps its orphans going to init.
-    adopt_orphans()
     try:
         core = build_core(cfg)
     except ValueError as exc:  # a PluginError too; a search_corpus outside data_roots
@@ -126,6 +121,11 @@ def run(cfg: ToolGatewayConfig) -> int:
                      "namespaces), or set require_network_isolation=false to accept the risk",
                      exc)
         return 2
+    # The sandbox reaps orphans where they come to this process: the tools' killed
+    # leftovers then give their uids back whoever PID 1 is (orphans.py). Here, not in
+    # build_core: a process that only embeds the core (the in-process loop, a test)
+    # keeps its orphans going to its init.
+    adopt_orphans()
     asyncio.run(main(cfg, core))
     return 0
 

@@ -1,7 +1,9 @@
 """Reaping what tool calls leave behind, whichever process is PID 1.
 
-Where it sits: ``build_core`` (``python -m services.toolgateway``) calls ``adopt_orphans``
-once; ``SubprocessSandbox`` owns an ``OrphanReaper`` and reaps before and after each call.
+Where it sits: the gateway's ``run()`` (``python -m services.toolgateway``) calls
+``adopt_orphans`` once; ``SubprocessSandbox`` owns an ``OrphanReaper`` and reaps before
+and after each call, where this process receives orphans (a process that only embeds the
+sandbox, such as a test or the in-process loop, leaves them to its init).
 
 Why: a tool's descendants that outlive it (a double fork, a ``setsid``) are re-parented to
 the nearest child subreaper, else to PID 1 of the PID namespace. Killed with the call's
@@ -55,9 +57,9 @@ def adopt_orphans() -> bool:
 
 def receives_orphans() -> bool:
     """Whether orphaned descendants are re-parented to this process."""
-    flag = ctypes.c_int(0)
     if os.getpid() == 1:
         return True
+    flag = ctypes.c_int(0)
     return _LIBC.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 \
         and flag.value != 0
 
@@ -84,18 +86,14 @@ class OrphanReaper:
 
     Used from the event loop's thread only: ``reap`` does not await, so no spawn can
     start in the middle of it, and one in progress makes it skip (the child may already
-    be a zombie before asyncio knows its pid).
+    be a zombie before asyncio knows its pid). It reaps only while this process receives
+    orphans, asked at each reap (one ``prctl``), so adopting them may come after the
+    sandbox is built.
     """
 
-    def __init__(self, is_enabled: bool) -> None:
-        self._is_enabled = is_enabled
+    def __init__(self) -> None:
         self._spared: set[int] = set()
         self._num_spawning = 0
-
-    @property
-    def is_enabled(self) -> bool:
-        """True where this process receives orphans (PID 1 or a child subreaper)."""
-        return self._is_enabled
 
     @contextlib.contextmanager
     def spawning(self) -> Iterator[set[int]]:
@@ -108,7 +106,7 @@ class OrphanReaper:
 
     def reap(self) -> int:
         """Wait for every adopted zombie; how many were reaped."""
-        if not self._is_enabled or self._num_spawning:
+        if self._num_spawning or not receives_orphans():
             return 0
         children, own_session = _children(), os.getsid(0)
         self._spared &= children.keys()  # a spared tool its waiter has reaped is gone

@@ -64,7 +64,7 @@ from services.toolgateway.isolation import (
     child_setup,
     probe_isolation,
 )
-from services.toolgateway.orphans import OrphanReaper, receives_orphans
+from services.toolgateway.orphans import OrphanReaper
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ class SubprocessSandbox:
         os.makedirs(self._config.work_root_dir, mode=0o711, exist_ok=True)
         self._uids = UidPool(self._config.uid_base, self._config.num_uids,
                               os.path.join(self._config.work_root_dir, ".uid-locks"))
-        self._orphans = OrphanReaper(receives_orphans())
+        self._orphans = OrphanReaper()
 
     def _init_isolation(self) -> None:
         cfg, sup = self._config, self._support

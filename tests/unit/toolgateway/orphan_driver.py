@@ -56,8 +56,8 @@ async def _calls() -> dict[str, object]:
     cfg = load_config(ToolGatewayConfig, "toolgateway", argv=[
         "--sandbox-uid-base", str(UID_BASE), "--sandbox-num-uids", "1",
         "--python-timeout-s", "60"], environ={})
-    adopt_orphans()  # as the gateway's run() does before build_core
     core = build_core(cfg)
+    adopt_orphans()  # as the gateway's run() does before it serves
     sleep_s = 600 if os.geteuid() == 0 else 0.1  # killed with its uid, or ends itself
     first = await core.execute(ToolCall("orphans", "1", "python", {
         "code": ESCAPES_THEN_EXITS_3.format(sleep_s=sleep_s)}))

@@ -8,7 +8,8 @@ the gateway's core as ``python -m services.toolgateway`` does and runs in a new 
 namespace (``unshare --pid --fork --mount-proc``), either as its PID 1 (a Kubernetes
 container whose command is the gateway) or under a PID 1 that never reaps (a dev
 container's ``sleep infinity``). Before, the zombie stayed in both and the second call
-found the one-uid pool exhausted.
+found the one-uid pool exhausted. The reaper's choice of zombies is pinned too: it must
+never take an exit status that someone waits for.
 """
 
 from __future__ import annotations
@@ -23,6 +24,38 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+# Run in a fresh interpreter: it becomes a child subreaper, as the gateway does, and
+# pytest's own children (other tests' servers) are not this test's to take.
+WHICH_ZOMBIES = """
+import os, time
+from services.toolgateway.orphans import OrphanReaper, adopt_orphans
+
+def state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+def spawn(code, new_session):
+    return os.posix_spawn("/bin/sh", ["sh", "-c", f"exit {code}"], {}, setsid=new_session)
+
+assert adopt_orphans()
+reaper = OrphanReaper()
+own = spawn(4, new_session=False)   # the gateway's own fork: in its session, own waiter
+with reaper.spawning() as spared:
+    tool = spawn(7, new_session=True)  # the tool process asyncio waits for
+    spared.add(tool)
+left = spawn(5, new_session=True)   # a tool's leftover: outside the session, no waiter
+deadline_s = time.monotonic() + 60
+while {state(p) for p in (own, tool, left)} != {"Z"} and time.monotonic() < deadline_s:
+    time.sleep(0.01)
+with reaper.spawning():
+    assert reaper.reap() == 0 and state(left) == "Z"  # a spawn in progress: skip
+assert reaper.reap() == 1 and state(left) == "gone"
+assert os.waitstatus_to_exitcode(os.waitpid(tool, 0)[1]) == 7
+assert os.waitstatus_to_exitcode(os.waitpid(own, 0)[1]) == 4
+"""
 UNSHARE = shutil.which("unshare")
 # A guard against a hang: the driver takes about 2 s on an idle machine.
 GUARD_S = 180
@@ -45,3 +78,12 @@ def test_a_killed_escaped_process_is_reaped_and_its_uid_handed_out_again(
     assert report["first_error"] == "exit code 3"  # the tool's own status is not taken
     assert report["escaped_state"] == "gone", report
     assert (report["second_status"], report["lingering_uids"]) == ("SUCCESS", []), report
+
+
+def test_the_reaper_takes_leftovers_only_never_a_status_someone_waits_for() -> None:
+    """Zombie children outside the process's session are a tool's leftovers; a child in
+    its session (the file reader's fork, the kill helper) and the tool process itself
+    keep their exit status for their own waiter, and no reap runs during a spawn."""
+    done = subprocess.run([sys.executable, "-c", WHICH_ZOMBIES], cwd=ROOT,
+                          capture_output=True, text=True, timeout=GUARD_S, check=False)
+    assert done.returncode == 0, done.stderr
