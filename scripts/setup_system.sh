@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the test suite drives as real parts: chromium + chromium-driver (the /ui
-# browser test) and prometheus (promtool checks the scrape config). Installed only when
+# browser test), prometheus (promtool checks the scrape config) and tini (the image's
+# entrypoint, run as PID 1 by test_orphan_reaping.py). Installed only when
 # missing and only as root; otherwise it says what to run and the tests that need them skip
 # with that reason.
 set -euo pipefail
@@ -8,6 +9,7 @@ need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
 command -v promtool >/dev/null || need+=(prometheus)
+command -v tini >/dev/null || need+=(tini)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "setup_system: missing ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2

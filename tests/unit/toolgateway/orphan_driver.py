@@ -1,7 +1,8 @@
 """The tool gateway's core, built as ``python -m services.toolgateway`` builds it, run
 by test_orphan_reaping.py as PID 1 of a new PID namespace (no argument), or as the only
 child of a PID 1 that waits for it alone and reaps nothing else (``--under-init``: a dev
-container's ``sleep infinity``, a supervisor that waits for its own children only).
+container's ``sleep infinity``, a supervisor that waits for its own children only), or
+as the child of the image's init (tini) when the test puts it first.
 
 One python call leaves an escaped process (double fork into its own session) and exits 3.
 Under the uid drop the sandbox kills that process with the call's uid at the exit;

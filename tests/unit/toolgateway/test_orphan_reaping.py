@@ -5,10 +5,10 @@ the call's uid stays a zombie until the process that adopted it waits for it; un
 its uid is kept out of the pool (UidPool) and its pid is taken. Orphans go to the nearest
 child subreaper, else to PID 1 of the PID namespace. The driver (orphan_driver.py) builds
 the gateway's core as ``python -m services.toolgateway`` does and runs in a new PID
-namespace (``unshare --pid --fork --mount-proc``), either as its PID 1 (a Kubernetes
-container whose command is the gateway) or under a PID 1 that never reaps (a dev
-container's ``sleep infinity``). Before, the zombie stayed in both and the second call
-found the one-uid pool exhausted. The reaper's choice of zombies is pinned too: it must
+namespace (``unshare --pid --fork --mount-proc``): as its PID 1 (a Kubernetes container
+whose command is the gateway), under a PID 1 that never reaps (a dev container's ``sleep
+infinity``), and under the image's ENTRYPOINT (tini) as in compose and Kubernetes. Before,
+the zombie stayed in the first two and the second call found the one-uid pool exhausted. The reaper's choice of zombies is pinned too: it must
 never take an exit status that someone waits for.
 """
 
@@ -23,7 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.deploy.test_compose_schema import DOCKERFILE, image_entrypoint
+
 ROOT = Path(__file__).resolve().parents[3]
+# The image's init, as `docker run` and the manifests start the gateway under it.
+INIT = image_entrypoint(DOCKERFILE.read_text()) or []
 # Run in a fresh interpreter: it becomes a child subreaper, as the gateway does, and
 # pytest's own children (other tests' servers) are not this test's to take.
 WHICH_ZOMBIES = """
@@ -64,12 +68,15 @@ GUARD_S = 180
 @pytest.mark.skipif(os.geteuid() != 0 or UNSHARE is None,
                     reason="a new PID namespace and the uid drop need root and unshare "
                            "(util-linux)")
-@pytest.mark.parametrize(("argv", "gateway_pid"), [([], 1), (["--under-init"], 2)],
-                         ids=["gateway-is-pid-1", "under-an-init-that-never-reaps"])
+@pytest.mark.parametrize(("init", "argv", "gateway_pid"), [
+    ([], [], 1), ([], ["--under-init"], 2), (INIT, [], 2)],
+    ids=["gateway-is-pid-1", "under-an-init-that-never-reaps", "under-the-images-init"])
 def test_a_killed_escaped_process_is_reaped_and_its_uid_handed_out_again(
-        argv: list[str], gateway_pid: int) -> None:
+        init: list[str], argv: list[str], gateway_pid: int) -> None:
+    if init and shutil.which(init[0]) is None:
+        pytest.skip(f"{init[0]} missing: scripts/setup_system.sh installs it (Debian)")
     done = subprocess.run(
-        [UNSHARE, "--pid", "--fork", "--mount-proc", sys.executable, "-m",
+        [UNSHARE, "--pid", "--fork", "--mount-proc", *init, sys.executable, "-m",
          "tests.unit.toolgateway.orphan_driver", *argv],
         cwd=ROOT, capture_output=True, text=True, timeout=GUARD_S, check=False)
     assert done.returncode == 0, done.stderr
