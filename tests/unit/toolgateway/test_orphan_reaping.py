@@ -8,8 +8,9 @@ the gateway's core as ``python -m services.toolgateway`` does and runs in a new 
 namespace (``unshare --pid --fork --mount-proc``): as its PID 1 (a Kubernetes container
 whose command is the gateway), under a PID 1 that never reaps (a dev container's ``sleep
 infinity``), and under the image's ENTRYPOINT (tini) as in compose and Kubernetes. Before,
-the zombie stayed in the first two and the second call found the one-uid pool exhausted. The reaper's choice of zombies is pinned too: it must
-never take an exit status that someone waits for.
+the zombie stayed in the first two and the second call found the one-uid pool exhausted.
+The reaper's choice of zombies is pinned too: it must never take an exit status that
+someone waits for.
 """
 
 from __future__ import annotations
