@@ -3,8 +3,12 @@ a mix, and a borrow of the elastic pool is judged by the search (issue 20, sessi
 
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 import pytest
 
+import sim.run as sim_run
 from scheduling.planner import (
     ClusterShape,
     GlobalResourcePlanner,
@@ -24,7 +28,8 @@ from scheduling.planner import TrainParallelism as TP
 from scheduling.planner.elastic_trigger import ElasticTrigger
 from sim.generators import GeneratorConfig, generate
 from sim.presets import cluster
-from sim.systems import LIBRA_PATTERNS
+from sim.systems import LIBRA_PATTERNS, system
+from sim.twin import TwinRefiner
 
 SPEC = cluster("a800x48")
 SHAPE = ClusterShape(SPEC.num_nodes, 8)
@@ -136,3 +141,21 @@ def test_planner_judges_a_borrow_by_the_search_scores() -> None:
         planner.observe(StepMetrics(step=1, rollout_s=100.0, train_s=100.0,
                                     rollout_span_s=250.0, requests=HISTORY[:4]))
         assert planner.decide(1).elastic.action == action, lent_s
+
+
+def test_libras_preflight_adopts_one_tp_degree_where_session_15s_adopted_a_mix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """r2e seed 0 (a tuning seed): session 15's preflight (any layout, the real twin with
+    its session-15 options: its drain measured, prompts repeated) adopted a mix at
+    16:32; libra's adopts uniform TP8."""
+    trace = generate(GeneratorConfig(shape="r2e", num_steps=2, prompts_per_step=16, seed=0))
+    libra = system("libra")
+    plan = sim_run.initial_plan(SPEC, trace, libra)[0]
+    assert _one_tp(plan) and set(plan.rollout_tps) == {8}
+    old = replace(libra, planner_config=replace(
+        libra.planner_config, preflight_layouts="any", elastic_borrow_judged=False))
+    monkeypatch.setattr(sim_run, "TwinRefiner", functools.partial(
+        TwinRefiner, window="after_fill", fresh_prompts=False))
+    plan = sim_run.initial_plan(SPEC, trace, old)[0]
+    assert not _one_tp(plan) and plan.train_gpus == 16
