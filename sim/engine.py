@@ -324,8 +324,10 @@ class Simulator:
 
     # Main loop.
 
-    def run(self) -> dict[str, Any]:
-        """Run to the end of the trace; return raw counters for ``metrics.summarise``."""
+    def run(self, stop_after_steps: int | None = None) -> dict[str, Any]:
+        """Run to the end of the trace (or until ``stop_after_steps`` training steps have
+        ended: the twin measures a window and need not simulate the rest); return raw
+        counters for ``metrics.summarise``."""
         rl_loop.release_allowed(self, 0.0)
         handlers = {
             TOOL: self._on_tool,
@@ -350,6 +352,8 @@ class Simulator:
                 self.replan_segment(inst, now)
             else:
                 handlers[kind](payload, now)
+                if stop_after_steps is not None and self.version >= stop_after_steps:
+                    return simulator_result(self)
             if scout_timeout and self.pending and now - last_retry > scout_timeout / 2:
                 last_retry = now
                 self._push(now + scout_timeout + 1e-3, RETRY, None)

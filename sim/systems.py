@@ -220,6 +220,12 @@ _LIBRA_PLANNER = PlannerConfig(
     # (issue 20: the trigger on inter-completion gaps flapped one node every step).
     elastic_span_alpha=0.3,
     elastic_dwell_steps=3,
+    # Issue 20, session 16: the preflight adopts one TP degree (a mix waits for an
+    # online decision with a history the twin has not cycled), and a borrow of the
+    # pool is judged by the twin like a plan (a ratio of measured times cannot see a
+    # bounded step waiting on its stragglers).
+    preflight_layouts="homogeneous",
+    elastic_borrow_judged=True,
 )
 _STATIC_PLANNER = PlannerConfig(enable_online=False, enable_elastic=False)
 

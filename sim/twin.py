@@ -39,6 +39,8 @@ from sim.trace import TraceTrajectory
 
 TWIN_STEPS_PER_DEPTH = 2
 """Twin length in pipeline depths: one depth of fill, then the measured steps."""
+TWIN_WINDOWS = ("after_fill", "steady")
+"""Which step intervals the twin measures (``TwinRefiner`` ``window``)."""
 TREND_WINDOW_STEPS = 10
 """Complete release steps the length trend is fitted over (two pipeline depths at
 staleness 4: long enough to average a step's noise, short enough to follow drift)."""
@@ -65,7 +67,19 @@ class TwinRefiner:
         steps_per_depth: int = TWIN_STEPS_PER_DEPTH,
         *,
         trend: bool = True,
+        window: str = "steady",
+        fresh_prompts: bool = True,
     ) -> None:
+        if window not in TWIN_WINDOWS:
+            raise InvalidArgument(
+                "window", f"must be one of {', '.join(TWIN_WINDOWS)}, got {window!r}"
+            )
+        self._window = window
+        if not isinstance(fresh_prompts, bool):
+            raise InvalidArgument(
+                "fresh_prompts", f"must be True or False, got {fresh_prompts!r}"
+            )
+        self._fresh_prompts = fresh_prompts
         self._cluster = cluster
         self._depth = pipeline_depth(system.staleness if system.mode == "async" else 0)
         self._system = replace(
@@ -74,7 +88,13 @@ class TwinRefiner:
             enable_elastic=False,
             planner_config=PlannerConfig(enable_online=False, enable_elastic=False),
         )
-        self._steps = max(self._depth + 1, int(round(steps_per_depth * self._depth)))
+        self._measured = max(1, int(round((steps_per_depth - 1) * self._depth)))
+        """Steps whose intervals are averaged, after one depth of fill."""
+        self._steps = self._depth + self._measured
+        if window == "steady":
+            # One depth more is released behind the measured steps, so the pipeline is
+            # as full during them as in a long run (no drain is measured).
+            self._steps += self._depth
         self._recent: deque[tuple[TraceTrajectory, ...]] = deque(maxlen=self._depth)
         self._cache: dict[tuple, float] = {}
         self._trace: list[TraceTrajectory] | None = None
@@ -150,6 +170,8 @@ class TwinRefiner:
                         t,
                         trajectory_id=f"twin{step}-{t.trajectory_id}",
                         group_id=f"twin{step}-{t.group_id}",
+                        prompt_id=f"twin{step}-{t.prompt_id}" if self._fresh_prompts
+                        else t.prompt_id,
                         step=step,
                     )
                 )
@@ -169,14 +191,19 @@ class TwinRefiner:
         try:
             if self._trace is None:
                 self._trace = self.trace()
-            raw = Simulator(self._cluster, self._trace, self._system, plan, None).run()
+            sim = Simulator(self._cluster, self._trace, self._system, plan, None)
+            steady = self._window == "steady"
+            raw = sim.run(stop_after_steps=self._depth + self._measured if steady else None)
         except SimInfeasible:
             return math.inf
         ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]
         first = self._depth - 1
-        if len(ends) - 1 <= first:
+        # after_fill: to the last batch (a bounded batch may take more than one step's
+        # trajectories, so a run can train fewer batches than it has steps).
+        last = first + self._measured if steady else len(ends) - 1
+        if len(ends) - 1 < last or last <= first:
             return math.inf  # too few steps trained after the fill to measure
-        return (ends[-1] - ends[first]) / (len(ends) - 1 - first)
+        return (ends[last] - ends[first]) / (last - first)
 
 
 def _scaled(traj: TraceTrajectory, factor: float, cap_tokens: int) -> TraceTrajectory:

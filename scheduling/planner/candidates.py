@@ -66,6 +66,11 @@ def best_uniform(
     return [best] if best and best.plan.key() not in {s.plan.key() for s in taken} else []
 
 
+def is_homogeneous(plan: Plan) -> bool:
+    """Every rollout instance of ``plan`` has one TP degree."""
+    return len(set(plan.rollout_tps)) <= 1
+
+
 def homogeneous_per_split(
     search: PlanSearch, model: RolloutCostModel, work: Workload, taken: list[Scored]
 ) -> list[Scored]:

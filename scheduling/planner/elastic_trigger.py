@@ -18,6 +18,7 @@ of the pool must stand that many steps before the next (forced releases excepted
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scheduling.planner.planner_types import ElasticSignal, PlanEvent, PlannerConfig, StepMetrics
@@ -41,6 +42,7 @@ class ElasticTrigger:
         self.signal: ElasticSignal | None = None
         self.span_ema_s: float | None = None
         self._last_change_step: int | None = None
+        self._last_refusal_step: int | None = None
 
     def observe(self, metrics: StepMetrics) -> None:
         """Fold a step's rollout span into the EMA (ignored when absent or not positive)."""
@@ -57,14 +59,19 @@ class ElasticTrigger:
         return self.span_ema_s / self._config.pipeline_depth
 
     def decide(
-        self, step: int, event: PlanEvent, plan: Plan, metrics: StepMetrics
+        self, step: int, event: PlanEvent, plan: Plan, metrics: StepMetrics,
+        judge: Callable[[int], bool] | None = None,
     ) -> ElasticSignal | None:
-        """The signal for ``step`` (``None`` with the pool disabled)."""
+        """The signal for ``step`` (``None`` with the pool disabled). ``judge``: asked
+        before a borrow whether lending that many replicas pays (``None``: the ratio
+        alone decides)."""
         cfg = self._config
         if not cfg.enable_elastic:
             return None
         current = metrics.hybrid_active + metrics.hybrid_joining
         desired, reason = self._desired(event, plan, metrics, current)
+        if reason == "borrow" and desired > current and judge is not None:
+            desired, reason = self._judged(step, desired, current, judge)
         last = self._last_change_step
         if (
             desired != current
@@ -80,6 +87,19 @@ class ElasticTrigger:
             step, action, desired, current, reason, step + cfg.elastic_ttl_steps
         )
         return self.signal
+
+    def _judged(
+        self, step: int, desired: int, current: int, judge: Callable[[int], bool]
+    ) -> tuple[int, str]:
+        """A borrow the judge refuses is held, and the refusal stands for the dwell like
+        a change would (each judgement costs the search a score of two plans)."""
+        last = self._last_refusal_step
+        if last is not None and step - last < self._config.elastic_dwell_steps:
+            return current, "dwell"
+        if judge(desired):
+            return desired, "borrow"
+        self._last_refusal_step = step
+        return current, "borrow_not_predicted_to_pay"
 
     def _desired(
         self, event: PlanEvent, plan: Plan, m: StepMetrics, current: int

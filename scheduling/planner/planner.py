@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any
 
 from scheduling.planner.calibration import RatioCalibrator
-from scheduling.planner.costmodel import RequestStats
+from scheduling.planner.costmodel import RequestStats, TrainParallelism
 from scheduling.planner.elastic_trigger import ElasticTrigger
 from scheduling.planner.plan import Plan, PlanError
 from scheduling.planner.planner_types import ElasticSignal, PlanEvent, PlannerConfig, StepMetrics
@@ -42,6 +42,14 @@ class GlobalResourcePlanner:
     ) -> None:
         self._search = search
         self._config = config
+        space = getattr(search, "space", None)
+        if config.preflight_layouts == "homogeneous" and getattr(
+            space, "require_heterogeneous", False
+        ):
+            raise PlanError(
+                "preflight_layouts: 'homogeneous' contradicts the search space's "
+                "require_heterogeneous (no layout could be adopted)"
+            )
         self.current = current
         if current is not None:
             current.validate(search.cluster)
@@ -74,7 +82,7 @@ class GlobalResourcePlanner:
     def preflight(self, requests_per_step: int) -> PlanEvent:
         """Adopt the best plan with gates open, zero transition cost and zero threshold."""
         self._requests_per_step = max(1, requests_per_step)
-        best = self._search_best()
+        best = self._search_best(homogeneous_only=self._config.preflight_layouts == "homogeneous")
         if best is None:
             return PlanEvent(-1, True, "preflight", False, "infeasible", inputs=self._inputs())
         best.plan.validate(self._search.cluster)
@@ -234,10 +242,12 @@ class GlobalResourcePlanner:
             self.current = plan
         self._last_applied_step = step
 
-    def _search_best(self) -> Scored | None:
+    def _search_best(self, *, homogeneous_only: bool = False) -> Scored | None:
         if not self._history:
             return None
         tf, rf = self.factors
+        if homogeneous_only:
+            return self._search.search(self._workload(), tf, rf, homogeneous_only=True)
         return self._search.search(self._workload(), tf, rf)
 
     def _workload(self) -> Workload:
@@ -255,7 +265,30 @@ class GlobalResourcePlanner:
     def _elastic(self, step: int, event: PlanEvent) -> ElasticSignal | None:
         if self.current is None or self._last is None:
             return None
-        return self._trigger_pool.decide(step, event, self.current, self._last)
+        judge = self._borrow_pays if self._config.elastic_borrow_judged else None
+        return self._trigger_pool.decide(step, event, self.current, self._last, judge=judge)
+
+    def _borrow_pays(self, replicas: int) -> bool:
+        """Whether lending ``replicas`` rollout replicas to training is predicted to
+        shorten the step by ``min_gain_ratio`` (the search's scores: the twin's, where
+        it has one). The pool lends the highest-numbered rollout nodes."""
+        assert self.current is not None
+        cur = self.current
+        gpn = self._search.cluster.gpus_per_node
+        replica = cur.train.tp * cur.train.pp
+        lent_nodes = -(-replicas * replica // gpn)
+        if replicas <= 0 or lent_nodes >= len(cur.rollout_nodes):
+            return True  # nothing to judge, or the trigger's own capacity rule binds
+        lent = Plan(
+            TrainParallelism(cur.train.tp, cur.train.pp, cur.train.dp + replicas,
+                             cur.train.micro_batch),
+            cur.rollout_nodes[:-lent_nodes],
+        )
+        tf, rf = self.factors
+        work = self._workload()
+        now_s = self._search.score(cur, work, tf, rf).objective_s
+        lent_s = self._search.score(lent, work, tf, rf).objective_s
+        return lent_s < now_s * (1.0 - self._config.min_gain_ratio)
 
     def _inputs(self) -> dict[str, Any]:
         m = self._last

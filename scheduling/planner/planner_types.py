@@ -12,9 +12,12 @@ from typing import Any
 
 from scheduling.planner.calibration import CalibratorConfig
 from scheduling.planner.costmodel import RequestStats
+from scheduling.planner.plan import PlanError
 
 TRANSITION_COST_MODELS = ("fixed", "recreated")
 """Values of ``PlannerConfig.transition_cost_model``."""
+PREFLIGHT_LAYOUTS = ("any", "homogeneous")
+"""Values of ``PlannerConfig.preflight_layouts``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,12 @@ class PlannerConfig:
     elastic_dwell_steps: int = 0
     """Steps a change of the pool size must stand before the next (forced releases
     excepted); 0: none."""
+    elastic_borrow_judged: bool = False
+    """Before the ratio rule lends rollout replicas to training, score the plan with
+    them lent against the plan in force (the search's scores: the twin's, where it has
+    one) and lend only for a gain of ``min_gain_ratio``. ``False``: the ratio alone
+    (digest 5.5). A ratio of measured times cannot see that a bounded-staleness step
+    waits on its stragglers, not its training (issue 20, session 16)."""
     pipeline_depth: int = 1
     """Rollout steps in flight at once (async jobs: staleness bound + 1)."""
     calibrator: CalibratorConfig = field(default_factory=CalibratorConfig)
@@ -88,7 +97,24 @@ class PlannerConfig:
     step time x the share of rollout devices the move re-creates (their in-flight turns
     restart: no KV transfer; ``Plan.rollout_share_recreated``) (issue 20, session 15)."""
 
+    preflight_layouts: str = "any"
+    """Layouts the preflight may adopt. ``any``: the reference's. ``homogeneous``: one
+    TP degree only; a mixed layout waits for an online decision. A mix pays only through
+    the length predictor, and the preflight's evidence is one step's startup profile: too
+    small a sample of the tail to judge the predictor by (a twin replaying it cycles the
+    same trajectories, so the predictor learns them by heart), while a homogeneous
+    layout is routed by load whatever the lengths (issue 20, session 16)."""
+
     def __post_init__(self) -> None:
+        if not isinstance(self.elastic_borrow_judged, bool):
+            raise PlanError(
+                f"elastic_borrow_judged: must be True or False, got {self.elastic_borrow_judged!r}"
+            )
+        if self.preflight_layouts not in PREFLIGHT_LAYOUTS:
+            raise PlanError(
+                f"preflight_layouts: must be one of {', '.join(PREFLIGHT_LAYOUTS)}, got "
+                f"{self.preflight_layouts!r}"
+            )
         if self.transition_cost_model not in TRANSITION_COST_MODELS:
             raise ValueError(
                 f"transition_cost_model must be one of {', '.join(TRANSITION_COST_MODELS)}, "

@@ -166,7 +166,8 @@ class PlanSearch:
         return sorted(out)
 
     def search(
-        self, work: Workload, train_factor: float = 1.0, rollout_factor: float = 1.0
+        self, work: Workload, train_factor: float = 1.0, rollout_factor: float = 1.0,
+        *, homogeneous_only: bool = False,
     ) -> Scored | None:
         """Best plan, or ``None`` when nothing is feasible.
 
@@ -174,10 +175,13 @@ class PlanSearch:
         re-scored with the greedy assignment. Splits are visited by rising training
         time; once a split's training time alone exceeds the K-th best objective so far,
         it and every later one cannot enter the top K and are skipped (exact pruning:
-        the result equals the unpruned enumeration's).
+        the result equals the unpruned enumeration's). ``homogeneous_only``: only
+        layouts of one TP degree (``candidates``).
         """
         model = self.cost_model(work)
-        candidates = self.candidates(model, work, train_factor, rollout_factor)
+        candidates = self.candidates(
+            model, work, train_factor, rollout_factor, homogeneous_only=homogeneous_only
+        )
         # Fewest training seconds first. A candidate whose training step alone takes at
         # least the best objective refined so far cannot win (its objective is at least
         # that), so it is not refined: exact pruning of the costly re-score (the twin).
@@ -223,12 +227,17 @@ class PlanSearch:
 
     def candidates(
         self, model: RolloutCostModel, work: Workload, train_factor: float = 1.0,
-        rollout_factor: float = 1.0,
+        rollout_factor: float = 1.0, *, homogeneous_only: bool = False,
     ) -> list[Scored]:
         """Every plan ``search`` may refine: the closed form's top splits and, with a
         refiner, the uniform guard and each top split's homogeneous layouts
-        (``scheduling.planner.candidates``)."""
+        (``scheduling.planner.candidates``). ``homogeneous_only``: the closed form's top
+        splits, each with its homogeneous layouts as the screen picks them (with or
+        without a refiner), and no mix."""
         out = self._closed_form_top_k(model, work, train_factor, rollout_factor)
+        if homogeneous_only:
+            kept = [s for s in out if cands.is_homogeneous(s.plan)]
+            return kept + cands.homogeneous_per_split(self, model, work, out)
         if self.refiner is not None:
             out += self._best_uniform(model, work, out)
             if self.space.homogeneous_per_split:

@@ -3,7 +3,9 @@
 Every value below was computed on the tree before the session-15 speed changes (commit
 e0cac58; re-pinned on the planner-choices branch, eecf8a6, whose candidate set and replan
 rule change libra's choices: the speed changes gave the same values there to the last
-bit) and is compared to the last bit (``==`` on floats, not ``approx``): the twin's
+bit; re-pinned in session 16, whose twin window, fresh replayed prompts, homogeneous
+preflight and judged borrow change libra's results on purpose) and is compared to the
+last bit (``==`` on floats, not ``approx``): the twin's
 score of every candidate the planner refines (trend on), the plan it picks, and whole
 held-out runs (libra with its planner, twin and elastic pool; a static peer).
 """
@@ -35,35 +37,35 @@ FRONTIER_STEP = 9
 # Twin score (mean step interval, s) per plan key, and the plan picked.
 TWIN_SCORES = {
     "r2e": {
-        (8, 1, 2, 1, ((1, 2), (2, 1), (4, 1), (8, 3))): 75.87239337217852,
-        (8, 1, 2, 1, ((4, 8),)): 79.39951420464095,
-        (8, 1, 2, 1, ((8, 4),)): 71.26885774981795,
-        (8, 1, 3, 1, ((1, 4), (4, 1), (8, 2))): 162.11044342221686,
-        (8, 1, 3, 1, ((4, 6),)): 76.91346031169897,
-        (8, 1, 3, 1, ((8, 3),)): 64.76390200042172,
+        (8, 1, 3, 1, ((1, 4), (4, 1), (8, 2))): 150.58410399673204,
+        (8, 1, 3, 1, ((4, 6),)): 101.49252107428806,
+        (8, 1, 3, 1, ((8, 3),)): 97.73014656303988,
+        (8, 1, 2, 1, ((1, 2), (2, 1), (4, 1), (8, 3))): 91.12172126644445,
+        (8, 1, 2, 1, ((4, 8),)): 102.58708969998584,
+        (8, 1, 2, 1, ((8, 4),)): 87.0264733869368,
     },
     "search": {
-        (8, 1, 3, 1, ((1, 2), (2, 1), (4, 1), (8, 2))): 8.702762440282282,
-        (8, 1, 3, 1, ((4, 6),)): 6.403336051811962,
+        (8, 1, 3, 1, ((1, 2), (2, 1), (4, 1), (8, 2))): 13.223795587653052,
+        (8, 1, 3, 1, ((4, 6),)): 6.800068746090497,
     },
     "math": {
-        (8, 1, 3, 1, ((1, 2), (2, 1), (4, 1), (8, 2))): 25.73868021574573,
-        (8, 1, 3, 1, ((4, 6),)): 19.52042569928824,
-        (8, 1, 3, 1, ((8, 3),)): 13.394512843106224,
+        (8, 1, 3, 1, ((1, 2), (2, 1), (4, 1), (8, 2))): 46.27453563613208,
+        (8, 1, 3, 1, ((4, 6),)): 25.09559207380862,
+        (8, 1, 3, 1, ((8, 3),)): 20.638135795216954,
     },
 }
 PICKED = {
-    "r2e": ((8, 1, 3, 1, ((8, 3),)), 39.71015934687179, 64.76390200042172),
-    "search": ((8, 1, 3, 1, ((4, 6),)), 7.306176041094359, 6.403336051811962),
-    "math": ((8, 1, 3, 1, ((8, 3),)), 15.030221605856068, 13.394512843106224),
+    "r2e": ((8, 1, 2, 1, ((8, 4),)), 59.35803902030769, 87.0264733869368),
+    "search": ((8, 1, 3, 1, ((4, 6),)), 7.306176041094359, 6.800068746090497),
+    "math": ((8, 1, 3, 1, ((8, 3),)), 15.030221605856068, 20.638135795216954),
 }
 
 # Whole runs, 48 x A800, 16 prompts x 4, 20 steps, held-out seeds.
 RUNS = {
     ("r2e", 10, "libra"): {
-        "throughput_traj_per_s": 0.5467989064877178, "makespan_s": 2340.8971466711437,
-        "p99_traj_latency_s": 846.9728670209508, "gpu_busy_fraction": 0.527617216378823,
-        "migrations": 467, "planner_moves": 1, "twin_runs": 19,
+        "throughput_traj_per_s": 0.7588190198859558, "makespan_s": 1686.8317299062605,
+        "p99_traj_latency_s": 308.4819101953875, "gpu_busy_fraction": 0.8066739622669331,
+        "migrations": 0, "planner_moves": 2, "twin_runs": 26,
     },
     ("r2e", 10, "stream-lb"): {
         "throughput_traj_per_s": 0.5361204656263117, "makespan_s": 2387.523107338696,
@@ -71,9 +73,9 @@ RUNS = {
         "migrations": 0, "planner_moves": 0, "twin_runs": 0,
     },
     ("math-drift", 11, "libra"): {
-        "throughput_traj_per_s": 0.9881032957077579, "makespan_s": 1295.4111230680214,
-        "p99_traj_latency_s": 289.75427529151995, "gpu_busy_fraction": 0.7078879690638555,
-        "migrations": 0, "planner_moves": 0, "twin_runs": 23,
+        "throughput_traj_per_s": 1.0560342788877413, "makespan_s": 1212.0818666493938,
+        "p99_traj_latency_s": 233.83883403204695, "gpu_busy_fraction": 0.8519500958176612,
+        "migrations": 0, "planner_moves": 0, "twin_runs": 29,
     },
 }
 
