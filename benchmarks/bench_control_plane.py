@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 import redis.asyncio as aioredis  # noqa: E402
 
 from benchmarks.control_plane_stack import JOB, Stack  # noqa: E402
+from benchmarks.host_watch import HostWatch  # noqa: E402
 from libra import redis_keys as keys  # noqa: E402
 from libra import types as t  # noqa: E402
 from libra.clients.runner import GrpcSchedulerClient  # noqa: E402
@@ -158,6 +159,7 @@ def train(stack: Stack, samples: int) -> None:
 def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
         tag: str, tree: Path = ROOT) -> dict[str, Any]:
     arm = "" if tree == ROOT else f"-{tree.name}"
+    watch = HostWatch().start()  # a host stall or a clock step expires leases too
     stack = Stack(tmp, f"{n}-{renewals}-nice{nice}-{tag}{arm}", args.profile,
                   args.lease_renewals_per_s, services_root=tree)
     try:
@@ -214,8 +216,9 @@ def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
                      for d in stack.drivers]
         result.update(_figures(first, last, summaries, stack))
         result["loadavg"] = [load_before, *os.getloadavg()]
-        return result
+        return result | watch.stop()
     finally:
+        watch.stop()
         stack.stop()
 
 
@@ -391,7 +394,8 @@ def _text(r: dict[str, Any]) -> str:
                  f"{r['leases_lost_registering']}), killed {r['killed']} expired "
                  f"{r['killed_expired']}, driver loop lag p99 {r['driver_loop_lag_p99_ms']}"
                  f" ms; Redis {r['redis_ops_per_s']} ops/s, "
-                 f"{r['redis_used_memory_mb']} MB; CPU % " + ", ".join(
+                 f"{r['redis_used_memory_mb']} MB; host late max {r['host_late_max_ms']} "
+                 f"ms, clock step {r['wall_clock_step_max_ms']} ms; CPU % " + ", ".join(
                      f"{k[:-8]} {v}" for k, v in r.items() if k.endswith("_cpu_pct")))
     return "\n".join(lines)
 
