@@ -267,7 +267,9 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
     for short, name in (("tick", "libra_scheduler_tick_seconds"),
                         ("tick_own", "libra_scheduler_tick_own_seconds"),
                         ("tick_cpu", "libra_scheduler_tick_cpu_seconds"),
-                        ("decide_batch", "libra_scheduler_decide_batch_seconds")):
+                        ("decide_batch", "libra_scheduler_decide_batch_seconds"),
+                        # Batches parked while a tick ran (SchedulerCore.tick_done).
+                        ("tick_wait", "libra_scheduler_report_tick_wait_seconds")):
         if name in m1:
             for q in (0.5, 0.99):
                 out[f"{short}_p{round(q * 100)}_ms"] = quantile_bound(m0.get(name, {}),
@@ -384,7 +386,8 @@ def _text(r: dict[str, Any]) -> str:
                      f"{r['tick_p50_ms']} ms p99 {r['tick_p99_ms']} ms (est. "
                      f"{r['tick_p99_est_ms']}; own p99 {r.get('tick_own_p99_ms', '-')}, CPU "
                      f"p99 {r.get('tick_cpu_p99_ms', '-')} ms); {r['decisions_per_s']}"
-                     f" decisions/s, batch p99 {r['decide_batch_p99_ms']} ms (server), "
+                     f" decisions/s, batch p99 {r['decide_batch_p99_ms']} ms (server; wait "
+                     f"for the tick p99 {r.get('tick_wait_p99_est_ms', '-')} ms), "
                      f"client p99 {r['client_decision_p99_ms']} ms; {r['finished_per_s']}"
                      f" finished/s; moves {r['moves']}, fenced {r['fenced']}")
     lines.append(f"  {r['renewals_per_s']} renewals/s in {r['renew_calls_per_s']} calls/s "

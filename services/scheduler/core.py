@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from libra import types as t
 from libra.cancellation import raise_if_cancelled
@@ -46,8 +46,6 @@ from libra.data import open_job_dataset
 from libra.errors import FailedPrecondition, LibraError, NotFound
 from libra.evaluation import eval_rows, eval_steps
 from libra.jobspec import job_spec_from_json
-from libra.loop_thread import LoopThread
-from libra.step_lock import PriorityLock, locked
 from libra.step_timing import StepTimes, timed
 from scheduling.policy.registry import check_layout, make_policy
 from services.scheduler.admission import Admission
@@ -67,8 +65,6 @@ from services.scheduler.state import LeaseSnapshot, TickWrites
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store_protocol import SchedulerStore
-
-T = TypeVar("T")
 
 # Re-exported: other services, tests and the simulator import these from the core.
 __all__ = ["MAX_FINISHES_PER_TICK", "MAX_PLACED_PER_TICK", "ORPHAN_SCAN_S", "JobRun",
@@ -93,28 +89,15 @@ class SchedulerCore:
 
     def __init__(self, store: SchedulerStore, clock: Clock, tick_s: float = 0.05,
                  lease_snapshot_s: float = 0.0,
-                 observe_tick: Callable[[float, StepTimes], None] | None = None,
-                 report_store: SchedulerStore | None = None,
-                 tick_thread: LoopThread | None = None) -> None:
+                 observe_tick: Callable[[float, StepTimes], None] | None = None) -> None:
         """``lease_snapshot_s``: how often a tick re-reads leases and loads (0: every
         tick). Loads are kept in memory between reads - this process is their only
         writer - so the period only delays noticing a lease that came or went.
         ``observe_tick`` receives each job's tick: its wall time in seconds, which
         counts the reports served while the tick awaited Redis, and the tick's own
         steps' wall and CPU time, which do not (``libra/step_timing.py``; the service's
-        histograms: the core itself imports no metrics library).
-
-        ``tick_thread``: the loop the tick runs on, and with it every change to the set
-        of jobs (``start_job``, ``stop_job``), with ``store`` (a Redis store's client is
-        bound to the loop it is used on); reports are decided on the caller's loop and
-        read through ``report_store`` (default: ``store``, one loop for everything).
-        Each step of every entry point holds one lock (``libra/step_lock.py``), so the
-        two loops share the jobs as coroutines of one loop would; the tick's steps go
-        before the reports' (``PriorityLock.high``): its wall time is the target."""
+        histograms: the core itself imports no metrics library)."""
         self._store = store
-        self._report_store = store if report_store is None else report_store
-        self._tick_thread = tick_thread
-        self._lock = PriorityLock()
         self._observe_tick = observe_tick
         self._clock = clock
         self._tick_s = tick_s
@@ -127,24 +110,18 @@ class SchedulerCore:
         self._snapshot_stale_s = max(4 * tick_s, 2 * lease_snapshot_s, MIN_STALE_SNAPSHOT_S)
         self._jobs: dict[str, JobRun] = {}
         self._stopping = False
+        # Clear while a tick runs: report batches wait for its end (``tick_done``).
+        self._tick_idle = asyncio.Event()
+        self._tick_idle.set()
         # Lease epoch of every live worker as of the last lease snapshot (fencing).
-        self._fence = LeaseFence(self._report_store)
+        self._fence = LeaseFence(store)
         # Collaborators with narrow state: admission needs the clock, re-queueing the store.
         self._admission = Admission(clock)
         self._requeuer = Requeuer(store, clock)
 
-    async def _on_tick_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the tick's loop (here when there is none), under the lock."""
-        if self._tick_thread is None:
-            return await locked(coro, self._lock.high)
-        return await self._tick_thread.run(locked(coro, self._lock.high))
-
     async def start_job(self, job_id: str, resume: bool = False) -> None:
         """Schedule a job. ``resume``: the job ended (cancelled, failed) and is resumed;
         admission continues from its counters in Redis either way."""
-        await self._on_tick_loop(self._start_job(job_id, resume))
-
-    async def _start_job(self, job_id: str, resume: bool) -> None:
         spec_json = await self._store.job_spec_json(job_id)
         if spec_json is None:
             raise NotFound(f"job {job_id!r} not found")
@@ -188,9 +165,6 @@ class SchedulerCore:
     async def stop_job(self, job_id: str) -> None:
         """Forget the job here (cancel, failure or end); the store keeps its state for a
         resume."""
-        await self._on_tick_loop(self._stop_job(job_id))
-
-    async def _stop_job(self, job_id: str) -> None:
         if self._jobs.pop(job_id, None) is not None:
             logger.info("[job] stopped scheduling job_id=%s", job_id)
 
@@ -203,14 +177,7 @@ class SchedulerCore:
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Admit and place until stopped; one pass per tick for every job (on the tick's
-        loop when the core has one)."""
-        if self._tick_thread is None:
-            await self._loop()
-        else:
-            await self._tick_thread.run(self._loop())
-
-    async def _loop(self) -> None:
+        """Admit and place until stopped; one pass per tick for every job."""
         for job_id in await self._store.running_jobs():
             # A restarted scheduler picks up where the previous process stopped.
             await self.start_job(job_id)
@@ -219,12 +186,13 @@ class SchedulerCore:
             is_capped = False
             for run in list(self._jobs.values()):
                 began_s, own = self._clock.now_s(), StepTimes()
+                self._tick_idle.clear()
                 try:
-                    # Locked outside timed: the own time leaves out waits for the lock
-                    # (a report's step running on the other loop).
-                    is_capped |= await locked(timed(self._tick(run), own), self._lock.high)
+                    is_capped |= await timed(self._tick(run), own)
                 except Exception:
                     logger.exception("[loop] tick failed job_id=%s", run.job_id)
+                finally:
+                    self._tick_idle.set()
                 if self._observe_tick is not None:
                     self._observe_tick(self._clock.now_s() - began_s, own)
             # A tick that stopped at MAX_PLACED_PER_TICK has more to place: the next one
@@ -249,7 +217,7 @@ class SchedulerCore:
                                               self._requeuer.page_due(run))
         if status.state is None or status.state in ("succeeded", "failed", "cancelled"):
             await run.policy_store.flush()
-            await self._stop_job(run.job_id)
+            await self.stop_job(run.job_id)
             return False
         # 1) A training step ended: rebuild / snapshot the policy's model.
         self._observe_steps(run, status.step)
@@ -306,7 +274,7 @@ class SchedulerCore:
         writes.is_capped |= len(placed) == MAX_PLACED_PER_TICK and bool(run.pending)
 
     async def _refresh_instances(self, run: JobRun) -> None:
-        self._take_snapshot(run, await self._report_store.lease_snapshot(run.job_id))
+        self._take_snapshot(run, await self._store.lease_snapshot(run.job_id))
 
     async def _refresh_if_stale(self, run: JobRun) -> None:
         """Re-read leases and loads when the loop is behind: one read for every report
@@ -323,22 +291,32 @@ class SchedulerCore:
 
     # -- RPCs from rollout instances -----------------------------------------------------
 
+    async def tick_done(self) -> None:
+        """Wait until no tick runs (at once when none does). The servicer calls it
+        before deciding a report batch.
+
+        The tick and the reports share one event loop, and the reply to each of the
+        tick's Redis calls was taken only after every report batch queued before it: at
+        1,000 instances the niced fleet sends them in bursts of hundreds (0.2-0.4 ms of
+        CPU each), so the tick's wall time was mostly theirs (p99 126-578 ms against its
+        own 15-47 ms, session 16). Parked here, a batch costs the tick a few us; the
+        batches parked during a tick run, in their order, before the next tick starts
+        (``Event.set`` wakes them ahead of the loop's next pass). The price is theirs:
+        a batch that arrives during a tick waits for its end (the servicer times that
+        wait apart: ``libra_scheduler_report_tick_wait_seconds``)."""
+        if not self._tick_idle.is_set():
+            await self._tick_idle.wait()
+
     async def check_fence(self, instance_id: str, epoch: int) -> None:
         """Refuse a report whose epoch is not the instance's current lease epoch."""
-        await locked(self._fence.check(instance_id, epoch), self._lock.low)
+        await self._fence.check(instance_id, epoch)
 
     async def report_tool_returns(
         self, instance_id: str, epoch: int, reports: list[ToolReturnReport]
     ) -> list[t.PlacementDecision | LibraError]:
         """Decide every report of one batch (fenced as a whole); per report a decision,
         or the error of that report alone (its job is not scheduled here)."""
-        return await locked(self._report_tool_returns(instance_id, epoch, reports),
-                            self._lock.low)
-
-    async def _report_tool_returns(
-        self, instance_id: str, epoch: int, reports: list[ToolReturnReport]
-    ) -> list[t.PlacementDecision | LibraError]:
-        await self._fence.check(instance_id, epoch)
+        await self.check_fence(instance_id, epoch)
         out: list[t.PlacementDecision | LibraError] = []
         for report in reports:
             run = self._jobs.get(report.job_id)
@@ -353,13 +331,9 @@ class SchedulerCore:
         self, job_id: str, traj_id: str, state: t.ToolReturnState, tokens_so_far: int
     ) -> t.PlacementDecision:
         """One report, unfenced (callers in this process; the servicer fences first)."""
-        return await locked(self._report_tool_return(
-            ToolReturnReport(job_id, traj_id, state, tokens_so_far)), self._lock.low)
-
-    async def _report_tool_return(self, report: ToolReturnReport) -> t.PlacementDecision:
-        run = self._run(report.job_id)
+        run = self._run(job_id)
         await self._refresh_if_stale(run)
-        return decide(run, report)
+        return decide(run, ToolReturnReport(job_id, traj_id, state, tokens_so_far))
 
     async def report_finished(
         self, job_id: str, traj_id: str, total_tokens: int, status: t.TrajectoryStatus
@@ -367,12 +341,7 @@ class SchedulerCore:
         """One finish reported directly (older rollouts; the tick reads the stream).
         The slot goes back by assignment in one round trip; the policy learns in memory
         and its store is flushed with the next tick."""
-        instance_id = await self._report_store.release(job_id, traj_id)
-        with self._lock.low:
-            self._learn_released(job_id, traj_id, total_tokens, status, instance_id)
-
-    def _learn_released(self, job_id: str, traj_id: str, total_tokens: int,
-                        status: t.TrajectoryStatus, instance_id: str | None) -> None:
+        instance_id = await self._store.release(job_id, traj_id)
         run = self._jobs.get(job_id)
         if run is None or instance_id is None:
             return  # not scheduled here, or re-queued meanwhile (its slot is given back)
@@ -380,19 +349,12 @@ class SchedulerCore:
         apply_local_load(run, ((instance_id, -1),))
 
     def gauges(self) -> list[JobGauges]:
-        """Every scheduled job's figures as of its last tick (read by /metrics, on the
-        metrics server's thread)."""
-        with self._lock.low:
-            return [gauges_of(run) for run in list(self._jobs.values())]
+        """Every scheduled job's figures as of its last tick (read by /metrics)."""
+        return [gauges_of(run) for run in list(self._jobs.values())]
 
     async def stats(self, job_id: str) -> dict[str, Any]:
         """The job's placement figures for ``libra status``: policy, pending work,
         decisions, migrations."""
-        counters = await self._report_store.counters(job_id)
-        with self._lock.low:
-            return self._stats(job_id, counters)
-
-    def _stats(self, job_id: str, counters: dict[str, int]) -> dict[str, Any]:
         run = self._run(job_id)
         return {
             "policy": run.spec.layout.policy,
@@ -400,7 +362,7 @@ class SchedulerCore:
             "decisions": dict(run.decisions),
             "migrations": run.migrations,
             "skipped_rows": run.num_skipped_rows,
-            "counters": counters,
+            "counters": await self._store.counters(job_id),
             "policy_stats": run.policy.stats(),
         }
 

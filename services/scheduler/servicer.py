@@ -17,7 +17,12 @@ from libra.wire.scheduler import (
     stats_to_proto,
 )
 from services.scheduler.core import SchedulerCore
-from services.scheduler.metrics import observe_decide_batch, record_decision, record_decisions
+from services.scheduler.metrics import (
+    observe_decide_batch,
+    observe_tick_wait,
+    record_decision,
+    record_decisions,
+)
 
 _TRACER = tracer(__name__)
 
@@ -63,7 +68,10 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
     async def _decide_batch(self, request: pb.ReportToolReturnsRequest,
                             ) -> pb.ReportToolReturnsResponse:
+        waited_s = time.perf_counter()
+        await self._core.tick_done()  # the tick goes first (core.tick_done says why)
         began_s = time.perf_counter()
+        observe_tick_wait(began_s - waited_s)
         reports = [report_from_proto(r) for r in request.reports]
         try:
             results = await self._core.report_tool_returns(request.instance_id,
