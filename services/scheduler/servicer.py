@@ -39,6 +39,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         return pb.StopJobResponse()
 
     async def ReportToolReturn(self, request, context):  # noqa: N802, ANN001
+        await self._core.tick_done()  # as a batch: the tick goes first
         (decision,) = await self._core.report_tool_returns(
             request.instance_id, request.lease_epoch, [report_from_proto(request)])
         if isinstance(decision, LibraError):
