@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 import redis.asyncio as aioredis  # noqa: E402
 
 from benchmarks.control_plane_stack import JOB, Stack  # noqa: E402
+from benchmarks.host_watch import HostWatch  # noqa: E402
 from libra import redis_keys as keys  # noqa: E402
 from libra import types as t  # noqa: E402
 from libra.clients.runner import GrpcSchedulerClient  # noqa: E402
@@ -158,6 +159,7 @@ def train(stack: Stack, samples: int) -> None:
 def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
         tag: str, tree: Path = ROOT) -> dict[str, Any]:
     arm = "" if tree == ROOT else f"-{tree.name}"
+    watch = HostWatch().start()  # a host stall or a clock step expires leases too
     stack = Stack(tmp, f"{n}-{renewals}-nice{nice}-{tag}{arm}", args.profile,
                   args.lease_renewals_per_s, services_root=tree)
     try:
@@ -214,8 +216,9 @@ def run(n: int, args: argparse.Namespace, tmp: Path, renewals: str, nice: int,
                      for d in stack.drivers]
         result.update(_figures(first, last, summaries, stack))
         result["loadavg"] = [load_before, *os.getloadavg()]
-        return result
+        return result | watch.stop()
     finally:
+        watch.stop()
         stack.stop()
 
 
@@ -264,7 +267,9 @@ def _figures(first: dict[str, Any], last: dict[str, Any], summaries: list[dict[s
     for short, name in (("tick", "libra_scheduler_tick_seconds"),
                         ("tick_own", "libra_scheduler_tick_own_seconds"),
                         ("tick_cpu", "libra_scheduler_tick_cpu_seconds"),
-                        ("decide_batch", "libra_scheduler_decide_batch_seconds")):
+                        ("decide_batch", "libra_scheduler_decide_batch_seconds"),
+                        # Batches parked while a tick ran (SchedulerCore.tick_done).
+                        ("tick_wait", "libra_scheduler_report_tick_wait_seconds")):
         if name in m1:
             for q in (0.5, 0.99):
                 out[f"{short}_p{round(q * 100)}_ms"] = quantile_bound(m0.get(name, {}),
@@ -381,7 +386,8 @@ def _text(r: dict[str, Any]) -> str:
                      f"{r['tick_p50_ms']} ms p99 {r['tick_p99_ms']} ms (est. "
                      f"{r['tick_p99_est_ms']}; own p99 {r.get('tick_own_p99_ms', '-')}, CPU "
                      f"p99 {r.get('tick_cpu_p99_ms', '-')} ms); {r['decisions_per_s']}"
-                     f" decisions/s, batch p99 {r['decide_batch_p99_ms']} ms (server), "
+                     f" decisions/s, batch p99 {r['decide_batch_p99_ms']} ms (server; wait "
+                     f"for the tick p99 {r.get('tick_wait_p99_est_ms', '-')} ms), "
                      f"client p99 {r['client_decision_p99_ms']} ms; {r['finished_per_s']}"
                      f" finished/s; moves {r['moves']}, fenced {r['fenced']}")
     lines.append(f"  {r['renewals_per_s']} renewals/s in {r['renew_calls_per_s']} calls/s "
@@ -391,7 +397,8 @@ def _text(r: dict[str, Any]) -> str:
                  f"{r['leases_lost_registering']}), killed {r['killed']} expired "
                  f"{r['killed_expired']}, driver loop lag p99 {r['driver_loop_lag_p99_ms']}"
                  f" ms; Redis {r['redis_ops_per_s']} ops/s, "
-                 f"{r['redis_used_memory_mb']} MB; CPU % " + ", ".join(
+                 f"{r['redis_used_memory_mb']} MB; host late max {r['host_late_max_ms']} "
+                 f"ms, clock step {r['wall_clock_step_max_ms']} ms; CPU % " + ", ".join(
                      f"{k[:-8]} {v}" for k, v in r.items() if k.endswith("_cpu_pct")))
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from libra import types as t
 from libra.clients.coordinator import GrpcCoordinatorClient
 from libra.errors import LeaseLost, LibraError
+from libra.lease_timing import renewal_wait_s
 
 if TYPE_CHECKING:
     from benchmarks.control_plane_fleet import Control
@@ -113,12 +114,14 @@ class Leases:
         # Renewals spread over the period, as instances that started apart do.
         await asyncio.sleep(self.ttl_ms[worker] / 3000 * ((index - self.cfg["first"]) % 100)
                             / 100)
+        num_failed = 0
         while not self.control.stopped.is_set() and not self.dead(worker):
-            began, period_s = time.perf_counter(), self.ttl_ms[worker] / 3000
+            began = time.perf_counter()
             try:
                 lease = await client.renew_lease(worker, self.epochs[worker])
                 self.ttl_ms[worker] = lease.ttl_ms
                 self.renewed_at[worker] = time.perf_counter()
+                num_failed = 0
                 if self.control.marked.is_set():
                     self.lat_s.append(time.perf_counter() - began)
             except LeaseLost:
@@ -127,9 +130,11 @@ class Leases:
                 self.lost_total += 1  # the fill included
                 if await self.acquire_again(index) and self.on_lost is not None:
                     self.on_lost(worker)
-            except LibraError:  # no answer within the client's deadline: try again
+            except LibraError:  # no answer: try again soon, as LeaseKeeper does
                 self.renew_errors += 1
-            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+                num_failed += 1
+            await asyncio.sleep(renewal_wait_s(self.ttl_ms[worker], num_failed,
+                                               time.perf_counter() - began))
 
     async def keep_batched(self, group: list[str], phase: int) -> None:
         """Renew a group of the slice's leases in one RenewLeases call every third of
@@ -141,15 +146,18 @@ class Leases:
         back for seconds under load: more lapses), and its instance drops what it held.
         Each renewal counts once, as in ``keep``."""
         await asyncio.sleep(min(self.ttl_ms[w] for w in group) / 3000 * phase / 10)
+        num_failed = 0
         while not self.control.stopped.is_set():
             began = time.perf_counter()
-            period_s = min(self.ttl_ms[w] for w in group) / 3000
+            ttl_ms = min(self.ttl_ms[w] for w in group)
             held = [t.LeaseRef(w, self.epochs[w]) for w in group
                     if not self.dead(w) and w not in self.reacquiring]
             try:
                 renewals = await self.clients[phase % len(self.clients)].renew_leases(held)
-            except LibraError:  # no answer within the client's deadline: try again
+                num_failed = 0
+            except LibraError:  # no answer: try again soon, as LeaseKeeper does
                 self.renew_errors += 1
+                num_failed += 1
                 renewals = []
             if self.control.marked.is_set():
                 self.lat_s.extend([time.perf_counter() - began] * len(renewals))
@@ -166,7 +174,7 @@ class Leases:
                 task = asyncio.create_task(self.reacquire(renewal.worker_id))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
-            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - began)))
+            await asyncio.sleep(renewal_wait_s(ttl_ms, num_failed, time.perf_counter() - began))
 
     async def reacquire(self, worker: str) -> None:
         """A lost lease acquired again (tried again each beat until granted)."""

@@ -28,7 +28,8 @@ FLEET = str(ROOT / "benchmarks" / "control_plane_fleet.py")
 # The scheduler's histograms the benchmark reads (a base tree without the tick's own
 # and CPU time leaves those two out).
 HISTOGRAMS = ("libra_scheduler_tick_seconds", "libra_scheduler_tick_own_seconds",
-              "libra_scheduler_tick_cpu_seconds", "libra_scheduler_decide_batch_seconds")
+              "libra_scheduler_tick_cpu_seconds", "libra_scheduler_decide_batch_seconds",
+              "libra_scheduler_report_tick_wait_seconds")
 
 
 class Stack:

@@ -12,6 +12,17 @@ data servers' (``requirepass``, ``sentinel auth-pass``); query options:
   many other sentinels. Set it to quorum - 1 so a sentinel cut off with the old master
   (a network partition) cannot send clients to it.
 
+Socket timeouts (both kinds of URL): a command whose reply has not come within
+``socket_timeout`` seconds, or a connection not made within ``socket_connect_timeout``,
+fails with ``TimeoutError`` (a ``ConnectionError`` to the services' retries) instead of
+hanging. Both default to ``SOCKET_TIMEOUT_S`` (5 s), set here rather than left to
+redis-py, whose default changed between versions (none before 6, 5 s since). A caller may
+pass its own (the coordinator's lease path uses 2 s and retries inside the lease TTL);
+the URL's query (``?socket_timeout=2&socket_connect_timeout=1``) overrides both. Keep
+``socket_timeout`` above the longest blocking read (``XREADGROUP BLOCK``, a second or
+less in Libra). A stalled Redis stalls every client alike, and a lease in it expires by
+Redis's clock: see ``libra/lease_timing.py`` for how holders ride out a stall.
+
 With no master to be found (every sentinel down, or the master down without a quorum to
 promote a replica) commands raise ``MasterNotFoundError``, a ``ConnectionError``: services
 report NOT_SERVING through their Redis health probe and retry as for any Redis outage.
@@ -36,7 +47,11 @@ from libra.config import mask_url_password
 SENTINEL_SCHEME = "redis+sentinel"
 # A sentinel that does not answer within this is skipped for the next one.
 SENTINEL_CONNECT_TIMEOUT_S = 1.0
-_QUERY_OPTIONS = {"sentinel_password", "min_other_sentinels"}
+# Seconds a command waits for its reply, and a connection for its handshake, by default
+# (the module docstring says why it is explicit).
+SOCKET_TIMEOUT_S = 5.0
+_TIMEOUT_OPTIONS = ("socket_timeout", "socket_connect_timeout")
+_QUERY_OPTIONS = {"sentinel_password", "min_other_sentinels", *_TIMEOUT_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,9 @@ class SentinelTarget:
     password: str | None = None
     sentinel_password: str | None = None
     min_other_sentinels: int = 0
+    socket_timeout_s: float | None = None
+    """From ``?socket_timeout=``: overrides the caller's (None: not given)."""
+    socket_connect_timeout_s: float | None = None
 
 
 def is_sentinel_url(url: str) -> bool:
@@ -81,12 +99,40 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     minimum = query.get("min_other_sentinels", "0")
     if not minimum.isdigit():
         raise ValueError(f"redis_url {shown}: min_other_sentinels must be a number")
+    timeouts = {name: _seconds(query, name, shown) for name in _TIMEOUT_OPTIONS}
     return SentinelTarget(
         sentinels=sentinels, master_name=unquote(path[0]),
         db=int(path[1]) if len(path) == 2 else 0,
         username=unquote(username) or None, password=unquote(password) or None,
         sentinel_password=query.get("sentinel_password") or None,
-        min_other_sentinels=int(minimum))
+        min_other_sentinels=int(minimum), socket_timeout_s=timeouts["socket_timeout"],
+        socket_connect_timeout_s=timeouts["socket_connect_timeout"])
+
+
+def _seconds(query: dict[str, str], name: str, shown: str) -> float | None:
+    """A timeout option of the URL's query in seconds (> 0), None when not given."""
+    if name not in query:
+        return None
+    try:
+        value = float(query[name])
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"redis_url {shown}: {name} must be a number of seconds > 0, "
+                         f"got {query[name]!r}")
+    return value
+
+
+def _with_timeouts(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with both socket timeouts set (``SOCKET_TIMEOUT_S`` unless given)."""
+    return {name: SOCKET_TIMEOUT_S for name in _TIMEOUT_OPTIONS} | kwargs
+
+
+def _target_timeouts(target: SentinelTarget, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the sentinel URL's own timeouts, which win (as a plain URL's)."""
+    given = {"socket_timeout": target.socket_timeout_s,
+             "socket_connect_timeout": target.socket_connect_timeout_s}
+    return _with_timeouts(kwargs) | {k: v for k, v in given.items() if v is not None}
 
 
 def _host_port(item: str, shown: str) -> tuple[str, int]:
@@ -125,6 +171,8 @@ def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
     take for a Redis outage: a coordinator serving 1,000 lease holders met bursts of
     more than 100 renewals at once, reported NOT_SERVING and let leases lapse."""
     if not is_sentinel_url(url):
+        # The URL's own options (?socket_timeout=...) override these, in redis-py.
+        kwargs = _with_timeouts(kwargs)
         kwargs.setdefault("max_connections", MAX_POOL_CONNECTIONS)
         kwargs.setdefault("timeout", POOL_WAIT_S)
         pool = aioredis.BlockingConnectionPool.from_url(url, **kwargs)
@@ -132,19 +180,20 @@ def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
         client.auto_close_connection_pool = True  # closed with the client, as from_url's
         return client
     target = parse_sentinel_url(url)
+    # The sentinels' timeouts: the caller's, else their own short one (not the URL's).
     sentinel = AsyncSentinel(target.sentinels, min_other_sentinels=target.min_other_sentinels,
                              sentinel_kwargs=_sentinel_kwargs(target, kwargs,
                                                               AsyncRetry(NoBackoff(), 0)))
     return sentinel.master_for(target.master_name, db=target.db, username=target.username,
-                               password=target.password, **kwargs)
+                               password=target.password, **_target_timeouts(target, kwargs))
 
 
 def redis_client_sync(url: str, **kwargs: Any) -> redis.Redis:
     """The blocking client (CLI, tests, tools) for ``url`` (plain or sentinel)."""
     if not is_sentinel_url(url):
-        return redis.from_url(url, **kwargs)
+        return redis.from_url(url, **_with_timeouts(kwargs))
     target = parse_sentinel_url(url)
     sentinel = Sentinel(target.sentinels, min_other_sentinels=target.min_other_sentinels,
                         sentinel_kwargs=_sentinel_kwargs(target, kwargs, Retry(NoBackoff(), 0)))
     return sentinel.master_for(target.master_name, db=target.db, username=target.username,
-                               password=target.password, **kwargs)
+                               password=target.password, **_target_timeouts(target, kwargs))

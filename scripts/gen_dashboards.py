@@ -89,7 +89,11 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
           ("tick CPU p99", "histogram_quantile(0.99, sum by (le) "
                            f"(rate(libra_scheduler_tick_cpu_seconds_bucket{W})))"),
           ("decide batch p99", "histogram_quantile(0.99, sum by (le) "
-                               f"(rate(libra_scheduler_decide_batch_seconds_bucket{W})))")]),
+                               f"(rate(libra_scheduler_decide_batch_seconds_bucket{W})))"),
+          # Reports that arrived during a tick wait for its end (SchedulerCore.tick_done).
+          ("report wait for the tick p99",
+           "histogram_quantile(0.99, sum by (le) "
+           f"(rate(libra_scheduler_report_tick_wait_seconds_bucket{W})))")]),
         ("Groups drawn /s", "ops",
          [("{{job}}", f"rate(libra_scheduler_groups_drawn_total{J}{W})")]),
         ("Policy version per instance", "short",

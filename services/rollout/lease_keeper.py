@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from libra import types as t
 from libra.cancellation import raise_if_cancelled
 from libra.errors import DeadlineExceeded, LeaseLost, LibraError, Unavailable
+from libra.lease_timing import renewal_wait_s
 from services.rollout.loop_types import LeaseHolder, RolloutSettings
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -73,12 +74,16 @@ class LeaseKeeper:
         return self._held.lease
 
     async def heartbeat(self, stopping: Callable[[], bool]) -> None:
-        """Renew the lease every third of its TTL until ``stopping``; on loss, drop work
-        (``on_lost``) and re-register."""
-        is_registered = True
+        """Renew the lease every third of its TTL until ``stopping``, and soon again
+        after a failed renewal (``libra/lease_timing.py``: a stall that ends while the
+        lease lives must not cost it); on loss, drop work (``on_lost``) and re-register."""
+        loop = asyncio.get_running_loop()
+        is_registered, num_failed, began_s = True, 0, loop.time()
         while not stopping():
             raise_if_cancelled()
-            await asyncio.sleep(self._ttl_ms() / 3000.0)
+            await asyncio.sleep(renewal_wait_s(self._ttl_ms(), num_failed,
+                                               loop.time() - began_s))
+            began_s = loop.time()
             if self._held.lease is None:
                 continue
             if not is_registered:
@@ -89,12 +94,15 @@ class LeaseKeeper:
                     lease = self._held.lease
                     self._held.lease = await self._coordinator.renew_lease(lease.worker_id,
                                                                            lease.epoch)
+                num_failed = 0
             except LeaseLost:
                 # The scheduler re-placed what we held; finishing it here would duplicate.
                 await self._on_lost()
-                is_registered = await self._register_again()
+                is_registered, num_failed = await self._register_again(), 0
             except LibraError as exc:
-                logger.warning("[lease] renew failed error=%s", exc)
+                num_failed += 1
+                logger.warning("[lease] renew failed error=%s; trying again in %.2fs", exc,
+                               renewal_wait_s(self._ttl_ms(), num_failed))
 
     def _ttl_ms(self) -> int:
         """The held lease's granted TTL (the asked one before the first grant)."""

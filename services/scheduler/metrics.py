@@ -30,6 +30,7 @@ TICK_SECONDS = metrics.histogram("libra_scheduler_tick_seconds")
 TICK_OWN_SECONDS = metrics.histogram("libra_scheduler_tick_own_seconds")
 TICK_CPU_SECONDS = metrics.histogram("libra_scheduler_tick_cpu_seconds")
 DECIDE_BATCH_SECONDS = metrics.histogram("libra_scheduler_decide_batch_seconds")
+REPORT_TICK_WAIT_SECONDS = metrics.histogram("libra_scheduler_report_tick_wait_seconds")
 
 
 def observe_tick(wall_s: float, own: StepTimes) -> None:
@@ -43,6 +44,12 @@ def observe_tick(wall_s: float, own: StepTimes) -> None:
 def observe_decide_batch(seconds: float) -> None:
     """The time one batch of tool-return reports took to decide, fence included."""
     DECIDE_BATCH_SECONDS.observe(seconds)
+
+
+def observe_tick_wait(seconds: float) -> None:
+    """How long one report batch waited for a running tick to end before it was
+    decided (0 for most: ``SchedulerCore.tick_done``)."""
+    REPORT_TICK_WAIT_SECONDS.observe(seconds)
 
 ATTR_ACTION = "libra.decision.action"
 ATTR_REASON = "libra.decision.reason"

@@ -17,7 +17,12 @@ from libra.wire.scheduler import (
     stats_to_proto,
 )
 from services.scheduler.core import SchedulerCore
-from services.scheduler.metrics import observe_decide_batch, record_decision, record_decisions
+from services.scheduler.metrics import (
+    observe_decide_batch,
+    observe_tick_wait,
+    record_decision,
+    record_decisions,
+)
 
 _TRACER = tracer(__name__)
 
@@ -34,6 +39,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         return pb.StopJobResponse()
 
     async def ReportToolReturn(self, request, context):  # noqa: N802, ANN001
+        await self._core.tick_done()  # as a batch: the tick goes first
         (decision,) = await self._core.report_tool_returns(
             request.instance_id, request.lease_epoch, [report_from_proto(request)])
         if isinstance(decision, LibraError):
@@ -63,7 +69,10 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
     async def _decide_batch(self, request: pb.ReportToolReturnsRequest,
                             ) -> pb.ReportToolReturnsResponse:
+        waited_s = time.perf_counter()
+        await self._core.tick_done()  # the tick goes first (core.tick_done says why)
         began_s = time.perf_counter()
+        observe_tick_wait(began_s - waited_s)
         reports = [report_from_proto(r) for r in request.reports]
         try:
             results = await self._core.report_tool_returns(request.instance_id,

@@ -6,7 +6,10 @@ else is real. Leases are granted with increasing epochs; ``lose_lease_times`` ma
 ``unavailable_times`` makes that many step/job-done reports raise ``Unavailable`` (the
 coordinator restarting); ``lose_reply_times`` makes that many reports be applied and
 then raise ``Unavailable`` (the reply was lost); ``acquire_unavailable_times`` does the
-same to lease acquisitions; ``release_error`` makes lease releases raise it. Step
+same to lease acquisitions, ``renew_unavailable_times`` to renewals; ``release_error``
+makes lease releases raise it. With ``expire_leases`` a lease runs out ``ttl_ms`` after
+its last grant or renewal, by the event loop's clock, as Redis expires it: a renewal
+after that raises ``LeaseLost`` (counted in ``num_expired``). Step
 records are keyed by their idempotency key, as the coordinator keys them: a repeat is
 counted, not stored (a redone step, under a new key, is stored again); job ends are
 all recorded. Given a
@@ -17,6 +20,7 @@ writes it (role, bucket, epoch), so fenced writes (the rollout's publish) see it
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +48,10 @@ class FakeCoordinator:
     unavailable_times: int = 0
     acquire_unavailable_times: int = 0
     release_error: Exception | None = None
+    renew_unavailable_times: int = 0
+    expire_leases: bool = False
+    num_expired: int = 0
+    _expires_at_s: float = float("inf")
     lose_reply_times: int = 0
     num_unavailable: int = 0
     step_keys: dict[tuple[str, int], str] = field(default_factory=dict)
@@ -87,16 +95,28 @@ class FakeCoordinator:
         self.acquired.append(worker_id)
         self._last = (role, bucket, address, ttl_ms)
         lease = self._lease(worker_id, role, bucket, address, ttl_ms)
+        self._granted(lease)
         await self._mirror(lease, worker_id)
         return lease
 
+    def _granted(self, lease: t.Lease) -> None:
+        if self.expire_leases:
+            self._expires_at_s = asyncio.get_running_loop().time() + lease.ttl_ms / 1000
+
     async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
         self.renewed.append((worker_id, epoch))
+        if self.renew_unavailable_times:
+            self.renew_unavailable_times -= 1
+            raise Unavailable("coordinator restarting")
+        if self.expire_leases and asyncio.get_running_loop().time() > self._expires_at_s:
+            self.num_expired += 1
+            self.lose_lease_times = max(self.lose_lease_times, 1)
         if self.lose_lease_times:
             self.lose_lease_times -= 1
             await self._mirror(None, worker_id)
             raise LeaseLost(f"lease of {worker_id} expired")
         lease = self._lease(worker_id, *self._last)
+        self._granted(lease)
         await self._mirror(lease, worker_id)
         return lease
 

@@ -41,3 +41,5 @@ def test_the_benchmark_drives_the_real_protocol_at_a_tiny_size() -> None:
     assert result["tick_own_count"] > 0 and result["tick_cpu_count"] > 0
     assert result["tick_own_p99_ms"] > 0 and result["tick_cpu_p99_ms"] > 0
     assert 0 < result["tick_p99_est_ms"] <= result["tick_p99_ms"]
+    # Every decided batch observed its wait for a running tick (0 for most).
+    assert result["tick_wait_count"] > 0 and "host_late_max_ms" in result
