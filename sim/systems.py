@@ -47,6 +47,7 @@ from libra.errors import InvalidArgument
 from libra.types import Bucket
 from scheduling.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
 from scheduling.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
+from sim import moves
 from sim.trainer import CONSUMPTION_MODES, check_consume_unit
 
 HOMOGENEOUS = ((2, 2, 2, 2),)
@@ -127,9 +128,22 @@ class SystemConfig:
     trainer waiting too (the reference); otherwise generation continues across it."""
     headline: bool = True
     """Counts as a peer in the headline ratios (``False``: a labelled extra row)."""
+    reconfigure_strategy: str = "restart_all"
+    """How a planner move changes the rollout nodes (``sim.moves``): ``restart_all``
+    (session 15: changed nodes re-created at once, their turns restart), ``drain``,
+    ``migrate``, ``staged``, ``staged_migrate``, ``prewarm``, ``prewarm_migrate``."""
+    reconfigure_stage_nodes: int = 1
+    """Nodes changed at once by the ``staged`` strategies."""
 
     def __post_init__(self) -> None:
         self._check_sync()
+        moves.strategy(self.reconfigure_strategy)
+        n = self.reconfigure_stage_nodes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidArgument(
+                "reconfigure_stage_nodes", f"system {self.name!r}: must be an integer >= 1, "
+                f"got {n!r}"
+            )
         check_consume_unit(self.consume_unit)
         if self.consumption not in CONSUMPTION_MODES:
             raise ValueError(
