@@ -122,7 +122,7 @@ class Simulator:
         self.idle_while_queued: Counter[str] = Counter()
         self.plan_events: list[dict[str, Any]] = []
         self.pool = HybridPool(
-            teardown=self.teardown_node,
+            teardown=lambda node, now: moves.lend_node(self, node, now),
             bring_up=lambda node, pattern, now: replan.bring_up(self, node, pattern, now),
             join_at=lambda when, node: self._push(when, JOIN_ACTIVE, node),
             fetch_s=self.model.num_params * self.model.dtype_bytes / 8

@@ -119,6 +119,16 @@ def generated_tokens(sim: Simulator, node: int, now: float) -> int:
     return lost
 
 
+def lend_node(sim: Simulator, node: int, now: float) -> list[Any]:
+    """The elastic pool takes ``node`` for training: torn down at once (the pool's
+    join waits for nobody), its turns keeping their tokens under the ``migrate``
+    strategies (``SystemConfig.pool_keeps_partial``), else restarting."""
+    how = strategy(sim.system.reconfigure_strategy)
+    if sim.system.pool_keeps_partial and how.inflight == "migrate":
+        keep_partial_turns(sim, node, now)
+    return sim.teardown_node(node, now)
+
+
 @dataclass(slots=True)
 class NodeOp:
     """One node's change: ``old`` pattern (``None``: it was a training node) to ``new``

@@ -134,6 +134,9 @@ class SystemConfig:
     ``migrate``, ``staged``, ``staged_migrate``, ``prewarm``, ``prewarm_migrate``."""
     reconfigure_stage_nodes: int = 1
     """Nodes changed at once by the ``staged`` strategies."""
+    pool_keeps_partial: bool = False
+    """Under a ``migrate`` strategy, a node the elastic pool lends to training also
+    hands its turns on with their generated tokens (else they restart)."""
 
     def __post_init__(self) -> None:
         self._check_sync()

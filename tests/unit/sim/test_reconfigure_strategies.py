@@ -60,13 +60,13 @@ def _decoding_on(sim: Simulator, node: int) -> list:
     ]
 
 
-def _finish(sim: Simulator) -> dict:
+def _finish(sim: Simulator) -> dict | None:
     sim.run_until(math.inf)
     assert sim.finished == len(sim.trajs)
     for t in sim.trajs:  # every token of every trajectory was generated, once counted
         assert t.post_tokens == t.rec.post_prompt_tokens
         assert t.partial_tokens == 0
-    return sim.move_log[-1]
+    return sim.move_log[-1] if sim.move_log else None
 
 
 def test_restart_all_restarts_the_turns_of_a_changed_node() -> None:
@@ -196,3 +196,24 @@ def test_bad_reconfigure_options_name_the_field(field: str, value: object) -> No
     with pytest.raises(InvalidArgument) as err:
         SystemConfig(name="t", policy="least_loaded", **{field: value})
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(("keeps", "strategy"), [(True, "migrate"), (False, "migrate"),
+                                                 (True, "drain")])
+def test_a_node_lent_to_training_keeps_tokens_only_under_migrate_when_asked(
+    keeps: bool, strategy: str
+) -> None:
+    from dataclasses import replace
+
+    sim = _started(strategy)
+    sim.system = replace(sim.system, pool_keeps_partial=keeps)
+    on_node = _decoding_on(sim, 3)
+    sim.pool.resize(1, [1, 2, 3], MOVE_AT_S)  # lends the highest-numbered node
+    assert sim.pool.nodes == [3]
+    kept = [t.partial_tokens for t in on_node]
+    if keeps and strategy == "migrate":
+        assert all(k > 0 for k in kept)
+    else:
+        assert kept == [0] * len(on_node)
+    sim.pool.resize(0, [1, 2], MOVE_AT_S + 1.0)
+    assert _finish(sim) is None  # the pool's loans are not planner moves
