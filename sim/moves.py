@@ -314,7 +314,7 @@ class Transition:
         elif queued and self.how.order == "prewarm" and not active:
             for op in queued:
                 self._begin(op, now)
-        if self.done:
+        if self.done and self.record["end_s"] is None:
             self._finish(now)
 
     def _finish(self, now: float) -> None:

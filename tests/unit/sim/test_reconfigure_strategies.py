@@ -217,3 +217,11 @@ def test_a_node_lent_to_training_keeps_tokens_only_under_migrate_when_asked(
         assert kept == [0] * len(on_node)
     sim.pool.resize(0, [1, 2], MOVE_AT_S + 1.0)
     assert _finish(sim) is None  # the pool's loans are not planner moves
+
+
+@pytest.mark.parametrize("name", ["staged", "staged_migrate", "restart_all"])
+def test_a_move_that_only_hands_nodes_to_training_is_recorded_once(name: str) -> None:
+    sim = _started(name)
+    apply_plan(sim, Plan(TrainParallelism(8, 1, 3), (TP8,)), MOVE_AT_S)
+    _finish(sim)
+    assert len(sim.move_log) == 1 and sim.plan.train.dp == 3
