@@ -226,7 +226,9 @@ _LIBRA_PLANNER = PlannerConfig(
     # in-flight work of the rollout devices it re-creates; and a gain must exceed the
     # twin's +-15% agreement band (what it resolves), not the reference's 5%.
     gain_horizon_steps=_LIBRA_INTERVAL_STEPS,
-    transition_cost_model="recreated",
+    # Session 16: libra's moves migrate in-flight turns one node at a time
+    # (``staged_migrate``, below), so a move costs its weight load and re-prefill.
+    transition_cost_model="migrated",
     min_gain_ratio=0.15,
     # The twin scores what it simulates; a ratio fitted to the closed form would
     # distort it. The twin costs ~0.1-1 s per plan, so libra replans on the interval
@@ -300,6 +302,9 @@ SYSTEMS: dict[str, SystemConfig] = {
         planner_config=_LIBRA_PLANNER,
         planner_twin=True,
         consumption="bounded",
+        # Issue 20, session 16 (docs/simulator.md): on forced re-layouts (tuning seeds)
+        # the cheapest real strategy; capacity never drops by more than one node.
+        reconfigure_strategy="staged_migrate",
     ),
 }
 SYSTEM_NAMES = tuple(SYSTEMS)
