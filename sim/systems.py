@@ -305,6 +305,7 @@ SYSTEMS: dict[str, SystemConfig] = {
         # Issue 20, session 16 (docs/simulator.md): on forced re-layouts (tuning seeds)
         # the cheapest real strategy; capacity never drops by more than one node.
         reconfigure_strategy="staged_migrate",
+        pool_keeps_partial=True,
     ),
 }
 SYSTEM_NAMES = tuple(SYSTEMS)
