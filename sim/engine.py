@@ -117,8 +117,8 @@ class Simulator:
         self.transition: moves.Transition | None = None
         """The plan change under way (``sim.moves``), if any."""
         self.move_log: list[dict[str, Any]] = []
-        self._last_retry = -math.inf
         """One record per finished move (``sim.moves.Transition.record``)."""
+        self._last_retry = -math.inf
         self.idle_while_queued: Counter[str] = Counter()
         self.plan_events: list[dict[str, Any]] = []
         self.pool = HybridPool(
