@@ -4,7 +4,8 @@ After each training step the planner observes the step (``sim.planner_step``), d
 and the run applies what it chose: a new split and rollout layout (nodes whose
 pattern changed are released and re-created, loading weights before they serve, by
 the system's reconfigure strategy: ``sim.moves``) and the elastic pool's size. These
-functions act on a ``sim.engine.Simulator``; they are kept apart from the event loop because they change the cluster, not a trajectory.
+functions act on a ``sim.engine.Simulator``; they are kept apart from the event loop
+because they change the cluster, not a trajectory.
 """
 
 from __future__ import annotations
