@@ -29,7 +29,7 @@ from scheduling.planner import GlobalResourcePlanner, Plan
 from scheduling.policy import BucketLayout, TrajectoryDescriptor, make_policy
 from scheduling.policy.base import Reason
 from scheduling.policy.thresholds import idle_while_queued
-from sim import replan, rl_loop, weight_sync
+from sim import moves, replan, rl_loop, weight_sync
 from sim.instance import Instance, Seq, SimInfeasible
 from sim.nodes import NodeRegistry
 from sim.pool import HybridPool
@@ -114,10 +114,15 @@ class Simulator:
         self.batch_span_s: dict[int, float | None] = {}
         self.release_s: dict[int, float] = {}
         self.migrations = self.rejected = self.planner_moves = 0
+        self.transition: moves.Transition | None = None
+        """The plan change under way (``sim.moves``), if any."""
+        self.move_log: list[dict[str, Any]] = []
+        """One record per finished move (``sim.moves.Transition.record``)."""
+        self._last_retry = -math.inf
         self.idle_while_queued: Counter[str] = Counter()
         self.plan_events: list[dict[str, Any]] = []
         self.pool = HybridPool(
-            teardown=self.teardown_node,
+            teardown=lambda node, now: moves.lend_node(self, node, now),
             bring_up=lambda node, pattern, now: replan.bring_up(self, node, pattern, now),
             join_at=lambda when, node: self._push(when, JOIN_ACTIVE, node),
             fetch_s=self.model.num_params * self.model.dtype_bytes / 8
@@ -142,7 +147,9 @@ class Simulator:
     # Nodes and instances.
 
     def teardown_node(self, node: int, now: float) -> list[TrajState]:
-        """Remove a node's instances; hand their trajectories back (abort + re-queue)."""
+        """Remove a node's instances; hand their trajectories back (abort + re-queue).
+        A turn in progress restarts elsewhere, from the tokens it kept if any
+        (``TrajState.partial_tokens``, the ``migrate`` move: ``sim.moves``)."""
         handed = [t for iid in self.nodes.teardown(node, now) for t in self.trajs_on(iid)]
         for t in handed:
             # The turn in progress restarts elsewhere (no KV transfer is modelled); one
@@ -152,6 +159,12 @@ class Simulator:
             if not t.in_tool:
                 self.enqueue(t)
         return handed
+
+    def unpin(self, t: TrajState) -> None:
+        """Release ``t`` from its instance (a draining one) so its next turn is placed
+        anew, with a full prefill; one waiting on its tool is re-queued on its return."""
+        self._apply(self.policy.abort(lt.TrajectoryId(t.rec.trajectory_id)).load_deltas)
+        t.placed, t.instance, t.needs_full_prefill = False, "", True
 
     def trajs_on(self, iid: str) -> list[TrajState]:
         return [t for t in self.trajs if t.placed and t.instance == iid and t.finished_s < 0]
@@ -208,7 +221,7 @@ class Simulator:
     def _submit_turn(self, t: TrajState, now: float) -> None:
         turn = t.rec.turns[t.turn]
         if t.needs_full_prefill:
-            prefill = t.ctx
+            prefill = t.ctx + t.partial_tokens  # a migrated turn's kept tokens too
         else:
             prev = t.rec.turns[t.turn - 1].tool
             prefill = max(1, prev.payload_tokens if prev else 1)
@@ -217,7 +230,10 @@ class Simulator:
             t.first_version = self.weights_version
             self.in_flight_versions[t.first_version] += 1
         t.last_version = self.weights_version
-        seq = Seq(t, prefill, turn.output_tokens, t.ctx - prefill, t.ctx + turn.output_tokens)
+        seq = Seq(
+            t, prefill, turn.output_tokens - t.partial_tokens, t.ctx + t.partial_tokens - prefill,
+            t.ctx + turn.output_tokens,
+        )
         inst = self.instances[t.instance]
         inst.waiting.append(seq)
         self._kick(inst, now)
@@ -251,11 +267,17 @@ class Simulator:
     def _turn_done(self, t: TrajState, now: float) -> None:
         turn = t.rec.turns[t.turn]
         t.post_tokens += turn.output_tokens
+        t.partial_tokens = 0
+        iid = t.instance
         if turn.tool is None:
             self._finish_traj(t, now)
-            return
-        t.in_tool = True
-        self._push(now + turn.tool.latency_s, TOOL, t)
+        else:
+            t.in_tool = True
+            self._push(now + turn.tool.latency_s, TOOL, t)
+            if self.transition is not None and self.transition.is_draining(iid):
+                self.unpin(t)  # its next turn is placed on a serving instance
+        if self.transition is not None:
+            self.transition.note(iid)
 
     def _on_tool(self, t: TrajState, now: float) -> None:
         tool = t.rec.turns[t.turn].tool
@@ -314,12 +336,17 @@ class Simulator:
 
     # Planner and elastic pool (sim/replan.py).
 
-    def node_up_at(self, when: float, node: int) -> None:
-        """Node ``node`` serves from ``when`` (its weights loaded)."""
-        self._push(when, NODE_UP, node)
+    def node_up_at(self, when: float, node: int, build: int) -> None:
+        """Node ``node`` (its ``build``-th build) serves from ``when`` (weights loaded)."""
+        self._push(when, NODE_UP, (node, build))
 
-    def _on_node_up(self, node: int, now: float) -> None:
+    def _on_node_up(self, payload: tuple[int, int], now: float) -> None:
+        node, build = payload
+        if self.nodes.builds.get(node) != build or node not in self.nodes.node_patterns:
+            return  # re-created or torn down while it loaded
         self.nodes.mark_up(node)
+        if self.transition is not None:
+            self.transition.on_node_up(node, now)
         self.admit_pending(now)
 
     # Main loop.
@@ -329,6 +356,19 @@ class Simulator:
         ended: the twin measures a window and need not simulate the rest); return raw
         counters for ``metrics.summarise``."""
         rl_loop.release_allowed(self, 0.0)
+        if self.run_until(math.inf, stop_after_steps):
+            return simulator_result(self)
+        if self.batches.consumed < len(self.trajs):
+            raise SimInfeasible(
+                f"simulation stalled after {self.version} of {len(self.steps)} steps "
+                f"({self.finished} trajectories finished, {len(self.pending)} queued)"
+            )
+        return simulator_result(self)
+
+    def run_until(self, until_s: float, stop_after_steps: int | None = None) -> bool:
+        """Process every event due at or before ``until_s`` (``run`` releases the first
+        steps first; a test may release them, stop mid-run and act on the cluster).
+        True when it stopped because ``stop_after_steps`` training steps had ended."""
         handlers = {
             TOOL: self._on_tool,
             TRAIN_DONE: lambda step, now: rl_loop.on_train_done(self, step, now),
@@ -338,8 +378,7 @@ class Simulator:
             SYNC_DONE: lambda _p, now: rl_loop.on_sync_done(self, now),
         }
         scout_timeout = getattr(self.system.policy_config, "scout_timeout_s", None)
-        last_retry = -math.inf
-        while self.events:
+        while self.events and self.events[0][0] <= until_s:
             now, _, kind, payload = heapq.heappop(self.events)
             self.clock.t = now
             if kind == WAKE:
@@ -353,13 +392,11 @@ class Simulator:
             else:
                 handlers[kind](payload, now)
                 if stop_after_steps is not None and self.version >= stop_after_steps:
-                    return simulator_result(self)
-            if scout_timeout and self.pending and now - last_retry > scout_timeout / 2:
-                last_retry = now
+                    return True
+            if self.transition is not None:
+                # Between events, never within one: a drained node is replaced here.
+                self.transition.settle(now)
+            if scout_timeout and self.pending and now - self._last_retry > scout_timeout / 2:
+                self._last_retry = now
                 self._push(now + scout_timeout + 1e-3, RETRY, None)
-        if self.batches.consumed < len(self.trajs):
-            raise SimInfeasible(
-                f"simulation stalled after {self.version} of {len(self.steps)} steps "
-                f"({self.finished} trajectories finished, {len(self.pending)} queued)"
-            )
-        return simulator_result(self)
+        return False

@@ -44,15 +44,23 @@ class NodeRegistry:
         self.retired_by_bucket: dict[str, list[float]] = {}
         """Per bucket: [busy GPU-s, held GPU-s] of instances already torn down."""
         self.retired_busy_gpu_s = 0.0
+        self.builds: dict[int, int] = {}
+        """Times each node was built: a weight load finishing for an earlier build of a
+        node (torn down and re-created meanwhile) does not bring up the new one."""
+        self._last_version: dict[str, int] = {}
+        """Segment version of each torn-down instance id: a node re-created with the same
+        id continues past it, so a wake-up left from the old instance stays stale."""
 
     def build(self, node: int, pattern: tuple[int, ...], alive: bool, now: float) -> None:
         """Create a node's instances (``alive`` False until its weights are loaded)."""
         self.node_patterns[node] = pattern
+        self.builds[node] = self.builds.get(node, 0) + 1
         for j, tp in enumerate(pattern):
             iid = f"n{node:04d}-i{j}-tp{tp}"
             bucket = self._bucket_for_tp(tp)
             inst = Instance.create(iid, tp, bucket, node, self._hw, self._model)
             inst.alive = alive
+            inst.version = self._last_version.pop(iid, -1) + 1
             self.instances[iid] = inst
             self.created_s[iid] = now
             load = InstanceLoad(InstanceId(iid), bucket, 0, is_live=alive)
@@ -71,6 +79,7 @@ class NodeRegistry:
             pair[1] += (now - self.created_s.pop(iid)) * inst.tp
             self.load_list.remove(self.loads.pop(iid))
             inst.evict_all()
+            self._last_version[iid] = inst.version
         self.node_patterns.pop(node, None)
         self._index = None
         return removed
@@ -81,6 +90,13 @@ class NodeRegistry:
             if inst.node == node:
                 inst.alive = True
                 self.loads[inst.iid].is_live = True
+        self._index = None
+
+    def stop_admitting(self, node: int) -> None:
+        """A draining node: its instances serve what they hold but routing skips them."""
+        for inst in self.instances.values():
+            if inst.node == node:
+                self.loads[inst.iid].is_live = False
         self._index = None
 
     def index(self) -> LoadIndex:

@@ -41,4 +41,5 @@ def step_metrics(
         requests=reqs,
         requests_per_step=len(reqs),
         rollout_span_s=span_s,
+        in_flight_trajectories=pinned,
     )

@@ -2,9 +2,10 @@
 
 After each training step the planner observes the step (``sim.planner_step``), decides,
 and the run applies what it chose: a new split and rollout layout (nodes whose
-pattern changed are torn down and re-created, loading weights before they serve) and
-the elastic pool's size. These functions act on a ``sim.engine.Simulator``; they are
-kept apart from the event loop because they change the cluster, not a trajectory.
+pattern changed are released and re-created, loading weights before they serve, by
+the system's reconfigure strategy: ``sim.moves``) and the elastic pool's size. These
+functions act on a ``sim.engine.Simulator``; they are kept apart from the event loop
+because they change the cluster, not a trajectory.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from scheduling.planner import Plan, pipeline_depth
+from sim import moves
+from sim.moves import NodeOp, Transition
 from sim.planner_step import step_metrics
 from sim.presets import WEIGHT_LOAD_BW_BYTES_PER_S
 
@@ -47,7 +50,9 @@ def run_planner(sim: Simulator, step: int, now: float) -> None:
     if event.applied and sim.system.enable_replan:
         apply_plan(sim, sim.planner.current, now)
     if event.elastic is not None and sim.system.enable_elastic:
-        sim.pool.resize(event.elastic.desired_replicas, sorted(sim.node_patterns), now)
+        busy = sim.transition.busy_nodes if sim.transition is not None else set()
+        lendable = sorted(n for n in sim.node_patterns if n not in busy)
+        sim.pool.resize(event.elastic.desired_replicas, lendable, now)
         sim.admit_pending(now)
 
 
@@ -65,20 +70,34 @@ def feed_twin(sim: Simulator) -> None:
         sim.twin.observe_release(sim.steps[sim.released_steps - 1])
 
 
-def apply_plan(sim: Simulator, plan: Plan, now: float) -> None:
-    """Re-create rollout nodes whose pattern changed; training nodes change at the next step."""
-    sim.planner_moves += 1
+def apply_plan(sim: Simulator, plan: Plan, now: float, counted: bool = True) -> None:
+    """Move to ``plan`` by the system's reconfigure strategy (``sim.moves``): the rollout
+    nodes whose pattern changes, those turning to training and those coming from it.
+    A plan applied while a move is under way starts once that move ends."""
+    if counted:
+        sim.planner_moves += 1
+    if sim.transition is not None:
+        sim.transition.queued_plan = plan
+        return
     old_train = sim.train_nodes
     new_train = plan.train_gpus // sim.cluster.gpus_per_node
     sim.pool.release_all(now)
     wanted = {new_train + i: p for i, p in enumerate(plan.rollout_nodes)}
-    for node in range(min(old_train, new_train), sim.cluster.num_nodes):
-        if sim.node_patterns.get(node) != wanted.get(node):
-            if node in sim.node_patterns:
-                sim.teardown_node(node, now)
-            if node in wanted:
-                bring_up(sim, node, wanted[node], now)
-    sim.train_nodes, sim.plan = new_train, plan
+    ops = [
+        NodeOp(node, sim.node_patterns.get(node) if node >= old_train else None, wanted.get(node))
+        for node in range(min(old_train, new_train), sim.cluster.num_nodes)
+        if (sim.node_patterns.get(node) if node >= old_train else None) != wanted.get(node)
+    ]
+    # Nodes whose devices are free first (they add capacity), nodes leaving for
+    # training last (they take it away); the order ``staged`` works through.
+    ops.sort(key=lambda op: (op.old is not None, op.new is None, op.node))
+    sim.train_nodes = new_train
+    transition = Transition(
+        sim, plan, ops, moves.strategy(sim.system.reconfigure_strategy),
+        sim.system.reconfigure_stage_nodes, now,
+    )
+    sim.transition = transition
+    transition.start(now)
     sim.admit_pending(now)
 
 
@@ -88,7 +107,7 @@ def bring_up(sim: Simulator, node: int, pattern: tuple[int, ...], now: float) ->
     load_s = (
         sim.model.num_params * sim.model.dtype_bytes / min(pattern) / WEIGHT_LOAD_BW_BYTES_PER_S
     )
-    sim.node_up_at(now + load_s, node)
+    sim.node_up_at(now + load_s, node, sim.nodes.builds[node])
 
 
 def span_s(sim: Simulator, step: int, batch: list[TrajState], now: float) -> float | None:

@@ -26,6 +26,7 @@ def simulator_result(sim: Simulator) -> dict[str, Any]:
             "drain_s": sim.drain_s,
             "rejected": sim.rejected,
             "plan_events": sim.plan_events,
+            "move_log": sim.move_log,
             "policy_stats": sim.policy.stats(),
         },
     )

@@ -22,7 +22,7 @@ from scheduling.planner import (
 from sim.bounds import lower_bound_s
 from sim.engine import Simulator
 from sim.instance import SimInfeasible
-from sim.presets import ClusterSpec
+from sim.presets import WEIGHT_LOAD_BW_BYTES_PER_S, ClusterSpec
 from sim.systems import SystemConfig, reference_train_gpus
 from sim.trace import TraceTrajectory
 from sim.twin import TwinRefiner
@@ -66,7 +66,10 @@ def initial_plan(
         min_train_nodes=1,
         min_rollout_nodes=1,
     )
-    config = replace(system.planner_config, pipeline_depth=pipeline_depth(system.staleness))
+    config = replace(
+        system.planner_config, pipeline_depth=pipeline_depth(system.staleness),
+        weight_load_bw_bytes_per_s=WEIGHT_LOAD_BW_BYTES_PER_S,
+    )
     twin = None
     if system.planner_twin:
         twin = TwinRefiner(cluster, system)
@@ -189,6 +192,8 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
         "mean_rollout_interval_s": float(np.mean([r["rollout_s"] for r in log])),
         "num_plan_events": len(raw["plan_events"]),
         "plans_applied": sum(1 for e in raw["plan_events"] if e["applied"]),
+        "move_log": raw["move_log"],
+        "reconfigure_strategy": fitted.reconfigure_strategy,
         "twin_runs": twin_runs,
         "consumption": fitted.consumption,
         "consume_unit": fitted.consume_unit,

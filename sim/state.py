@@ -39,6 +39,10 @@ class TrajState:
     last_version: int = -1
     """Policy version of the newest model token: a weight update landing while a turn
     generates (partial rollout) or before the next turn moves it on."""
+    partial_tokens: int = 0
+    """Tokens of the current turn already generated and kept when its instance was torn
+    down under the ``migrate`` move (``sim.moves``): the turn resumes elsewhere from
+    them, prefilling them with its context, and decodes only the rest."""
 
     @property
     def ctx(self) -> int:

@@ -47,6 +47,7 @@ from libra.errors import InvalidArgument
 from libra.types import Bucket
 from scheduling.planner import HardwareSpec, ModelSpec, PlannerConfig, kv_capacity_tokens
 from scheduling.policy import CmlfqConfig, LaMlfqConfig, LengthAwareConfig
+from sim import moves
 from sim.trainer import CONSUMPTION_MODES, check_consume_unit
 
 HOMOGENEOUS = ((2, 2, 2, 2),)
@@ -127,9 +128,25 @@ class SystemConfig:
     trainer waiting too (the reference); otherwise generation continues across it."""
     headline: bool = True
     """Counts as a peer in the headline ratios (``False``: a labelled extra row)."""
+    reconfigure_strategy: str = "restart_all"
+    """How a planner move changes the rollout nodes (``sim.moves``): ``restart_all``
+    (session 15: changed nodes re-created at once, their turns restart), ``drain``,
+    ``migrate``, ``staged``, ``staged_migrate``, ``prewarm``, ``prewarm_migrate``."""
+    reconfigure_stage_nodes: int = 1
+    """Nodes changed at once by the ``staged`` strategies."""
+    pool_keeps_partial: bool = False
+    """Under a ``migrate`` strategy, a node the elastic pool lends to training also
+    hands its turns on with their generated tokens (else they restart)."""
 
     def __post_init__(self) -> None:
         self._check_sync()
+        moves.strategy(self.reconfigure_strategy)
+        n = self.reconfigure_stage_nodes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidArgument(
+                "reconfigure_stage_nodes", f"system {self.name!r}: must be an integer >= 1, "
+                f"got {n!r}"
+            )
         check_consume_unit(self.consume_unit)
         if self.consumption not in CONSUMPTION_MODES:
             raise ValueError(
@@ -209,7 +226,9 @@ _LIBRA_PLANNER = PlannerConfig(
     # in-flight work of the rollout devices it re-creates; and a gain must exceed the
     # twin's +-15% agreement band (what it resolves), not the reference's 5%.
     gain_horizon_steps=_LIBRA_INTERVAL_STEPS,
-    transition_cost_model="recreated",
+    # Session 16: libra's moves migrate in-flight turns one node at a time
+    # (``staged_migrate``, below), so a move costs its weight load and re-prefill.
+    transition_cost_model="migrated",
     min_gain_ratio=0.15,
     # The twin scores what it simulates; a ratio fitted to the closed form would
     # distort it. The twin costs ~0.1-1 s per plan, so libra replans on the interval
@@ -289,6 +308,10 @@ SYSTEMS: dict[str, SystemConfig] = {
         planner_config=_LIBRA_PLANNER,
         planner_twin=True,
         consumption="bounded",
+        # Issue 20, session 16 (docs/simulator.md): on forced re-layouts (tuning seeds)
+        # the cheapest real strategy; capacity never drops by more than one node.
+        reconfigure_strategy="staged_migrate",
+        pool_keeps_partial=True,
     ),
 }
 SYSTEM_NAMES = tuple(SYSTEMS)

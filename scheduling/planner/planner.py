@@ -23,6 +23,7 @@ from typing import Any
 from scheduling.planner.calibration import RatioCalibrator
 from scheduling.planner.costmodel import RequestStats, TrainParallelism
 from scheduling.planner.elastic_trigger import ElasticTrigger
+from scheduling.planner.move_cost import migrated_move_cost
 from scheduling.planner.plan import Plan, PlanError
 from scheduling.planner.planner_types import ElasticSignal, PlanEvent, PlannerConfig, StepMetrics
 from scheduling.planner.search import PlanSearch, Scored, Workload
@@ -214,11 +215,19 @@ class GlobalResourcePlanner:
         rollout devices it re-creates, about one current step of their share."""
         assert self.current is not None
         cost = self._config.transition_cost_s
-        if self._config.transition_cost_model == "recreated" and not math.isinf(current_s):
+        model = self._config.transition_cost_model
+        if model == "recreated" and not math.isinf(current_s):
             share = self.current.rollout_share_recreated(
                 candidate, self._search.cluster.gpus_per_node
             )
             cost += current_s * share
+        elif model == "migrated":
+            search = self._search
+            cost += migrated_move_cost(
+                self.current, candidate, self._workload(), search.hw, search.model,
+                search.cluster.gpus_per_node, self._config.weight_load_bw_bytes_per_s,
+                self._last.in_flight_trajectories if self._last is not None else None,
+            ).total_s
         return cost
 
     def _refusal(self, candidate: Plan, event: PlanEvent) -> str:

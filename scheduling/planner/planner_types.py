@@ -14,7 +14,7 @@ from scheduling.planner.calibration import CalibratorConfig
 from scheduling.planner.costmodel import RequestStats
 from scheduling.planner.plan import PlanError
 
-TRANSITION_COST_MODELS = ("fixed", "recreated")
+TRANSITION_COST_MODELS = ("fixed", "recreated", "migrated")
 """Values of ``PlannerConfig.transition_cost_model``."""
 PREFLIGHT_LAYOUTS = ("any", "homogeneous")
 """Values of ``PlannerConfig.preflight_layouts``."""
@@ -95,7 +95,13 @@ class PlannerConfig:
     transition_cost_model: str = "fixed"
     """``fixed``: a move costs ``transition_cost_s``. ``recreated``: plus the current
     step time x the share of rollout devices the move re-creates (their in-flight turns
-    restart: no KV transfer; ``Plan.rollout_share_recreated``) (issue 20, session 15)."""
+    restart: no KV transfer; ``Plan.rollout_share_recreated``) (issue 20, session 15).
+    ``migrated``: plus the re-created share's weight load and the re-prefill of its
+    in-flight contexts, what a move that migrates in-flight turns pays
+    (``scheduling.planner.move_cost``; session 16)."""
+    weight_load_bw_bytes_per_s: float = 0.0
+    """Bandwidth at which a re-created rollout instance reads its weights (the
+    ``migrated`` model's load term; 0: no load term)."""
 
     preflight_layouts: str = "any"
     """Layouts the preflight may adopt. ``any``: the reference's. ``homogeneous``: one
@@ -132,7 +138,7 @@ class PlannerConfig:
         for name in (
             "cooldown_steps", "warmup_steps", "min_history_size", "elastic_ttl_steps",
             "elastic_reserve_gpus", "transition_cost_s", "min_gain_ratio",
-            "elastic_dwell_steps",
+            "elastic_dwell_steps", "weight_load_bw_bytes_per_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -168,6 +174,9 @@ class StepMetrics:
     rollout_span_s: float | None = None
     """Release-to-completion time of this step's rollouts (``None``: not measured); the
     elastic trigger smooths it (``elastic_span_alpha``)."""
+    in_flight_trajectories: int | None = None
+    """Trajectories placed on rollout instances and not finished (the ``migrated`` move
+    cost's in-flight count); ``None``: not measured (a full pipeline is assumed)."""
     elastic_capacity_replicas: int | None = None
     """Replicas the deployment can lend at most, reserve already deducted (``live``: the
     hybrid-capable workers); ``None``: ``(plan rollout devices - reserve) // replica``."""
