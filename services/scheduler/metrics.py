@@ -15,6 +15,7 @@ bucket occupancy. Definitions live in libra/metrics.py.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from opentelemetry import trace
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -60,9 +61,23 @@ ATTR_COUNT = "libra.decision.count"
 EVENT_DECISION = "libra.decision"
 
 
+# One labelled child per (reason, action), kept: ``labels()`` checks and locks at each
+# call, several microseconds per decision on the report path.
+_DECISION_COUNTERS: dict[tuple[str, str], Any] = {}
+
+
+def _count_decision(decision: t.PlacementDecision) -> None:
+    key = (decision.reason, decision.action.value)
+    child = _DECISION_COUNTERS.get(key)
+    if child is None:
+        child = _DECISION_COUNTERS[key] = DECISIONS_TOTAL.labels(reason=key[0],
+                                                                  action=key[1])
+    child.inc()
+
+
 def record_decision(trajectory_id: str, decision: t.PlacementDecision) -> None:
     """Count the decision and attach it to the current span."""
-    DECISIONS_TOTAL.labels(reason=decision.reason, action=decision.action.value).inc()
+    _count_decision(decision)
     span = trace.get_current_span()
     if span.is_recording():
         span.set_attributes(_attributes(trajectory_id, decision))
@@ -71,7 +86,7 @@ def record_decision(trajectory_id: str, decision: t.PlacementDecision) -> None:
 def record_decisions(decisions: list[tuple[str, t.PlacementDecision]]) -> None:
     """Count every decision of a batch; each becomes an event on the current span."""
     for _trajectory_id, decision in decisions:
-        DECISIONS_TOTAL.labels(reason=decision.reason, action=decision.action.value).inc()
+        _count_decision(decision)
     span = trace.get_current_span()
     if not span.is_recording():
         return

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from libra.errors import LibraError
 from libra.proto.scheduler.v1 import scheduler_pb2 as pb
 from libra.proto.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from libra.telemetry import tracer
+from libra.telemetry import spans_recorded, tracer
 from libra.wire.common import traj_status_from_proto
 from libra.wire.scheduler import (
     decision_to_proto,
@@ -57,7 +58,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         async for request in request_iterator:
             # A span per batch (the stream's own span lives as long as the instance),
             # closed before the yield: a context must not stay attached across it.
-            with _TRACER.start_as_current_span("scheduler.ToolReturns.batch"):
+            with _batch_span():
                 response = await self._decide_batch(request)
             if unanswered < request.max_unanswered and not _must_answer(request, response):
                 unanswered, held = unanswered + 1, response
@@ -101,6 +102,14 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     async def GetSchedulerStats(self, request, context):  # noqa: N802, ANN001
         stats = await self._core.stats(request.job_id)
         return stats_to_proto(stats)
+
+
+def _batch_span() -> contextlib.AbstractContextManager[object]:
+    """The batch's span where spans are recorded; none otherwise (a no-op span per
+    batch was ~8% of the report path's CPU at 1,000 instances, session 16)."""
+    if spans_recorded():
+        return _TRACER.start_as_current_span("scheduler.ToolReturns.batch")
+    return contextlib.nullcontext()
 
 
 def _must_answer(request: pb.ReportToolReturnsRequest,

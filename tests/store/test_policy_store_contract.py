@@ -8,6 +8,7 @@ assertion made after it checks what survived a scheduler restart. Nothing is fak
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -102,6 +103,45 @@ async def test_stored_value_is_not_an_alias_of_the_callers(sut: StoreUnderTest) 
     assert read == {"path_keys": ["a"]}
     read["path_keys"].append("c")  # type: ignore[index]
     assert sut.store.get_trajectory("t1") == {"path_keys": ["a"]}
+
+
+async def test_nested_value_is_not_an_alias_and_reads_back_as_json_would(
+        sut: StoreUnderTest) -> None:
+    value = {"n": {"k": [1]}, "pair": (1, 2), "deep": [[1]], "x": None, "f": 1.5}
+    sut.store.put_trajectory("t1", value)
+    value["n"]["k"].append(2)  # type: ignore[index]
+    value["deep"][0].append(2)  # type: ignore[index]
+    expected = {"n": {"k": [1]}, "pair": [1, 2], "deep": [[1]], "x": None, "f": 1.5}
+    read = sut.store.get_trajectory("t1")
+    assert read == expected
+    read["n"]["k"].append(3)  # type: ignore[index]
+    assert sut.store.get_trajectory("t1") == expected
+    store = await sut.reopen()
+    assert store.get_trajectory("t1") == expected
+
+
+async def test_value_json_cannot_encode_is_refused_at_the_put(sut: StoreUnderTest) -> None:
+    with pytest.raises(TypeError):
+        sut.store.put_trajectory("t1", {"when": object()})
+    assert sut.store.get_trajectory("t1") is None
+
+
+async def test_state_written_before_a_restart_is_changed_after_it(sut: StoreUnderTest) -> None:
+    sut.store.put_trajectory("t1", {"path_keys": ["a"], "num_moves": 0})
+    sut.store.put_trajectory("t2", {"path_keys": ["b"], "num_moves": 0})
+    store = await sut.reopen()  # a restarted scheduler reads what was written before
+    read = store.get_trajectory("t1")
+    assert read == {"path_keys": ["a"], "num_moves": 0}
+    read["path_keys"].append("c")  # type: ignore[index]
+    store.put_trajectory("t1", read)  # type: ignore[arg-type]
+    assert store.get_trajectory("t2") == {"path_keys": ["b"], "num_moves": 0}
+    store = await sut.reopen()
+    assert store.get_trajectory("t1") == {"path_keys": ["a", "c"], "num_moves": 0}
+    assert store.get_trajectory("t2") == {"path_keys": ["b"], "num_moves": 0}
+    store.delete_trajectory("t2")  # it leaves the job: gone here and after a restart
+    assert store.get_trajectory("t2") is None
+    store = await sut.reopen()
+    assert store.get_trajectory("t2") is None
 
 
 # -- namespaced records -----------------------------------------------------------------
@@ -203,6 +243,23 @@ async def test_redis_keys_are_scoped_by_job_and_listed_for_cleanup(redis: Any) -
     assert written == {keys.sched_trajectories(JOB), keys.sched_records(JOB),
                        keys.sched_recent(JOB), keys.sched_tree(JOB)}
     assert written <= set(keys.job_keys(JOB))
+
+
+async def test_redis_holds_the_json_of_the_last_put_before_each_flush(redis: Any) -> None:
+    store = RedisPolicyStore(redis, JOB)
+    store.put_trajectory("t1", {"path_keys": ["a"]})
+    store.put_trajectory("t1", {"path_keys": ["a", "b"]})
+    await store.flush()
+    assert json.loads(await redis.hget(keys.sched_trajectories(JOB), "t1")) == {
+        "path_keys": ["a", "b"]}
+    fresh = RedisPolicyStore(redis, JOB)
+    await fresh.load()
+    assert fresh.get_trajectory("t1") == {"path_keys": ["a", "b"]}  # read: not dirty
+    assert not fresh.is_dirty
+    fresh.put_trajectory("t1", {"path_keys": ["c"]})
+    await fresh.flush()
+    assert json.loads(await redis.hget(keys.sched_trajectories(JOB), "t1")) == {
+        "path_keys": ["c"]}
 
 
 async def test_redis_flush_clears_dirty_and_unflushed_changes_are_not_visible(

@@ -3,7 +3,10 @@ the trajectory stream, fencing by lease epoch, placement only on rollout-role le
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -11,7 +14,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from libra import types as t
 from libra.clock import FakeClock
 from libra.errors import FailedPrecondition
-from services.scheduler import metrics
+from libra.telemetry import spans_recorded
+from services.scheduler import metrics, servicer
 from services.scheduler.core import SchedulerCore, ToolReturnReport
 from services.scheduler.memory_store import MemorySchedulerStore
 from tests.unit.scheduler.test_scheduler_core import JOB, add_job, counters, make_spec
@@ -165,6 +169,26 @@ async def test_batch_decisions_are_counted_and_become_span_events() -> None:
     events = [dict(e.attributes or {}) for e in span.events]
     assert [(e[metrics.ATTR_TRAJECTORY], e[metrics.ATTR_ACTION]) for e in events] == [
         ("a", "move"), ("b", "stay")]
+
+
+async def test_batch_span_is_made_only_where_spans_are_recorded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # No provider installed (as in a service that exports nothing): no span at all.
+    assert not spans_recorded()
+    assert isinstance(servicer._batch_span(), contextlib.nullcontext)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # Installed as init_tracing would (the global is set-once: patched for this test).
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    monkeypatch.setattr(servicer, "_TRACER", provider.get_tracer("test"))
+    assert spans_recorded()
+    stay = t.PlacementDecision(t.DecisionAction.STAY, "", "", "stay")
+    with servicer._batch_span():
+        metrics.record_decisions([("a", stay)])
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "scheduler.ToolReturns.batch"
+    assert [dict(e.attributes or {})[metrics.ATTR_TRAJECTORY] for e in span.events] == ["a"]
 
 
 async def test_leases_are_reread_once_per_snapshot_period(store: MemorySchedulerStore) -> None:
