@@ -21,13 +21,8 @@ class RedisPolicyStore:
     with the tick's own writes. ``load`` fills the cache from Redis when a (possibly
     restarted) scheduler starts scheduling the job.
 
-    Per-trajectory state (read and written at every decision on a tool return) is held
-    decoded: a put keeps a copy of the value, a read returns a copy (never an alias of
-    the policy's objects; ``_copy_json``, ~2 us for a record where a JSON decode and
-    encode took ~9 us), and a value is encoded to JSON once per flush that writes it.
-    Values ``load`` read stay JSON text until first read (a restarted scheduler reads
-    100,000 of them at once). The other state is small or rarely touched and is held as
-    JSON text, exactly what Redis holds.
+    The cache holds values as JSON text, exactly what Redis holds: a value is encoded
+    once on write, a read decodes a fresh copy (never an alias of the policy's objects).
 
     One scheduler process owns a job's policy state: a second writer would overwrite it.
     A crash loses at most the changes since the last flush (one tick).
@@ -41,8 +36,7 @@ class RedisPolicyStore:
         self._r = redis
         self._batch_script = register_script_batch(redis)
         self._job_id = job_id
-        # Decoded, or JSON text as ``load`` read it (decoded at the first read).
-        self._trajectories: dict[str, dict[str, Any] | str] = {}
+        self._trajectories: dict[str, str] = {}
         self._records: dict[str, dict[str, str]] = collections.defaultdict(dict)
         self._recent: collections.deque[str] = collections.deque()
         self._tree: str | None = None
@@ -108,7 +102,7 @@ class RedisPolicyStore:
 
     def _write_trajectories(self, pipe: Any, trajectory_ids: set[str]) -> None:
         _write_hash(pipe, keys.sched_trajectories(self._job_id),
-                    {tid: _encode(self._trajectories.get(tid)) for tid in trajectory_ids})
+                    {tid: self._trajectories.get(tid) for tid in trajectory_ids})
 
     def _write_records(self, pipe: Any, record_keys: set[tuple[str, str]]) -> None:
         _write_hash(pipe, keys.sched_records(self._job_id),
@@ -118,15 +112,10 @@ class RedisPolicyStore:
     # -- PolicyStore (synchronous, on the cache) --------------------------------------------
 
     def get_trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
-        value = self._trajectories.get(trajectory_id)
-        if value is None:
-            return None
-        if isinstance(value, str):  # as loaded: decoded once, then held decoded
-            value = self._trajectories[trajectory_id] = json.loads(value)
-        return _copy_json(value)
+        return _decode(self._trajectories.get(trajectory_id))
 
     def put_trajectory(self, trajectory_id: str, state: dict[str, Any]) -> None:
-        self._trajectories[trajectory_id] = _copy_json(state)
+        self._trajectories[trajectory_id] = json.dumps(state)
         self._dirty_trajectories.add(trajectory_id)
 
     def delete_trajectory(self, trajectory_id: str) -> None:
@@ -180,28 +169,6 @@ def _write_hash(pipe: Any, name: str, values: dict[str, str | None]) -> None:
         pipe.hset(name, mapping=updates)
     if deletes:
         pipe.hdel(name, *deletes)
-
-
-_SCALARS = frozenset((str, int, float, bool, type(None)))
-
-
-def _copy_json(value: dict[str, Any]) -> dict[str, Any]:
-    """What ``json.loads(json.dumps(value))`` returns, about 4x faster for the common
-    shape (a flat dict of scalars and lists of scalars, as ``TrajectoryRecord``): other
-    shapes (nested values, tuples, non-str keys, str or int subclasses) and values JSON
-    cannot encode take the JSON round trip, which also raises as the put did before."""
-    out = value.copy()
-    for key, item in value.items():
-        kind = type(item)
-        if kind is list and all(type(x) in _SCALARS for x in item):
-            out[key] = item.copy()
-        elif kind not in _SCALARS or type(key) is not str:
-            return json.loads(json.dumps(value))
-    return out
-
-
-def _encode(value: dict[str, Any] | str | None) -> str | None:
-    return json.dumps(value) if isinstance(value, dict) else value
 
 
 def _decode(value: str | None) -> Any:
