@@ -260,8 +260,8 @@ def instrument_libraries(with_redis: bool = True) -> None:
 
 def spans_recorded() -> bool:
     """Whether a tracer provider is installed (``init_tracing``'s, or a test's). Without
-    one every span is a no-op, yet making it and making it current still costs ~10-20 us
-    of CPU: a hot path (the scheduler's report batches) skips it then."""
+    one every span is a no-op, yet making it and making it current still costs a few
+    microseconds of CPU: a hot path (the scheduler's report batches) skips it then."""
     return not isinstance(trace.get_tracer_provider(),
                           (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 

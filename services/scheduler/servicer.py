@@ -105,8 +105,8 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
 
 
 def _batch_span() -> contextlib.AbstractContextManager[object]:
-    """The batch's span where spans are recorded; none otherwise (a no-op span per
-    batch was ~8% of the report path's CPU at 1,000 instances, session 16)."""
+    """The batch's span where spans are recorded; none otherwise (the no-op span and its
+    context cost ~4 us a batch, ~1,000 batches a second at 1,000 instances)."""
     if spans_recorded():
         return _TRACER.start_as_current_span("scheduler.ToolReturns.batch")
     return contextlib.nullcontext()
