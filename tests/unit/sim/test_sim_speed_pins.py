@@ -4,7 +4,8 @@ Every value below was computed on the tree before the session-15 speed changes (
 e0cac58; re-pinned on the planner-choices branch, eecf8a6, whose candidate set and replan
 rule change libra's choices: the speed changes gave the same values there to the last
 bit; re-pinned in session 16, whose twin window, fresh replayed prompts, homogeneous
-preflight and judged borrow change libra's results on purpose) and is compared to the
+preflight and judged borrow change libra's results on purpose, and libra's r2e seed-10 run again
+for its staged, token-keeping moves) and is compared to the
 last bit (``==`` on floats, not ``approx``): the twin's
 score of every candidate the planner refines (trend on), the plan it picks, and whole
 held-out runs (libra with its planner, twin and elastic pool; a static peer).
@@ -63,8 +64,8 @@ PICKED = {
 # Whole runs, 48 x A800, 16 prompts x 4, 20 steps, held-out seeds.
 RUNS = {
     ("r2e", 10, "libra"): {
-        "throughput_traj_per_s": 0.7588190198859558, "makespan_s": 1686.8317299062605,
-        "p99_traj_latency_s": 308.4819101953875, "gpu_busy_fraction": 0.8066739622669331,
+        "throughput_traj_per_s": 0.7588316159945189, "makespan_s": 1686.8037296027023,
+        "p99_traj_latency_s": 308.4819101953875, "gpu_busy_fraction": 0.8063148756064445,
         "migrations": 0, "planner_moves": 2, "twin_runs": 26,
     },
     ("r2e", 10, "stream-lb"): {
