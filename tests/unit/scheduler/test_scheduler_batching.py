@@ -173,7 +173,9 @@ async def test_batch_decisions_are_counted_and_become_span_events() -> None:
 
 async def test_batch_span_is_made_only_where_spans_are_recorded(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # No provider installed (as in a service that exports nothing): no span at all.
+    # No provider installed (as in a service that exports nothing): no span at all. The
+    # global is cleared for this test: another test in this worker may have installed one.
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     assert not spans_recorded()
     assert isinstance(servicer._batch_span(), contextlib.nullcontext)
     exporter = InMemorySpanExporter()
