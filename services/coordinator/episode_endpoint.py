@@ -20,6 +20,7 @@ from typing import Protocol
 
 from libra import agents
 from libra import episodes as ep
+from libra.cancellation import raise_if_cancelled
 from libra.clock import Clock
 from libra.errors import (
     DeadlineExceeded,
@@ -283,6 +284,7 @@ class EpisodeEndpoint:
         wait_s = max(REPLY_DEADLINE_MIN_S, state.idle_timeout_s)
         deadline_s = self._clock.now_s() + wait_s
         while self._clock.now_s() < deadline_s:
+            raise_if_cancelled()  # a cancel redis-py swallowed (libra/cancellation.py)
             reply = await self._store.pop_reply(state.episode_id, DISCONNECT_POLL_S)
             if reply is not None and _answers(call, reply):
                 return reply

@@ -8,6 +8,7 @@ from typing import Any
 
 from libra import episodes as ep
 from libra import redis_keys as keys
+from libra.cancellation import raise_if_cancelled
 
 # Below the coordinator client's 2 s socket timeout, which a blocking read must not hit.
 _MAX_BLOCK_S = 0.5
@@ -35,6 +36,7 @@ class RedisEpisodeStore:
         (their trajectory already failed as timed out)."""
         deadline_s = self._clock.now_s() + wait_s
         while (left_s := deadline_s - self._clock.now_s()) > 0:
+            raise_if_cancelled()  # a cancel redis-py swallowed (libra/cancellation.py)
             got = await self._r.blpop([keys.episode_offers(job_id)],
                                       timeout=min(_MAX_BLOCK_S, max(left_s, 0.01)))
             if got is None:

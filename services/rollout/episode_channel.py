@@ -10,6 +10,7 @@ from typing import Any
 
 from libra import episodes as ep
 from libra import redis_keys as keys
+from libra.cancellation import raise_if_cancelled
 
 # One blocking read waits at most this long, so a stopping rollout is never stuck on it.
 _MAX_BLOCK_S = 1.0
@@ -52,6 +53,9 @@ class RedisEpisodeChannel:
         ``is_left()`` (checked between blocking reads: this rollout no longer holds it)."""
         deadline_s = self._clock.now_s() + timeout_s
         while True:
+            # A cancel redis-py swallowed (libra/cancellation.py) would leave this loop
+            # polling until the deadline, which a stopping rollout may never reach.
+            raise_if_cancelled()
             left_s = deadline_s - self._clock.now_s()
             if left_s <= 0 or is_left():
                 return None
