@@ -36,14 +36,16 @@ StartGateway = Callable[..., Awaitable[Gateway]]
 
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[StartGateway]:
-    """Factory: a gateway with ``ToolGatewayConfig`` overrides (no injected busy by default)."""
+    """Factory: a gateway with ``ToolGatewayConfig`` overrides (no injected busy by
+    default); ``servicer`` wraps the core (a test's subclass of the real servicer)."""
     started: list[Gateway] = []
 
-    async def start(**overrides: Any) -> Gateway:
+    async def start(servicer: Callable[[Any], ToolGatewayServicer] = ToolGatewayServicer,
+                    **overrides: Any) -> Gateway:
         overrides.setdefault("calculator_transient_failure_rate", 0.0)
         core = build_core(ToolGatewayConfig(**overrides))
         registration = Registration(toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server,
-                                    ToolGatewayServicer(core), SERVICE_NAME)
+                                    servicer(core), SERVICE_NAME)
         server = Server("toolgateway", ServerConfig(port=0, metrics_port=-1,
                                                     shutdown_grace_s=2.0), [registration])
         await server.start()

@@ -12,22 +12,17 @@ the answer lands with more than a second to spare."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 
 from libra import types as t
 from libra.clients.toolgateway import GrpcToolGatewayClient
-from libra.grpcx import Registration, Server
-from libra.proto.toolgateway.v1 import toolgateway_pb2_grpc
-from libra.service_config import ServerConfig
 from libra.tool_deadline import ANSWER_MARGIN_S
-from services.toolgateway.__main__ import build_core
-from services.toolgateway.config import ToolGatewayConfig
 from services.toolgateway.servicer import ToolGatewayServicer
 from services.toolgateway.tools.base import ToolContext, ToolOutput
-from tests.service.toolgateway.conftest import SERVICE_NAME
+from tests.service.toolgateway.conftest import Gateway, StartGateway
 
 BUDGET_MS = 2000
 START_LAG_S = 1.2  # past the old 1 s margin
@@ -64,32 +59,19 @@ class LoadedServicer(ToolGatewayServicer):
         return response
 
 
-async def started(start_lag_s: float) -> tuple[Server, GrpcToolGatewayClient]:
-    core = build_core(ToolGatewayConfig(
-        calculator_transient_failure_rate=0.0,
-        extra_tools=[f"{__name__}:PunctualTool"]))
-    registration = Registration(toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server,
-                                LoadedServicer(core, start_lag_s=start_lag_s), SERVICE_NAME)
-    server = Server("toolgateway", ServerConfig(port=0, metrics_port=-1,
-                                                shutdown_grace_s=2.0), [registration])
-    await server.start()
-    return server, GrpcToolGatewayClient(f"127.0.0.1:{server.port}")
+def started(start_gateway: StartGateway, start_lag_s: float) -> Awaitable[Gateway]:
+    return start_gateway(lambda core: LoadedServicer(core, start_lag_s=start_lag_s),
+                         extra_tools=[f"{__name__}:PunctualTool"])
 
 
 @pytest.fixture
-async def loaded() -> AsyncIterator[GrpcToolGatewayClient]:
-    server, client = await started(START_LAG_S)
-    yield client
-    await client.close()
-    await server.stop()
+async def loaded(start_gateway: StartGateway) -> GrpcToolGatewayClient:
+    return (await started(start_gateway, START_LAG_S)).client
 
 
 @pytest.fixture
-async def prompt() -> AsyncIterator[GrpcToolGatewayClient]:
-    server, client = await started(0.0)
-    yield client
-    await client.close()
-    await server.stop()
+async def prompt(start_gateway: StartGateway) -> GrpcToolGatewayClient:
+    return (await started(start_gateway, 0.0)).client
 
 
 async def test_a_tool_finishing_inside_its_time_on_a_late_gateway_is_not_a_timeout(
