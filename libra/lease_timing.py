@@ -13,6 +13,11 @@ lease still lives is followed by a renewal within a sixth of the TTL.
 The period counts from the start of the last attempt, not its end: a renewal that took
 seconds (a coordinator catching up) does not push the next one back by as much.
 
+A renewal's own deadline is bounded by the lease too (``renewal_deadline_s``): half the
+time the lease has left. With the client's default deadline (10 s) a renewal stuck on a
+coordinator that takes the call and never answers held the retry back past the end of
+a 3 s lease; at half, the call fails while the other half is left for a retry.
+
 What this cannot help: a stall longer than the time the lease has left (up to two thirds
 of its TTL), or a host whose wall clock jumps forward (Redis expires keys by it), which
 the coordinator's TTL floor (``lease_renewals_per_s``) and a longer asked TTL widen.
@@ -22,6 +27,11 @@ from __future__ import annotations
 
 RETRY_FIRST_S = 0.25
 """The first wait after a failed renewal (then doubling, at most a sixth of the TTL)."""
+
+RENEWAL_DEADLINE_MIN_S = 0.2
+"""The shortest deadline a renewal gets, however little the lease has left: below it
+even a coordinator that answers at once (a loaded host, a round trip across racks)
+would miss it, and a renewal that cannot land is no use."""
 
 
 def renewal_wait_s(ttl_ms: int, num_failed: int, elapsed_s: float = 0.0) -> float:
@@ -36,3 +46,18 @@ def renewal_wait_s(ttl_ms: int, num_failed: int, elapsed_s: float = 0.0) -> floa
     if num_failed > 0:
         period_s = min(RETRY_FIRST_S * 2 ** min(num_failed - 1, 16), period_s / 2)
     return max(0.0, period_s - elapsed_s)
+
+
+def renewal_deadline_s(ttl_ms: int, since_renewed_s: float) -> float:
+    """Seconds one renewal call may take: half the time the lease has left (at least
+    ``RENEWAL_DEADLINE_MIN_S``), so that a call that gets no answer fails in time for
+    a retry while the lease still lives.
+
+    Args:
+        ttl_ms: the lease's granted TTL.
+        since_renewed_s: how long ago the last answered renewal (or the grant) was asked
+            for; the coordinator renewed after that, so the lease lives at least
+            ``ttl_ms`` from then.
+    """
+    left_s = ttl_ms / 1000.0 - since_renewed_s
+    return max(RENEWAL_DEADLINE_MIN_S, left_s / 2)

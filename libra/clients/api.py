@@ -28,9 +28,11 @@ class CoordinatorApi(Protocol):
         older holder of the same worker id."""
         ...
 
-    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+    async def renew_lease(self, worker_id: str, epoch: int, *,
+                          timeout_s: float | None = None) -> t.Lease:
         """Extend the lease held at ``epoch``; fails once it expired or was granted anew,
-        which tells a zombie worker to stop."""
+        which tells a zombie worker to stop. ``timeout_s``: the call's deadline (None:
+        the client's default); DeadlineExceeded past it."""
         ...
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:

@@ -100,12 +100,14 @@ class GrpcCoordinatorClient(GrpcClientBase):
             ttl_ms=ttl_ms), idempotent=True)
         return lease_from_proto(resp.lease)
 
-    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+    async def renew_lease(self, worker_id: str, epoch: int, *,
+                          timeout_s: float | None = None) -> t.Lease:
         """Extend the lease held at ``epoch``; LeaseLost once it expired or was granted anew
-        (which tells a zombie worker to stop)."""
+        (which tells a zombie worker to stop). ``timeout_s``: this call's deadline (the
+        client's default if None); a holder bounds it by the time its lease has left."""
         resp = await self._call(self._stub.RenewLease,
                                 pb.RenewLeaseRequest(worker_id=worker_id, epoch=epoch),
-                                idempotent=True)
+                                idempotent=True, timeout_s=timeout_s)
         return lease_from_proto(resp.lease)
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:

@@ -75,7 +75,11 @@ class InProcessCoordinatorClient:
         return await _by_value(self._core.acquire_lease(worker_id, role, bucket, address,
                                                         ttl_ms))
 
-    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+    async def renew_lease(self, worker_id: str, epoch: int, *,
+                          timeout_s: float | None = None) -> t.Lease:
+        # ``timeout_s`` bounds a wire call; in process there is none to hang on (the
+        # store's own Redis timeouts bound the core's call).
+        del timeout_s
         return await _by_value(self._core.renew_lease(worker_id, epoch))
 
     async def renew_leases(self, refs: Sequence[t.LeaseRef]) -> list[t.LeaseRenewal]:

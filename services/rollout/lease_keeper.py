@@ -3,6 +3,10 @@
 The TTL is the one the coordinator granted, which may exceed the one asked for (it
 scales TTLs with the fleet: ``lease_renewals_per_s``); each renewal's answer carries it.
 
+Each renewal's deadline is half the time the lease has left
+(``renewal_deadline_s``), not the client's default: a renewal stuck on a coordinator
+that never answers then fails while a retry can still save the lease.
+
 A lost lease means the scheduler re-placed what this instance held (finishing it here
 would duplicate), so the keeper lets the core drop its work (``on_lost``) and registers
 again. A registration that fails (the coordinator restarting) is tried again at each
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING
 from libra import types as t
 from libra.cancellation import raise_if_cancelled
 from libra.errors import DeadlineExceeded, LeaseLost, LibraError, Unavailable
-from libra.lease_timing import renewal_wait_s
+from libra.lease_timing import renewal_deadline_s, renewal_wait_s
 from services.rollout.loop_types import LeaseHolder, RolloutSettings
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
@@ -47,6 +51,9 @@ class LeaseKeeper:
         self._coordinator = coordinator
         self._held = held
         self._on_lost = on_lost
+        # When the last answered renewal (or the grant) was asked for, by the loop's
+        # clock: the lease lives at least its TTL from then.
+        self._renewed_asked_s = 0.0
 
     async def register(self, wait_s: float = 0.0) -> t.Lease:
         """Take the lease, waiting up to ``wait_s`` for a coordinator that does not answer
@@ -69,8 +76,10 @@ class LeaseKeeper:
     async def _acquire(self) -> t.Lease:
         s = self.settings
         await self._store.ensure_inbox(s.instance_id)
+        asked_s = asyncio.get_running_loop().time()
         self._held.lease = await self._coordinator.acquire_lease(
             s.instance_id, s.role, s.bucket, s.address, s.lease_ttl_ms)
+        self._renewed_asked_s = asked_s
         return self._held.lease
 
     async def heartbeat(self, stopping: Callable[[], bool]) -> None:
@@ -92,9 +101,10 @@ class LeaseKeeper:
             try:
                 async with self._held.lock:
                     lease = self._held.lease
-                    self._held.lease = await self._coordinator.renew_lease(lease.worker_id,
-                                                                           lease.epoch)
-                num_failed = 0
+                    self._held.lease = await self._coordinator.renew_lease(
+                        lease.worker_id, lease.epoch, timeout_s=renewal_deadline_s(
+                            lease.ttl_ms, began_s - self._renewed_asked_s))
+                num_failed, self._renewed_asked_s = 0, began_s
             except LeaseLost:
                 # The scheduler re-placed what we held; finishing it here would duplicate.
                 await self._on_lost()

@@ -103,7 +103,8 @@ class FakeCoordinator:
         if self.expire_leases:
             self._expires_at_s = asyncio.get_running_loop().time() + lease.ttl_ms / 1000
 
-    async def renew_lease(self, worker_id: str, epoch: int) -> t.Lease:
+    async def renew_lease(self, worker_id: str, epoch: int, *,
+                          timeout_s: float | None = None) -> t.Lease:
         self.renewed.append((worker_id, epoch))
         if self.renew_unavailable_times:
             self.renew_unavailable_times -= 1
