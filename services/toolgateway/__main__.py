@@ -13,6 +13,7 @@ import os
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import asyncio  # noqa: E402
+import functools  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 
@@ -25,7 +26,7 @@ from services.toolgateway import metrics as lane_metrics  # noqa: E402
 from services.toolgateway.config import ToolGatewayConfig  # noqa: E402
 from services.toolgateway.core import ToolGatewayCore, ToolGatewayLimits  # noqa: E402
 from services.toolgateway.file_access import FileReaderConfig  # noqa: E402
-from services.toolgateway.orphans import adopt_orphans  # noqa: E402
+from services.toolgateway.orphans import OrphanReaper, adopt_orphans, reap_every  # noqa: E402
 from services.toolgateway.rewards import build_reward_registry  # noqa: E402
 from services.toolgateway.sandbox import (  # noqa: E402
     IsolationUnavailable,
@@ -57,8 +58,21 @@ def check_fork_safety() -> bool:
     return False
 
 
-def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
-    """Wire the sandbox, the built-in and plugin tools and rewards into the core.
+def build_sandbox(cfg: ToolGatewayConfig) -> SubprocessSandbox:
+    """The sandbox the tools and rewards run code in.
+
+    Raises:
+        IsolationUnavailable: as ``build_core``.
+    """
+    return SubprocessSandbox(SandboxConfig(
+        require_network_isolation=cfg.require_network_isolation,
+        uid_base=cfg.sandbox_uid_base, num_uids=cfg.sandbox_num_uids))
+
+
+def build_core(cfg: ToolGatewayConfig,
+               sandbox: SubprocessSandbox | None = None) -> ToolGatewayCore:
+    """Wire the sandbox (``build_sandbox``'s unless given), the built-in and plugin
+    tools and rewards into the core.
 
     Plugins come from ``libra.tools`` / ``libra.rewards`` entry points and the config's
     dotted paths. A plugin that fails to import stops the gateway (``PluginError`` naming
@@ -71,9 +85,7 @@ def build_core(cfg: ToolGatewayConfig) -> ToolGatewayCore:
             user) does not allow a network namespace. Without the flag the sandbox logs a
             warning instead and sandboxed code can reach the network.
     """
-    sandbox = SubprocessSandbox(SandboxConfig(
-        require_network_isolation=cfg.require_network_isolation,
-        uid_base=cfg.sandbox_uid_base, num_uids=cfg.sandbox_num_uids))
+    sandbox = sandbox or build_sandbox(cfg)
     search = _search_config(cfg)
     tools = build_tool_registry(builtin_tools(
         sandbox, CalculatorConfig(transient_failure_rate=cfg.calculator_transient_failure_rate),
@@ -98,20 +110,28 @@ def _search_config(cfg: ToolGatewayConfig) -> SearchConfig:
                                                      gid=cfg.file_read_gid))
 
 
-async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None) -> None:
+async def main(cfg: ToolGatewayConfig, core: ToolGatewayCore | None = None,
+               orphans: OrphanReaper | None = None) -> None:
+    """Serve ``core`` (built here if None) and, while serving, reap the sandbox's
+    ``orphans`` between calls (none given with a core: no reaping between calls)."""
     check_fork_safety()
-    core = core or build_core(cfg)
+    if core is None:
+        sandbox = build_sandbox(cfg)
+        core, orphans = build_core(cfg, sandbox), sandbox.orphans
     lane_metrics.register(core)
     name = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name
     registration = Registration(toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server,
                                 ToolGatewayServicer(core), name)
-    await serve("toolgateway", cfg.server, [registration], auth=cfg.auth)
+    reaping = (None if orphans is None
+               else functools.partial(reap_every, orphans, cfg.orphan_reap_interval_s))
+    await serve("toolgateway", cfg.server, [registration], run=reaping, auth=cfg.auth)
 
 
 def run(cfg: ToolGatewayConfig) -> int:
     """Build the core and serve until stopped; 2 when the host cannot meet the config."""
     try:
-        core = build_core(cfg)
+        sandbox = build_sandbox(cfg)
+        core = build_core(cfg, sandbox)
     except ValueError as exc:  # a PluginError too; a search_corpus outside data_roots
         logger.error("[startup] refusing to start: %s", exc)
         return 2
@@ -126,7 +146,7 @@ def run(cfg: ToolGatewayConfig) -> int:
     # build_core: a process that only embeds the core (the in-process loop, a test)
     # keeps its orphans going to its init.
     adopt_orphans()
-    asyncio.run(main(cfg, core))
+    asyncio.run(main(cfg, core, sandbox.orphans))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from libra.config import knob
@@ -39,6 +40,10 @@ class ToolGatewayConfig:
                                  "need disjoint ranges (a uid's processes may signal each "
                                  "other and share RLIMIT_NPROC)")
     sandbox_num_uids: int = knob(256, "uids in that pool (calls running at once, at most)")
+    orphan_reap_interval_s: float = knob(5.0, "how often, between calls, the gateway reaps "
+                                         "the exited leftovers of its tools' calls (each "
+                                         "holds a pid and keeps its uid out of the pool "
+                                         "until reaped)")
 
     def __post_init__(self) -> None:
         if self.file_read_uid == 0 or self.file_read_uid < -1 or self.file_read_gid < -1:
@@ -48,3 +53,7 @@ class ToolGatewayConfig:
         if self.sandbox_uid_base <= 0 or self.sandbox_num_uids <= 0:
             raise ValueError(f"sandbox_uid_base and sandbox_num_uids must be > 0, got "
                              f"{self.sandbox_uid_base}/{self.sandbox_num_uids}")
+        if not (math.isfinite(self.orphan_reap_interval_s)
+                and self.orphan_reap_interval_s > 0):
+            raise ValueError(f"orphan_reap_interval_s must be a number of seconds > 0, "
+                             f"got {self.orphan_reap_interval_s}")

@@ -3,7 +3,10 @@
 Where it sits: the gateway's ``run()`` (``python -m services.toolgateway``) calls
 ``adopt_orphans`` once; ``SubprocessSandbox`` owns an ``OrphanReaper`` and reaps before
 and after each call, where this process receives orphans (a process that only embeds the
-sandbox, such as a test or the in-process loop, leaves them to its init).
+sandbox, such as a test or the in-process loop, leaves them to its init). Between calls
+the gateway's server runs ``reap_every``: a leftover that exits after its call ended
+would otherwise stay a zombie until the next call, which an idle gateway may not get
+for hours (its pid taken, its uid kept out of the pool).
 
 Why: a tool's descendants that outlive it (a double fork, a ``setsid``) are re-parented to
 the nearest child subreaper, else to PID 1 of the PID namespace. Killed with the call's
@@ -27,6 +30,7 @@ inside the gateway would need the same sparing; none does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -117,3 +121,12 @@ class OrphanReaper:
             with contextlib.suppress(ChildProcessError):  # reaped by someone meanwhile
                 num_reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
         return num_reaped
+
+
+async def reap_every(reaper: OrphanReaper, interval_s: float) -> None:
+    """Reap ``reaper``'s adopted zombies every ``interval_s`` until cancelled (the
+    gateway's server starts and stops it: ``serve``'s ``run``). On the event loop's
+    thread, as ``OrphanReaper`` requires."""
+    while True:
+        await asyncio.sleep(interval_s)
+        reaper.reap()

@@ -281,6 +281,12 @@ class SubprocessSandbox:
         """What isolation this host allowed (probed at construction)."""
         return self._support
 
+    @property
+    def orphans(self) -> OrphanReaper:
+        """The reaper of the calls' leftovers (it spares the tool processes in flight):
+        the gateway also runs it between calls (``orphans.reap_every``)."""
+        return self._orphans
+
     async def run(self, code: str, *, timeout_s: float) -> SandboxResult:
         """Run ``code`` as ``main.py`` in a fresh private working dir; see module docstring."""
         self._orphans.reap()  # an earlier call's killed leftovers: their uid comes back

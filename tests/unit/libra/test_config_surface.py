@@ -55,8 +55,8 @@ SNAPSHOT: dict[type, list[str]] = {
     ToolGatewayConfig: sorted([
         *SHARED, *PEERS, "calculator_transient_failure_rate", "data_roots", "extra_rewards",
         "extra_tools", "file_read_gid", "file_read_uid",
-        "max_concurrency_per_tool", "max_queue_depth_per_tool", "python_timeout_s",
-        "require_network_isolation", "sandbox_num_uids", "sandbox_uid_base",
+        "max_concurrency_per_tool", "max_queue_depth_per_tool", "orphan_reap_interval_s",
+        "python_timeout_s", "require_network_isolation", "sandbox_num_uids", "sandbox_uid_base",
         "search_corpus"]),
 }
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from services.toolgateway.config import ToolGatewayConfig
 from tests.unit.deploy.test_compose_schema import DOCKERFILE, image_entrypoint
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -95,3 +96,81 @@ def test_the_reaper_takes_leftovers_only_never_a_status_someone_waits_for() -> N
     done = subprocess.run([sys.executable, "-c", WHICH_ZOMBIES], cwd=ROOT,
                           capture_output=True, text=True, timeout=GUARD_S, check=False)
     assert done.returncode == 0, done.stderr
+
+
+# The gateway's main, serving with no call at all: a tool's leftover that exits between
+# calls (here: after the test closes the pipe it blocks on) is reaped by the server's
+# periodic reap, not left a zombie until a next call that may never come.
+REAPED_BETWEEN_CALLS = """
+import asyncio, os, signal, subprocess, sys
+from libra.config import load_config
+from services.toolgateway.__main__ import main
+from services.toolgateway.config import ToolGatewayConfig
+from services.toolgateway.orphans import adopt_orphans
+from tests.waiting import wait_until
+
+DOUBLE_FORKS = '''
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    os.closerange(0, 3)
+    os.read(int(sys.argv[1]), 1)  # until the test closes the write end
+    os._exit(0)
+'''
+
+def state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+def leave_orphan(read_fd):
+    subprocess.run([sys.executable, "-c", DOUBLE_FORKS, str(read_fd)], pass_fds=(read_fd,),
+                   check=True)
+
+def adopted(own_session):
+    # This process's children outside its session: the orphans it adopted.
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and int(fields[3]) != own_session:
+                found.append(int(name))
+    return found
+
+async def scenario():
+    cfg = load_config(ToolGatewayConfig, "toolgateway", argv=[
+        "--server.port=0", "--server.metrics-port=-1", "--orphan-reap-interval-s=0.05"],
+        environ={})
+    assert adopt_orphans()
+    serving = asyncio.create_task(main(cfg))
+    read_fd, write_fd = os.pipe()
+    leave_orphan(read_fd)
+    os.close(read_fd)
+    (orphan,) = adopted(os.getsid(0))
+    assert state(orphan) != "Z"  # alive until the pipe closes
+    os.close(write_fd)
+    await wait_until(lambda: state(orphan) == "gone")
+    os.kill(os.getpid(), signal.SIGTERM)  # the server stops, and its reaping with it
+    await serving
+
+asyncio.run(scenario())
+"""
+
+
+def test_a_leftover_that_exits_between_calls_is_reaped_without_another_call() -> None:
+    done = subprocess.run([sys.executable, "-c", REAPED_BETWEEN_CALLS], cwd=ROOT,
+                          capture_output=True, text=True, timeout=GUARD_S, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("interval_s", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_reap_interval_that_is_not_a_positive_number_is_refused_naming_it(
+        interval_s: float) -> None:
+    with pytest.raises(ValueError, match="orphan_reap_interval_s"):
+        ToolGatewayConfig(orphan_reap_interval_s=interval_s)
