@@ -28,8 +28,8 @@ After the process exits or times out: ``killpg(SIGKILL)`` for leftovers in the g
 then ``kill -KILL -1`` run *as that uid* to reap processes that left the group with
 ``setsid`` (the kernel resolves "every process of this uid"), then the working dir is
 removed. The call ends with the tool's own exit: its output pipes are the sandbox's own
-(see ``_OutputPipe``), so a process that inherited them cannot hold the call; they get
-``kill_grace_s`` to reach EOF after the kills. Output is read incrementally and capped;
+(``OutputPipe``, output_pipe.py), so a process that inherited them cannot hold the call;
+they get ``kill_grace_s`` to reach EOF after the kills. Output is read incrementally and capped;
 past the cap the group is killed. Killed processes that had left the call are zombies of
 whoever adopted them; where that is this process, they are reaped around each call
 (orphans.py: the gateway adopts them, so their uids come back whoever PID 1 is).
@@ -65,11 +65,9 @@ from services.toolgateway.isolation import (
     probe_isolation,
 )
 from services.toolgateway.orphans import OrphanReaper
+from services.toolgateway.output_pipe import GroupKiller, OutputPipe, decode_output
 
 logger = logging.getLogger(__name__)
-
-_READ_CHUNK_BYTES = 65536
-_TRUNCATION_MARKER = "\n...[truncated]"
 
 def _default_env() -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -143,90 +141,6 @@ class Sandbox(Protocol):
     async def run(self, code: str, *, timeout_s: float) -> SandboxResult:
         """Run ``code`` as a script; never raises for what the code does."""
         ...
-
-
-class _GroupKiller:
-    """Kills the child's process group once and remembers the first reason."""
-
-    def __init__(self, pgid: int) -> None:
-        self.pgid = pgid
-        self.reason: str | None = None
-
-    def kill(self, reason: str | None) -> None:
-        if self.reason is None and reason is not None:
-            self.reason = reason
-        try:
-            os.killpg(self.pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # group already gone
-
-
-async def _read_capped(stream: asyncio.StreamReader, buf: bytearray, cap_bytes: int,
-                       killer: _GroupKiller) -> bool:
-    """Read into ``buf`` up to ``cap_bytes``; returns True (and kills) on overflow.
-
-    Past the cap the rest is read and dropped until EOF. A reader that stopped there
-    left what the killed process had written unread: the stream paused its pipe at its
-    high-water mark, the pipe never reached EOF, and ``Process.wait()`` (which on 3.11
-    waits for every pipe's EOF) hung until the call's backstop. It did, intermittently,
-    for a tool printing in a loop (test_huge_output_is_cut_and_killed)."""
-    overflow = False
-    while chunk := await stream.read(_READ_CHUNK_BYTES):
-        if overflow:
-            continue
-        room = cap_bytes - len(buf)
-        buf += chunk[:room]
-        if len(chunk) > room:
-            killer.kill("output limit exceeded")
-            overflow = True
-    return overflow
-
-
-class _OutputPipe:
-    """One output stream of the child, on a pipe the sandbox owns.
-
-    Not asyncio's subprocess pipe: on 3.11 ``Process.wait()`` waits for its EOF as well
-    as for the exit, and the EOF is up to every process that inherited the write end;
-    one that left the process group (``setsid``, a double fork) held the call until its
-    backstop, reported as a timeout although the tool had exited. With the pipe ours,
-    the exit and the EOF are separate events: the call waits for the exit, kills what
-    is left, then gives the EOF a bounded time and closes the pipe itself."""
-
-    def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()  # both close-on-exec; the spawn dup2s one
-        self.buf = bytearray()
-        self.reader: asyncio.Future[bool] | None = None
-        self._transport: asyncio.ReadTransport | None = None
-
-    def close_write_end(self) -> None:
-        """Once the child has its copy: only processes of the call hold it then."""
-        if self.write_fd >= 0:
-            os.close(self.write_fd)
-            self.write_fd = -1
-
-    async def start_reading(self, cap_bytes: int, killer: _GroupKiller) -> None:
-        loop = asyncio.get_running_loop()
-        stream = asyncio.StreamReader()
-        pipe, self.read_fd = os.fdopen(self.read_fd, "rb", buffering=0), -1  # owns the fd
-        self._transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(stream), pipe)
-        self.reader = asyncio.ensure_future(_read_capped(stream, self.buf, cap_bytes, killer))
-
-    def close(self) -> None:
-        """Stop reading and close both ends (idempotent)."""
-        self.close_write_end()
-        if self.reader is not None and not self.reader.done():
-            self.reader.cancel()
-        if self._transport is not None:
-            self._transport.close()
-        if self.read_fd >= 0:
-            os.close(self.read_fd)
-            self.read_fd = -1
-
-
-def _decode(buf: bytearray, is_truncated: bool) -> str:
-    text = buf.decode("utf-8", errors="replace")
-    return text + _TRUNCATION_MARKER if is_truncated else text
 
 
 def _classify(returncode: int, reason: str | None) -> tuple[ToolStatus, str, int | None]:
@@ -338,10 +252,10 @@ class SubprocessSandbox:
                               timeout_s: float) -> SandboxResult:
         plan, exe = self._plan(workdir, uid, timeout_s)
         start_s = time.monotonic()
-        out, err = _OutputPipe(), _OutputPipe()
+        out, err = OutputPipe(), OutputPipe()
         try:
             proc = await self._spawn(exe, workdir, plan, out, err)
-            killer = _GroupKiller(proc.pid)
+            killer = GroupKiller(proc.pid)
             try:
                 for pipe in (out, err):
                     await pipe.start_reading(self._config.max_output_bytes, killer)
@@ -360,13 +274,14 @@ class SubprocessSandbox:
         status, error, sig = _classify(returncode, killer.reason)
         return SandboxResult(
             status=status, exit_code=None if returncode < 0 else returncode, signal=sig,
-            stdout=_decode(out.buf, truncated[0]), stderr=_decode(err.buf, truncated[1]),
+            stdout=decode_output(out.buf, truncated[0]),
+            stderr=decode_output(err.buf, truncated[1]),
             error=error, is_output_truncated=any(truncated),
             duration_ms=int((time.monotonic() - start_s) * 1000),
         )
 
-    async def _spawn(self, exe: str, workdir: str, plan: ChildPlan, out: _OutputPipe,
-                     err: _OutputPipe) -> asyncio.subprocess.Process:
+    async def _spawn(self, exe: str, workdir: str, plan: ChildPlan, out: OutputPipe,
+                     err: OutputPipe) -> asyncio.subprocess.Process:
         with self._orphans.spawning() as spared:  # asyncio waits for it, not the reaper
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -382,7 +297,7 @@ class SubprocessSandbox:
         return proc
 
     @staticmethod
-    async def _wait_exit(proc: asyncio.subprocess.Process, killer: _GroupKiller,
+    async def _wait_exit(proc: asyncio.subprocess.Process, killer: GroupKiller,
                          timeout_s: float) -> int:
         """The tool's exit status once it exited, or was killed at ``timeout_s``."""
         try:
@@ -394,7 +309,7 @@ class SubprocessSandbox:
                 proc.kill()  # in case it moved itself to another group of its session
         return await proc.wait()
 
-    async def _drain(self, out: _OutputPipe, err: _OutputPipe) -> tuple[bool, bool]:
+    async def _drain(self, out: OutputPipe, err: OutputPipe) -> tuple[bool, bool]:
         """Read to EOF for at most ``kill_grace_s``; a pipe still open then is cut (the
         caller closes it) and counts as truncated."""
         readers = [p.reader for p in (out, err) if p.reader is not None]

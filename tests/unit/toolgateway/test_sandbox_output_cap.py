@@ -1,4 +1,4 @@
-"""Past the output cap the rest of a pipe is read to EOF (services/toolgateway/sandbox.py).
+"""Past the output cap the rest of a pipe is read to EOF (services/toolgateway/output_pipe.py).
 
 On Python 3.11 ``Process.wait()`` returns only once every pipe reached EOF. A reader that
 stopped at the cap left the killed tool's output unread: the stream paused its pipe at its
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.toolgateway.sandbox import _read_capped
+from services.toolgateway.output_pipe import read_capped
 
 
 class _Killer:
@@ -26,7 +26,7 @@ async def test_overflow_keeps_the_cap_kills_once_and_reads_to_eof() -> None:
     stream.feed_data(b"y" * 1_000_000)  # far past the stream's high-water mark
     stream.feed_eof()
     buf, killer = bytearray(), _Killer()
-    assert await _read_capped(stream, buf, 4096, killer) is True
+    assert await read_capped(stream, buf, 4096, killer) is True
     assert bytes(buf) == b"y" * 4096
     assert killer.reasons == ["output limit exceeded"]
     assert stream.at_eof()  # nothing left unread: the pipe can reach EOF
@@ -37,5 +37,5 @@ async def test_output_under_the_cap_is_kept_whole() -> None:
     stream.feed_data(b"42\n")
     stream.feed_eof()
     buf, killer = bytearray(), _Killer()
-    assert await _read_capped(stream, buf, 4096, killer) is False
+    assert await read_capped(stream, buf, 4096, killer) is False
     assert bytes(buf) == b"42\n" and killer.reasons == [] and stream.at_eof()
