@@ -32,8 +32,10 @@ SHAPES = ("r2e", "search", "math")
 HISTORY_STEPS = 5
 
 
-def _decisions(seeds: list[int]) -> list[dict[str, Any]]:
-    """Decision time of one search per (workload, seed), in this process's tree."""
+def decision_setup(config: Any) -> tuple[Any, Any, Any]:
+    """One decision at 48 GPUs, ready to search: the twin after ``HISTORY_STEPS``
+    observed steps of the trace ``config`` (a ``GeneratorConfig``) generates, and the
+    search over it; (search, workload, twin). profile_decision.py profiles the same."""
     from scheduling.planner import (
         ClusterShape,
         PlanSearch,
@@ -42,26 +44,34 @@ def _decisions(seeds: list[int]) -> list[dict[str, Any]]:
         Workload,
         pipeline_depth,
     )
-    from sim.generators import GeneratorConfig, generate
+    from sim.generators import generate
     from sim.presets import cluster
     from sim.systems import system
     from sim.twin import TwinRefiner
 
-    spec, libra, out = cluster("a800x48"), system("libra"), []
+    spec, libra = cluster("a800x48"), system("libra")
+    trace = generate(config)
+    twin, history = TwinRefiner(spec, libra), []
+    for step in range(HISTORY_STEPS):
+        batch = [t for t in trace if t.step == step]
+        twin.observe_step(batch)
+        history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
+                    for t in batch]
+    search = PlanSearch(spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
+                        SearchSpace(node_patterns=libra.node_patterns, train_tp=8),
+                        refiner=twin)
+    return search, Workload(64, tuple(history), pipeline_depth(libra.staleness)), twin
+
+
+def _decisions(seeds: list[int]) -> list[dict[str, Any]]:
+    """Decision time of one search per (workload, seed), in this process's tree."""
+    from sim.generators import GeneratorConfig
+
+    out = []
     for shape in SHAPES:
         for seed in seeds:
-            trace = generate(GeneratorConfig(shape=shape, num_steps=20, prompts_per_step=16,
-                                             seed=seed))
-            twin, history = TwinRefiner(spec, libra), []
-            for step in range(HISTORY_STEPS):
-                batch = [t for t in trace if t.step == step]
-                twin.observe_step(batch)
-                history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
-                            for t in batch]
-            search = PlanSearch(spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
-                                SearchSpace(node_patterns=libra.node_patterns, train_tp=8),
-                                refiner=twin)
-            work = Workload(64, tuple(history), pipeline_depth(libra.staleness))
+            search, work, twin = decision_setup(GeneratorConfig(
+                shape=shape, num_steps=20, prompts_per_step=16, seed=seed))
             wall, cpu = time.perf_counter(), time.process_time()
             best = search.search(work)
             out.append({"shape": shape, "seed": seed, "cpu_s": time.process_time() - cpu,

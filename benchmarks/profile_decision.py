@@ -28,7 +28,6 @@ import time
 from types import FrameType
 from typing import Any
 
-HISTORY_STEPS = 5
 SAMPLE_S = 0.0005
 COMPONENTS = (
     ("/scheduling/policy/", "policy core (C-MLFQ, prefix tree, routing, store)"),
@@ -91,32 +90,13 @@ def _recording_simulator() -> type:
 
 
 def _decision(shape: str, seed: int, recording: type, sampler: _Sampler) -> dict[str, Any]:
-    from scheduling.planner import (
-        ClusterShape,
-        PlanSearch,
-        RequestStats,
-        SearchSpace,
-        Workload,
-        pipeline_depth,
-    )
-    from sim.generators import generate, workload_config
-    from sim.presets import cluster
-    from sim.systems import system
-    from sim.twin import TWIN_STEPS_PER_DEPTH, TwinRefiner
+    from benchmarks.bench_sim_speed import decision_setup
+    from sim.generators import workload_config
+    from sim.twin import TWIN_STEPS_PER_DEPTH
 
-    spec, libra = cluster("a800x48"), system("libra")
-    trace = generate(workload_config(shape, num_steps=20, prompts_per_step=16, seed=seed))
-    twin, history = TwinRefiner(spec, libra), []
-    for step in range(HISTORY_STEPS):
-        batch = [t for t in trace if t.step == step]
-        twin.observe_step(batch)
-        history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
-                    for t in batch]
-    search = PlanSearch(spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
-                        SearchSpace(node_patterns=libra.node_patterns, train_tp=8),
-                        refiner=twin)
-    work = Workload(64, tuple(history), pipeline_depth(libra.staleness))
-    depth = pipeline_depth(libra.staleness)
+    search, work, _twin = decision_setup(workload_config(
+        shape, num_steps=20, prompts_per_step=16, seed=seed))
+    depth = work.pipeline_depth
     measured = max(1, round((TWIN_STEPS_PER_DEPTH - 1) * depth))
     recording.runs.clear()
     gc.collect()  # the collector's share is the decision's own, not the set-up's garbage
