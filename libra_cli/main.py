@@ -266,19 +266,19 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default {status.DEFAULT_TIMEOUT_S:g}; raise it on a loaded host)")
     p = add("submit", cmd_submit, "submit a job spec to the running stack; while another "
             "job runs it waits PENDING in the queue (docs/jobs.md)")
-    p.add_argument("job", type=Path)
+    p.add_argument("job", type=Path, help="job spec file (.toml, .json, .yaml)")
     _add_set(p)
     _add_priority(p)
     add("jobs", cmd_jobs, "list jobs: state, queue_position (1 = starts next, 0 = not "
         "queued), priority, step")
     p = add("cancel", cmd_cancel, "cancel a job (a queued one just leaves the queue)")
-    p.add_argument("job_id")
+    p.add_argument("job_id", help="the job's id (libra jobs lists them)")
     p = add("resume", cmd_resume, "restart a cancelled or failed job from its newest "
             "checkpoint under the same id (queued while another job runs)")
-    p.add_argument("job_id")
+    p.add_argument("job_id", help="the job's id (libra jobs lists them)")
     _add_priority(p)
     p = add("report", cmd_report, "write report.json and the reward curve of a job")
-    p.add_argument("job_id")
+    p.add_argument("job_id", help="the job's id (libra jobs lists them)")
     tool.register(sub)
     certs.register(sub)
     sim.register(sub)

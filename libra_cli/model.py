@@ -128,7 +128,8 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_import)
     p = model_sub.add_parser("inspect", help="what a model directory is and needs to train")
     p.add_argument("path", type=Path, help="a Hugging Face model directory")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="the dtype to size it for (auto: bfloat16 on CUDA, else float32)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=cmd_inspect)
     _register_export(sub)

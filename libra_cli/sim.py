@@ -138,9 +138,11 @@ def register(sub: Any) -> None:
         help="workload to generate when no --trace: r2e|search|math or a drift variant "
         "r2e-drift|search-drift|math-drift (lengths grow 2-3x over the run)",
     )
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20,
+                   help="RL steps of the generated workload (default 20)")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step (x4 samples)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the generated workload (default 0)")
     p.add_argument(
         "--cluster", default="a800x48", help="preset HWxCOUNT (a800x48, h100x1000) or JSON file"
     )
@@ -153,10 +155,11 @@ def register(sub: Any) -> None:
     tsub = p.add_subparsers(dest="sim_command")
     t = tsub.add_parser("trace", help="write a generated trace as JSONL")
     t.add_argument("--shape", default="r2e", help="r2e|search|math or a *-drift variant")
-    t.add_argument("--steps", type=int, default=20)
-    t.add_argument("--prompts", type=int, default=16)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--steps", type=int, default=20, help="RL steps to generate (default 20)")
+    t.add_argument("--prompts", type=int, default=16,
+                   help="prompts per step, x4 samples each (default 16)")
+    t.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    t.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     t.set_defaults(func=cmd_trace)
     v = tsub.add_parser(
         "validate", help="run the CPU demo for real, replay it, compare rollout times"
@@ -165,14 +168,20 @@ def register(sub: Any) -> None:
     v.add_argument("--run-root", dest="validate_root", type=Path, default=None,
                    help="stack run root (default: temp)")
     v.add_argument("--steps", type=int, default=12, help="RL steps of the demo job")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true",
+                   help="print the whole comparison as JSON (default: one line)")
     v.set_defaults(func=cmd_validate)
 
     b = sub.add_parser("bench", help="benchmarks").add_subparsers(
         dest="bench_command", required=True
     )
     pp = b.add_parser("paper", help="every system on the three workloads (simulated)")
-    pp.add_argument("--gpus", type=int, default=48, choices=(48, 1000))
+    pp.add_argument(
+        "--gpus", type=int, default=48, choices=(48, 1000),
+        help="cluster preset: 48 = a800x48 (6 nodes x 8 A800-80G; 16 prompts/step, 20 "
+        "steps), 1000 = h100x1000 (125 nodes x 8 H100-80G; 320 prompts/step, 8 steps); "
+        "Qwen3-14B on both (default 48)",
+    )
     pp.add_argument("--seeds", type=int, default=3, help="number of trace seeds per workload")
     pp.add_argument(
         "--oracle",
@@ -191,5 +200,7 @@ def register(sub: Any) -> None:
         help="processes running the (workload, seed) cells (default 2; results identical)",
     )
     pp.add_argument("--out-dir", default="runs/bench", help="where the PNG and JSON go")
-    pp.add_argument("--json", action="store_true")
+    pp.add_argument("--json", action="store_true",
+                    help="print the summary and the files written as JSON instead of "
+                    "the table")
     pp.set_defaults(func=cmd_paper)
