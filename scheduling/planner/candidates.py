@@ -15,11 +15,17 @@ So the refiner judges a few layouts per top split, and which ones is decided her
   the layout's work term (aggregate throughput) and the longest request's unloaded
   critical path on the pattern's instance (the straggler a streaming step waits for:
   the step-chain bound's term, ``sim/bounds.py``). A pattern worse on both can
-  only lose to one of the front, so it is not worth a twin run.
+  only lose to one of the front, so it is not worth a twin run;
+- ``screen_mixes``: a mix (two or more TP degrees) only when the closed form puts it
+  clearly ahead of the homogeneous layouts judged at its split
+  (``SearchSpace.mix_refine_margin``, session 17). The closed form favours mixes by a
+  few percent at every split where the twin puts them 0-70% behind (sessions 15-17:
+  no mix was picked), and a mix is the costliest twin run (more instances and segments).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -69,6 +75,22 @@ def best_uniform(
 def is_homogeneous(plan: Plan) -> bool:
     """Every rollout instance of ``plan`` has one TP degree."""
     return len(set(plan.rollout_tps)) <= 1
+
+
+def screen_mixes(candidates: list[Scored], margin: float) -> list[Scored]:
+    """``candidates`` less each mix whose closed-form objective is not below every
+    homogeneous candidate's at its split by more than ``margin`` of theirs (a split with
+    no homogeneous candidate keeps its mixes: nothing else there would be judged)."""
+    best_homogeneous: dict[int, float] = {}
+    for s in candidates:
+        if is_homogeneous(s.plan):
+            split = s.plan.train_gpus
+            best_homogeneous[split] = min(best_homogeneous.get(split, math.inf), s.objective_s)
+    return [
+        s for s in candidates
+        if is_homogeneous(s.plan)
+        or s.objective_s < best_homogeneous.get(s.plan.train_gpus, math.inf) * (1.0 - margin)
+    ]
 
 
 def homogeneous_per_split(
