@@ -19,9 +19,9 @@ So the refiner judges a few layouts per top split, and which ones is decided her
 - ``screen_mixes``: a mix (two or more TP degrees) only when the closed form puts it
   clearly ahead of the homogeneous layouts judged at its split
   (``SearchSpace.mix_refine_margin``, session 17). The closed form puts a top split's
-  mix 0-7% ahead of its homogeneous layouts where the twin puts it from 1% ahead to
-  2.3x behind (no mix was applied in sessions 15-17), and a mix is the costliest twin
-  run (more instances and segments).
+  mix 0-8% ahead of its homogeneous layouts where the twin puts it from 1% ahead to
+  2.8x behind (18 online decisions, six workloads x seeds 0-2), and a mix is the
+  costliest twin run (more instances and segments).
 """
 
 from __future__ import annotations

@@ -60,8 +60,8 @@ class SearchSpace:
     fraction of their objective (none there: refined). ``None``: every mix is refined,
     as before session 17. The default is the twin's +-15% agreement band: the closed
     form favours mixes (issue 20, session 15) and a lead inside the band is not one it
-    resolves; the mixes are the costliest twin runs and none was applied in sessions
-    15-17 (``scheduling.planner.candidates.screen_mixes``)."""
+    resolves, while the mixes are the costliest twin runs (session 17,
+    ``scheduling.planner.candidates.screen_mixes``)."""
 
 
 class PlanSearch:
