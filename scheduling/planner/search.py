@@ -57,11 +57,11 @@ class SearchSpace:
     mix_refine_margin: float | None = 0.15
     """With a refiner, a heterogeneous candidate (a mix) is refined only when the closed
     form puts it ahead of every homogeneous candidate at its split by more than this
-    fraction of their objective (none there: refined). ``None``: every mix is refined,
-    as before session 17. The default is the twin's +-15% agreement band: the closed
-    form favours mixes (issue 20, session 15) and a lead inside the band is not one it
-    resolves, while the mixes are the costliest twin runs (session 17,
-    ``scheduling.planner.candidates.screen_mixes``)."""
+    fraction of their objective (none there, or ``require_heterogeneous``: refined).
+    ``None``: every mix is refined, as before session 17. The default is the twin's
+    +-15% agreement band: the closed form favours mixes (issue 20, session 15) and a
+    lead inside the band is not one it resolves, while the mixes are the costliest twin
+    runs (session 17, ``scheduling.planner.candidates.screen_mixes``)."""
 
 
 class PlanSearch:
@@ -251,7 +251,7 @@ class PlanSearch:
             out += self._best_uniform(model, work, out)
             if self.space.homogeneous_per_split:
                 out += self._homogeneous_per_split(model, work, out)
-            if self.space.mix_refine_margin is not None:
+            if self.space.mix_refine_margin is not None and not self.space.require_heterogeneous:
                 out = cands.screen_mixes(out, self.space.mix_refine_margin)
         return out
 

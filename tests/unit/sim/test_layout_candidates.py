@@ -194,3 +194,15 @@ def test_a_margin_of_zero_drops_only_mixes_not_ahead() -> None:
 def test_a_bad_mix_margin_names_the_field(value: object) -> None:
     with pytest.raises(PlanError, match="mix_refine_margin"):
         _search(mix_refine_margin=value)
+
+
+def test_mixes_are_kept_where_heterogeneity_is_required() -> None:
+    # A space that asks for mixes gets every one judged (the uniform guard may still be
+    # homogeneous: it is not screened by the space).
+    search, _, work = _search(require_heterogeneous=True)
+    model = search.cost_model(work)
+    found = search.candidates(model, work)
+    assert _mixes(c.plan for c in found)
+    everything, _, _ = _search(require_heterogeneous=True, mix_refine_margin=None)
+    assert [c.plan.key() for c in found] == [
+        c.plan.key() for c in everything.candidates(model, work)]
