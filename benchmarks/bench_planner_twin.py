@@ -2,9 +2,11 @@
 planner ranks, and the decision time (issue 20 item 5).
 
 For each workload and seed: the twin is fed steps 0-4, the search ranks its candidates
-(closed-form top 3 plus the best uniform plan), each is scored by the twin and by the
-closed form, and simulated statically over the whole 20-step trace (mean step interval
-between the fill and the drain, as ``steady_throughput`` counts). Decision time = one
+(``PlanSearch.candidates``: the closed form's top 3 splits, the best uniform plan, each
+top split's homogeneous front, less the mixes not clearly ahead, session 17), each is
+scored by the twin and by the closed form, and simulated statically over the whole
+20-step trace (mean step interval between the fill and the drain, as
+``steady_throughput`` counts). Decision time = one
 ``PlanSearch.search`` with an empty twin cache (wall and CPU seconds).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_planner_twin.py [--seeds 0,1,2] [--json]

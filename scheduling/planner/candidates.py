@@ -15,11 +15,18 @@ So the refiner judges a few layouts per top split, and which ones is decided her
   the layout's work term (aggregate throughput) and the longest request's unloaded
   critical path on the pattern's instance (the straggler a streaming step waits for:
   the step-chain bound's term, ``sim/bounds.py``). A pattern worse on both can
-  only lose to one of the front, so it is not worth a twin run.
+  only lose to one of the front, so it is not worth a twin run;
+- ``screen_mixes``: a mix (two or more TP degrees) only when the closed form puts it
+  clearly ahead of the homogeneous layouts judged at its split
+  (``SearchSpace.mix_refine_margin``, session 17). The closed form puts a top split's
+  mix 0-8% ahead of its homogeneous layouts where the twin puts it from 1% ahead to
+  2.8x behind (18 online decisions, six workloads x seeds 0-2), and a mix is the
+  costliest twin run (more instances and segments).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -69,6 +76,22 @@ def best_uniform(
 def is_homogeneous(plan: Plan) -> bool:
     """Every rollout instance of ``plan`` has one TP degree."""
     return len(set(plan.rollout_tps)) <= 1
+
+
+def screen_mixes(candidates: list[Scored], margin: float) -> list[Scored]:
+    """``candidates`` less each mix whose closed-form objective is not below every
+    homogeneous candidate's at its split by more than ``margin`` of theirs (a split with
+    no homogeneous candidate keeps its mixes: nothing else there would be judged)."""
+    best_homogeneous: dict[int, float] = {}
+    for s in candidates:
+        if is_homogeneous(s.plan):
+            split = s.plan.train_gpus
+            best_homogeneous[split] = min(best_homogeneous.get(split, math.inf), s.objective_s)
+    return [
+        s for s in candidates
+        if is_homogeneous(s.plan)
+        or s.objective_s < best_homogeneous.get(s.plan.train_gpus, math.inf) * (1.0 - margin)
+    ]
 
 
 def homogeneous_per_split(

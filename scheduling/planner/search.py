@@ -54,6 +54,14 @@ class SearchSpace:
     homogeneous_screen: str = "front"
     """Which homogeneous layouts per top split: ``closed_form`` (its best one) or
     ``front`` (every one on the (work, straggler path) Pareto front; session 15)."""
+    mix_refine_margin: float | None = 0.15
+    """With a refiner, a heterogeneous candidate (a mix) is refined only when the closed
+    form puts it ahead of every homogeneous candidate at its split by more than this
+    fraction of their objective (none there, or ``require_heterogeneous``: refined).
+    ``None``: every mix is refined, as before session 17. The default is the twin's
+    +-15% agreement band: the closed form favours mixes (issue 20, session 15) and a
+    lead inside the band is not one it resolves, while the mixes are the costliest twin
+    runs (session 17, ``scheduling.planner.candidates.screen_mixes``)."""
 
 
 class PlanSearch:
@@ -231,9 +239,10 @@ class PlanSearch:
     ) -> list[Scored]:
         """Every plan ``search`` may refine: the closed form's top splits and, with a
         refiner, the uniform guard and each top split's homogeneous layouts
-        (``scheduling.planner.candidates``). ``homogeneous_only``: the closed form's top
-        splits, each with its homogeneous layouts as the screen picks them (with or
-        without a refiner), and no mix."""
+        (``scheduling.planner.candidates``), less the mixes the closed form does not put
+        clearly ahead (``SearchSpace.mix_refine_margin``). ``homogeneous_only``: the
+        closed form's top splits, each with its homogeneous layouts as the screen picks
+        them (with or without a refiner), and no mix."""
         out = self._closed_form_top_k(model, work, train_factor, rollout_factor)
         if homogeneous_only:
             kept = [s for s in out if cands.is_homogeneous(s.plan)]
@@ -242,6 +251,8 @@ class PlanSearch:
             out += self._best_uniform(model, work, out)
             if self.space.homogeneous_per_split:
                 out += self._homogeneous_per_split(model, work, out)
+            if self.space.mix_refine_margin is not None and not self.space.require_heterogeneous:
+                out = cands.screen_mixes(out, self.space.mix_refine_margin)
         return out
 
     def _best_uniform(
@@ -324,6 +335,12 @@ def _check_space(space: SearchSpace, cluster: ClusterShape) -> None:
             f"homogeneous_screen: must be one of {', '.join(cands.HOMOGENEOUS_SCREENS)}, "
             f"got {space.homogeneous_screen!r}"
         )
+    margin = space.mix_refine_margin
+    if margin is not None and (
+        isinstance(margin, bool) or not isinstance(margin, (int, float))
+        or not 0.0 <= margin < 1.0
+    ):
+        raise PlanError(f"mix_refine_margin: must be None or in [0, 1), got {margin!r}")
     fixed = space.fixed_train_nodes
     if fixed is not None and not 1 <= fixed <= cluster.num_nodes - space.min_rollout_nodes:
         raise PlanError(

@@ -157,5 +157,8 @@ def test_libras_preflight_adopts_one_tp_degree_where_session_15s_adopted_a_mix(
         libra.planner_config, preflight_layouts="any", elastic_borrow_judged=False))
     monkeypatch.setattr(sim_run, "TwinRefiner", functools.partial(
         TwinRefiner, window="after_fill", fresh_prompts=False))
+    # Session 15 refined every mix (session 17 refines only those clearly ahead).
+    monkeypatch.setattr(sim_run, "SearchSpace", functools.partial(
+        SearchSpace, mix_refine_margin=None))
     plan = sim_run.initial_plan(SPEC, trace, old)[0]
     assert not _one_tp(plan) and plan.train_gpus == 16

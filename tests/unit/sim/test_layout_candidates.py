@@ -142,3 +142,67 @@ def test_cmlfq_on_one_bucket_routes_as_least_loaded(pattern: tuple[int, ...]) ->
     a, b = run(SPEC, TRACE, lb), run(SPEC, TRACE, cm)
     assert b["migrations"] == 0
     assert b["throughput_traj_per_s"] == pytest.approx(a["throughput_traj_per_s"], rel=0.02)
+
+
+def _mixes(plans) -> list:
+    return [p for p in plans if not _homogeneous(p)]
+
+
+def test_mixes_inside_the_margin_are_not_refined() -> None:
+    # Session 17: the closed form puts its top splits' mixes a few percent ahead of the
+    # homogeneous layouts there; inside the twin's 15% band they are not judged.
+    screened, refiner, work = _search()
+    everything, every_refiner, _ = _search(mix_refine_margin=None)
+    model = screened.cost_model(work)
+    kept = screened.candidates(model, work)
+    assert _mixes(c.plan for c in everything.candidates(model, work))
+    assert not _mixes(c.plan for c in kept)
+    screened.search(work)
+    everything.search(work)
+    assert not _mixes(refiner.asked) and _mixes(every_refiner.asked)
+
+
+def test_a_mix_clearly_ahead_is_refined() -> None:
+    from scheduling.planner import candidates as cands
+    from scheduling.planner.scored import Scored
+
+    search, _, work = _search(mix_refine_margin=None)
+    model = search.cost_model(work)
+    found = search.candidates(model, work)
+    mix = next(c for c in found if not _homogeneous(c.plan))
+    same_split = [c for c in found if _homogeneous(c.plan)
+                  and c.plan.train_gpus == mix.plan.train_gpus]
+    best = min(c.objective_s for c in same_split)
+    ahead = Scored(mix.plan, 0.0, best * 0.8)  # 20% ahead by the closed form
+    behind = Scored(mix.plan, 0.0, best * 0.9)  # 10% ahead: inside a 15% margin
+    assert cands.screen_mixes([*same_split, ahead], 0.15)[-1] is ahead
+    assert behind not in cands.screen_mixes([*same_split, behind], 0.15)
+    assert cands.screen_mixes([behind], 0.15) == [behind]  # nothing else at its split
+
+
+def test_a_margin_of_zero_drops_only_mixes_not_ahead() -> None:
+    search, _, work = _search(mix_refine_margin=0.0)
+    model = search.cost_model(work)
+    for c in search.candidates(model, work):
+        if not _homogeneous(c.plan):
+            rivals = [h.objective_s for h in search.candidates(model, work)
+                      if _homogeneous(h.plan) and h.plan.train_gpus == c.plan.train_gpus]
+            assert all(c.objective_s < r for r in rivals)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 2, "0.15", True, float("nan")])
+def test_a_bad_mix_margin_names_the_field(value: object) -> None:
+    with pytest.raises(PlanError, match="mix_refine_margin"):
+        _search(mix_refine_margin=value)
+
+
+def test_mixes_are_kept_where_heterogeneity_is_required() -> None:
+    # A space that asks for mixes gets every one judged (the uniform guard may still be
+    # homogeneous: it is not screened by the space).
+    search, _, work = _search(require_heterogeneous=True)
+    model = search.cost_model(work)
+    found = search.candidates(model, work)
+    assert _mixes(c.plan for c in found)
+    everything, _, _ = _search(require_heterogeneous=True, mix_refine_margin=None)
+    assert [c.plan.key() for c in found] == [
+        c.plan.key() for c in everything.candidates(model, work)]

@@ -88,12 +88,10 @@ def test_search_refines_with_the_twin_and_caches_per_history() -> None:
     best = search.search(work)
     assert best is not None and math.isfinite(best.objective_s)
     runs = twin.runs
-    # Top candidates, the uniform guard and each top split's homogeneous layout: each
-    # simulated once unless pruned.
+    # Top candidates, the uniform guard and each top split's homogeneous layout, less
+    # the mixes not clearly ahead (session 17): each simulated once unless pruned.
     model = search.cost_model(work)
-    cands = search._closed_form_top_k(model, work, 1.0, 1.0)
-    cands += search._best_uniform(model, work, cands)
-    cands += search._homogeneous_per_split(model, work, cands)
+    cands = search.candidates(model, work)
     assert len(cands) > 4
     assert runs >= 1 and runs + search.pruned == len(cands)
     search.search(work)
