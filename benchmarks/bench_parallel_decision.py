@@ -34,35 +34,16 @@ import time
 from typing import Any
 
 SHAPES = ("r2e", "search", "math")
-HISTORY_STEPS = 5
 
 
 def _setup(shape: str, seed: int) -> tuple[Any, Any, Any, list]:
     """The twin, search and workload of one decision, and the steps the twin observed."""
-    from scheduling.planner import (
-        ClusterShape,
-        PlanSearch,
-        RequestStats,
-        SearchSpace,
-        Workload,
-        pipeline_depth,
-    )
-    from sim.generators import GeneratorConfig, generate
-    from sim.presets import cluster
-    from sim.systems import system
-    from sim.twin import TwinRefiner
+    from benchmarks.bench_sim_speed import decision_setup, observed_steps
+    from sim.generators import GeneratorConfig
 
-    spec, libra = cluster("a800x48"), system("libra")
-    trace = generate(GeneratorConfig(shape=shape, num_steps=20, prompts_per_step=16, seed=seed))
-    twin, history, steps = TwinRefiner(spec, libra), [], []
-    for step in range(HISTORY_STEPS):
-        batch = [t for t in trace if t.step == step]
-        twin.observe_step(batch)
-        steps.append(batch)
-        history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s) for t in batch]
-    search = PlanSearch(spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
-                        SearchSpace(node_patterns=libra.node_patterns, train_tp=8), refiner=twin)
-    return twin, search, Workload(64, tuple(history), pipeline_depth(libra.staleness)), steps
+    config = GeneratorConfig(shape=shape, num_steps=20, prompts_per_step=16, seed=seed)
+    search, work, twin = decision_setup(config)
+    return twin, search, work, observed_steps(config)
 
 
 _SPECS: dict[str, Any] = {}

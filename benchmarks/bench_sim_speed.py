@@ -32,10 +32,19 @@ SHAPES = ("r2e", "search", "math")
 HISTORY_STEPS = 5
 
 
+def observed_steps(config: Any) -> list[list[Any]]:
+    """The first ``HISTORY_STEPS`` steps of the trace ``config`` (a ``GeneratorConfig``)
+    generates: what the twin has observed at the decision."""
+    from sim.generators import generate
+
+    trace = generate(config)
+    return [[t for t in trace if t.step == step] for step in range(HISTORY_STEPS)]
+
+
 def decision_setup(config: Any) -> tuple[Any, Any, Any]:
-    """One decision at 48 GPUs, ready to search: the twin after ``HISTORY_STEPS``
-    observed steps of the trace ``config`` (a ``GeneratorConfig``) generates, and the
-    search over it; (search, workload, twin). profile_decision.py profiles the same."""
+    """One decision at 48 GPUs, ready to search: the twin after ``observed_steps``, and
+    the search over it; (search, workload, twin). profile_decision.py profiles the same,
+    bench_parallel_decision.py spreads its twin runs over processes."""
     from scheduling.planner import (
         ClusterShape,
         PlanSearch,
@@ -44,16 +53,13 @@ def decision_setup(config: Any) -> tuple[Any, Any, Any]:
         Workload,
         pipeline_depth,
     )
-    from sim.generators import generate
     from sim.presets import cluster
     from sim.systems import system
     from sim.twin import TwinRefiner
 
     spec, libra = cluster("a800x48"), system("libra")
-    trace = generate(config)
     twin, history = TwinRefiner(spec, libra), []
-    for step in range(HISTORY_STEPS):
-        batch = [t for t in trace if t.step == step]
+    for batch in observed_steps(config):
         twin.observe_step(batch)
         history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
                     for t in batch]

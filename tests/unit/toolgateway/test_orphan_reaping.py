@@ -30,18 +30,20 @@ from tests.unit.deploy.test_compose_schema import DOCKERFILE, image_entrypoint
 ROOT = Path(__file__).resolve().parents[3]
 # The image's init, as `docker run` and the manifests start the gateway under it.
 INIT = image_entrypoint(DOCKERFILE.read_text()) or []
-# Run in a fresh interpreter: it becomes a child subreaper, as the gateway does, and
-# pytest's own children (other tests' servers) are not this test's to take.
-WHICH_ZOMBIES = """
-import os, time
-from services.toolgateway.orphans import OrphanReaper, adopt_orphans
-
+# A process's state letter from /proc (Z: a zombie), for the scripts below.
+STATE = """
 def state(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
+"""
+# Run in a fresh interpreter: it becomes a child subreaper, as the gateway does, and
+# pytest's own children (other tests' servers) are not this test's to take.
+WHICH_ZOMBIES = STATE + """
+import os, time
+from services.toolgateway.orphans import OrphanReaper, adopt_orphans
 
 def spawn(code, new_session):
     return os.posix_spawn("/bin/sh", ["sh", "-c", f"exit {code}"], {}, setsid=new_session)
@@ -101,7 +103,7 @@ def test_the_reaper_takes_leftovers_only_never_a_status_someone_waits_for() -> N
 # The gateway's main, serving with no call at all: a tool's leftover that exits between
 # calls (here: after the test closes the pipe it blocks on) is reaped by the server's
 # periodic reap, not left a zombie until a next call that may never come.
-REAPED_BETWEEN_CALLS = """
+REAPED_BETWEEN_CALLS = STATE + """
 import asyncio, os, signal, subprocess, sys
 from libra.config import load_config
 from services.toolgateway.__main__ import main
@@ -117,13 +119,6 @@ if os.fork() == 0:
     os.read(int(sys.argv[1]), 1)  # until the test closes the write end
     os._exit(0)
 '''
-
-def state(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "gone"
 
 def leave_orphan(read_fd):
     subprocess.run([sys.executable, "-c", DOUBLE_FORKS, str(read_fd)], pass_fds=(read_fd,),
