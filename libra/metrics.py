@@ -181,8 +181,9 @@ DEFINITIONS: tuple[MetricDef, ...] = (
               "Time to decide one batch of tool-return reports (server side, per batch)",
               (), "scheduler", CONTROL_SECONDS_BUCKETS),
     MetricDef("libra_scheduler_report_tick_wait_seconds", "histogram",
-              "Time one batch of tool-return reports waited for a running tick to end "
-              "before it was decided", (), "scheduler", CONTROL_SECONDS_BUCKETS),
+              "Time one batch of tool-return reports waited for a running tick's own "
+              "steps (to its end or its next Redis await) before it was decided", (),
+              "scheduler", CONTROL_SECONDS_BUCKETS),
     MetricDef("libra_scheduler_queued_trajectories", "gauge",
               "Admitted trajectories waiting for an instance (queue depth)", ("job",),
               "scheduler"),

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from libra import types as t
 from libra.cancellation import raise_if_cancelled
@@ -62,6 +62,7 @@ from services.scheduler.placement import assign, check_idle
 from services.scheduler.reports import LeaseFence, apply_finishes, decide, learn_finish
 from services.scheduler.requeue import ORPHAN_SCAN_S, Requeuer
 from services.scheduler.state import LeaseSnapshot, TickWrites
+from services.scheduler.tick_gate import TickGate
 
 if TYPE_CHECKING:  # collaborators' types only: cores import no grpc/redis at run time
     from services.scheduler.store_protocol import SchedulerStore
@@ -72,6 +73,8 @@ __all__ = ["MAX_FINISHES_PER_TICK", "MAX_PLACED_PER_TICK", "ORPHAN_SCAN_S", "Job
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # Finished trajectories taken from the job's stream per tick (the rest wait a tick).
 MAX_FINISHES_PER_TICK = 1024
 # Trajectories a tick places or admits at most (the rest wait a tick): filling 1,000
@@ -80,6 +83,10 @@ MAX_FINISHES_PER_TICK = 1024
 # snapshot's LoadIndex (~10 us per placement at any fleet size; a scan was ~0.3 ms at
 # 1,000 instances): the cap now bounds the tick's write and the reports it delays.
 MAX_PLACED_PER_TICK = 128
+# Report batches let through while the tick awaits one of its Redis round trips (read
+# or write): ~0.3 ms of CPU each, so at most ~5 ms added to the tick's wall time per
+# await, while its p99 had ~60 ms of slack at 1,000 instances (``tick_gate.py``).
+REPORTS_PER_TICK_AWAIT = 16
 # The least age at which a report re-reads the lease snapshot itself (see __init__).
 MIN_STALE_SNAPSHOT_S = 2.0
 
@@ -110,9 +117,8 @@ class SchedulerCore:
         self._snapshot_stale_s = max(4 * tick_s, 2 * lease_snapshot_s, MIN_STALE_SNAPSHOT_S)
         self._jobs: dict[str, JobRun] = {}
         self._stopping = False
-        # Clear while a tick runs: report batches wait for its end (``tick_done``).
-        self._tick_idle = asyncio.Event()
-        self._tick_idle.set()
+        # Closed while a tick computes, ajar while it awaits Redis (``tick_done``).
+        self._gate = TickGate(REPORTS_PER_TICK_AWAIT)
         # Lease epoch of every live worker as of the last lease snapshot (fencing).
         self._fence = LeaseFence(store)
         # Collaborators with narrow state: admission needs the clock, re-queueing the store.
@@ -186,13 +192,13 @@ class SchedulerCore:
             is_capped = False
             for run in list(self._jobs.values()):
                 began_s, own = self._clock.now_s(), StepTimes()
-                self._tick_idle.clear()
+                self._gate.tick_started()
                 try:
                     is_capped |= await timed(self._tick(run), own)
                 except Exception:
                     logger.exception("[loop] tick failed job_id=%s", run.job_id)
                 finally:
-                    self._tick_idle.set()
+                    self._gate.tick_ended()
                 if self._observe_tick is not None:
                     self._observe_tick(self._clock.now_s() - began_s, own)
             # A tick that stopped at MAX_PLACED_PER_TICK has more to place: the next one
@@ -212,9 +218,9 @@ class SchedulerCore:
         # One read (status, counters, finishes given back, leases when due) and one
         # write (placements, admissions, policy state): see ``store.py``.
         with_leases = self._clock.now_s() - run.instances_at_s >= self._lease_snapshot_s
-        status = await self._store.tick_state(run.job_id, run.finish_cursor,
-                                              MAX_FINISHES_PER_TICK, with_leases,
-                                              self._requeuer.page_due(run))
+        status = await self._redis_wait(self._store.tick_state(
+            run.job_id, run.finish_cursor, MAX_FINISHES_PER_TICK, with_leases,
+            self._requeuer.page_due(run)))
         if status.state is None or status.state in ("succeeded", "failed", "cancelled"):
             await run.policy_store.flush()
             await self.stop_job(run.job_id)
@@ -241,12 +247,24 @@ class SchedulerCore:
                                   MAX_PLACED_PER_TICK - len(writes.placed_from_pending))
         # 6) Write what the tick decided, with what the policy changed.
         try:
-            await self._store.commit_tick(run.job_id, writes, run.policy_store)
+            await self._redis_wait(self._store.commit_tick(run.job_id, writes,
+                                                           run.policy_store))
         except Exception:
             # Nothing was written: re-read the queue and the loads before deciding again.
             run.pending, run.instances_at_s = None, float("-inf")
             raise
         return writes.is_capped
+
+    async def _redis_wait(self, call: Awaitable[T]) -> T:
+        """Await one of the tick's two round trips with the gate ajar: report batches
+        decided meanwhile read and change only what reports may change between ticks
+        (the policy's state and the loads in memory; the write took its values before
+        it was sent), so the tick's read and write are the same with or without them."""
+        self._gate.tick_awaits()
+        try:
+            return await call
+        finally:
+            self._gate.tick_resumed()
 
     def _observe_steps(self, run: JobRun, step: int) -> None:
         while run.last_step < step:
@@ -295,20 +313,24 @@ class SchedulerCore:
     # -- RPCs from rollout instances -----------------------------------------------------
 
     async def tick_done(self) -> None:
-        """Wait until no tick runs (at once when none does). The servicer calls it
-        before deciding a report batch.
+        """Wait until no tick computes (at once when none runs, or when the running
+        one awaits Redis and lets this batch through). The servicer calls it before
+        deciding a report batch.
 
         The tick and the reports share one event loop, and the reply to each of the
         tick's Redis calls was taken only after every report batch queued before it: at
         1,000 instances the niced fleet sends them in bursts of hundreds (0.2-0.4 ms of
         CPU each), so the tick's wall time was mostly theirs (p99 126-578 ms against its
         own 15-47 ms, session 16). Parked here, a batch costs the tick a few us; the
-        batches parked during a tick run, in their order, before the next tick starts
-        (``Event.set`` wakes them ahead of the loop's next pass). The price is theirs:
-        a batch that arrives during a tick waits for its end (the servicer times that
-        wait apart: ``libra_scheduler_report_tick_wait_seconds``)."""
-        if not self._tick_idle.is_set():
-            await self._tick_idle.wait()
+        batches still parked when the tick ends run, in their order, before the next
+        tick starts (woken ahead of the loop's next pass). While the tick awaits its
+        read or its write the loop is otherwise idle: the gate is ajar then, and up to
+        ``REPORTS_PER_TICK_AWAIT`` batches (the oldest parked first) are decided during
+        each of the two awaits (session 17, ``tick_gate.py``), so a batch waits for the
+        tick's own steps rather than its round trips, and the tick pays at most that
+        many batches' CPU per await. The servicer times the wait apart:
+        ``libra_scheduler_report_tick_wait_seconds``."""
+        await self._gate.wait()
 
     async def check_fence(self, instance_id: str, epoch: int) -> None:
         """Refuse a report whose epoch is not the instance's current lease epoch."""

@@ -48,8 +48,9 @@ def observe_decide_batch(seconds: float) -> None:
 
 
 def observe_tick_wait(seconds: float) -> None:
-    """How long one report batch waited for a running tick to end before it was
-    decided (0 for most: ``SchedulerCore.tick_done``)."""
+    """How long one report batch waited for a running tick's own steps (to its end,
+    or its next Redis await) before it was decided (0 for most:
+    ``SchedulerCore.tick_done``)."""
     REPORT_TICK_WAIT_SECONDS.observe(seconds)
 
 ATTR_ACTION = "libra.decision.action"
