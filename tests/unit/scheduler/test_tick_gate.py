@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Awaitable, Callable
 
 from libra import types as t
 from libra.clock import FakeClock
@@ -133,12 +134,21 @@ async def test_with_no_tick_running_a_report_does_not_wait() -> None:
     assert waiting.done()
 
 
-async def test_the_gate_lets_a_bounded_number_through_per_await_oldest_first() -> None:
-    gate, passed = TickGate(per_await_batches=2), []
+def gate_with_batches(per_await_batches: int) -> tuple[
+        TickGate, list[str], Callable[[str], Awaitable[None]]]:
+    """A gate, the names of the batches it let through in order, and a batch: it waits
+    at the gate, then records its name."""
+    gate, passed = TickGate(per_await_batches), []
 
     async def batch(name: str) -> None:
         await gate.wait()
         passed.append(name)
+
+    return gate, passed, batch
+
+
+async def test_the_gate_lets_a_bounded_number_through_per_await_oldest_first() -> None:
+    gate, passed, batch = gate_with_batches(per_await_batches=2)
 
     gate.tick_started()
     parked = [asyncio.create_task(batch(f"parked-{i}")) for i in range(5)]
@@ -160,11 +170,7 @@ async def test_the_gate_lets_a_bounded_number_through_per_await_oldest_first() -
 
 
 async def test_arrivals_pass_while_passes_are_left_and_a_cancelled_one_takes_none() -> None:
-    gate, passed = TickGate(per_await_batches=2), []
-
-    async def batch(name: str) -> None:
-        await gate.wait()
-        passed.append(name)
+    gate, passed, batch = gate_with_batches(per_await_batches=2)
 
     gate.tick_started()
     cancelled = asyncio.create_task(batch("cancelled"))

@@ -183,9 +183,10 @@ def test_a_mix_clearly_ahead_is_refined() -> None:
 def test_a_margin_of_zero_drops_only_mixes_not_ahead() -> None:
     search, _, work = _search(mix_refine_margin=0.0)
     model = search.cost_model(work)
-    for c in search.candidates(model, work):
+    found = search.candidates(model, work)
+    for c in found:
         if not _homogeneous(c.plan):
-            rivals = [h.objective_s for h in search.candidates(model, work)
+            rivals = [h.objective_s for h in found
                       if _homogeneous(h.plan) and h.plan.train_gpus == c.plan.train_gpus]
             assert all(c.objective_s < r for r in rivals)
 
