@@ -1,0 +1,54 @@
+"""The replanning-headroom benchmark (issue 20, session 18): its static arm is the
+simulator's own static run, a scheduled move changes the run, and the summary takes
+each seed's best schedule, never below the best static plan."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from benchmarks import bench_replan_headroom as bench
+from sim.paper import SCALES, _trace
+from sim.presets import cluster
+from sim.run import run
+
+
+def test_a_static_schedule_is_the_simulators_static_run() -> None:
+    arm = bench.static_system("stream-lb").with_split(16, (8,), "headroom")
+    expected = run(cluster("a800x48"), _trace(SCALES[48], "math", 0), arm)
+    got = bench.scheduled_throughput(("stream-lb", "math", 0, (8,), 16, 16, None))
+    assert got == expected["throughput_traj_per_s"]
+
+
+def test_a_move_after_a_step_changes_the_run() -> None:
+    static = bench.scheduled_throughput(("libra", "math", 0, (8,), 16, 16, None))
+    moved = bench.scheduled_throughput(("libra", "math", 0, (8,), 16, 32, 5))
+    assert moved is not None and static is not None and moved != static
+
+
+def test_the_summary_keeps_each_seeds_best_and_never_goes_below_static() -> None:
+    tasks = [
+        ("libra", "w", 0, (8,), 16, 16, None), ("libra", "w", 0, (8,), 24, 24, None),
+        ("libra", "w", 0, (8,), 16, 24, 5), ("libra", "w", 0, (4, 4), 16, 16, None),
+        ("libra", "w", 1, (8,), 16, 16, None), ("libra", "w", 1, (8,), 16, 24, 5),
+    ]
+    rows = bench.summarise(tasks, [1.0, 1.2, 1.5, 1.1, 2.0, 1.0])
+    seeds = rows[0]["seeds"]
+    assert [s["static"] for s in seeds] == [1.2, 2.0]
+    assert seeds[0]["best_plan"] == "16 -> 24 after step 5 x [8]"
+    assert [s["headroom"] for s in seeds] == [1.25, 1.0]
+    assert seeds[0]["static_by_pattern"] == {"8": 1.2, "4,4": 1.1}
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--patterns", "8,1"), ("--switch-after", "0"), ("--seeds", "x")]
+)
+def test_bad_options_are_refused_naming_them(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_replan_headroom.py", option, value])
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and option in err
