@@ -1,19 +1,23 @@
 """Speed of the planner twin and the simulator, arms alternated (issue 20, session 15).
 
-Each arm is a source tree (this one by default; pass a base-tree worktree to compare).
-Rounds alternate the arms, each in a fresh child process run from its tree, so a load
-change on the shared machine hits both arms alike. Per arm it reports:
+Each arm is a source tree (this one by default; pass a base-tree worktree to compare)
+and a number of twin worker processes (``--twin-workers``, session 18; a tree before
+session 18 runs only 1). Rounds alternate the arms, each in a fresh child process run
+from its tree, so a load change on the shared machine hits every arm alike. Per arm:
 
 - decision time: one ``PlanSearch.search`` with an empty twin cache at 48 GPUs, after
-  5 observed steps, for 3 workloads x the seeds (CPU and wall seconds, twin runs);
+  5 observed steps, for 3 workloads x the seeds (CPU and wall seconds, twin runs; the
+  CPU is the deciding process's, so with workers the wall time is the figure, and the
+  workers are started before the clock starts, as a run starts them once);
 - one simulated run (``--cell``, default ``libra`` on held-out r2e seed 10 at 48 GPUs),
   its CPU seconds and throughput (equal throughput across arms: the same results).
 
 CPU seconds are steadier than wall time under shared load; the load average is printed
-beside them.
+beside them. Wall time with workers needs as many free cores: on a shared 2-core host
+it is a measure only while nothing else runs.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_sim_speed.py \\
-        --arms /work/wt-s15-base,. [--rounds 2] [--seeds 0,1,2] [--json]
+        --arms /work/wt-s15-base,. [--twin-workers 1,2] [--rounds 2] [--seeds 0,1,2] [--json]
 """
 
 from __future__ import annotations
@@ -41,10 +45,10 @@ def observed_steps(config: Any) -> list[list[Any]]:
     return [[t for t in trace if t.step == step] for step in range(HISTORY_STEPS)]
 
 
-def decision_setup(config: Any) -> tuple[Any, Any, Any]:
-    """One decision at 48 GPUs, ready to search: the twin after ``observed_steps``, and
-    the search over it; (search, workload, twin). profile_decision.py profiles the same,
-    bench_parallel_decision.py spreads its twin runs over processes."""
+def decision_setup(config: Any, workers: int = 1) -> tuple[Any, Any, Any]:
+    """One decision at 48 GPUs, ready to search: the twin (on ``workers`` processes)
+    after ``observed_steps``, and the search over it; (search, workload, twin).
+    profile_decision.py profiles the same."""
     from scheduling.planner import (
         ClusterShape,
         PlanSearch,
@@ -58,7 +62,9 @@ def decision_setup(config: Any) -> tuple[Any, Any, Any]:
     from sim.twin import TwinRefiner
 
     spec, libra = cluster("a800x48"), system("libra")
-    twin, history = TwinRefiner(spec, libra), []
+    # A tree before session 18 has no ``workers``: this file runs against every arm's tree.
+    twin = TwinRefiner(spec, libra) if workers == 1 else TwinRefiner(spec, libra, workers=workers)
+    history: list[Any] = []
     for batch in observed_steps(config):
         twin.observe_step(batch)
         history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
@@ -69,7 +75,7 @@ def decision_setup(config: Any) -> tuple[Any, Any, Any]:
     return search, Workload(64, tuple(history), pipeline_depth(libra.staleness)), twin
 
 
-def _decisions(seeds: list[int]) -> list[dict[str, Any]]:
+def _decisions(seeds: list[int], workers: int) -> list[dict[str, Any]]:
     """Decision time of one search per (workload, seed), in this process's tree."""
     from sim.generators import GeneratorConfig
 
@@ -77,12 +83,16 @@ def _decisions(seeds: list[int]) -> list[dict[str, Any]]:
     for shape in SHAPES:
         for seed in seeds:
             search, work, twin = decision_setup(GeneratorConfig(
-                shape=shape, num_steps=20, prompts_per_step=16, seed=seed))
+                shape=shape, num_steps=20, prompts_per_step=16, seed=seed), workers)
+            if workers > 1:
+                twin.start_workers()
             wall, cpu = time.perf_counter(), time.process_time()
             best = search.search(work)
             out.append({"shape": shape, "seed": seed, "cpu_s": time.process_time() - cpu,
                         "wall_s": time.perf_counter() - wall, "twin_runs": twin.runs,
                         "rollout_s": best.rollout_s})
+            if workers > 1:
+                twin.close()
     return out
 
 
@@ -104,16 +114,16 @@ def _cell(spec_text: str) -> dict[str, Any]:
 
 def _worker(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
-    out = {"decisions": _decisions(seeds), "load": os.getloadavg()[0]}
+    out = {"decisions": _decisions(seeds, args.twin_workers), "load": os.getloadavg()[0]}
     if args.cell:
         out["cell"] = _cell(args.cell)
     print(json.dumps(out))
 
 
-def _run_arm(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--seeds", args.seeds]
-    if args.cell:
-        cmd += ["--cell", args.cell]
+def _run_arm(tree: Path, workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--seeds", args.seeds,
+           "--twin-workers", str(workers)]
+    cmd += ["--cell", args.cell]  # '' too: the worker's default is a cell
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
@@ -137,6 +147,10 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _arm_name(tree: Path, workers: int) -> str:
+    return str(tree) if workers == 1 else f"{tree} x{workers} twin workers"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default=".",
@@ -145,10 +159,19 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="workload seeds (default 0,1,2)")
     parser.add_argument("--cell", default="r2e:10:48:libra",
                         help="one run timed per round, workload:seed:gpus:system ('' for none)")
+    parser.add_argument("--twin-workers", default="1",
+                        help="twin worker processes per arm, comma-separated (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    try:
+        workers = [int(w) for w in args.twin_workers.split(",")]
+    except ValueError:
+        workers = [0]
+    if min(workers) < 1:
+        parser.error(f"--twin-workers: integers >= 1, got {args.twin_workers!r}")
     if args.worker:
+        args.twin_workers = workers[0]
         _worker(args)
         return
     if args.rounds < 1:
@@ -157,18 +180,22 @@ def main() -> None:
     for tree in trees:
         if not (tree / "sim" / "twin.py").is_file():
             parser.error(f"--arms: {tree} is not a source tree (no sim/twin.py)")
-    by_arm: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
+    arms = [(tree, n) for tree in trees for n in workers]
+    by_arm: dict[str, list[dict[str, Any]]] = {_arm_name(t, n): [] for t, n in arms}
     for _ in range(args.rounds):
-        for tree in trees:
-            by_arm[str(tree)].append(_run_arm(tree, args))
+        for tree, n in arms:
+            by_arm[_arm_name(tree, n)].append(_run_arm(tree, n, args))
     result = {arm: _summary(rounds) for arm, rounds in by_arm.items()}
     if args.json:
         print(json.dumps(result, indent=1))
         return
+    first = next(iter(result.values()))["picked_rollout_s"]
     for arm, s in result.items():
+        same = "same picks as the first arm" if s["picked_rollout_s"] == first else "PICKS DIFFER"
         line = (f"{arm}: decision CPU median {s['decision_cpu_median_s']:.3f} s, max "
                 f"{s['decision_cpu_max_s']:.3f} s (wall median {s['decision_wall_median_s']:.3f}"
-                f" s); twin runs {s['twin_runs'][0]}-{s['twin_runs'][1]}; load "
+                f" s, max {s['decision_wall_max_s']:.3f} s); twin runs "
+                f"{s['twin_runs'][0]}-{s['twin_runs'][1]}, {same}; load "
                 f"{', '.join(f'{x:.1f}' for x in s['load'])}")
         if "cell" in s:
             line += (f"; {s['cell']}: CPU {', '.join(f'{x:.1f}' for x in s['cell_cpu_s'])} s, "

@@ -44,7 +44,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"libra sim: {exc}", file=sys.stderr)
         return 2
-    result = run.run(spec, workload, sysconf)
+    result = run.run(spec, workload, sysconf, twin_workers=args.twin_workers)
     print(json.dumps(result, indent=2 if args.json else None, default=str))
     return 0 if result.get("feasible") else 1
 
@@ -121,6 +121,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if result["within_tolerance"] else 1
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def register(sub: Any) -> None:
     """Add ``sim`` and ``bench`` to the ``libra`` sub-command parser."""
     p = sub.add_parser(
@@ -152,6 +163,11 @@ def register(sub: Any) -> None:
     from sim.systems import SYSTEM_NAMES
 
     p.add_argument("--system", default="libra", help="compared system: " + "|".join(SYSTEM_NAMES))
+    p.add_argument(
+        "--twin-workers", type=_positive_int, default=1,
+        help="processes the planner's twin scores a decision's candidate plans on "
+        "(default 1; the result is the same, a decision takes about its slowest run)",
+    )
     tsub = p.add_subparsers(dest="sim_command")
     t = tsub.add_parser("trace", help="write a generated trace as JSONL")
     t.add_argument("--shape", default="r2e", help="r2e|search|math or a *-drift variant")

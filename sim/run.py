@@ -32,10 +32,12 @@ STARTUP_PROFILE_SIZE = 64
 
 
 def initial_plan(
-    cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
+    cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig,
+    twin_workers: int = 1,
 ) -> tuple[Plan, GlobalResourcePlanner | None, dict[str, Any] | None, TwinRefiner | None]:
     """Split and layout at time 0, the planner (for online systems), the preflight event
-    and the planner's twin (systems with ``planner_twin``).
+    and the planner's twin (systems with ``planner_twin``; ``twin_workers``: its
+    processes, ``TwinRefiner``).
 
     Raises:
         SimInfeasible: If no instance type holds the longest trajectory.
@@ -72,7 +74,7 @@ def initial_plan(
     )
     twin = None
     if system.planner_twin:
-        twin = TwinRefiner(cluster, system)
+        twin = TwinRefiner(cluster, system, workers=twin_workers)
         twin.observe_step(step0[:STARTUP_PROFILE_SIZE], provisional=True)
     planner = GlobalResourcePlanner(
         PlanSearch(cluster.hardware, cluster.model, shape, space, refiner=twin), config
@@ -138,8 +140,13 @@ def steady_throughput(
     return done / (end_s[last] - end_s[first])
 
 
-def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig) -> dict[str, Any]:
-    """Simulate and summarise; an infeasible workload yields ``{"feasible": false, ...}``."""
+def run(
+    cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig,
+    twin_workers: int = 1,
+) -> dict[str, Any]:
+    """Simulate and summarise; an infeasible workload yields ``{"feasible": false, ...}``.
+    ``twin_workers``: processes the planner's twin scores a decision's plans on (the
+    result does not depend on it; ``sim.twin.TwinRefiner``)."""
     started = time.perf_counter()
     need = max(t.total_tokens for t in trace)
     fitted = system.fitting(cluster.hardware, cluster.model, need)
@@ -151,11 +158,15 @@ def run(cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig
             "reason": f"longest trajectory needs {need} KV tokens; no instance of the system's "
             f"layouts (TP {system.tps()}) holds it on {cluster.hardware.name}",
         }
+    twin = None
     try:
-        plan, planner, preflight, twin = initial_plan(cluster, trace, fitted)
+        plan, planner, preflight, twin = initial_plan(cluster, trace, fitted, twin_workers)
         raw = Simulator(cluster, trace, fitted, plan, planner, twin=twin).run()
     except SimInfeasible as exc:
         return {**base, "feasible": False, "reason": str(exc)}
+    finally:
+        if twin is not None:
+            twin.close()
     staleness = 0 if fitted.mode == "sync" else fitted.staleness
     twin_runs = twin.runs if twin is not None else 0
     bound = lower_bound_s(

@@ -23,9 +23,15 @@ trajectory never grows past the longest one seen, where the job's context budget
 
 from __future__ import annotations
 
+import concurrent.futures
+import itertools
 import math
+import multiprocessing
+import pickle
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +64,11 @@ class TwinRefiner:
         steps_per_depth: Twin length in pipeline depths.
         trend: Scale the replayed outputs by the recent length trend (``False``: replay
             as observed, the twin before session 14).
+        workers: Processes that score a batch of plans at once (``rollout_s_many``,
+            which ``PlanSearch.search`` calls in waves of this width). Each run is the
+            same deterministic simulation wherever it runs, so the scores do not depend
+            on it; 1 (the default) runs everything in this process. A decision then
+            takes about its slowest run instead of the sum (issue 20, session 18).
     """
 
     def __init__(
@@ -69,6 +80,7 @@ class TwinRefiner:
         trend: bool = True,
         window: str = "steady",
         fresh_prompts: bool = True,
+        workers: int = 1,
     ) -> None:
         if window not in TWIN_WINDOWS:
             raise InvalidArgument(
@@ -80,6 +92,13 @@ class TwinRefiner:
                 "fresh_prompts", f"must be True or False, got {fresh_prompts!r}"
             )
         self._fresh_prompts = fresh_prompts
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise InvalidArgument("workers", f"must be an integer >= 1, got {workers!r}")
+        self.workers = workers
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._payload: tuple[int, bytes] | None = None
+        """(token, pickled cluster, system and trace) that pool tasks carry: pickled once
+        per trace, unpickled once per worker (``_pool_interval_s``)."""
         self._cluster = cluster
         self._depth = pipeline_depth(system.staleness if system.mode == "async" else 0)
         self._system = replace(
@@ -142,6 +161,7 @@ class TwinRefiner:
         """Drop the scores and the replayed trace: the history they came from changed."""
         self._cache.clear()
         self._trace = None
+        self._payload = None
 
     def length_scale(self) -> float:
         """Output-length factor from the replayed steps to the newest released one (1.0
@@ -179,31 +199,95 @@ class TwinRefiner:
 
     def rollout_s(self, plan: Plan, work: Workload) -> float:
         """Mean step interval of ``plan`` after the fill (``inf`` if it cannot run)."""
-        if not self._recent:
-            return math.inf
-        key = plan.key()
-        if key not in self._cache:
-            self._cache[key] = self._simulate(plan)
-        return self._cache[key]
+        return self.rollout_s_many([plan], work)[0]
 
-    def _simulate(self, plan: Plan) -> float:
-        self.runs += 1
-        try:
-            if self._trace is None:
-                self._trace = self.trace()
-            sim = Simulator(self._cluster, self._trace, self._system, plan, None)
-            steady = self._window == "steady"
-            raw = sim.run(stop_after_steps=self._depth + self._measured if steady else None)
-        except SimInfeasible:
-            return math.inf
-        ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]
-        first = self._depth - 1
-        # after_fill: to the last batch (a bounded batch may take more than one step's
-        # trajectories, so a run can train fewer batches than it has steps).
-        last = first + self._measured if steady else len(ends) - 1
-        if len(ends) - 1 < last or last <= first:
-            return math.inf  # too few steps trained after the fill to measure
-        return (ends[last] - ends[first]) / (last - first)
+    def rollout_s_many(self, plans: Sequence[Plan], work: Workload) -> list[float]:
+        """``rollout_s`` of each plan; those not cached run at once on up to ``workers``
+        processes (the same values as one by one)."""
+        if not self._recent:
+            return [math.inf] * len(plans)
+        missing = list({p.key(): p for p in plans if p.key() not in self._cache}.values())
+        if self._trace is None and missing:
+            self._trace = self.trace()
+        if len(missing) > 1 and self.workers > 1:
+            scores = list(self._executor().map(_pool_interval_s, self._tasks(missing)))
+        else:
+            scores = [interval_s(self._cluster, self._system, self._trace, p, self._run_shape())
+                      for p in missing]
+        self.runs += len(missing)
+        for plan, score in zip(missing, scores, strict=True):
+            self._cache[plan.key()] = score
+        return [self._cache[p.key()] for p in plans]
+
+    def start_workers(self) -> None:
+        """Start the worker processes now, so that no decision pays for their start (a
+        no-op with one worker)."""
+        if self.workers > 1:
+            list(self._executor().map(abs, range(self.workers)))
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (the twin still scores, in this process)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
+        return self._pool
+
+    def _tasks(self, plans: list[Plan]) -> list[tuple[Any, ...]]:
+        if self._payload is None:
+            data = (self._cluster, self._system, self._trace)
+            self._payload = (next(_PAYLOAD_TOKENS), pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
+        token, data = self._payload
+        return [(token, data, plan, self._run_shape()) for plan in plans]
+
+    def _run_shape(self) -> tuple[int, int, bool]:
+        """(fill steps, measured steps, steady window): what ``interval_s`` needs."""
+        return self._depth, self._measured, self._window == "steady"
+
+
+def interval_s(
+    cluster: ClusterSpec, system: SystemConfig, trace: list[TraceTrajectory], plan: Plan,
+    shape: tuple[int, int, bool],
+) -> float:
+    """One twin run of ``plan``: the mean interval between training-step ends over the
+    measured steps after the fill (``shape``: ``TwinRefiner._run_shape``); ``inf`` if it
+    cannot run or measure."""
+    depth, measured, steady = shape
+    try:
+        raw = Simulator(cluster, trace, system, plan, None).run(
+            stop_after_steps=depth + measured if steady else None
+        )
+    except SimInfeasible:
+        return math.inf
+    ends = [r["start_s"] + r["train_s"] for r in raw["train_log"]]
+    first = depth - 1
+    # after_fill: to the last batch (a bounded batch may take more than one step's
+    # trajectories, so a run can train fewer batches than it has steps).
+    last = first + measured if steady else len(ends) - 1
+    if len(ends) - 1 < last or last <= first:
+        return math.inf  # too few steps trained after the fill to measure
+    return (ends[last] - ends[first]) / (last - first)
+
+
+_PAYLOAD_TOKENS = itertools.count()
+"""Tokens of pickled twin traces (unique within the process that builds them)."""
+_WORKER_PAYLOAD: tuple[int, Any] | None = None
+"""A pool worker's last unpickled (token, (cluster, system, trace))."""
+
+
+def _pool_interval_s(task: tuple[Any, ...]) -> float:
+    """One twin run in a pool worker: the task's trace unpickled once per worker."""
+    global _WORKER_PAYLOAD
+    token, data, plan, shape = task
+    if _WORKER_PAYLOAD is None or _WORKER_PAYLOAD[0] != token:
+        _WORKER_PAYLOAD = (token, pickle.loads(data))
+    cluster, system, trace = _WORKER_PAYLOAD[1]
+    return interval_s(cluster, system, trace, plan, shape)
 
 
 def _scaled(traj: TraceTrajectory, factor: float, cap_tokens: int) -> TraceTrajectory:

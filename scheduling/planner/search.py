@@ -193,17 +193,38 @@ class PlanSearch:
         # Fewest training seconds first. A candidate whose training step alone takes at
         # least the best objective refined so far cannot win (its objective is at least
         # that), so it is not refined: exact pruning of the costly re-score (the twin).
+        # A refiner that scores several plans at once (``workers``) gets them in waves of
+        # that width; a wave's results are then taken in order under the same rule, so
+        # the pick is the one-by-one search's (a run the order would have pruned is
+        # spent CPU, not a different answer).
+        order = sorted(enumerate(candidates), key=lambda e: e[1].train_s)
+        width = max(1, getattr(self.refiner, "workers", 1))
         best: tuple[float, int, Scored] | None = None  # (objective, candidate index, plan)
-        for index, s in sorted(enumerate(candidates), key=lambda e: e[1].train_s):
-            if best is not None and (s.train_s, index) >= best[:2]:
-                self.pruned += 1
-                continue
-            rollout_s = self.rollout_s(model, s.plan, work, greedy=True) * rollout_factor
-            refined = Scored(s.plan, s.train_s, rollout_s)
-            key = (refined.objective_s, index, refined)
-            if not math.isinf(refined.objective_s) and (best is None or key[:2] < best[:2]):
-                best = key
+        while order:
+            wave: list[tuple[int, Scored]] = []
+            while order and len(wave) < width:
+                index, s = order.pop(0)
+                if best is not None and (s.train_s, index) >= best[:2]:
+                    self.pruned += 1
+                else:
+                    wave.append((index, s))
+            for (index, s), rollout_s in zip(wave, self._refine(model, wave, work), strict=True):
+                if best is not None and (s.train_s, index) >= best[:2]:
+                    continue  # refined by the wave; one by one it would have been pruned
+                refined = Scored(s.plan, s.train_s, rollout_s * rollout_factor)
+                key = (refined.objective_s, index, refined)
+                if not math.isinf(refined.objective_s) and (best is None or key[:2] < best[:2]):
+                    best = key
         return best[2] if best is not None else None
+
+    def _refine(
+        self, model: RolloutCostModel, wave: list[tuple[int, Scored]], work: Workload
+    ) -> list[float]:
+        """Uncalibrated rollout seconds of a wave's plans (one call to a batch refiner)."""
+        many = getattr(self.refiner, "rollout_s_many", None)
+        if many is not None and len(wave) > 1:
+            return list(many([s.plan for _, s in wave], work))
+        return [self.rollout_s(model, s.plan, work, greedy=True) for _, s in wave]
 
     def _closed_form_top_k(
         self, model: RolloutCostModel, work: Workload, train_factor: float, rollout_factor: float

@@ -17,7 +17,8 @@ def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(("--arms", "/nonexistent-tree"), "--arms"), (("--rounds", "0"), "--rounds")],
+    [(("--arms", "/nonexistent-tree"), "--arms"), (("--rounds", "0"), "--rounds"),
+     (("--twin-workers", "1,0"), "--twin-workers"), (("--twin-workers", "x"), "--twin-workers")],
 )
 def test_bad_options_exit_2_naming_the_option(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: tuple,
