@@ -5,36 +5,19 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.bench_sim_speed import decision_setup
 from libra.errors import InvalidArgument
-from scheduling.planner import (
-    ClusterShape,
-    PlanSearch,
-    RequestStats,
-    SearchSpace,
-    Workload,
-    pipeline_depth,
-)
-from sim.generators import GeneratorConfig, generate
+from scheduling.planner import PlanSearch, Workload
+from sim.generators import GeneratorConfig
 from sim.presets import cluster
 from sim.systems import system
 from sim.twin import TwinRefiner
 
-SPEC, LIBRA = cluster("a800x48"), system("libra")
-
 
 def _decision(workers: int) -> tuple[PlanSearch, Workload, TwinRefiner]:
-    """The search after 5 observed steps of search seed 0 (as bench_sim_speed times it)."""
-    trace = generate(GeneratorConfig(shape="search", num_steps=6, prompts_per_step=16, seed=0))
-    twin, history = TwinRefiner(SPEC, LIBRA, workers=workers), []
-    for step in range(5):
-        batch = [t for t in trace if t.step == step]
-        twin.observe_step(batch)
-        history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s) for t in batch]
-    search = PlanSearch(
-        SPEC.hardware, SPEC.model, ClusterShape(SPEC.num_nodes, 8),
-        SearchSpace(node_patterns=LIBRA.node_patterns, train_tp=8), refiner=twin,
-    )
-    return search, Workload(64, tuple(history), pipeline_depth(LIBRA.staleness)), twin
+    """The search after 5 observed steps of search seed 0, as bench_sim_speed times it."""
+    config = GeneratorConfig(shape="search", num_steps=6, prompts_per_step=16, seed=0)
+    return decision_setup(config, workers)
 
 
 def test_a_pool_scores_every_plan_as_one_process_does() -> None:
@@ -76,4 +59,4 @@ def test_a_closed_twin_still_scores_in_its_own_process() -> None:
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True, "2"])
 def test_bad_worker_counts_are_refused_naming_the_field(workers: object) -> None:
     with pytest.raises(InvalidArgument, match="workers"):
-        TwinRefiner(SPEC, LIBRA, workers=workers)  # type: ignore[arg-type]
+        TwinRefiner(cluster("a800x48"), system("libra"), workers=workers)  # type: ignore[arg-type]
