@@ -36,7 +36,10 @@ class Workload:
 
 class RolloutRefiner(Protocol):
     """A slower, truer rollout score for the few plans the closed form ranks best (the
-    simulator's twin, ``sim/twin.py``): the step time ``plan`` would run at."""
+    simulator's twin, ``sim/twin.py``): the step time ``plan`` would run at.
+
+    Optional: ``workers`` (int) and ``rollout_s_many(plans, work)`` (the scores of a
+    batch at once); ``PlanSearch.search`` then refines in waves of that width."""
 
     def rollout_s(self, plan: Plan, work: Workload) -> float:
         """Seconds of rollout per step that ``plan`` would take on ``work``."""
