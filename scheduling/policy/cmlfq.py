@@ -199,6 +199,8 @@ class CmlfqPolicy(PinningPolicy):
     def bucket_span(self, node: PrefixTreeNode) -> tuple[str, str]:
         """Buckets of the node's mean and P90 under ``thresholds``, shorter first."""
         names, thresholds = self.thresholds()
+        if len(names) == 1:  # one live bucket: every length maps to it (a uniform layout)
+            return names[0], names[0]
         mean_index = bucket_index_for_length(thresholds, node.mean_tokens)
         p90_index = bucket_index_for_length(thresholds, node.p90_tokens)
         return names[min(mean_index, p90_index)], names[max(mean_index, p90_index)]
