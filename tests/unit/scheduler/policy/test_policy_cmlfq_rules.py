@@ -196,6 +196,17 @@ def test_disagreement_moves_a_trajectory_above_the_span_down_to_its_near_end() -
     )
 
 
+def test_with_one_live_bucket_every_span_is_that_bucket() -> None:
+    policy, _ = make_cmlfq(libra_rules=True)  # live thresholds
+    _disagreeing(policy)
+    node = policy.evidence("p1", [FAIL.key])
+    assert node is not None and policy.bucket_span(node) == ("medium", "medium")
+    policy.begin(make_traj("t1", "p1"), [inst("l0", "long")])  # only the long bucket lives
+    assert policy.bucket_span(node) == ("long", "long")
+    decision = policy.on_tool_return(T1, FAIL, 50, [inst("l0", "long")])
+    assert (decision.action, decision.reason) == (Action.STAY, Reason.ALREADY_IN_TARGET)
+
+
 def test_reference_disagreement_rule_stays() -> None:
     policy, _ = make_cmlfq(libra_rules=True, disagree_rule="stay", **STATIC)
     _disagreeing(policy)
