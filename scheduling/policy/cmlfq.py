@@ -46,6 +46,7 @@ from scheduling.policy.layout import (
     bucket_index_for_length,
     validate_thresholds,
 )
+from scheduling.policy.load_index import LoadIndex
 from scheduling.policy.pinning import PinningPolicy
 from scheduling.policy.prefix_tree import CausalPrefixTree, PrefixTreeNode, RecentTrajectory
 from scheduling.policy.routing import (
@@ -156,6 +157,9 @@ class CmlfqPolicy(PinningPolicy):
         # Live GPUs per bucket as last seen by a placement (placements read the loads
         # anyway; a stay decision must not have to).
         self._shares = live_gpu_shares(layout, ())
+        self._shares_index: LoadIndex | None = None
+        """The load index ``_shares`` was counted from: its live buckets are fixed when it
+        is built, so the next placement over the same index need not count again."""
         self._threshold_cache: tuple[tuple, tuple[tuple[str, ...], tuple[float, ...]]] | None = None
         self._tree_epoch = 0
         self._decision_lengths: collections.deque[float] = collections.deque(
@@ -294,7 +298,9 @@ class CmlfqPolicy(PinningPolicy):
                 trajectory, self._layout.shortest.name, Reason.SHORTEST_BUCKET, instances
             )
         loads = resolve_instances(instances)
-        self._shares = live_gpu_shares(self._layout, loads)
+        if loads is not self._shares_index:
+            self._shares = live_gpu_shares(self._layout, loads)
+            self._shares_index = loads if isinstance(loads, LoadIndex) else None
         node = self.evidence(trajectory.prompt_id, ())
         target = self.bucket_for_node(node) if node is not None else None
         if target is not None:
