@@ -57,11 +57,13 @@ def bounded_batch(
     if max_staleness < 0:
         raise InvalidArgument("max_staleness", f"must be >= 0, got {max_staleness}")
     due = due_version(version, max_staleness)
-    if any(v < due for v in ready_versions):
+    # ``min`` rather than ``any`` over a generator: the same answer at C speed (the
+    # simulator asks at every finish, with thousands ready at 1,000 GPUs).
+    if min(ready_versions, default=due) < due:
         raise InvalidArgument(
             "ready_versions", f"a trajectory older than version {due} is past the bound"
         )
-    if not last and any(v <= due for v in in_flight_versions):
+    if not last and min(in_flight_versions, default=due + 1) <= due:
         return None
     if not ready_versions or (not last and len(ready_versions) < size):
         return None
