@@ -6,11 +6,12 @@ drifting workloads. libra and the oracle peer run the same uniform TP8 layout, o
 which C-MLFQ routes as least-loaded does (docs/simulator.md, session 15), so what libra
 could add there is changing its plan during the run. This bounds that gain from above
 for a class of schedules: per (workload, seed) and node pattern, every split run
-statically, and every schedule that starts on split A and moves to split B after
-training step k (the move carried out by the system's own reconfigure strategy,
-``sim.replan.apply_plan``, paying what it pays in the simulator). Both bests are
-hindsight choices per seed, which no planner has; their ratio is the most a planner
-that moves once could gain over the best static plan of the same policy. With several
+statically, and every schedule that starts on one split and moves to another after
+training step k (``--moves 2``: and again after a later step), each move carried out
+by the system's own reconfigure strategy (``sim.replan.apply_plan``, paying what it
+pays in the simulator). Both bests are hindsight choices per seed, which no planner
+has; their ratio is the most a planner that moves that often, at those steps, could
+gain over the best static plan of the same policy. With several
 ``--patterns`` and no ``--switch-after`` it is the policy's own oracle sweep: whether
 a mix of TP degrees beats uniform nodes at any split.
 
@@ -23,7 +24,7 @@ training step ends, so a move during the fill shifts the window and inflates its
     PYTHONPATH=. .venv/bin/python benchmarks/bench_replan_headroom.py \\
         [--workloads r2e-drift,search-drift,math-drift] [--seeds 0,1,2] \\
         [--systems libra,stream-lb] [--patterns 8] [--switch-after 5,10,15] \\
-        [--jobs 2] [--json]
+        [--moves 1|2] [--jobs 2] [--json]
 """
 
 from __future__ import annotations
@@ -53,12 +54,15 @@ def static_system(name: str) -> Any:
     )
 
 
-def scheduled_throughput(
-    task: tuple[str, str, int, tuple[int, ...], int, int, int | None],
-) -> float | None:
-    """Trajectories/s (over the makespan) of ``system`` on one trace, on split ``train_a`` and,
-    after training step ``switch_after`` (``None``: never), on ``train_b``, every rollout
-    node of ``pattern``; ``None`` when infeasible."""
+Task = tuple[str, str, int, tuple[int, ...], int, tuple[tuple[int, int], ...]]
+"""(system, workload, seed, node pattern, first split, moves): each move is (after
+training step, training GPUs), in step order; no moves is a static plan."""
+
+
+def scheduled_throughput(task: Task) -> float | None:
+    """Trajectories/s (over the makespan) of the task's system on one trace, starting on
+    its first split and moving after each move's step to its split, every rollout node
+    of the pattern; ``None`` when infeasible."""
     from sim import replan, rl_loop
     from sim.engine import Simulator
     from sim.instance import SimInfeasible
@@ -66,20 +70,20 @@ def scheduled_throughput(
     from sim.presets import cluster
     from sim.run import static_plan
 
-    name, workload, seed, pattern, train_a, train_b, switch_after = task
+    name, workload, seed, pattern, first_split, moves = task
     scale = SCALES[48]
     spec, trace = cluster(scale["cluster"]), _trace(scale, workload, seed)
     fitted = static_system(name).fitting(
         spec.hardware, spec.model, max(t.total_tokens for t in trace)
     )
-    first = static_plan(spec, fitted.with_split(train_a, pattern, "headroom"))
-    sim = Simulator(spec, trace, fitted.with_split(train_a, pattern, "headroom"), first)
+    first = fitted.with_split(first_split, pattern, "headroom")
+    sim = Simulator(spec, trace, first, static_plan(spec, first))
     try:
         rl_loop.release_allowed(sim, 0.0)
-        if switch_after is not None:
-            sim.run_until(math.inf, switch_after)
-            second = static_plan(spec, fitted.with_split(train_b, pattern, "headroom"))
-            replan.apply_plan(sim, second, sim.clock.t)
+        for after_step, split in moves:
+            sim.run_until(math.inf, after_step)
+            plan = static_plan(spec, fitted.with_split(split, pattern, "headroom"))
+            replan.apply_plan(sim, plan, sim.clock.t)
         sim.run_until(math.inf)
     except SimInfeasible:
         return None
@@ -89,21 +93,31 @@ def scheduled_throughput(
     return len(trace) / (last["start_s"] + last["train_s"])
 
 
-def _tasks(args: argparse.Namespace, splits: tuple[int, ...]) -> list[tuple]:
-    tasks = []
+def schedules(
+    splits: tuple[int, ...], switch_after: list[int], max_moves: int
+) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+    """(first split, moves) of every static plan and every schedule of 1..``max_moves``
+    moves at increasing steps from ``switch_after``, each to a different split."""
+    out: list[tuple[int, tuple[tuple[int, int], ...]]] = [(a, ()) for a in splits]
+    for count in range(1, max_moves + 1):
+        for steps in itertools.combinations(sorted(set(switch_after)), count):
+            for path in itertools.product(splits, repeat=count + 1):
+                if all(x != y for x, y in itertools.pairwise(path)):
+                    out.append((path[0], tuple(zip(steps, path[1:], strict=True))))
+    return out
+
+
+def _tasks(args: argparse.Namespace, splits: tuple[int, ...]) -> list[Task]:
     cells = itertools.product(args.systems, args.workloads, args.seeds, args.patterns)
-    for name, workload, seed, pattern in cells:
-        for a in splits:
-            tasks.append((name, workload, seed, pattern, a, a, None))
-        for (a, b), k in itertools.product(itertools.permutations(splits, 2), args.switch_after):
-            tasks.append((name, workload, seed, pattern, a, b, k))
-    return tasks
+    plans = schedules(splits, args.switch_after, args.moves)
+    return [(name, workload, seed, pattern, first, moves)
+            for name, workload, seed, pattern in cells for first, moves in plans]
 
 
-def summarise(tasks: list[tuple], results: list[float | None]) -> list[dict[str, Any]]:
+def summarise(tasks: list[Task], results: list[float | None]) -> list[dict[str, Any]]:
     """Per (system, workload): each seed's best static plan and best schedule (a static
-    plan, or one move where that is faster: a planner may always keep its plan)."""
-    by_cell: dict[tuple[str, str], dict[int, list[tuple[float, tuple]]]] = {}
+    plan, or moves where they are faster: a planner may always keep its plan)."""
+    by_cell: dict[tuple[str, str], dict[int, list[tuple[float, Task]]]] = {}
     for task, value in zip(tasks, results, strict=True):
         if value is not None:
             name, workload, seed = task[:3]
@@ -112,11 +126,11 @@ def summarise(tasks: list[tuple], results: list[float | None]) -> list[dict[str,
     for (name, workload), seeds in by_cell.items():
         per_seed = []
         for seed, runs in sorted(seeds.items()):
-            static = max((r for r in runs if r[1][6] is None), key=lambda r: r[0])
+            static = max((r for r in runs if not r[1][5]), key=lambda r: r[0])
             best = max(runs, key=lambda r: r[0])
             by_pattern: dict[str, float] = {}
             for value, task in runs:
-                if task[6] is None:
+                if not task[5]:
                     key = ",".join(map(str, task[3]))
                     by_pattern[key] = max(by_pattern.get(key, 0.0), value)
             per_seed.append({
@@ -132,10 +146,10 @@ def summarise(tasks: list[tuple], results: list[float | None]) -> list[dict[str,
     return rows
 
 
-def _plan_text(task: tuple) -> str:
-    """``16 GPUs x (8,)`` or ``16 -> 24 after step 15 x (8,)``."""
-    pattern, a, b, k = task[3:]
-    split = f"{a}" if k is None else f"{a} -> {b} after step {k}"
+def _plan_text(task: Task) -> str:
+    """``16 x [8]`` or ``16 -> 24 after step 15 x [8]``."""
+    pattern, first, moves = task[3], task[4], task[5]
+    split = f"{first}" + "".join(f" -> {split} after step {step}" for step, split in moves)
     return f"{split} x {list(pattern)}"
 
 
@@ -160,6 +174,8 @@ def main() -> None:
     parser.add_argument("--switch-after", default="5,10,15",
                         help="training steps after which the second split starts "
                         "(default 5,10,15; '' for static plans only)")
+    parser.add_argument("--moves", type=int, default=1,
+                        help="most moves per schedule, 1 or 2 (default 1; 2 runs ~4x more)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
@@ -182,6 +198,8 @@ def main() -> None:
         parser.error(str(exc))
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.moves not in (1, 2):
+        parser.error(f"--moves must be 1 or 2, got {args.moves}")
     if any(k < 1 for k in args.switch_after):
         parser.error(f"--switch-after: every step must be >= 1, got {args.switch_after}")
     spec = cluster("a800x48")

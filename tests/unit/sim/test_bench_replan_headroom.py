@@ -17,21 +17,30 @@ from sim.run import run
 def test_a_static_schedule_is_the_simulators_static_run() -> None:
     arm = bench.static_system("stream-lb").with_split(16, (8,), "headroom")
     expected = run(cluster("a800x48"), _trace(SCALES[48], "math", 0), arm)
-    got = bench.scheduled_throughput(("stream-lb", "math", 0, (8,), 16, 16, None))
+    got = bench.scheduled_throughput(("stream-lb", "math", 0, (8,), 16, ()))
     assert got == expected["throughput_traj_per_s"]
 
 
 def test_a_move_after_a_step_changes_the_run() -> None:
-    static = bench.scheduled_throughput(("libra", "math", 0, (8,), 16, 16, None))
-    moved = bench.scheduled_throughput(("libra", "math", 0, (8,), 16, 32, 5))
-    assert moved is not None and static is not None and moved != static
+    static = bench.scheduled_throughput(("libra", "math", 0, (8,), 16, ()))
+    moved = bench.scheduled_throughput(("libra", "math", 0, (8,), 16, ((5, 32),)))
+    back = bench.scheduled_throughput(("libra", "math", 0, (8,), 16, ((5, 32), (10, 16))))
+    assert None not in (static, moved, back) and len({static, moved, back}) == 3
+
+
+def test_schedules_are_static_plans_and_moves_to_another_split_at_rising_steps() -> None:
+    one = bench.schedules((8, 16), [10, 5], 1)
+    assert one == [(8, ()), (16, ()), (8, ((5, 16),)), (16, ((5, 8),)), (8, ((10, 16),)),
+                   (16, ((10, 8),))]
+    two = bench.schedules((8, 16), [5, 10], 2)
+    assert two[len(one):] == [(8, ((5, 16), (10, 8))), (16, ((5, 8), (10, 16)))]
 
 
 def test_the_summary_keeps_each_seeds_best_and_never_goes_below_static() -> None:
     tasks = [
-        ("libra", "w", 0, (8,), 16, 16, None), ("libra", "w", 0, (8,), 24, 24, None),
-        ("libra", "w", 0, (8,), 16, 24, 5), ("libra", "w", 0, (4, 4), 16, 16, None),
-        ("libra", "w", 1, (8,), 16, 16, None), ("libra", "w", 1, (8,), 16, 24, 5),
+        ("libra", "w", 0, (8,), 16, ()), ("libra", "w", 0, (8,), 24, ()),
+        ("libra", "w", 0, (8,), 16, ((5, 24),)), ("libra", "w", 0, (4, 4), 16, ()),
+        ("libra", "w", 1, (8,), 16, ()), ("libra", "w", 1, (8,), 16, ((5, 24),)),
     ]
     rows = bench.summarise(tasks, [1.0, 1.2, 1.5, 1.1, 2.0, 1.0])
     seeds = rows[0]["seeds"]
@@ -42,7 +51,8 @@ def test_the_summary_keeps_each_seeds_best_and_never_goes_below_static() -> None
 
 
 @pytest.mark.parametrize(
-    ("option", "value"), [("--patterns", "8,1"), ("--switch-after", "0"), ("--seeds", "x")]
+    ("option", "value"),
+    [("--patterns", "8,1"), ("--switch-after", "0"), ("--seeds", "x"), ("--moves", "3")],
 )
 def test_bad_options_are_refused_naming_them(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], option: str, value: str
