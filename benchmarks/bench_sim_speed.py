@@ -84,7 +84,7 @@ def _decisions(seeds: list[int], workers: int) -> list[dict[str, Any]]:
         for seed in seeds:
             search, work, twin = decision_setup(GeneratorConfig(
                 shape=shape, num_steps=20, prompts_per_step=16, seed=seed), workers)
-            if workers > 1:
+            if workers > 1:  # a tree before session 18 has no workers to start or close
                 twin.start_workers()
             wall, cpu = time.perf_counter(), time.process_time()
             best = search.search(work)
@@ -114,7 +114,7 @@ def _cell(spec_text: str) -> dict[str, Any]:
 
 def _worker(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
-    out = {"decisions": _decisions(seeds, args.twin_workers), "load": os.getloadavg()[0]}
+    out = {"decisions": _decisions(seeds, args.twin_workers[0]), "load": os.getloadavg()[0]}
     if args.cell:
         out["cell"] = _cell(args.cell)
     print(json.dumps(out))
@@ -147,6 +147,17 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _worker_counts(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 1."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"integers >= 1, got {text!r}")
+    return counts
+
+
 def _arm_name(tree: Path, workers: int) -> str:
     return str(tree) if workers == 1 else f"{tree} x{workers} twin workers"
 
@@ -159,19 +170,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="workload seeds (default 0,1,2)")
     parser.add_argument("--cell", default="r2e:10:48:libra",
                         help="one run timed per round, workload:seed:gpus:system ('' for none)")
-    parser.add_argument("--twin-workers", default="1",
+    parser.add_argument("--twin-workers", type=_worker_counts, default=[1],
                         help="twin worker processes per arm, comma-separated (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    try:
-        workers = [int(w) for w in args.twin_workers.split(",")]
-    except ValueError:
-        workers = [0]
-    if min(workers) < 1:
-        parser.error(f"--twin-workers: integers >= 1, got {args.twin_workers!r}")
     if args.worker:
-        args.twin_workers = workers[0]
         _worker(args)
         return
     if args.rounds < 1:
@@ -180,7 +184,7 @@ def main() -> None:
     for tree in trees:
         if not (tree / "sim" / "twin.py").is_file():
             parser.error(f"--arms: {tree} is not a source tree (no sim/twin.py)")
-    arms = [(tree, n) for tree in trees for n in workers]
+    arms = [(tree, n) for tree in trees for n in args.twin_workers]
     by_arm: dict[str, list[dict[str, Any]]] = {_arm_name(t, n): [] for t, n in arms}
     for _ in range(args.rounds):
         for tree, n in arms:
