@@ -5,8 +5,9 @@ and a number of twin worker processes (``--twin-workers``, session 18; a tree be
 session 18 runs only 1). Rounds alternate the arms, each in a fresh child process run
 from its tree, so a load change on the shared machine hits every arm alike. Per arm:
 
-- decision time: one ``PlanSearch.search`` with an empty twin cache at 48 GPUs, after
-  5 observed steps, for 3 workloads x the seeds (CPU and wall seconds, twin runs; the
+- decision time: one ``PlanSearch.search`` with an empty twin cache at 48 GPUs (or
+  ``--gpus 1000``, session 19), after 5 observed steps, for 3 workloads x the seeds
+  (CPU and wall seconds, twin runs, the plan picked and its score; the
   CPU is the deciding process's, so with workers the wall time is the figure, and the
   workers are started before the clock starts, as a run starts them once);
 - one simulated run (``--cell``, default ``libra`` on held-out r2e seed 10 at 48 GPUs),
@@ -17,7 +18,8 @@ beside them. Wall time with workers needs as many free cores: on a shared 2-core
 it is a measure only while nothing else runs.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_sim_speed.py \\
-        --arms /work/wt-s15-base,. [--twin-workers 1,2] [--rounds 2] [--seeds 0,1,2] [--json]
+        --arms /work/wt-s15-base,. [--twin-workers 1,2] [--rounds 2] [--seeds 0,1,2]
+        [--gpus 1000] [--json]
 """
 
 from __future__ import annotations
@@ -45,10 +47,10 @@ def observed_steps(config: Any) -> list[list[Any]]:
     return [[t for t in trace if t.step == step] for step in range(HISTORY_STEPS)]
 
 
-def decision_setup(config: Any, workers: int = 1) -> tuple[Any, Any, Any]:
-    """One decision at 48 GPUs, ready to search: the twin (on ``workers`` processes)
-    after ``observed_steps``, and the search over it; (search, workload, twin).
-    profile_decision.py profiles the same."""
+def decision_setup(config: Any, workers: int = 1, gpus: int = 48) -> tuple[Any, Any, Any]:
+    """One decision at ``gpus`` GPUs (``sim.paper.SCALES``), ready to search: the twin (on
+    ``workers`` processes) after ``observed_steps``, and the search over it; (search,
+    workload, twin). profile_decision.py profiles the same."""
     from scheduling.planner import (
         ClusterShape,
         PlanSearch,
@@ -57,14 +59,16 @@ def decision_setup(config: Any, workers: int = 1) -> tuple[Any, Any, Any]:
         Workload,
         pipeline_depth,
     )
+    from sim.paper import SCALES
     from sim.presets import cluster
     from sim.systems import system
     from sim.twin import TwinRefiner
 
-    spec, libra = cluster("a800x48"), system("libra")
+    spec, libra = cluster(SCALES[gpus]["cluster"]), system("libra")
     # A tree before session 18 has no ``workers``: this file runs against every arm's tree.
     twin = TwinRefiner(spec, libra) if workers == 1 else TwinRefiner(spec, libra, workers=workers)
     history: list[Any] = []
+    batch: list[Any] = []
     for batch in observed_steps(config):
         twin.observe_step(batch)
         history += [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s)
@@ -72,25 +76,28 @@ def decision_setup(config: Any, workers: int = 1) -> tuple[Any, Any, Any]:
     search = PlanSearch(spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
                         SearchSpace(node_patterns=libra.node_patterns, train_tp=8),
                         refiner=twin)
-    return search, Workload(64, tuple(history), pipeline_depth(libra.staleness)), twin
+    return search, Workload(len(batch), tuple(history), pipeline_depth(libra.staleness)), twin
 
 
-def _decisions(seeds: list[int], workers: int) -> list[dict[str, Any]]:
+def _decisions(seeds: list[int], workers: int, gpus: int) -> list[dict[str, Any]]:
     """Decision time of one search per (workload, seed), in this process's tree."""
     from sim.generators import GeneratorConfig
+    from sim.paper import SCALES
 
+    scale = SCALES[gpus]
     out = []
     for shape in SHAPES:
         for seed in seeds:
             search, work, twin = decision_setup(GeneratorConfig(
-                shape=shape, num_steps=20, prompts_per_step=16, seed=seed), workers)
+                shape=shape, num_steps=scale["num_steps"],
+                prompts_per_step=scale["prompts_per_step"], seed=seed), workers, gpus)
             if workers > 1:  # a tree before session 18 has no workers to start or close
                 twin.start_workers()
             wall, cpu = time.perf_counter(), time.process_time()
             best = search.search(work)
             out.append({"shape": shape, "seed": seed, "cpu_s": time.process_time() - cpu,
                         "wall_s": time.perf_counter() - wall, "twin_runs": twin.runs,
-                        "rollout_s": best.rollout_s})
+                        "plan": str(best.plan.key()), "rollout_s": best.rollout_s})
             if workers > 1:
                 twin.close()
     return out
@@ -114,7 +121,8 @@ def _cell(spec_text: str) -> dict[str, Any]:
 
 def _worker(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
-    out = {"decisions": _decisions(seeds, args.twin_workers[0]), "load": os.getloadavg()[0]}
+    out = {"decisions": _decisions(seeds, args.twin_workers[0], args.gpus),
+           "load": os.getloadavg()[0]}
     if args.cell:
         out["cell"] = _cell(args.cell)
     print(json.dumps(out))
@@ -122,7 +130,7 @@ def _worker(args: argparse.Namespace) -> None:
 
 def _run_arm(tree: Path, workers: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--seeds", args.seeds,
-           "--twin-workers", str(workers)]
+           "--twin-workers", str(workers), "--gpus", str(args.gpus)]
     cmd += ["--cell", args.cell]  # '' too: the worker's default is a cell
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
@@ -137,6 +145,7 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "decision_cpu_median_s": statistics.median(cpu), "decision_cpu_max_s": max(cpu),
         "decision_wall_median_s": statistics.median(wall), "decision_wall_max_s": max(wall),
         "twin_runs": [min(runs), max(runs)],
+        "picked_plans": [d["plan"] for d in rounds[0]["decisions"]],
         "picked_rollout_s": [d["rollout_s"] for d in rounds[0]["decisions"]],
         "load": [r["load"] for r in rounds],
     }
@@ -172,6 +181,8 @@ def main() -> None:
                         help="one run timed per round, workload:seed:gpus:system ('' for none)")
     parser.add_argument("--twin-workers", type=_worker_counts, default=[1],
                         help="twin worker processes per arm, comma-separated (default 1)")
+    parser.add_argument("--gpus", type=int, choices=(48, 1000), default=48,
+                        help="cluster scale of the decisions (default 48)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -193,9 +204,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    first = next(iter(result.values()))["picked_rollout_s"]
+    first = next(iter(result.values()))
     for arm, s in result.items():
-        same = "same picks as the first arm" if s["picked_rollout_s"] == first else "PICKS DIFFER"
+        same = "same plans" if s["picked_plans"] == first["picked_plans"] else "PLANS DIFFER"
+        same += (", same scores" if s["picked_rollout_s"] == first["picked_rollout_s"]
+                 else ", scores differ")
+        same += " (vs the first arm)"
         line = (f"{arm}: decision CPU median {s['decision_cpu_median_s']:.3f} s, max "
                 f"{s['decision_cpu_max_s']:.3f} s (wall median {s['decision_wall_median_s']:.3f}"
                 f" s, max {s['decision_wall_max_s']:.3f} s); twin runs "

@@ -16,8 +16,13 @@ noise (standard deviation of log twin/sim within the split), Spearman's rank cor
 twin and simulation over each decision's candidates (mean over decisions) and the
 regret of the twin's pick (its simulated interval over the best candidate's).
 
+At 1,000 GPUs (``--gpus 1000``, session 19) the twin simulates a slice of the fleet
+(``sim.twin_slice``); ``--slice-nodes`` adds a variant per slice size, and ``s16`` is
+the whole fleet, so the slice's cost in accuracy is read side by side.
+
     PYTHONPATH=. .venv/bin/python benchmarks/bench_twin_splits.py [--seeds 0,1,2]
         [--workloads r2e,r2e-drift] [--decisions 0,5,10] [--twins s15,s16] [--json]
+        [--gpus 1000 --steps 12 --slice-nodes 41,31,25]
 """
 
 from __future__ import annotations
@@ -41,20 +46,22 @@ from scheduling.planner import (
 )
 from sim.engine import Simulator
 from sim.generators import generate, workload_config
-from sim.presets import cluster
+from sim.paper import SCALES
+from sim.presets import ClusterSpec, cluster
 from sim.run import STARTUP_PROFILE_SIZE, initial_plan
 from sim.systems import system
 from sim.twin import TwinRefiner, steady_step_s
 
-SPEC = cluster("a800x48")
-TWINS = {
-    "s15": {"window": "after_fill", "fresh_prompts": False},
-    "steady": {"window": "steady", "fresh_prompts": False},
-    "fresh": {"window": "after_fill", "fresh_prompts": True},
-    "s16": {"window": "steady", "fresh_prompts": True},
+TWINS: dict[str, dict[str, Any]] = {
+    "s15": {"window": "after_fill", "fresh_prompts": False, "slice_nodes": None},
+    "steady": {"window": "steady", "fresh_prompts": False, "slice_nodes": None},
+    "fresh": {"window": "after_fill", "fresh_prompts": True, "slice_nodes": None},
+    "s16": {"window": "steady", "fresh_prompts": True, "slice_nodes": None},
+    "s19": {"window": "steady", "fresh_prompts": True},
 }
 """Twin variants compared: session 15's (intervals after the fill of a 2-depth replay,
-i.e. its drain; prompts repeated each cycle), each session-16 change alone, and both."""
+i.e. its drain; prompts repeated each cycle), each session-16 change alone, both, and
+both on a slice of a large fleet (session 19's default; the same as ``s16`` at 48)."""
 INTERVAL = system("libra").planner_config.plan_interval_steps
 
 
@@ -62,10 +69,10 @@ def _ends(raw: dict[str, Any]) -> list[float]:
     return [r["start_s"] + r["train_s"] for r in raw["train_log"]]
 
 
-def _fed(window: str, sim: Simulator | None, trace: list, k: int, ends: list[float]
-         ) -> TwinRefiner:
+def _fed(spec: ClusterSpec, twin_kwargs: dict[str, Any], sim: Simulator | None, trace: list,
+         k: int, ends: list[float]) -> TwinRefiner:
     """A twin as the run had it at decision ``k`` (0: the preflight's startup profile)."""
-    twin = TwinRefiner(SPEC, system("libra"), **TWINS[window])
+    twin = TwinRefiner(spec, system("libra"), **twin_kwargs)
     if k == 0:
         step0 = [t for t in trace if t.step == 0][:STARTUP_PROFILE_SIZE]
         twin.observe_step(step0, provisional=True)
@@ -89,32 +96,35 @@ def _history(sim: Simulator | None, trace: list, k: int) -> list[RequestStats]:
     return [RequestStats(t.prompt_tokens, t.post_prompt_tokens, t.tool_s) for t in recs]
 
 
-def measure(workload: str, seed: int, decisions: list[int], windows: list[str]
-            ) -> list[dict[str, Any]]:
-    """One row per (decision, candidate) with each window's twin and the simulation."""
-    trace = generate(workload_config(workload, num_steps=20, prompts_per_step=16, seed=seed))
+def measure(workload: str, seed: int, decisions: list[int], twins: dict[str, dict[str, Any]],
+            gpus: int = 48, num_steps: int = 20) -> list[dict[str, Any]]:
+    """One row per (decision, candidate) with each variant's twin and the simulation."""
+    scale = SCALES[gpus]
+    spec = cluster(scale["cluster"])
+    trace = generate(workload_config(workload, num_steps=num_steps,
+                                     prompts_per_step=scale["prompts_per_step"], seed=seed))
     libra = system("libra")
-    libra = libra.fitting(SPEC.hardware, SPEC.model, max(t.total_tokens for t in trace))
+    libra = libra.fitting(spec.hardware, spec.model, max(t.total_tokens for t in trace))
     static = replace(libra, enable_replan=False, enable_elastic=False)
     depth = pipeline_depth(libra.staleness)
-    plan0 = initial_plan(SPEC, trace, libra)[0]
-    sim = Simulator(SPEC, trace, static, plan0, None)
+    plan0 = initial_plan(spec, trace, libra)[0]
+    sim = Simulator(spec, trace, static, plan0, None)
     ends0 = _ends(sim.run())
     simulated: dict[tuple, list[float]] = {}
     rows = []
     for k in decisions:
         history = _history(sim, trace, k)
-        search = PlanSearch(SPEC.hardware, SPEC.model, ClusterShape(SPEC.num_nodes, 8),
+        first = next(iter(twins.values()))
+        search = PlanSearch(spec.hardware, spec.model, ClusterShape(spec.num_nodes, 8),
                             SearchSpace(node_patterns=libra.node_patterns, train_tp=8),
-                            refiner=_fed(windows[0], sim, trace, k, ends0))
-        per_step = len([t for t in trace if t.step == 0]) if k == 0 else 64
-        work = Workload(per_step, tuple(history), depth)
+                            refiner=_fed(spec, first, sim, trace, k, ends0))
+        work = Workload(len([t for t in trace if t.step == 0]), tuple(history), depth)
         cands = search.candidates(search.cost_model(work), work)
-        twins = {w: _fed(w, sim, trace, k, ends0) for w in windows}
+        fed = {w: _fed(spec, kw, sim, trace, k, ends0) for w, kw in twins.items()}
         for cand in cands:
             key = cand.plan.key()
             if key not in simulated:
-                simulated[key] = _ends(Simulator(SPEC, trace, static, cand.plan, None).run())
+                simulated[key] = _ends(Simulator(spec, trace, static, cand.plan, None).run())
             e = simulated[key]
             sim_s = (steady_step_s([{"start_s": x, "train_s": 0.0} for x in e], depth)
                      if k == 0 else (e[k - 1 + INTERVAL] - e[k - 1]) / INTERVAL)
@@ -124,7 +134,7 @@ def measure(workload: str, seed: int, decisions: list[int], windows: list[str]
                 "rollout_tps": cand.plan.to_dict()["rollout_tps"],
                 "in_force": key == plan0.key(),
                 **{f"{w}_s": max(cand.train_s, t.rollout_s(cand.plan, work))
-                   for w, t in twins.items()},
+                   for w, t in fed.items()},
                 "simulated_s": sim_s,
             })
     return rows
@@ -194,16 +204,19 @@ def main() -> None:
                         help="decision steps; 0 is the preflight")
     parser.add_argument("--twins", default=",".join(TWINS),
                         help=f"twin variants to compare, of {', '.join(TWINS)}")
+    parser.add_argument("--gpus", type=int, choices=sorted(SCALES), default=48,
+                        help="cluster scale (its preset and prompts per step)")
+    parser.add_argument("--steps", type=int, default=20, help="trace steps (default 20)")
+    parser.add_argument("--slice-nodes", default="",
+                        help="comma-separated slice sizes in nodes, each an s19 variant")
     parser.add_argument("--json", action="store_true", help="print rows and summaries as JSON")
     args = parser.parse_args()
-    windows = args.twins.split(",")
-    for w in windows:
-        if w not in TWINS:
-            parser.error(f"--twins: unknown variant {w!r}; valid: {', '.join(TWINS)}")
+    twins = _variants(parser, args.twins, args.slice_nodes)
     started = time.process_time()
     rows = [r for w in args.workloads.split(",") for s in args.seeds.split(",")
-            for r in measure(w, int(s), [int(k) for k in args.decisions.split(",")], windows)]
-    out = {w: summary(rows, w) for w in windows}
+            for r in measure(w, int(s), [int(k) for k in args.decisions.split(",")], twins,
+                             args.gpus, args.steps)]
+    out = {w: summary(rows, w) for w in twins}
     if args.json:
         print(json.dumps({"rows": rows, "summary": out}, indent=1))
         return
@@ -215,6 +228,21 @@ def main() -> None:
             print(f"   train {g:3d} GPUs: bias {v['bias']:.2f}, noise {v['noise']:.2f} "
                   f"(n {v['n']})")
     print(f"CPU {time.process_time() - started:.0f} s, load {os.getloadavg()[0]:.1f}")
+
+
+def _variants(parser: argparse.ArgumentParser, names: str, slice_nodes: str
+              ) -> dict[str, dict[str, Any]]:
+    """The twin variants ``--twins`` and ``--slice-nodes`` name (bad ones exit 2)."""
+    out = {}
+    for name in names.split(","):
+        if name not in TWINS:
+            parser.error(f"--twins: unknown variant {name!r}; valid: {', '.join(TWINS)}")
+        out[name] = TWINS[name]
+    for text in filter(None, slice_nodes.split(",")):
+        if not text.isdigit() or int(text) < 1:
+            parser.error(f"--slice-nodes: {text!r} is not a node count >= 1")
+        out[f"slice{text}"] = {**TWINS["s19"], "slice_nodes": int(text)}
+    return out
 
 
 if __name__ == "__main__":

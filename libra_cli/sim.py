@@ -44,7 +44,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"libra sim: {exc}", file=sys.stderr)
         return 2
-    result = run.run(spec, workload, sysconf, twin_workers=args.twin_workers)
+    result = run.run(spec, workload, sysconf, twin_workers=args.twin_workers,
+                     twin_slice_nodes=args.twin_slice_nodes)
     print(json.dumps(result, indent=2 if args.json else None, default=str))
     return 0 if result.get("feasible") else 1
 
@@ -132,6 +133,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _slice_nodes(text: str) -> int | None:
+    """An argparse type: ``none`` or an integer >= 1 (the twin's slice, in nodes)."""
+    return None if text.lower() == "none" else _positive_int(text)
+
+
 def register(sub: Any) -> None:
     """Add ``sim`` and ``bench`` to the ``libra`` sub-command parser."""
     p = sub.add_parser(
@@ -167,6 +173,14 @@ def register(sub: Any) -> None:
         "--twin-workers", type=_positive_int, default=1,
         help="processes the planner's twin scores a decision's candidate plans on "
         "(default 1; the result is the same, a decision takes about its slowest run)",
+    )
+    from sim.twin_slice import TWIN_SLICE_NODES
+
+    p.add_argument(
+        "--twin-slice-nodes", type=_slice_nodes, default=TWIN_SLICE_NODES,
+        help="the twin simulates a cluster of k times this many nodes as a 1/k slice "
+        f"(default {TWIN_SLICE_NODES}: 1,000 GPUs in quarters, 48 GPUs whole; "
+        "'none': always the whole fleet, slower at scale)",
     )
     tsub = p.add_subparsers(dest="sim_command")
     t = tsub.add_parser("trace", help="write a generated trace as JSONL")

@@ -58,6 +58,7 @@ class Simulator:
         initial_plan: Split and layout at time 0.
         planner: Planner (only for systems with online replanning / elastic pool).
         twin: The planner's twin (``sim.twin.TwinRefiner``), fed each finished step.
+        train_token_scale: ``SimTrainer``'s ``token_scale`` (1 outside the twin's slice).
     """
 
     def __init__(
@@ -68,8 +69,10 @@ class Simulator:
         initial_plan: Plan,
         planner: GlobalResourcePlanner | None = None,
         twin: Any = None,
+        train_token_scale: float = 1.0,
     ) -> None:
         self.cluster, self.system, self.planner = cluster, system, planner
+        self.train_token_scale = train_token_scale
         self.twin = twin
         self.hw, self.model = cluster.hardware, cluster.model
         self.clock = SimClock()
@@ -101,7 +104,7 @@ class Simulator:
         self.pending: list[tuple[int, int, TrajState]] = []
         self.trainer = SimTrainer(
             self.hw, self.model, self.cluster.num_gpus, self.cluster.gpus_per_node,
-            colocated=self.system.mode == "sync",
+            colocated=self.system.mode == "sync", token_scale=self.train_token_scale,
         )
         self.released_steps = 0
         self.twin_fed_steps = 0

@@ -26,6 +26,7 @@ from sim.presets import WEIGHT_LOAD_BW_BYTES_PER_S, ClusterSpec
 from sim.systems import SystemConfig, reference_train_gpus
 from sim.trace import TraceTrajectory
 from sim.twin import TwinRefiner
+from sim.twin_slice import TWIN_SLICE_NODES
 
 STARTUP_PROFILE_SIZE = 64
 """Trajectories of the first step the preflight sees (reference: 64-prompt startup profile)."""
@@ -33,11 +34,11 @@ STARTUP_PROFILE_SIZE = 64
 
 def initial_plan(
     cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig,
-    twin_workers: int = 1,
+    twin_workers: int = 1, twin_slice_nodes: int | None = TWIN_SLICE_NODES,
 ) -> tuple[Plan, GlobalResourcePlanner | None, dict[str, Any] | None, TwinRefiner | None]:
     """Split and layout at time 0, the planner (for online systems), the preflight event
     and the planner's twin (systems with ``planner_twin``; ``twin_workers``: its
-    processes, ``TwinRefiner``).
+    processes, ``twin_slice_nodes``: its slice of a large fleet, ``TwinRefiner``).
 
     Raises:
         SimInfeasible: If no instance type holds the longest trajectory.
@@ -74,7 +75,7 @@ def initial_plan(
     )
     twin = None
     if system.planner_twin:
-        twin = TwinRefiner(cluster, system, workers=twin_workers)
+        twin = TwinRefiner(cluster, system, workers=twin_workers, slice_nodes=twin_slice_nodes)
         twin.observe_step(step0[:STARTUP_PROFILE_SIZE], provisional=True)
     planner = GlobalResourcePlanner(
         PlanSearch(cluster.hardware, cluster.model, shape, space, refiner=twin), config
@@ -142,11 +143,12 @@ def steady_throughput(
 
 def run(
     cluster: ClusterSpec, trace: list[TraceTrajectory], system: SystemConfig,
-    twin_workers: int = 1,
+    twin_workers: int = 1, twin_slice_nodes: int | None = TWIN_SLICE_NODES,
 ) -> dict[str, Any]:
     """Simulate and summarise; an infeasible workload yields ``{"feasible": false, ...}``.
     ``twin_workers``: processes the planner's twin scores a decision's plans on (the
-    result does not depend on it; ``sim.twin.TwinRefiner``)."""
+    result does not depend on it); ``twin_slice_nodes``: the twin's slice of a large
+    fleet (``None``: the whole fleet; ``sim.twin.TwinRefiner``)."""
     started = time.perf_counter()
     need = max(t.total_tokens for t in trace)
     fitted = system.fitting(cluster.hardware, cluster.model, need)
@@ -160,7 +162,9 @@ def run(
         }
     twin = None
     try:
-        plan, planner, preflight, twin = initial_plan(cluster, trace, fitted, twin_workers)
+        plan, planner, preflight, twin = initial_plan(
+            cluster, trace, fitted, twin_workers, twin_slice_nodes
+        )
         raw = Simulator(cluster, trace, fitted, plan, planner, twin=twin).run()
     except SimInfeasible as exc:
         return {**base, "feasible": False, "reason": str(exc)}

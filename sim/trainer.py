@@ -20,13 +20,17 @@ class SimTrainer:
         num_gpus: All devices (a synchronous loop trains on all of them).
         gpus_per_node: Devices per node (a lent node adds this many to data parallelism).
         colocated: Synchronous colocated loop (TP8 replicas over every device).
+        token_scale: Each batch trains as this many times its tokens (the planner
+            twin's slice of a large fleet, ``sim.twin_slice``: a 1/k sample of the
+            work trains as the whole step on the whole training group).
     """
 
     def __init__(
         self, hw: HardwareSpec, model: ModelSpec, num_gpus: int, gpus_per_node: int,
-        colocated: bool,
+        colocated: bool, token_scale: float = 1.0,
     ) -> None:
         self._hw, self._model = hw, model
+        self._token_scale = token_scale
         self._num_gpus, self._gpus_per_node, self._colocated = num_gpus, gpus_per_node, colocated
         self.version = 0
         """Steps trained (the policy version rollouts are generated with)."""
@@ -52,7 +56,10 @@ class SimTrainer:
         self.busy = True
         par = self.group(base, lent_nodes)
         total = sum(tokens)
-        train_s = train_step_s(self._hw, self._model, par, total, total / len(tokens))
+        mean = total / len(tokens)
+        if self._token_scale != 1.0:
+            total *= self._token_scale
+        train_s = train_step_s(self._hw, self._model, par, total, mean)
         self.busy_gpu_s += train_s * par.num_gpus
         self.log.append({
             "step": step, "start_s": now, "train_s": train_s,

@@ -42,6 +42,13 @@ from sim.instance import SimInfeasible
 from sim.presets import ClusterSpec
 from sim.systems import SystemConfig
 from sim.trace import TraceTrajectory
+from sim.twin_slice import (
+    TWIN_SLICE_NODES,
+    check_slice_nodes,
+    sample_step,
+    slice_factor,
+    sliced_run,
+)
 
 TWIN_STEPS_PER_DEPTH = 2
 """Twin length in pipeline depths: one depth of fill, then the measured steps."""
@@ -69,6 +76,8 @@ class TwinRefiner:
             same deterministic simulation wherever it runs, so the scores do not depend
             on it; 1 (the default) runs everything in this process. A decision then
             takes about its slowest run instead of the sum (issue 20, session 18).
+        slice_nodes: A cluster of ``k`` times this many nodes is simulated as a 1/k slice
+            (``sim.twin_slice``; ``None``: always the whole fleet).
     """
 
     def __init__(
@@ -81,6 +90,7 @@ class TwinRefiner:
         window: str = "steady",
         fresh_prompts: bool = True,
         workers: int = 1,
+        slice_nodes: int | None = TWIN_SLICE_NODES,
     ) -> None:
         if window not in TWIN_WINDOWS:
             raise InvalidArgument(
@@ -95,6 +105,9 @@ class TwinRefiner:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidArgument("workers", f"must be an integer >= 1, got {workers!r}")
         self.workers = workers
+        self._slice_nodes = check_slice_nodes(slice_nodes)
+        self._slice = (1, 1.0)
+        """(slice factor, training token scale) of the trace in ``_trace``."""
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._payload: tuple[int, bytes] | None = None
         """(token, pickled cluster, system and trace) that pool tasks carry: pickled once
@@ -177,12 +190,15 @@ class TwinRefiner:
         return math.exp(slope * (self._frontier_step - replayed))
 
     def trace(self) -> list[TraceTrajectory]:
-        """The twin's workload: the recent steps, scaled to the trend, cycled to
-        ``steps`` steps, renumbered."""
+        """The twin's workload: the recent steps (on a large fleet, a slice of each:
+        ``sim.twin_slice``), scaled to the trend, cycled to ``steps`` steps, renumbered."""
         out: list[TraceTrajectory] = []
         factor = self.length_scale()
-        recent = [tuple(_scaled(t, factor, self._longest_tokens) for t in r)
+        k = slice_factor(self._cluster.num_nodes, self._recent, self._slice_nodes)
+        recent = [tuple(_scaled(t, factor, self._longest_tokens) for t in sample_step(r, k))
                   for r in self._recent]
+        replayed = sum(len(r) for r in self._recent)
+        self._slice = (k, replayed / sum(len(r) for r in recent))
         for step in range(self._steps):
             for t in recent[step % len(recent)]:
                 out.append(
@@ -245,21 +261,24 @@ class TwinRefiner:
         token, data = self._payload
         return [(token, data, plan, self._run_shape()) for plan in plans]
 
-    def _run_shape(self) -> tuple[int, int, bool]:
-        """(fill steps, measured steps, steady window): what ``interval_s`` needs."""
-        return self._depth, self._measured, self._window == "steady"
+    def _run_shape(self) -> tuple[int, int, bool, int, float]:
+        """(fill steps, measured steps, steady window, slice factor, training token
+        scale) of the trace in ``_trace``: what ``interval_s`` needs."""
+        return self._depth, self._measured, self._window == "steady", *self._slice
 
 
 def interval_s(
     cluster: ClusterSpec, system: SystemConfig, trace: list[TraceTrajectory], plan: Plan,
-    shape: tuple[int, int, bool],
+    shape: tuple[int, int, bool, int, float],
 ) -> float:
     """One twin run of ``plan``: the mean interval between training-step ends over the
-    measured steps after the fill (``shape``: ``TwinRefiner._run_shape``); ``inf`` if it
-    cannot run or measure."""
-    depth, measured, steady = shape
+    measured steps after the fill (``shape``: ``TwinRefiner._run_shape``; a slice factor
+    above 1 runs ``plan``'s slice, ``sim.twin_slice``); ``inf`` if it cannot run or
+    measure."""
+    depth, measured, steady, k, token_scale = shape
+    cluster, plan = sliced_run(cluster, plan, k)
     try:
-        raw = Simulator(cluster, trace, system, plan, None).run(
+        raw = Simulator(cluster, trace, system, plan, None, train_token_scale=token_scale).run(
             stop_after_steps=depth + measured if steady else None
         )
     except SimInfeasible:

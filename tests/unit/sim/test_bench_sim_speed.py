@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from benchmarks import bench_sim_speed
+from sim.generators import GeneratorConfig
+from sim.twin_slice import TWIN_SLICE_NODES
 
 
 def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
@@ -18,7 +20,8 @@ def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [(("--arms", "/nonexistent-tree"), "--arms"), (("--rounds", "0"), "--rounds"),
-     (("--twin-workers", "1,0"), "--twin-workers"), (("--twin-workers", "x"), "--twin-workers")],
+     (("--twin-workers", "1,0"), "--twin-workers"), (("--twin-workers", "x"), "--twin-workers"),
+     (("--gpus", "64"), "--gpus")],
 )
 def test_bad_options_exit_2_naming_the_option(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: tuple,
@@ -32,7 +35,8 @@ def test_bad_options_exit_2_naming_the_option(
 
 def test_summary_takes_medians_and_the_first_rounds_picks() -> None:
     rounds = [
-        {"decisions": [{"cpu_s": c, "wall_s": 2 * c, "twin_runs": r, "rollout_s": 7.0}
+        {"decisions": [{"cpu_s": c, "wall_s": 2 * c, "twin_runs": r, "rollout_s": 7.0,
+                        "plan": "p"}
                        for c, r in ((0.1, 2), (0.3, 4), (0.2, 3))], "load": load}
         for load in (1.0, 2.0)
     ]
@@ -40,9 +44,18 @@ def test_summary_takes_medians_and_the_first_rounds_picks() -> None:
     assert got["decision_cpu_median_s"] == 0.2 and got["decision_cpu_max_s"] == 0.3
     assert got["twin_runs"] == [2, 4] and got["load"] == [1.0, 2.0]
     assert got["picked_rollout_s"] == [7.0, 7.0, 7.0] and "cell" not in got
+    assert got["picked_plans"] == ["p", "p", "p"]
 
 
 def test_a_cell_is_workload_seed_gpus_system() -> None:
     out = bench_sim_speed._cell("math:0:48:sync-lb")
     assert out["cell"] == "math:0:48:sync-lb" and out["cpu_s"] > 0
     assert out["throughput_traj_per_s"] > 0
+
+
+def test_a_decision_at_1000_gpus_searches_the_large_fleet_on_a_slice() -> None:
+    config = GeneratorConfig(shape="math", num_steps=6, prompts_per_step=320, seed=0)
+    search, work, twin = bench_sim_speed.decision_setup(config, gpus=1000)
+    assert search.cluster.num_nodes == 125 and work.requests_per_step == 1280
+    assert search.search(work) is not None
+    assert twin._run_shape()[3] == 125 // TWIN_SLICE_NODES  # the twin ran a slice
