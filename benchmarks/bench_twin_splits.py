@@ -22,7 +22,7 @@ the whole fleet, so the slice's cost in accuracy is read side by side.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_twin_splits.py [--seeds 0,1,2]
         [--workloads r2e,r2e-drift] [--decisions 0,5,10] [--twins s15,s16] [--json]
-        [--gpus 1000 --steps 12 --slice-nodes 41,31,25]
+        [--gpus 1000 --steps 11 --decisions 5 --slice-nodes 41,31,25]
 """
 
 from __future__ import annotations
@@ -212,10 +212,14 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print rows and summaries as JSON")
     args = parser.parse_args()
     twins = _variants(parser, args.twins, args.slice_nodes)
+    decisions = [int(k) for k in args.decisions.split(",")]
+    need = min_steps(decisions)
+    if args.steps < need:
+        parser.error(f"--steps: decisions {args.decisions} need at least {need} steps, "
+                     f"got {args.steps}")
     started = time.process_time()
     rows = [r for w in args.workloads.split(",") for s in args.seeds.split(",")
-            for r in measure(w, int(s), [int(k) for k in args.decisions.split(",")], twins,
-                             args.gpus, args.steps)]
+            for r in measure(w, int(s), decisions, twins, args.gpus, args.steps)]
     out = {w: summary(rows, w) for w in twins}
     if args.json:
         print(json.dumps({"rows": rows, "summary": out}, indent=1))
@@ -228,6 +232,15 @@ def main() -> None:
             print(f"   train {g:3d} GPUs: bias {v['bias']:.2f}, noise {v['noise']:.2f} "
                   f"(n {v['n']})")
     print(f"CPU {time.process_time() - started:.0f} s, load {os.getloadavg()[0]:.1f}")
+
+
+def min_steps(decisions: list[int]) -> int:
+    """Trace steps the decisions need: a later decision K reads steps K .. K + 4; the
+    preflight's reference, a steady window between a fill and a drain of a pipeline
+    depth each (a bounded run can train one batch fewer than it has steps)."""
+    depth = pipeline_depth(system("libra").staleness)
+    later = max((k + INTERVAL + 1 for k in decisions if k > 0), default=0)
+    return max(later, 2 * depth + 2 if 0 in decisions else 0)
 
 
 def _variants(parser: argparse.ArgumentParser, names: str, slice_nodes: str

@@ -179,7 +179,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--twin-slice-nodes", type=_slice_nodes, default=TWIN_SLICE_NODES,
         help="the twin simulates a cluster of k times this many nodes as a 1/k slice "
-        f"(default {TWIN_SLICE_NODES}: 1,000 GPUs in quarters, 48 GPUs whole; "
+        f"(default {TWIN_SLICE_NODES}: 1,000 GPUs in fifths, 48 GPUs whole; "
         "'none': always the whole fleet, slower at scale)",
     )
     tsub = p.add_subparsers(dest="sim_command")
