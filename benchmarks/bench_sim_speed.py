@@ -11,7 +11,11 @@ from its tree, so a load change on the shared machine hits every arm alike. Per 
   CPU is the deciding process's, so with workers the wall time is the figure, and the
   workers are started before the clock starts, as a run starts them once);
 - one simulated run (``--cell``, default ``libra`` on held-out r2e seed 10 at 48 GPUs),
-  its CPU seconds and throughput (equal throughput across arms: the same results).
+  its CPU seconds and throughput (equal throughput across arms: the same results);
+- with ``--in-runs`` (session 19), every planner decision inside whole libra runs of
+  the same workloads and seeds that ran the twin: what a decision costs in a run,
+  where it also scores the plan in force and judges the elastic pool's borrows (the
+  search alone, above, under-states it), with each run's throughput.
 
 CPU seconds are steadier than wall time under shared load; the load average is printed
 beside them. Wall time with workers needs as many free cores: on a shared 2-core host
@@ -119,18 +123,55 @@ def _cell(spec_text: str) -> dict[str, Any]:
             "throughput_traj_per_s": result["throughput_traj_per_s"]}
 
 
+def _run_decisions(shape: str, seed: int, workers: int, gpus: int) -> dict[str, Any]:
+    """Every decision of one whole libra run that ran the twin: wall and CPU seconds and
+    twin runs each, and the run's throughput."""
+    from sim.engine import Simulator
+    from sim.paper import SCALES, _trace
+    from sim.presets import cluster
+    from sim.run import initial_plan
+    from sim.systems import system
+
+    scale = SCALES[gpus]
+    spec, trace = cluster(scale["cluster"]), _trace(scale, shape, seed)
+    libra = system("libra").fitting(spec.hardware, spec.model, max(t.total_tokens for t in trace))
+    plan, planner, _, twin = initial_plan(spec, trace, libra, workers)
+    decide, timed = planner.decide, []
+
+    def timed_decide(step: int) -> Any:
+        runs, wall, cpu = twin.runs, time.perf_counter(), time.process_time()
+        event = decide(step)
+        if twin.runs > runs:
+            timed.append({"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+                          "twin_runs": twin.runs - runs})
+        return event
+
+    planner.decide = timed_decide  # this run's planner only
+    try:
+        raw = Simulator(spec, trace, libra, plan, planner, twin=twin).run()
+    finally:
+        twin.close()
+    return {"shape": shape, "seed": seed, "decisions": timed,
+            "throughput_traj_per_s": len(trace) / raw["makespan_s"]}
+
+
 def _worker(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
-    out = {"decisions": _decisions(seeds, args.twin_workers[0], args.gpus),
-           "load": os.getloadavg()[0]}
+    workers = args.twin_workers[0]
+    out: dict[str, Any] = {"decisions": _decisions(seeds, workers, args.gpus)}
+    if args.in_runs:
+        out["runs"] = [_run_decisions(shape, seed, workers, args.gpus)
+                       for shape in SHAPES for seed in seeds]
     if args.cell:
         out["cell"] = _cell(args.cell)
+    out["load"] = os.getloadavg()[0]
     print(json.dumps(out))
 
 
 def _run_arm(tree: Path, workers: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--seeds", args.seeds,
            "--twin-workers", str(workers), "--gpus", str(args.gpus)]
+    cmd += ["--in-runs"] if args.in_runs else []
     cmd += ["--cell", args.cell]  # '' too: the worker's default is a cell
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
@@ -149,6 +190,14 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "picked_rollout_s": [d["rollout_s"] for d in rounds[0]["decisions"]],
         "load": [r["load"] for r in rounds],
     }
+    if "runs" in rounds[0]:
+        wall = [d["wall_s"] for r in rounds for run in r["runs"] for d in run["decisions"]]
+        cpu = [d["cpu_s"] for r in rounds for run in r["runs"] for d in run["decisions"]]
+        out["in_runs"] = {
+            "decisions": len(wall), "wall_median_s": statistics.median(wall),
+            "wall_max_s": max(wall), "cpu_median_s": statistics.median(cpu), "cpu_max_s": max(cpu),
+            "throughputs": [run["throughput_traj_per_s"] for run in rounds[0]["runs"]],
+        }
     if "cell" in rounds[0]:
         out["cell"] = rounds[0]["cell"]["cell"]
         out["cell_cpu_s"] = [r["cell"]["cpu_s"] for r in rounds]
@@ -183,6 +232,9 @@ def main() -> None:
                         help="twin worker processes per arm, comma-separated (default 1)")
     parser.add_argument("--gpus", type=int, choices=(48, 1000), default=48,
                         help="cluster scale of the decisions (default 48)")
+    parser.add_argument("--in-runs", action="store_true",
+                        help="also time every decision inside whole libra runs of the "
+                        "workloads and seeds")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -215,6 +267,12 @@ def main() -> None:
                 f" s, max {s['decision_wall_max_s']:.3f} s); twin runs "
                 f"{s['twin_runs'][0]}-{s['twin_runs'][1]}, {same}; load "
                 f"{', '.join(f'{x:.1f}' for x in s['load'])}")
+        if "in_runs" in s:
+            r = s["in_runs"]
+            line += (f"; in runs: {r['decisions']} decisions, wall median {r['wall_median_s']:.3f}"
+                     f" s, max {r['wall_max_s']:.3f} s (CPU {r['cpu_median_s']:.3f} / "
+                     f"{r['cpu_max_s']:.3f} s), throughputs "
+                     f"{', '.join(f'{x:.4f}' for x in r['throughputs'])}")
         if "cell" in s:
             line += (f"; {s['cell']}: CPU {', '.join(f'{x:.1f}' for x in s['cell_cpu_s'])} s, "
                      f"{s['cell_throughput']!r} traj/s")

@@ -7,7 +7,7 @@ See ``live.py`` for how ``LivePlanner`` drives them and ``docs/planner.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,10 +142,15 @@ class LiveSearch:
         """Predicted times (the live model is already fitted: factors are ignored)."""
         return Scored(plan, *self.model.times_s(plan.train_gpus, plan.rollout_gpus))
 
+    def prefetch(self, plans: Sequence[Plan], work: Workload | None = None) -> None:
+        """Nothing to do: the live model scores a plan in microseconds."""
+
     def search(self, work: Workload | None = None, train_factor: float = 1.0,
-               rollout_factor: float = 1.0) -> Scored | None:
+               rollout_factor: float = 1.0, *, homogeneous_only: bool = False,
+               prefetch: Sequence[Plan] = ()) -> Scored | None:
         """Best split from the core alone to every lendable hybrid; ties keep the current
-        split, then prefer fewer training workers."""
+        split, then prefer fewer training workers. (Workers are one device each, so
+        every plan is homogeneous; there is no refiner to prefetch for.)"""
         pool = self.pool
         lo = pool.core_training
         hi = lo + pool.capacity(self._reserve)

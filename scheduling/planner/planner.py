@@ -176,8 +176,10 @@ class GlobalResourcePlanner:
         cfg = self._config
         tf, rf = self.factors
         work = self._workload()
+        # The search refines the plan in force in its first wave (one wave fewer on a
+        # refiner with workers); its score below is then the refiner's cached one.
+        best = self._search_best(prefetch=(self.current,))
         current = self._search.score(self.current, work, tf, rf)
-        best = self._search_best()
         event = PlanEvent(
             step,
             True,
@@ -251,13 +253,15 @@ class GlobalResourcePlanner:
             self.current = plan
         self._last_applied_step = step
 
-    def _search_best(self, *, homogeneous_only: bool = False) -> Scored | None:
+    def _search_best(
+        self, *, homogeneous_only: bool = False, prefetch: tuple[Plan, ...] = ()
+    ) -> Scored | None:
         if not self._history:
             return None
         tf, rf = self.factors
-        if homogeneous_only:
-            return self._search.search(self._workload(), tf, rf, homogeneous_only=True)
-        return self._search.search(self._workload(), tf, rf)
+        return self._search.search(
+            self._workload(), tf, rf, homogeneous_only=homogeneous_only, prefetch=prefetch
+        )
 
     def _workload(self) -> Workload:
         """The current workload; one object until the history or batch size changes, so the
@@ -295,6 +299,7 @@ class GlobalResourcePlanner:
         )
         tf, rf = self.factors
         work = self._workload()
+        self._search.prefetch((cur, lent), work)  # both at once on the twin's workers
         now_s = self._search.score(cur, work, tf, rf).objective_s
         lent_s = self._search.score(lent, work, tf, rf).objective_s
         return lent_s < now_s * (1.0 - self._config.min_gain_ratio)

@@ -148,6 +148,13 @@ class PlanSearch:
             self.rollout_s(model, plan, work, greedy) * rollout_factor,
         )
 
+    def prefetch(self, plans: Sequence[Plan], work: Workload) -> None:
+        """Refine ``plans`` at once on a batch refiner (one wave on its workers), for
+        its cache, which ``score`` then reads; a no-op without one."""
+        many = getattr(self.refiner, "rollout_s_many", None)
+        if many is not None and len(plans) > 1:
+            many(list(plans), work)
+
     def cost_model(self, work: Workload) -> RolloutCostModel:
         """Rollout cost model of ``work``'s history (reused while the history is the same)."""
         cached = self._cost_model
@@ -175,7 +182,7 @@ class PlanSearch:
 
     def search(
         self, work: Workload, train_factor: float = 1.0, rollout_factor: float = 1.0,
-        *, homogeneous_only: bool = False,
+        *, homogeneous_only: bool = False, prefetch: Sequence[Plan] = (),
     ) -> Scored | None:
         """Best plan, or ``None`` when nothing is feasible.
 
@@ -184,7 +191,10 @@ class PlanSearch:
         time; once a split's training time alone exceeds the K-th best objective so far,
         it and every later one cannot enter the top K and are skipped (exact pruning:
         the result equals the unpruned enumeration's). ``homogeneous_only``: only
-        layouts of one TP degree (``candidates``).
+        layouts of one TP degree (``candidates``). ``prefetch``: plans the caller scores
+        next (the plan in force), refined in the first wave beside the candidates so
+        that a refiner with workers runs them at once (their scores are cached; the
+        pick does not depend on them).
         """
         model = self.cost_model(work)
         candidates = self.candidates(
@@ -200,15 +210,18 @@ class PlanSearch:
         order = sorted(enumerate(candidates), key=lambda e: e[1].train_s)
         width = max(1, getattr(self.refiner, "workers", 1))
         best: tuple[float, int, Scored] | None = None  # (objective, candidate index, plan)
+        extra = list(prefetch) if self.refiner is not None else []
         while order:
             wave: list[tuple[int, Scored]] = []
-            while order and len(wave) < width:
+            while order and len(wave) < max(1, width - len(extra)):
                 index, s = order.pop(0)
                 if best is not None and (s.train_s, index) >= best[:2]:
                     self.pruned += 1
                 else:
                     wave.append((index, s))
-            for (index, s), rollout_s in zip(wave, self._refine(model, wave, work), strict=True):
+            scores = self._refine(model, wave, work, extra)
+            extra = []
+            for (index, s), rollout_s in zip(wave, scores, strict=True):
                 if best is not None and (s.train_s, index) >= best[:2]:
                     continue  # refined by the wave; one by one it would have been pruned
                 refined = Scored(s.plan, s.train_s, rollout_s * rollout_factor)
@@ -218,13 +231,19 @@ class PlanSearch:
         return best[2] if best is not None else None
 
     def _refine(
-        self, model: RolloutCostModel, wave: list[tuple[int, Scored]], work: Workload
+        self, model: RolloutCostModel, wave: list[tuple[int, Scored]], work: Workload,
+        extra: Sequence[Plan] = (),
     ) -> list[float]:
-        """Uncalibrated rollout seconds of a wave's plans (one call to a batch refiner)."""
+        """Uncalibrated rollout seconds of a wave's plans (one call to a batch refiner,
+        which also scores ``extra``, for its cache)."""
         many = getattr(self.refiner, "rollout_s_many", None)
-        if many is not None and len(wave) > 1:
-            return list(many([s.plan for _, s in wave], work))
-        return [self.rollout_s(model, s.plan, work, greedy=True) for _, s in wave]
+        plans = [s.plan for _, s in wave]
+        if many is not None and len(plans) + len(extra) > 1:
+            return list(many([*extra, *plans], work))[len(extra):]
+        if self.refiner is not None:
+            for plan in extra:
+                self.refiner.rollout_s(plan, work)
+        return [self.rollout_s(model, p, work, greedy=True) for p in plans]
 
     def _closed_form_top_k(
         self, model: RolloutCostModel, work: Workload, train_factor: float, rollout_factor: float

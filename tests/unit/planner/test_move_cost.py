@@ -64,7 +64,7 @@ class _Search:
     def score(self, plan, work, tf=1.0, rf=1.0, greedy=True) -> Scored:
         return Scored(plan, 10.0, 100.0 if plan.key() == CURRENT.key() else 80.0)
 
-    def search(self, work, tf=1.0, rf=1.0) -> Scored:
+    def search(self, work, tf=1.0, rf=1.0, *, homogeneous_only=False, prefetch=()) -> Scored:
         return Scored(RELAID, 10.0, 80.0)
 
     def train_s(self, par, work, extra=0) -> float:

@@ -121,7 +121,7 @@ class FakeSearch:
             plan, 10.0, self.current_s if plan.key() == CURRENT.key() else self.candidate_s
         )
 
-    def search(self, work, tf=1.0, rf=1.0) -> Scored:
+    def search(self, work, tf=1.0, rf=1.0, *, homogeneous_only=False, prefetch=()) -> Scored:
         return Scored(self.candidate, 10.0, self.candidate_s)
 
     def train_s(self, par, work, extra=0) -> float:

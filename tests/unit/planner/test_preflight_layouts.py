@@ -115,7 +115,8 @@ def test_a_borrow_the_judge_refuses_is_held_and_the_refusal_stands_for_the_dwell
 
 
 def test_planner_judges_a_borrow_by_the_search_scores() -> None:
-    """A search whose scores favour the plan in force refuses the lend."""
+    """A search whose scores favour the plan in force refuses the lend. Both plans are
+    handed to the search at once first (one wave on the twin's workers, session 19)."""
 
     class Scores:
         cluster = SHAPE
@@ -123,12 +124,17 @@ def test_planner_judges_a_borrow_by_the_search_scores() -> None:
 
         def __init__(self, lent_s: float) -> None:
             self.lent_s = lent_s
+            self.calls: list[tuple] = []
 
         def score(self, plan, work, tf=1.0, rf=1.0, greedy=True):
+            self.calls.append(("score", plan.key()))
             return Scored(plan, 10.0, 100.0 if plan.key() == PLAN.key() else self.lent_s)
 
-        def search(self, work, tf=1.0, rf=1.0):
+        def search(self, work, tf=1.0, rf=1.0, *, homogeneous_only=False, prefetch=()):
             return None
+
+        def prefetch(self, plans, work) -> None:
+            self.calls.append(("prefetch", *(p.key() for p in plans)))
 
         def train_s(self, par, work, extra=0) -> float:
             return 10.0
@@ -137,10 +143,14 @@ def test_planner_judges_a_borrow_by_the_search_scores() -> None:
                            warmup_steps=0, min_history_size=1, plan_interval_steps=100,
                            calibrate=False, elastic_borrow_judged=True, min_gain_ratio=0.15)
     for lent_s, action in ((90.0, "hold"), (80.0, "join")):
-        planner = GlobalResourcePlanner(Scores(lent_s), config, current=PLAN)  # type: ignore[arg-type]
+        scores = Scores(lent_s)
+        planner = GlobalResourcePlanner(scores, config, current=PLAN)  # type: ignore[arg-type]
         planner.observe(StepMetrics(step=1, rollout_s=100.0, train_s=100.0,
                                     rollout_span_s=250.0, requests=HISTORY[:4]))
         assert planner.decide(1).elastic.action == action, lent_s
+        prefetched = scores.calls[0]
+        assert prefetched[:2] == ("prefetch", PLAN.key()) and len(prefetched) == 3
+        assert scores.calls[1:] == [("score", PLAN.key()), ("score", prefetched[2])]
 
 
 def test_libras_preflight_adopts_one_tp_degree_where_session_15s_adopted_a_mix(

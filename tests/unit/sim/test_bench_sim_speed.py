@@ -59,3 +59,26 @@ def test_a_decision_at_1000_gpus_searches_the_large_fleet_on_a_slice() -> None:
     assert search.cluster.num_nodes == 125 and work.requests_per_step == 1280
     assert search.search(work) is not None
     assert twin._run_shape()[3] == 125 // TWIN_SLICE_NODES  # the twin ran a slice
+
+
+def test_decisions_in_a_run_are_timed_and_the_run_is_the_plain_runs() -> None:
+    from sim.paper import SCALES, _trace
+    from sim.presets import cluster
+    from sim.run import run
+    from sim.systems import system
+
+    got = bench_sim_speed._run_decisions("math", 0, 1, 48)
+    assert got["decisions"] and all(d["twin_runs"] >= 1 and d["wall_s"] > 0
+                                    for d in got["decisions"])
+    plain = run(cluster("a800x48"), _trace(SCALES[48], "math", 0), system("libra"))
+    assert got["throughput_traj_per_s"] == plain["throughput_traj_per_s"]
+
+
+def test_the_summary_pools_the_decisions_of_every_run() -> None:
+    decisions = [{"cpu_s": 0.1, "wall_s": 0.2, "twin_runs": 2, "rollout_s": 7.0, "plan": "p"}]
+    runs = [{"decisions": [{"wall_s": w, "cpu_s": w / 2, "twin_runs": 3} for w in (0.2, 0.6)],
+             "throughput_traj_per_s": 1.5, "shape": "math", "seed": 0}]
+    rounds = [{"decisions": decisions, "runs": runs, "load": 1.0}] * 2
+    got = bench_sim_speed._summary(rounds)["in_runs"]
+    assert got["decisions"] == 4 and got["wall_median_s"] == 0.4 and got["wall_max_s"] == 0.6
+    assert got["cpu_max_s"] == 0.3 and got["throughputs"] == [1.5]

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.bench_sim_speed import decision_setup
 from libra.errors import InvalidArgument
-from scheduling.planner import PlanSearch, Workload
+from scheduling.planner import Plan, PlanSearch, TrainParallelism, Workload
 from sim.generators import GeneratorConfig
 from sim.presets import cluster
 from sim.systems import system
@@ -56,7 +56,54 @@ def test_a_closed_twin_still_scores_in_its_own_process() -> None:
     twin.close()
 
 
+IN_FORCE = Plan(TrainParallelism(8, 1, 2), ((4, 4), (8,), (8,), (8,)))
+"""A plan in force that is none of the search's candidates (a mix at 16:32)."""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_plan_in_force_is_scored_in_the_first_wave_and_the_pick_is_unchanged(
+    workers: int,
+) -> None:
+    search, work, plain = _decision(workers)
+    try:
+        best = search.search(work)
+        runs = plain.runs
+    finally:
+        plain.close()
+    search, work, twin = _decision(workers)
+    calls: list[list[tuple]] = []
+    many = twin.rollout_s_many
+    twin.rollout_s_many = lambda plans, w: calls.append([p.key() for p in plans]) or many(plans, w)
+    try:
+        picked = search.search(work, prefetch=(IN_FORCE,))
+        assert calls[0][0] == IN_FORCE.key() and len(calls[0]) == max(2, workers)
+        after = twin.runs
+        if workers == 1:  # one by one, the same candidates and the plan in force once
+            assert after == runs + 1
+        twin.rollout_s(IN_FORCE, work)
+        assert twin.runs == after  # then read from the cache
+    finally:
+        twin.close()
+    assert best is not None and picked is not None
+    assert (picked.plan.key(), picked.objective_s) == (best.plan.key(), best.objective_s)
+
+
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True, "2"])
 def test_bad_worker_counts_are_refused_naming_the_field(workers: object) -> None:
     with pytest.raises(InvalidArgument, match="workers"):
         TwinRefiner(cluster("a800x48"), system("libra"), workers=workers)  # type: ignore[arg-type]
+
+
+def test_a_prefetch_scores_plans_at_once_for_the_cache() -> None:
+    search, work, twin = _decision(2)
+    plans = [IN_FORCE, *(s.plan for s in search.candidates(search.cost_model(work), work))][:2]
+    try:
+        search.prefetch(plans, work)
+        assert twin.runs == 2
+        assert [search.score(p, work).rollout_s for p in plans] == [
+            twin.rollout_s(p, work) for p in plans]
+        assert twin.runs == 2  # read from the cache
+        search.prefetch(plans[:1], work)  # one plan: nothing to batch
+        assert twin.runs == 2
+    finally:
+        twin.close()
