@@ -3,18 +3,11 @@ are refused before any run; one worker round in this tree reports what it measur
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from benchmarks import bench_sim_speed
 from sim.generators import GeneratorConfig
 from sim.twin_slice import TWIN_SLICE_NODES
-
-
-def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["bench_sim_speed.py", *argv])
-    bench_sim_speed.main()
 
 
 @pytest.mark.parametrize(
@@ -23,14 +16,8 @@ def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
      (("--twin-workers", "1,0"), "--twin-workers"), (("--twin-workers", "x"), "--twin-workers"),
      (("--gpus", "64"), "--gpus")],
 )
-def test_bad_options_exit_2_naming_the_option(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: tuple,
-    message: str,
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        _main(monkeypatch, *argv)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+def test_bad_options_exit_2_naming_the_option(refused, argv: tuple, message: str) -> None:
+    refused(bench_sim_speed.main, argv, message)
 
 
 def test_summary_takes_medians_and_the_first_rounds_picks() -> None:

@@ -3,16 +3,9 @@ and by slice size, and bad ones exit 2 naming the option before any run."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from benchmarks import bench_twin_splits
-
-
-def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["bench_twin_splits.py", *argv])
-    bench_twin_splits.main()
 
 
 @pytest.mark.parametrize(
@@ -22,14 +15,8 @@ def _main(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
      (("--decisions", "0", "--steps", "11"), "--steps"),
      (("--decisions", "5,10", "--steps", "15"), "--steps")],
 )
-def test_bad_options_exit_2_naming_the_option(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: tuple,
-    message: str,
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        _main(monkeypatch, *argv)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+def test_bad_options_exit_2_naming_the_option(refused, argv: tuple, message: str) -> None:
+    refused(bench_twin_splits.main, argv, message)
 
 
 def test_a_slice_size_adds_a_sliced_variant_and_s16_is_the_whole_fleet() -> None:

@@ -4,8 +4,6 @@ search (the pick's run scores what the search picked; every run has a fill and a
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from benchmarks import profile_decision
@@ -15,15 +13,8 @@ from benchmarks import profile_decision
     ("argv", "message"),
     [(("--shapes", "r2e,nope"), "--shapes"), (("--seeds", "0,x"), "--seeds")],
 )
-def test_bad_options_exit_2_naming_the_option(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: tuple,
-    message: str,
-) -> None:
-    monkeypatch.setattr(sys, "argv", ["profile_decision.py", *argv])
-    with pytest.raises(SystemExit) as exit_info:
-        profile_decision.main()
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+def test_bad_options_exit_2_naming_the_option(refused, argv: tuple, message: str) -> None:
+    refused(profile_decision.main, argv, message)
 
 
 def test_recorded_runs_agree_with_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
