@@ -46,8 +46,15 @@ class EvalAccumulator:
         """The round run after the last step (0: eval is off)."""
         return len(self._steps)
 
-    def is_recorded(self, eval_round: int) -> bool:
-        return eval_round in self._recorded
+    def awaited(self, counters: dict[str, int]) -> bool:
+        """True while the final round or any admitted round is unrecorded. Rounds are
+        admitted in order, so once the final one is admitted no earlier one can be; an
+        earlier round may still finish after it (its trajectories queued behind training
+        work), and recording it then would cut it short."""
+        admitted = (r for r in range(1, self.final_round + 1)
+                    if counters.get(eval_size_counter(r), 0) > 0)
+        return (self.final_round not in self._recorded
+                or any(r not in self._recorded for r in admitted))
 
     def add(self, traj: t.Trajectory) -> bool:
         """Keep an eval trajectory; False for a duplicate (a re-delivery or a zombie
@@ -111,14 +118,15 @@ class EvalRouter:
 
     async def wait_final(self) -> None:
         """Wait up to ``task.eval_timeout_s`` for the round after the last step (the
-        scheduler admits it on seeing that step), so the report ends with it; rounds
-        still missing trajectories then are recorded as incomplete. Training entries
-        read meanwhile are left unacknowledged: in flight at the end, as before."""
-        final = self.rounds.final_round
-        if not final:
+        scheduler admits it on seeing that step) and every round admitted before it, so
+        the report ends with them; rounds still missing trajectories then are recorded
+        as incomplete. Training entries read meanwhile are left unacknowledged: in
+        flight at the end, as before."""
+        if not self.rounds.final_round:
             return
         deadline_s = self._clock.now_s() + self._timeout_s
-        while not self.rounds.is_recorded(final) and self._clock.now_s() < deadline_s:
+        while (self._clock.now_s() < deadline_s
+               and self.rounds.awaited(await self._store.counters(self._job_id))):
             await self.take(await self._store.read(self._job_id, self._consumer, 64,
                                                    self._block_ms))
         for record in self.rounds.incomplete(await self._store.counters(self._job_id)):

@@ -140,6 +140,30 @@ async def test_job_waits_for_the_final_round_before_it_succeeds(rig: Rig) -> Non
     assert rig.coordinator.done[-1][1] is t.JobState.SUCCEEDED
 
 
+async def test_job_waits_for_an_earlier_round_that_finishes_after_the_final_one(
+        rig: Rig) -> None:
+    """Round 1 (before training) is still running when the final round completes: the
+    job waits for it too, rather than recording it short."""
+    await set_eval_spec(rig)
+    await admit_round(rig, 1, 2)
+    await write_eval(rig, eval_traj(1, 0, 0, 1.0))
+    await rig.write(*make_group(0))
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    await admit_round(rig, 2, 2)
+    await write_eval(rig, eval_traj(2, 0, 0, 0.0), eval_traj(2, 0, 1, 1.0))
+    await wait_until(lambda: consumed(rig, 3))
+    await asyncio.sleep(0.1)  # several reads of the stream (block_ms=10) go by
+    assert rig.coordinator.done == [] and not core._task.done()
+    await write_eval(rig, eval_traj(1, 0, 1, 0.0))
+    await rig.run_job(core)
+    records = await eval_records(rig)
+    assert [(r.eval_round, r.num_samples, r.is_complete) for r in records] == [
+        (2, 2, True), (1, 2, True)]
+    assert rig.coordinator.done[-1][1] is t.JobState.SUCCEEDED
+
+
 async def test_final_round_timeout_records_it_incomplete_and_the_job_succeeds(rig: Rig) -> None:
     await set_eval_spec(rig, eval_timeout_s=30.0)
     await rig.write(*make_group(0))
