@@ -42,6 +42,12 @@ def eval_size_counter(eval_round: int) -> str:
     return f"eval_size:{eval_round}"
 
 
+def eval_consumed_counter(eval_round: int) -> str:
+    """Counter of round ``eval_round``'s trajectories the trainer has consumed: kept in
+    Redis with the acks, so a restarted trainer knows which rounds are already in."""
+    return f"eval_consumed:{eval_round}"
+
+
 def eval_steps(num_steps: int, eval_interval: int) -> list[int]:
     """The training step after which each round runs (round r at index r - 1): 0, every
     ``eval_interval`` steps, and ``num_steps``; [] when eval is off."""

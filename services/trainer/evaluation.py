@@ -11,6 +11,7 @@ waits: a step trains on the groups it has while a round is still running.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from libra import metrics
@@ -20,6 +21,7 @@ from libra.evaluation import (
     EVAL_EVENT,
     EvalRecord,
     aggregate_round,
+    eval_consumed_counter,
     eval_size_counter,
     eval_steps,
 )
@@ -47,14 +49,17 @@ class EvalAccumulator:
         return len(self._steps)
 
     def awaited(self, counters: dict[str, int]) -> bool:
-        """True while the final round or any admitted round is unrecorded. Rounds are
-        admitted in order, so once the final one is admitted no earlier one can be; an
-        earlier round may still finish after it (its trajectories queued behind training
-        work), and recording it then would cut it short."""
-        admitted = (r for r in range(1, self.final_round + 1)
-                    if counters.get(eval_size_counter(r), 0) > 0)
-        return (self.final_round not in self._recorded
-                or any(r not in self._recorded for r in admitted))
+        """True while the final round is not admitted yet or an admitted round has
+        trajectories the trainer has not consumed. Rounds are admitted in order, but an
+        earlier one may finish after the final one (its trajectories queued behind
+        training work): recording it then would cut it short. Counted from the job's
+        counters, not this process's memory, so a restarted trainer does not wait for
+        rounds an earlier one already took in."""
+        if not counters.get(eval_size_counter(self.final_round), 0):
+            return True
+        return any(counters.get(eval_consumed_counter(r), 0)
+                   < counters.get(eval_size_counter(r), 0)
+                   for r in range(1, self.final_round + 1))
 
     def add(self, traj: t.Trajectory) -> bool:
         """Keep an eval trajectory; False for a duplicate (a re-delivery or a zombie
@@ -109,9 +114,10 @@ class EvalRouter:
         entries, in order."""
         evals = [(e, tr) for e, tr in entries if tr.is_eval]
         if evals:
-            num_new = sum(self.rounds.add(traj) for _, traj in evals)
+            new = Counter(tr.eval_round for _, tr in evals if self.rounds.add(tr))
+            per_round = {eval_consumed_counter(r): n for r, n in new.items()}
             await self._store.consume(self._job_id, [e for e, _ in evals], [],
-                                      eval_consumed=num_new)
+                                      eval_consumed=new.total(), **per_round)
             for record in self.rounds.complete(await self._store.counters(self._job_id)):
                 await self._record(record)
         return [(e, tr) for e, tr in entries if not tr.is_eval]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from libra import types as t
+from libra.evaluation import eval_consumed_counter
 from libra_cli import stack
 from libra_cli.report import build_report, write_report
 from tests.integration.stack_helpers import (
@@ -57,6 +58,7 @@ async def test_short_job_records_eval_rounds_in_report_json(running_stack: dict)
         assert entry["num_samples"] == EVAL_PROMPTS  # greedy: one sample per prompt
         assert 0.0 <= entry["accuracy"] <= 1.0 and set(entry["pass_at_k"]) == {"1"}
         assert entry["turns_mean"] >= 1.0 and entry["policy_version_min"] >= 0
+        assert counters[eval_consumed_counter(entry["eval_round"])] == EVAL_PROMPTS
     assert saved["eval_trajectories"]["consumed"] == len(rounds) * EVAL_PROMPTS
     assert saved["eval_trajectories"]["admitted"] == len(rounds) * EVAL_PROMPTS
     # Eval trajectories are outside the training identity and never trained on.

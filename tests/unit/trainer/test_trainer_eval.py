@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 
 from libra import types as t
-from libra.evaluation import EVAL_PRODUCED, EvalRecord, eval_size_counter
+from libra.evaluation import (
+    EVAL_PRODUCED,
+    EvalRecord,
+    eval_consumed_counter,
+    eval_size_counter,
+)
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
 from libra_cli.report import build_report
 from tests.unit.trainer import trainer_rig
@@ -161,6 +166,24 @@ async def test_job_waits_for_an_earlier_round_that_finishes_after_the_final_one(
     records = await eval_records(rig)
     assert [(r.eval_round, r.num_samples, r.is_complete) for r in records] == [
         (2, 2, True), (1, 2, True)]
+    assert rig.coordinator.done[-1][1] is t.JobState.SUCCEEDED
+
+
+async def test_a_restarted_trainer_does_not_wait_for_rounds_taken_in_before(rig: Rig) -> None:
+    """Round 1 was consumed (and recorded) by the trainer before a restart: the job's
+    counters say so, and the new trainer ends once the final round is in."""
+    await set_eval_spec(rig)
+    rig.store.set_counters(JOB, **{eval_size_counter(1): 2, eval_consumed_counter(1): 2})
+    await rig.write(*make_group(0))
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    await admit_round(rig, 2, 2)
+    await write_eval(rig, eval_traj(2, 0, 0, 1.0), eval_traj(2, 0, 1, 1.0))
+    await rig.run_job(core)
+    assert [r.eval_round for r in await eval_records(rig)] == [2]
+    counters = await rig.counters()
+    assert counters[eval_consumed_counter(2)] == 2 and counters["eval_consumed"] == 2
     assert rig.coordinator.done[-1][1] is t.JobState.SUCCEEDED
 
 
