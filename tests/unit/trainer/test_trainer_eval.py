@@ -22,6 +22,7 @@ from libra.evaluation import (
 )
 from libra.jobspec import AlgorithmSpec, JobSpec, TaskSpec
 from libra_cli.report import build_report
+from services.trainer.core import TrainerCore
 from tests.unit.trainer import trainer_rig
 from tests.unit.trainer.trainer_rig import JOB, Rig, make_group
 from tests.waiting import wait_until
@@ -73,6 +74,14 @@ async def eval_records(rig: Rig) -> list[EvalRecord]:
             if e.get("kind") == "eval"]
 
 
+async def after_one_step(rig: Rig) -> TrainerCore:
+    """A core started on the job, once it has reported its first step."""
+    core = rig.new_core()
+    await core.start_job(JOB)
+    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    return core
+
+
 async def test_eval_trajectories_never_reach_a_batch_and_rounds_are_recorded(rig: Rig) -> None:
     await set_eval_spec(rig)
     await admit_round(rig, 1, 4)
@@ -83,9 +92,7 @@ async def test_eval_trajectories_never_reach_a_batch_and_rounds_are_recorded(rig
     await write_eval(rig, *round_1[:2])
     await rig.write(*make_group(0))
     await write_eval(rig, round_1[1], *round_1[2:])
-    core = rig.new_core()
-    await core.start_job(JOB)
-    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    core = await after_one_step(rig)
     await admit_round(rig, 2, 2)
     await write_eval(rig, eval_traj(2, 0, 0, 1.0), eval_traj(2, 0, 1, 1.0))
     await rig.run_job(core)
@@ -105,9 +112,7 @@ async def test_eval_is_counted_apart_and_the_training_identity_holds(rig: Rig) -
     await admit_round(rig, 1, 2)
     await write_eval(rig, eval_traj(1, 0, 0, 1.0), eval_traj(1, 0, 1, 0.0))
     await rig.write(*make_group(0), *make_group(1))  # group 1 is in flight at the end
-    core = rig.new_core()
-    await core.start_job(JOB)
-    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    core = await after_one_step(rig)
     await admit_round(rig, 2, 2)
     await write_eval(rig, eval_traj(2, 0, 0, 1.0), eval_traj(2, 0, 1, 1.0))
     await rig.run_job(core)
@@ -132,9 +137,7 @@ async def test_eval_is_counted_apart_and_the_training_identity_holds(rig: Rig) -
 async def test_job_waits_for_the_final_round_before_it_succeeds(rig: Rig) -> None:
     await set_eval_spec(rig)
     await rig.write(*make_group(0))
-    core = rig.new_core()
-    await core.start_job(JOB)
-    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    core = await after_one_step(rig)
     await asyncio.sleep(0.1)  # several reads of the stream (block_ms=10) go by
     assert rig.coordinator.done == [] and not core._task.done()
     await admit_round(rig, 2, 2)
@@ -153,9 +156,7 @@ async def test_job_waits_for_an_earlier_round_that_finishes_after_the_final_one(
     await admit_round(rig, 1, 2)
     await write_eval(rig, eval_traj(1, 0, 0, 1.0))
     await rig.write(*make_group(0))
-    core = rig.new_core()
-    await core.start_job(JOB)
-    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    core = await after_one_step(rig)
     await admit_round(rig, 2, 2)
     await write_eval(rig, eval_traj(2, 0, 0, 0.0), eval_traj(2, 0, 1, 1.0))
     await wait_until(lambda: consumed(rig, 3))
@@ -175,9 +176,7 @@ async def test_a_restarted_trainer_does_not_wait_for_rounds_taken_in_before(rig:
     await set_eval_spec(rig)
     rig.store.set_counters(JOB, **{eval_size_counter(1): 2, eval_consumed_counter(1): 2})
     await rig.write(*make_group(0))
-    core = rig.new_core()
-    await core.start_job(JOB)
-    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    core = await after_one_step(rig)
     await admit_round(rig, 2, 2)
     await write_eval(rig, eval_traj(2, 0, 0, 1.0), eval_traj(2, 0, 1, 1.0))
     await rig.run_job(core)
@@ -190,9 +189,7 @@ async def test_a_restarted_trainer_does_not_wait_for_rounds_taken_in_before(rig:
 async def test_final_round_timeout_records_it_incomplete_and_the_job_succeeds(rig: Rig) -> None:
     await set_eval_spec(rig, eval_timeout_s=30.0)
     await rig.write(*make_group(0))
-    core = rig.new_core()
-    await core.start_job(JOB)
-    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    core = await after_one_step(rig)
     await admit_round(rig, 2, 4)
     await write_eval(rig, eval_traj(2, 0, 0, 1.0))  # 1 of 4 ever arrives
     await wait_until(lambda: consumed(rig, 1))
@@ -212,9 +209,7 @@ async def test_unknown_round_is_acked_and_ignored(rig: Rig, eval_round: int) -> 
     await set_eval_spec(rig)
     await write_eval(rig, eval_traj(eval_round, 0, 0, 1.0))
     await rig.write(*make_group(0))
-    core = rig.new_core()
-    await core.start_job(JOB)
-    await wait_until(lambda: len(rig.coordinator.steps) == 1)
+    core = await after_one_step(rig)
     rig.sleep.clock.advance(301.0)  # past the default eval_timeout_s: no round comes
     await rig.run_job(core)
     assert rig.backend.trained_ids == ["tr-0-0", "tr-0-1"]
