@@ -23,6 +23,7 @@ from prometheus_client import start_http_server
 
 from libra import metrics
 from libra.access import TokenStore, check_exposure, is_loopback
+from libra.cancellation import raise_if_cancelled, stop_task
 from libra.errors import InvalidArgument, LibraError, as_unavailable
 from libra.grpc_auth import AuthInterceptor, ClientAuth, open_channel, server_credentials
 from libra.service_config import AuthConfig, ServerConfig
@@ -268,6 +269,8 @@ async def watch_dependency(server: Server, probe: Callable[[], Awaitable[Any]],
     # Redis latency every request of the service sees too (failed probes not timed).
     roundtrip = REDIS_ROUNDTRIP_SECONDS.labels(server.service)
     while True:
+        # redis-py's PING can swallow the cancel that stops this loop (libra/cancellation.py).
+        raise_if_cancelled()
         try:
             started_s = time.perf_counter()
             # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
@@ -325,15 +328,14 @@ async def serve(service: str, cfg: ServerConfig, registrations: Iterable[Registr
     if loop_task is not None and loop_task in done and loop_task.exception() is not None:
         logger.error("[shutdown] main loop failed", exc_info=loop_task.exception())
         if watcher is not None:
-            watcher.cancel()
+            await stop_task(watcher)
         await server.stop(drain)
         raise SystemExit(1)
     logger.info("[shutdown] stop requested service=%s", service)
     await server.stop(drain)
     for task in (loop_task, watcher):
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if task is not None:
+            await stop_task(task)
 
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

@@ -11,7 +11,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 import redis as redis_sync
 
 from libra.redis_connect import redis_client, redis_client_sync
@@ -33,7 +32,7 @@ def _retry(call, timeout_s: float = 30.0):
             time.sleep(0.2)
 
 
-async def test_clients_follow_a_failover_and_never_write_to_the_demoted_master(
+async def test_clients_follow_a_failover_and_never_write_to_the_returning_old_master(
         tmp_path: Path) -> None:
     group = sentinel_group(tmp_path)
     sync = redis_client_sync(group.url, socket_timeout=2)
@@ -62,22 +61,17 @@ async def test_clients_follow_a_failover_and_never_write_to_the_demoted_master(
         else:
             raise AssertionError("the asyncio client never reached the new master")
 
-        # The old master comes back: the sentinels make it a replica of the new one.
+        # The old master comes back, a master still until the sentinels demote it. That
+        # takes them 8 s of its wrong role, seen through INFO polled every 10 s, and more
+        # on a loaded host (once over 120 s in CI): Redis's part, not awaited here. This
+        # is the window that matters: the clients must write where the sentinels point.
+        # `new` never replicates from `old`, so a write sent to `old` could not reach it.
         group.start_server(old, replica_of=None)
-        # Sentinel converts a returning master only after it reported the wrong role for
-        # 8 s (4 publish periods), seen through INFO polled every 10 s: ~20 s when idle,
-        # more on a loaded host (30 s was once too short). A bound, not a measurement.
-        deadline = time.monotonic() + 120
-        while group.role(old) != "slave":
-            assert time.monotonic() < deadline, "the old master was not demoted"
-            time.sleep(0.2)
-        sync.set("later", "3")
+        _retry(lambda: sync.set("later", "3"))
         await client.set("later-async", "4")
         with redis_sync.Redis(port=new, password=PASSWORD) as direct:
             assert direct.get("later") == b"3" and direct.get("later-async") == b"4"
-        with redis_sync.Redis(port=old, password=PASSWORD) as demoted:
-            with pytest.raises(redis_sync.ReadOnlyError):
-                demoted.set("x", "1")
+            assert direct.info("replication")["role"] == "master"
     finally:
         sync.close()
         await client.aclose()
